@@ -1,0 +1,126 @@
+"""One contract, every tier type: what the Tier seam promises, checked on memory, local, shared, s3."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tierstore.tiers import Tier, make_tier
+
+KINDS = ["memory", "local", "shared", "s3"]
+
+
+@pytest.fixture(params=KINDS)
+def tier(request: pytest.FixtureRequest, make_config: Callable[..., Any]) -> Tier:
+    config = make_config(request.param, namespace="ns")
+    return make_tier(config.tiers[0], namespace=config.namespace, node=0)
+
+
+def test_round_trip_and_replace(tier: Tier) -> None:
+    tier.write_bytes("a/b/file.bin", b"first version")
+    assert tier.read_bytes("a/b/file.bin") == b"first version"
+    tier.write_bytes("a/b/file.bin", b"second")
+    assert tier.read_bytes("a/b/file.bin") == b"second"
+    assert tier.stat("a/b/file.bin").size == 6
+
+
+def test_streamed_write_larger_than_a_part(tier: Tier) -> None:
+    payload = os.urandom(12 * 2**20 + 123)  # more than two 5 MiB parts on S3: multipart
+    with tier.open_write("big/object") as stream:
+        for start in range(0, len(payload), 3 * 2**20):
+            stream.write(payload[start : start + 3 * 2**20])
+    assert tier.stat("big/object").size == len(payload)
+    assert tier.read_bytes("big/object") == payload
+
+
+def test_byte_ranges(tier: Tier) -> None:
+    payload = bytes(range(256)) * 64
+    tier.write_bytes("r/data", payload)
+    assert tier.read_range("r/data", 100, 50) == payload[100:150]
+    assert tier.read_range("r/data", len(payload) - 10) == payload[-10:]
+    out = bytearray(300)
+    tier.read_into("r/data", 1000, memoryview(out))
+    assert bytes(out) == payload[1000:1300]
+    assert b"".join(tier.iter_chunks("r/data", chunk_size=1000)) == payload
+
+
+def test_missing_files_raise_file_not_found(tier: Tier) -> None:
+    with pytest.raises(FileNotFoundError):
+        tier.read_bytes("nope/missing")
+    with pytest.raises(FileNotFoundError):
+        tier.stat("nope/missing")
+    assert not tier.exists("nope/missing")
+    assert tier.list_dir("nope") == []
+    assert tier.find("nope") == []
+
+
+def test_listing(tier: Tier) -> None:
+    tier.write_bytes("ck1/g1/x", b"1")
+    tier.write_bytes("ck1/g1/y", b"22")
+    tier.write_bytes("ck1/commit.json", b"{}")
+    tier.write_bytes("ck2/z", b"333")
+    assert tier.list_dir("") == ["ck1", "ck2"]
+    assert tier.list_dir("ck1") == ["commit.json", "g1"]
+    found = {f.path: f.size for f in tier.find("ck1")}
+    assert found == {"ck1/commit.json": 2, "ck1/g1/x": 1, "ck1/g1/y": 2}
+    assert {f.path for f in tier.find("")} == {*found, "ck2/z"}
+
+
+def test_delete_and_delete_tree(tier: Tier) -> None:
+    tier.write_bytes("d/keep", b"k")
+    tier.write_bytes("d/sub/one", b"1")
+    tier.write_bytes("d/sub/two", b"2")
+    tier.delete("d/keep")
+    tier.delete("d/keep")  # missing is fine
+    assert not tier.exists("d/keep")
+    tier.delete_tree("d/sub")
+    tier.delete_tree("d/sub")
+    assert tier.find("d") == []
+
+
+def test_incomplete_write_is_invisible(tier: Tier) -> None:
+    with (
+        pytest.raises(RuntimeError, match="crash mid-write"),
+        tier.open_write("w/partial") as stream,
+    ):
+        stream.write(os.urandom(6 * 2**20))
+        stream.write(b"more")
+        assert not tier.exists("w/partial"), "a file must not be visible before it completes"
+        raise RuntimeError("crash mid-write")
+    assert not tier.exists("w/partial")
+    assert tier.find("w") == []
+
+
+def test_failed_overwrite_keeps_the_old_file(tier: Tier) -> None:
+    tier.write_bytes("o/file", b"committed bytes")
+    with pytest.raises(RuntimeError), tier.open_write("o/file") as stream:
+        stream.write(b"half of a new ver")
+        raise RuntimeError("interrupted")
+    assert tier.read_bytes("o/file") == b"committed bytes"
+
+
+def test_marker_publish_create_only(tier: Tier) -> None:
+    tier.publish("m/commit.json", b'{"v": 1}', create_only=True)
+    with pytest.raises(FileExistsError):
+        tier.publish("m/commit.json", b'{"v": 2}', create_only=True)
+    assert tier.read_bytes("m/commit.json") == b'{"v": 1}'
+    tier.publish("m/commit.json", b'{"v": 3}', create_only=False)
+    assert tier.read_bytes("m/commit.json") == b'{"v": 3}'
+
+
+def test_upload_file(tier: Tier, tmp_path: Path) -> None:
+    source = tmp_path / "source.bin"
+    payload = os.urandom(11 * 2**20)
+    source.write_bytes(payload)
+    seen: list[int] = []
+    tier.upload_file("u/copy.bin", str(source), progress=seen.append)
+    assert tier.read_bytes("u/copy.bin") == payload
+    assert sum(seen) == len(payload)
+
+
+def test_describe_names_the_tier(tier: Tier) -> None:
+    assert tier.name in tier.describe() and tier.type in tier.describe()

@@ -1,0 +1,131 @@
+"""The ``tierstore`` command: ls (table and JSON), verify (exit 1 on mismatch), one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from tests.training import Trainer
+from tierstore import TieredWriter
+from tierstore.cli import main
+from tierstore.config import load_config
+from tierstore.ids import marker_path
+from tierstore.manifest import read_manifest
+from tierstore.tiers import make_tier
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(
+        yaml.safe_dump({"namespace": "run", "tiers": tier_specs("memory", "local", "s3")})
+    )
+    return path
+
+
+def save(path: Path, checkpoint_id: str, tier: str | None = None) -> None:
+    trainer = Trainer(seed=0)
+    trainer.train(1)
+    writer = TieredWriter(str(path), tier=tier)
+    dcp.save(trainer.state(), storage_writer=writer, checkpoint_id=checkpoint_id)
+
+
+def test_ls_table_and_json(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(config_file), "ls"]) == 0
+    assert "no committed checkpoints" in capsys.readouterr().out
+    save(config_file, "step_000100")
+    save(config_file, "step_000200")
+    save(config_file, "step_000200", tier="s3")
+    assert main(["--config", str(config_file), "ls"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["ID", "STEP", "TIERS", "SIZE", "AGE"]
+    assert lines[1].split()[:3] == ["step_000200", "200", "memory,s3"]
+    assert lines[2].split()[:3] == ["step_000100", "100", "memory"]
+    assert main(["--config", str(config_file), "ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["id"], e["tiers"]) for e in listed] == [
+        ("step_000200", ["memory", "s3"]),
+        ("step_000100", ["memory"]),
+    ]
+    assert all(e["bytes"] > 0 and "stall_s" in e and "commit_s" in e for e in listed)
+
+
+def test_verify_ok_then_mismatch(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save(config_file, "step_000001")
+    save(config_file, "step_000001", tier="s3")
+    assert main(["--config", str(config_file), "verify", "step_000001"]) == 0
+    out = capsys.readouterr().out
+    assert "memory: ok" in out and "s3: ok" in out
+    config = load_config(config_file)
+    s3 = make_tier(config.tier("s3"), namespace="run", node=0)
+    entry = next(f for f in read_manifest(s3, "step_000001").files if f.rank == 0)
+    raw = bytearray(s3.read_bytes(f"step_000001/{entry.path}"))
+    raw[100] ^= 0x40
+    s3.write_bytes(f"step_000001/{entry.path}", bytes(raw))
+    assert main(["--config", str(config_file), "verify", "step_000001"]) == 1
+    out = capsys.readouterr().out
+    assert f"s3: MISMATCH step_000001/{entry.path}: CRC32C" in out
+    assert "memory: ok" in out
+
+
+def test_verify_unknown_id_and_bad_id(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--config", str(config_file), "verify", "nothing_here"]) == 2
+    assert "not committed in any tier" in capsys.readouterr().err
+    assert main(["--config", str(config_file), "verify", "../etc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tierstore: error: checkpoint id '../etc'") and err.count("\n") == 1
+
+
+def test_ls_ignores_uncommitted_directories(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_000001")
+    save(config_file, "step_000002")
+    config = load_config(config_file)
+    make_tier(config.tiers[0], namespace="run", node=0).delete(marker_path("step_000002"))
+    assert main(["--config", str(config_file), "ls", "--json"]) == 0
+    assert [e["id"] for e in json.loads(capsys.readouterr().out)] == ["step_000001"]
+
+
+def test_errors_are_one_line_with_exit_code_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers:\n  - {name: a, type: tape}\n")
+    for args in (["--config", str(bad), "ls"], ["--config", str(tmp_path / "none.yaml"), "ls"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "tierstore.cli", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith("tierstore: error: ")
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_unreachable_s3_endpoint_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(
+        "tiers:\n  - {name: s3, type: s3, url: 's3://bucket/x', endpoint_url: 'http://127.0.0.1:9',"
+        " max_attempts: 1}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "verify", "step_1"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        "tier s3 (s3, s3://bucket/x)" in done.stderr
+        and "cannot reach http://127.0.0.1:9" in done.stderr
+    )
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,53 @@
+"""tierstore: a tiered-storage checkpoint engine for PyTorch Distributed Checkpoint (DCP).
+
+Save to the fastest tier (host memory), commit with a marker written last, promote in the background
+to NVMe, a parallel filesystem and S3, and restore from the fastest tier holding a complete copy::
+
+    import torch.distributed.checkpoint as dcp
+    from tierstore import TieredWriter, TieredReader, load_config, latest_committed
+
+    cfg = load_config("tierstore.yaml")
+    fut = dcp.async_save(state, storage_writer=TieredWriter(cfg), checkpoint_id="step_000200")
+    ckpt = latest_committed(cfg)
+    if ckpt:
+        dcp.load(state, storage_reader=TieredReader(cfg), checkpoint_id=ckpt)
+"""
+
+from tierstore.catalog import Catalog, latest_committed
+from tierstore.config import Config, load_config
+from tierstore.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CommitVetoedError,
+    ConfigError,
+    IntegrityError,
+    InvalidCheckpointIdError,
+    NonFiniteTensorError,
+    TierstoreError,
+    TierUnavailableError,
+)
+from tierstore.gate import GateView, LossBandGate
+from tierstore.reader import TieredReader
+from tierstore.version import __version__
+from tierstore.writer import TieredWriter
+
+__all__ = [
+    "Catalog",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CommitVetoedError",
+    "Config",
+    "ConfigError",
+    "GateView",
+    "IntegrityError",
+    "InvalidCheckpointIdError",
+    "LossBandGate",
+    "NonFiniteTensorError",
+    "TierUnavailableError",
+    "TieredReader",
+    "TieredWriter",
+    "TierstoreError",
+    "__version__",
+    "latest_committed",
+    "load_config",
+]

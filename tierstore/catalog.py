@@ -1,0 +1,178 @@
+"""What is committed where, decided by markers (never by directories), and which checkpoint is newest.
+
+**Newest** is defined as: the highest *step*, the last run of digits in the id (``step_000200`` -> 200,
+``run3-epoch2-step1500`` -> 1500); between equal steps, the later commit (the marker's time). Ids
+without digits sort before every id with a step, by commit time among themselves. Name checkpoints with
+their step and the order is what you expect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from tierstore.config import Config, as_config
+from tierstore.ids import MARKER_NAME, is_checkpoint_id, step_of
+from tierstore.manifest import Manifest, read_manifest
+from tierstore.selection import broadcast_object
+from tierstore.tiers import Tier, make_tiers
+from tierstore.topology import current_node, is_distributed
+
+logger = logging.getLogger(__name__)
+
+
+def marker_times(tier: Tier) -> dict[str, float]:
+    """``{checkpoint id: marker mtime}`` for every id committed in ``tier`` (one listing)."""
+    directory = tier.local_path("")
+    found: dict[str, float] = {}
+    if directory is not None:
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return {}
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and is_checkpoint_id(entry.name):
+                try:
+                    found[entry.name] = os.stat(os.path.join(entry.path, MARKER_NAME)).st_mtime
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+        return found
+    for info in tier.find(""):
+        parts = info.path.split("/")
+        if len(parts) == 2 and parts[1] == MARKER_NAME and is_checkpoint_id(parts[0]):
+            found[parts[0]] = info.mtime
+    return found
+
+
+def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:
+    """Order ids newest first (see the module docstring for the rule)."""
+
+    def key(item: tuple[str, float]) -> tuple[int, int, float]:
+        step = step_of(item[0])
+        return (0, 0, item[1]) if step is None else (1, step, item[1])
+
+    return [i for i, _ in sorted(ids_with_times, key=key, reverse=True)]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One checkpoint as ``tierstore ls`` shows it."""
+
+    checkpoint_id: str
+    tiers: tuple[str, ...]
+    bytes: int
+    committed_at: float
+    step: int | None
+    timings: dict[str, float | None] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form (``id``, ``tiers``, ``bytes``, ``step``, ``committed_at``, timings)."""
+        return {
+            "id": self.checkpoint_id,
+            "tiers": list(self.tiers),
+            "bytes": self.bytes,
+            "step": self.step,
+            "committed_at": self.committed_at,
+            "age_s": max(0.0, time.time() - self.committed_at),
+            **{k: v for k, v in self.timings.items()},
+        }
+
+
+class Catalog:
+    """Markers across every tier of a configuration, as seen from one node."""
+
+    def __init__(self, config: Config | str | os.PathLike[str], *, node: int | None = None) -> None:
+        self.config = as_config(config)
+        self.node = current_node(node)
+        self.tiers = make_tiers(self.config, node=self.node)
+
+    def scan(self) -> dict[str, dict[str, float]]:
+        """``{id: {tier name: marker mtime}}`` for every committed copy (tiers listed in parallel)."""
+        with ThreadPoolExecutor(len(self.tiers)) as pool:
+            per_tier = list(pool.map(marker_times, self.tiers))
+        merged: dict[str, dict[str, float]] = {}
+        for tier, found in zip(self.tiers, per_tier, strict=True):
+            for checkpoint_id, mtime in found.items():
+                merged.setdefault(checkpoint_id, {})[tier.name] = mtime
+        return merged
+
+    def latest(self) -> str | None:
+        """The newest id with a valid marker in any tier, or None."""
+        scanned = self.scan()
+        order = newest_first((i, min(t.values())) for i, t in scanned.items())
+        by_name = {t.name: t for t in self.tiers}
+        for checkpoint_id in order:
+            for tier_name in scanned[checkpoint_id]:
+                try:
+                    read_manifest(by_name[tier_name], checkpoint_id)
+                except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning
+                    logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, tier_name, exc)
+                    continue
+                return checkpoint_id
+        return None
+
+    def listings(self) -> list[Listing]:
+        """Every committed checkpoint, newest first, with sizes and timings from its markers."""
+        scanned = self.scan()
+        by_name = {t.name: t for t in self.tiers}
+        jobs = [(i, name) for i, tiers in scanned.items() for name in tiers]
+
+        def load(job: tuple[str, str]) -> Manifest | None:
+            try:
+                return read_manifest(by_name[job[1]], job[0])
+            except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls
+                logger.warning("ignoring marker of %s in %s: %s", job[0], job[1], exc)
+                return None
+
+        with ThreadPoolExecutor(16) as pool:
+            manifests = dict(zip(jobs, pool.map(load, jobs), strict=True))
+        listings = []
+        for checkpoint_id in newest_first((i, min(t.values())) for i, t in scanned.items()):
+            held = [n for n in by_name if manifests.get((checkpoint_id, n)) is not None]
+            if not held:
+                continue
+            first = manifests[(checkpoint_id, held[0])]
+            assert first is not None
+            timings = dict(first.timings)
+            lags = [
+                m.timings.get("durable_lag_s") for n in held if (m := manifests[(checkpoint_id, n)])
+            ]
+            if any(lag is not None for lag in lags):
+                timings["durable_lag_s"] = min(lag for lag in lags if lag is not None)
+            listings.append(
+                Listing(
+                    checkpoint_id,
+                    tuple(held),
+                    first.total_bytes,
+                    first.committed_at,
+                    first.step,
+                    timings,
+                )
+            )
+        return listings
+
+
+def latest_committed(
+    config: Config | str | os.PathLike[str],
+    *,
+    node: int | None = None,
+    collective: bool = True,
+    process_group: dist.ProcessGroup | None = None,
+) -> str | None:
+    """The newest checkpoint id committed in any tier (see the module docstring), or None.
+
+    With torch.distributed initialised and ``collective=True`` this is a collective: call it on every
+    rank; rank 0 decides and broadcasts, so every rank restores the same checkpoint even when their
+    node-local tiers differ.
+    """
+    if collective and is_distributed():
+        answer = Catalog(config, node=node).latest() if dist.get_rank(process_group) == 0 else None
+        result: str | None = broadcast_object(answer, process_group)
+        return result
+    return Catalog(config, node=node).latest()

@@ -1,0 +1,160 @@
+"""The ``tierstore`` command: ``ls``, ``verify``, ``promote``, ``gc``, ``advise``.
+
+``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
+people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
+``verify`` exits with 1 when a stored file does not match its marker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from tierstore.catalog import Catalog
+from tierstore.config import Config, load_config
+from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
+from tierstore.ids import validate_checkpoint_id
+from tierstore.manifest import copy_problems, read_manifest
+
+EXIT_MISMATCH = 1
+EXIT_ERROR = 2
+
+
+def human_bytes(count: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(seconds: float) -> str:
+    """``93`` -> ``1m33s``."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Left-aligned columns separated by two spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def cmd_ls(config: Config, args: argparse.Namespace) -> int:
+    """List committed checkpoints, newest first."""
+    listings = Catalog(config, node=args.node).listings()
+    if args.json:
+        print(json.dumps([entry.as_dict() for entry in listings], indent=1))
+        return 0
+    if not listings:
+        print("no committed checkpoints")
+        return 0
+    rows = [("ID", "STEP", "TIERS", "SIZE", "AGE")]
+    now = time.time()
+    for entry in listings:
+        step = "-" if entry.step is None else str(entry.step)
+        age = human_age(now - entry.committed_at)
+        rows.append(
+            (entry.checkpoint_id, step, ",".join(entry.tiers), human_bytes(entry.bytes), age)
+        )
+    print_table(rows)
+    return 0
+
+
+def cmd_verify(config: Config, args: argparse.Namespace) -> int:
+    """Check sizes and CRC32C of every file of a checkpoint in every tier holding it."""
+    checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
+    catalog = Catalog(config, node=args.node)
+    holders = 0
+    bad = 0
+    for tier in catalog.tiers:
+        try:
+            manifest = read_manifest(tier, checkpoint_id)
+        except FileNotFoundError:
+            continue
+        except (
+            IntegrityError
+        ) as exc:  # a damaged marker is a mismatch; an unreachable tier an error
+            print(f"{tier.name}: MISMATCH {exc}")
+            bad += 1
+            continue
+        holders += 1
+        here = [f for f in manifest.files if not tier.node_local or f.node == catalog.node]
+        problems = copy_problems(tier, manifest, verify=True, entries=here)
+        skipped = len(manifest.files) - len(here)
+        note = f" ({skipped} files on other nodes not checked)" if skipped else ""
+        if problems:
+            bad += 1
+            for problem in problems:
+                print(f"{tier.name}: MISMATCH {problem}")
+        else:
+            print(f"{tier.name}: ok, {len(here)} files, {human_bytes(manifest.total_bytes)}{note}")
+    if holders == 0 and bad == 0:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not committed in any tier")
+    return EXIT_MISMATCH if bad else 0
+
+
+Command = Callable[[Config, argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommands register themselves here)."""
+    parser = argparse.ArgumentParser(prog="tierstore", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=os.environ.get("TIERSTORE_CONFIG"),
+                        help="YAML configuration (default: $TIERSTORE_CONFIG)")  # fmt: skip
+    parser.add_argument("--node", type=int, default=None, help="node index for node-local tiers")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ls = commands.add_parser("ls", help="list committed checkpoints")
+    ls.add_argument("--json", action="store_true", help="print JSON objects")
+    ls.set_defaults(run=cmd_ls)
+    verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint")
+    verify.add_argument("checkpoint_id", metavar="ID")
+    verify.set_defaults(run=cmd_verify)
+    for register in EXTRA_COMMANDS:
+        register(commands)
+    return parser
+
+
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run a command; one-line errors with exit code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if not args.config:
+            raise TierstoreError("no configuration: pass --config FILE or set TIERSTORE_CONFIG")
+        config = load_config(args.config)
+        run: Command = args.run
+        return run(config, args)
+    except (TierstoreError, OSError, ValueError) as exc:
+        message = str(exc).replace("\n", "; ")
+        print(f"tierstore: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""tierstore's errors: one root, a few shallow families.
+
+Below the tier seam, adapters raise Python's builtins (``FileNotFoundError``, ``FileExistsError``,
+``OSError``); above it, callers see these. Every class derives from :class:`Exception` (never
+``BaseException``), so ``except Exception`` and ``except TierstoreError`` both catch them. Messages name
+the file, key, tier or object involved and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class TierstoreError(Exception):
+    """Root of every error tierstore raises on purpose."""
+
+
+class ConfigError(TierstoreError):
+    """The YAML configuration is malformed, incomplete or names something unusable.
+
+    The message has the form ``FILE: KEY: what was expected``.
+    """
+
+
+class InvalidCheckpointIdError(TierstoreError, ValueError):
+    """A checkpoint id is not a plain name (``[A-Za-z0-9._-]+``, not ``.``, ``..`` or reserved)."""
+
+
+class CheckpointNotFoundError(TierstoreError):
+    """No tier holds a usable committed copy of the checkpoint; the message lists every tier and why."""
+
+
+class CheckpointExistsError(TierstoreError):
+    """The checkpoint id is already committed in the target tier and overwrite was not requested."""
+
+
+class IntegrityError(TierstoreError):
+    """Stored bytes do not match their commit marker (missing file, wrong size, CRC32C mismatch)."""
+
+
+class TierUnavailableError(TierstoreError):
+    """A tier cannot be reached or used: unreachable endpoint, missing bucket, unwritable path."""
+
+
+class CommitVetoedError(TierstoreError):
+    """A commit gate refused the checkpoint; nothing was committed and the previous one stays latest."""
+
+
+class NonFiniteTensorError(CommitVetoedError):
+    """``check_finite`` found NaN or Inf in a floating-point tensor; the message names the tensor."""

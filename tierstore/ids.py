@@ -1,0 +1,137 @@
+"""Checkpoint ids and every path derived from them: the only place tier-relative paths are built.
+
+Layout inside each tier root (``<tier path or url>/<namespace>``)::
+
+    <id>/commit.json                 the commit marker, written last (see manifest.py)
+    <id>/<generation>/.metadata      DCP's metadata for that save
+    <id>/<generation>/r00003-0.distcp data written by rank 3 (a few large files per rank)
+    <id>/<generation>/parts/...      per-node part records (multi-node promotion)
+    .tierstore/...                   tierstore's own working area (staging buffers, promoter state)
+
+A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
+overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
+commits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+
+from tierstore.errors import InvalidCheckpointIdError
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+"""Characters a checkpoint id may use."""
+
+MAX_ID_LENGTH = 200
+INTERNAL_DIR = ".tierstore"
+"""The one name inside a tier root reserved for tierstore itself; it is not a valid checkpoint id."""
+
+MARKER_NAME = "commit.json"
+METADATA_NAME = ".metadata"
+PARTS_DIR = "parts"
+_GENERATION = re.compile(r"g[0-9a-f]{8,40}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_STEP = re.compile(r"(\d+)(?!.*\d)")
+
+
+def validate_checkpoint_id(value: object) -> str:
+    """Return ``value`` as a checkpoint id, or raise :class:`InvalidCheckpointIdError` saying why.
+
+    An id is a single name made of ``[A-Za-z0-9._-]``, at most 200 characters, not ``.``, ``..`` or
+    ``.tierstore``. It is the same in every tier; paths (``a/b``, ``/abs``) and URLs are refused.
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise InvalidCheckpointIdError(
+            f"checkpoint id must be a string, got {type(value).__name__}: {value!r}"
+        )
+    if not value:
+        raise InvalidCheckpointIdError("checkpoint id must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidCheckpointIdError(
+            f"checkpoint id {value[:40]!r}... is {len(value)} characters; at most {MAX_ID_LENGTH}"
+        )
+    if value in (".", ".."):
+        raise InvalidCheckpointIdError(f"checkpoint id {value!r} is not allowed")
+    if value == INTERNAL_DIR:
+        raise InvalidCheckpointIdError(f"checkpoint id {value!r} is reserved for tierstore")
+    if not ID_PATTERN.fullmatch(value):
+        bad = sorted({c for c in value if not ID_PATTERN.fullmatch(c)})
+        raise InvalidCheckpointIdError(
+            f"checkpoint id {value!r} may only contain letters, digits, '.', '_' and '-'"
+            f" (found {''.join(bad)!r}); it is a name, not a path"
+        )
+    return value
+
+
+def is_checkpoint_id(value: str) -> bool:
+    """True when ``value`` is a valid checkpoint id (see :func:`validate_checkpoint_id`)."""
+    try:
+        validate_checkpoint_id(value)
+    except InvalidCheckpointIdError:
+        return False
+    return True
+
+
+def step_of(checkpoint_id: str) -> int | None:
+    """The training step an id names: its last run of digits (``step_000200`` -> 200), else None."""
+    match = _STEP.search(checkpoint_id)
+    return int(match.group(1)) if match else None
+
+
+def new_generation() -> str:
+    """A fresh, time-ordered generation name (``g`` + hex millis + random)."""
+    return f"g{int(time.time() * 1000):011x}{uuid.uuid4().hex[:8]}"
+
+
+def is_generation(name: str) -> bool:
+    """True when ``name`` has the form of a generation directory."""
+    return bool(_GENERATION.fullmatch(name))
+
+
+def marker_path(checkpoint_id: str) -> str:
+    """Tier-relative path of the commit marker of ``checkpoint_id``."""
+    return f"{checkpoint_id}/{MARKER_NAME}"
+
+
+def generation_dir(checkpoint_id: str, generation: str) -> str:
+    """Tier-relative directory of one generation of ``checkpoint_id``."""
+    return f"{checkpoint_id}/{generation}"
+
+
+def data_file_name(rank: int, index: int) -> str:
+    """Name (inside a generation directory) of data file ``index`` written by ``rank``."""
+    return f"r{rank:05d}-{index}.distcp"
+
+
+def part_record_path(checkpoint_id: str, generation: str, node: int) -> str:
+    """Tier-relative path of the record saying node ``node``'s files of a generation are complete."""
+    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/node{node:05d}.json"
+
+
+def checked_file_path(checkpoint_id: str, rel: str) -> str:
+    """Validate a file path named by a marker (``<generation>/<name>``) and return it tier-relative.
+
+    Markers are input like any other: a path that leaves the checkpoint's directory (``..``, ``/``) or
+    uses unexpected characters raises :class:`InvalidCheckpointIdError` naming it.
+    """
+    parts = rel.split("/")
+    if (
+        len(parts) < 2
+        or not is_generation(parts[0])
+        or not all(_FILE_NAME.fullmatch(p) and p not in (".", "..") for p in parts[1:])
+    ):
+        raise InvalidCheckpointIdError(
+            f"file {rel!r} named by the marker of {checkpoint_id!r} is not of the form"
+            " '<generation>/<name>'"
+        )
+    return f"{checkpoint_id}/{rel}"
+
+
+def staging_dir() -> str:
+    """Tier-relative directory holding writers' staging buffers (memory tiers)."""
+    return f"{INTERNAL_DIR}/staging"

@@ -1,0 +1,187 @@
+"""The commit marker: a manifest of one checkpoint copy, published last, after every file it names.
+
+A checkpoint exists in a tier only where its marker is (``<id>/commit.json``). The marker names every
+file of the copy (data files and DCP's ``.metadata``) with its size and CRC32C, plus the world size, the
+writer's version, the commit time, and the save's timings. A copy is *usable* when its marker parses
+and every file it names is present at the named size (and, when verifying, has the named CRC32C).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import crc32c as _crc32c
+
+from tierstore.errors import IntegrityError
+from tierstore.ids import checked_file_path, is_generation, marker_path, step_of
+from tierstore.tiers.base import Tier
+from tierstore.version import __version__
+
+FORMAT = "tierstore.commit/1"
+Buffer = bytes | bytearray | memoryview
+
+
+def crc32c(data: Buffer, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``value``."""
+    return int(_crc32c.crc32c(data, value))
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint copy, relative to the checkpoint's directory (``<gen>/<name>``)."""
+
+    path: str
+    size: int
+    crc32c: int
+    rank: int | None = None
+    """The rank that wrote it (None for DCP's metadata, written by the coordinator)."""
+    node: int = 0
+    """The node whose node-local tiers hold it."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The content of a commit marker. Immutable; :meth:`to_json`/:meth:`from_json` round-trip."""
+
+    checkpoint_id: str
+    generation: str
+    world_size: int
+    files: tuple[FileEntry, ...]
+    committed_at: float = field(default_factory=time.time)
+    tierstore_version: str = __version__
+    timings: Mapping[str, float | None] = field(default_factory=dict)
+    source: Mapping[str, Any] | None = None
+    """Provenance of a promoted copy: the tier it came from and when it was committed there."""
+
+    @property
+    def step(self) -> int | None:
+        """The step parsed from the id (see :func:`tierstore.ids.step_of`)."""
+        return step_of(self.checkpoint_id)
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the sizes of every file."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def nodes(self) -> list[int]:
+        """The nodes whose node-local tiers hold part of this copy."""
+        return sorted({f.node for f in self.files})
+
+    def with_changes(self, **changes: Any) -> Manifest:
+        """A copy with some fields replaced (e.g. ``committed_at`` for a promoted copy)."""
+        return replace(self, **changes)
+
+    def to_json(self) -> bytes:
+        """Serialize (UTF-8 JSON; CRCs as 8 hex digits)."""
+        body = asdict(self)
+        body["timings"] = dict(self.timings)
+        body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in self.files]
+        return json.dumps({"format": FORMAT, **body}, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> Manifest:
+        """Parse and validate a marker; :class:`IntegrityError` naming ``where`` if it is malformed."""
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict) or body.get("format") != FORMAT:
+                raise ValueError(f"expected format {FORMAT!r}")
+            checkpoint_id = str(body["checkpoint_id"])
+            generation = str(body["generation"])
+            if not is_generation(generation):
+                raise ValueError(f"bad generation {generation!r}")
+            files = tuple(
+                FileEntry(
+                    path=_checked(checkpoint_id, generation, str(f["path"])),
+                    size=_non_negative(f["size"]),
+                    crc32c=int(str(f["crc32c"]), 16),
+                    rank=None if f.get("rank") is None else int(f["rank"]),
+                    node=int(f.get("node", 0)),
+                )
+                for f in body["files"]
+            )
+            return cls(
+                checkpoint_id=checkpoint_id,
+                generation=generation,
+                world_size=int(body["world_size"]),
+                files=files,
+                committed_at=float(body["committed_at"]),
+                tierstore_version=str(body.get("tierstore_version", "?")),
+                timings={str(k): v for k, v in dict(body.get("timings") or {}).items()},
+                source=body.get("source"),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
+
+
+def _checked(checkpoint_id: str, generation: str, path: str) -> str:
+    checked_file_path(checkpoint_id, path)
+    if not path.startswith(f"{generation}/"):
+        raise ValueError(f"file {path!r} is outside generation {generation!r}")
+    return path
+
+
+def _non_negative(value: object) -> int:
+    number = int(str(value))
+    if number < 0:
+        raise ValueError(f"negative size {number}")
+    return number
+
+
+def read_manifest(tier: Tier, checkpoint_id: str) -> Manifest:
+    """The marker of ``checkpoint_id`` in ``tier``.
+
+    Raises ``FileNotFoundError`` when there is no marker (not committed there) and
+    :class:`IntegrityError` when the marker is malformed or names another checkpoint.
+    """
+    where = f"tier {tier.name}: {marker_path(checkpoint_id)}"
+    manifest = Manifest.from_json(tier.read_bytes(marker_path(checkpoint_id)), where=where)
+    if manifest.checkpoint_id != checkpoint_id:
+        raise IntegrityError(f"{where}: marker names checkpoint {manifest.checkpoint_id!r}")
+    return manifest
+
+
+def publish_manifest(tier: Tier, manifest: Manifest, *, create_only: bool) -> None:
+    """Publish the marker: the commit point. Call only after every named file is durable."""
+    tier.publish(marker_path(manifest.checkpoint_id), manifest.to_json(), create_only=create_only)
+
+
+def file_crc32c(tier: Tier, path: str) -> tuple[int, int]:
+    """``(size, crc32c)`` of a stored file, read in chunks."""
+    size, value = 0, 0
+    for chunk in tier.iter_chunks(path):
+        size += len(chunk)
+        value = crc32c(chunk, value)
+    return size, value
+
+
+def copy_problems(
+    tier: Tier,
+    manifest: Manifest,
+    *,
+    verify: bool,
+    entries: Iterable[FileEntry] | None = None,
+) -> list[str]:
+    """What makes a copy unusable: one line per missing, short/long or (``verify``) corrupt file.
+
+    ``entries`` limits the check to some files (a rank's share; a node's files); default all.
+    """
+    problems: list[str] = []
+    for entry in manifest.files if entries is None else entries:
+        path = f"{manifest.checkpoint_id}/{entry.path}"
+        try:
+            size = tier.stat(path).size
+        except FileNotFoundError:
+            problems.append(f"{path}: missing")
+            continue
+        if size != entry.size:
+            problems.append(f"{path}: {size} bytes, marker says {entry.size}")
+        elif verify:
+            _, actual = file_crc32c(tier, path)
+            if actual != entry.crc32c:
+                problems.append(f"{path}: CRC32C {actual:08x}, marker says {entry.crc32c:08x}")
+    return problems

@@ -1,0 +1,262 @@
+"""``TieredReader``: a DCP ``StorageReader`` that restores from the fastest usable committed copy.
+
+Call order (``dcp.load``): ``reset(checkpoint_id)`` if an id is given, then on every rank inside DCP's
+collective wrapper :meth:`TieredReader.read_metadata` (the collective tier choice of
+:mod:`tierstore.selection`, then DCP's ``.metadata`` from the chosen tier, checked against its CRC32C and
+unpickled with an allowlist), ``set_up_storage_reader``, the plans, and :meth:`TieredReader.read_data`.
+
+Reads go straight into the destination tensors when they can (``preadv`` on POSIX tiers into a
+contiguous CPU tensor that takes a whole stored chunk); otherwise the bytes are read and copied. Files
+are read in parallel. Resharding (another world size than the save's) is DCP's planner's job: the reader
+only serves byte ranges, so it works from any tier.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import logging
+import os
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from tierstore.config import Config, as_config
+from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
+from tierstore.manifest import Manifest, crc32c
+from tierstore.safe_pickle import load_metadata
+from tierstore.selection import broadcast_object, choose_copy
+from tierstore.serialize import ItemLocation, decode_tensor, to_dtype
+from tierstore.tiers import Tier, make_tiers
+from tierstore.topology import current_node, rank_and_world
+
+logger = logging.getLogger(__name__)
+_WHOLE_FILE_FRACTION = 0.5
+"""Read a whole object (one ranged GET stream) when the items need more than this share of it."""
+
+
+class TieredReader(StorageReader):
+    """Load DCP checkpoints from the fastest tier holding a usable committed copy.
+
+    Args:
+        config: a loaded :class:`~tierstore.config.Config` or the path of a YAML file.
+        checkpoint_id: the id to load when ``dcp.load`` is called without one.
+        node: this process's node index for node-local tiers (default: :func:`current_node`).
+        verify: check every file's CRC32C before choosing a tier (default: ``verify_on_load``).
+        process_group: the group passed to ``dcp.load`` (default: the default group).
+
+    Raises (through DCP): :class:`~tierstore.errors.CheckpointNotFoundError` listing every tier and
+    why it was skipped; :class:`~tierstore.errors.IntegrityError` for a corrupt ``.metadata``.
+    """
+
+    def __init__(
+        self,
+        config: Config | str | os.PathLike[str],
+        *,
+        checkpoint_id: str | None = None,
+        node: int | None = None,
+        verify: bool | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = as_config(config)
+        self.node = current_node(node)
+        self.verify = self.config.verify_on_load if verify is None else verify
+        self.process_group = process_group
+        self._checkpoint_id = (
+            None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
+        )
+        self._tiers: list[Tier] | None = None
+        self._tier: Tier | None = None
+        self._manifest: Manifest | None = None
+        self._storage: dict[Any, ItemLocation] = {}
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        """The id being (or to be) loaded."""
+        return self._checkpoint_id
+
+    @property
+    def chosen_tier(self) -> str | None:
+        """The name of the tier the last load read from (None before a load)."""
+        return self._tier.name if self._tier else None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True when ``checkpoint_id`` is a valid tierstore id."""
+        return isinstance(checkpoint_id, str) and is_checkpoint_id(checkpoint_id)
+
+    def tiers(self) -> list[Tier]:
+        """Every configured tier, fastest first, as seen from this node."""
+        if self._tiers is None:
+            self._tiers = make_tiers(self.config, node=self.node)
+        return self._tiers
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Select the checkpoint to load (validated)."""
+        if checkpoint_id is not None:
+            self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
+        self._tier, self._manifest, self._storage = None, None, {}
+
+    def read_metadata(self, *args: Any, **_ignored: Any) -> Metadata:
+        """Choose the tier (collectively) and return DCP's metadata from it."""
+        if self._checkpoint_id is None:
+            raise TierstoreError(
+                "no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader"
+            )
+        tiers = self.tiers()
+        excluded: dict[int, str] = {}
+        while True:  # every rank runs the same iterations: each step's outcome is broadcast
+            choice = choose_copy(
+                tiers,
+                self._checkpoint_id,
+                node=self.node,
+                verify=self.verify,
+                group=self.process_group,
+                excluded=excluded,
+            )
+            tier, manifest = tiers[choice.tier_index], choice.manifest
+            blob, where = self._fetch_metadata(tier, manifest)
+            if isinstance(blob, bytes):
+                break
+            logger.warning(
+                "restore of %s: skipping tier %s: %s", self._checkpoint_id, tier.name, blob
+            )
+            excluded[choice.tier_index] = blob
+        metadata = load_metadata(blob, where=where)
+        if not isinstance(metadata, Metadata):
+            raise IntegrityError(f"{where}: not DCP metadata")
+        self._tier, self._manifest = tier, manifest
+        self._storage = dict(metadata.storage_data or {})
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = uuid.uuid4().hex
+        return metadata
+
+    def _fetch_metadata(self, tier: Tier, manifest: Manifest) -> tuple[bytes | str, str]:
+        """Coordinator reads ``.metadata`` and checks it against the marker; shared by broadcast.
+
+        Returns the bytes, or a string saying why they are unusable.
+        """
+        entry = next((f for f in manifest.files if f.path.endswith("/.metadata")), None)
+        if entry is None:
+            return f"the marker of {self._checkpoint_id} names no .metadata file", tier.name
+        path = f"{self._checkpoint_id}/{entry.path}"
+        where = f"tier {tier.name}: {path}"
+        rank, _ = rank_and_world(self.process_group)
+        blob: bytes | str = b""
+        if rank == 0:
+            try:
+                blob = tier.read_bytes(path)
+                if len(blob) != entry.size or crc32c(blob) != entry.crc32c:
+                    blob = f"{path}: does not match its commit marker (size or CRC32C)"
+            except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
+                blob = f"{path}: {exc}"
+        return broadcast_object(blob, self.process_group), where
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        """Keep the item locations of the chosen copy."""
+        self._storage = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """No storage-specific planning."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """No storage-specific planning."""
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item of ``plan`` from the chosen tier, files in parallel."""
+        if self._tier is None or self._checkpoint_id is None:
+            raise TierstoreError("read_data() before read_metadata()")
+        per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
+        for item in plan.items:
+            location = self._storage[item.storage_index]
+            per_file[location.path].append((item, location))
+        workers = max(1, min(len(per_file), 8))
+        with ThreadPoolExecutor(workers, thread_name_prefix="tierstore-read") as pool:
+            for done in [pool.submit(self._read_file, p, r, planner) for p, r in per_file.items()]:
+                done.result()
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _read_file(
+        self, path: str, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    ) -> None:
+        assert self._tier is not None
+        tier, full = self._tier, f"{self._checkpoint_id}/{path}"
+        whole: bytes | None = None
+        if tier.local_path(full) is None:
+            needed = sum(loc.length for _, loc in requests)
+            size = tier.stat(full).size
+            if needed > _WHOLE_FILE_FRACTION * size:
+                whole = tier.read_bytes(full)
+        for item, location in sorted(requests, key=lambda r: r[1].offset):
+            if whole is not None:
+                data: bytes | memoryview = memoryview(whole)[
+                    location.offset : location.offset + location.length
+                ]
+            elif item.type != LoadItemType.BYTE_IO and self._read_in_place(
+                tier, full, item, location, planner
+            ):
+                continue
+            else:
+                data = tier.read_range(full, location.offset, location.length)
+            if len(data) != location.length:
+                raise IntegrityError(f"tier {tier.name}: {full}: short read at {location.offset}")
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(bytes(data)))
+                continue
+            stored = decode_tensor(bytearray(data) if isinstance(data, bytes) else data, location)
+            _copy_into(planner, item, stored)
+
+    def _read_in_place(
+        self, tier: Tier, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
+    ) -> bool:
+        """``preadv`` straight into the destination when it is exactly the stored chunk."""
+        if tier.local_path(full) is None or location.encoding != "raw" or location.shape is None:
+            return False
+        target = planner.resolve_tensor(item).detach()
+        whole_chunk = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == list(
+            location.shape
+        )
+        if not (
+            whole_chunk
+            and target.device.type == "cpu"
+            and target.is_contiguous()
+            and target.dtype == to_dtype(location.dtype or "uint8")
+            and target.numel() * target.element_size() == location.length
+        ):
+            return False
+        if location.length:
+            buffer = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())
+            tier.read_into(full, location.offset, memoryview(buffer).cast("B"))
+        planner.commit_tensor(item, target)
+        return True
+
+
+def _copy_into(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> None:
+    source = stored
+    for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+        if length < stored.size(dim):
+            source = source.narrow(dim, offset, length)
+    target = planner.resolve_tensor(item).detach()
+    if target.size() != source.size():
+        raise IntegrityError(
+            f"{item.storage_index.fqn}: stored chunk {tuple(source.size())} does not fit"
+            f" {tuple(target.size())}"
+        )
+    target.copy_(source)
+    planner.commit_tensor(item, target)

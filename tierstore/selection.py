@@ -1,0 +1,157 @@
+"""Choosing the tier to restore from: the fastest whose committed copy is usable for every rank.
+
+The decision is collective and made once (invariant 5): the coordinator reads the markers and
+broadcasts them; each rank checks its share of the files (size, and CRC32C when verifying); the ranks
+all-gather their findings and every rank applies the same rule to the same facts, so they never
+disagree. Every step runs on every rank even when something fails, so an error on one rank cannot leave
+the others waiting in a collective; errors are raised only after the last collective.
+
+A node-local tier's copy is usable only when all of its files sit on the node every rank runs on:
+without peer transfer, a rank cannot read another node's memory or disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from tierstore.errors import CheckpointNotFoundError, TierstoreError
+from tierstore.manifest import Manifest, copy_problems, read_manifest
+from tierstore.tiers import Tier
+from tierstore.topology import rank_and_world
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The tier picked for a restore, and the manifest of its copy."""
+
+    tier_index: int
+    manifest: Manifest
+
+
+def _probe_markers(tiers: list[Tier], checkpoint_id: str) -> list[tuple[bytes | None, str | None]]:
+    """Coordinator: each tier's marker bytes (validated), or why there is none."""
+    found: list[tuple[bytes | None, str | None]] = []
+    for tier in tiers:
+        try:
+            found.append((read_manifest(tier, checkpoint_id).to_json(), None))
+        except FileNotFoundError:
+            found.append((None, "no commit marker"))
+        except Exception as exc:  # noqa: BLE001 - reported per tier; other tiers may do
+            found.append((None, str(exc)))
+    return found
+
+
+def _check_share(
+    tiers: list[Tier],
+    manifests: dict[int, Manifest],
+    *,
+    rank: int,
+    world: int,
+    rank_nodes: list[int],
+    verify: bool,
+) -> dict[int, list[str]]:
+    problems: dict[int, list[str]] = {}
+    for index, manifest in manifests.items():
+        tier = tiers[index]
+        holders = set(manifest.nodes)
+        if tier.node_local and (len(holders) != 1 or set(rank_nodes) != holders):
+            problems[index] = [
+                f"its files are on node(s) {sorted(holders)} but ranks run on node(s)"
+                f" {sorted(set(rank_nodes))}; a node-local copy serves only its own node"
+            ]
+            continue
+        share = [f for position, f in enumerate(manifest.files) if position % world == rank]
+        try:
+            problems[index] = copy_problems(tier, manifest, verify=verify, entries=share)
+        except Exception as exc:  # noqa: BLE001 - an unreachable tier is one more reason to skip it
+            problems[index] = [f"unreachable: {exc}"]
+    return problems
+
+
+def choose_copy(
+    tiers: list[Tier],
+    checkpoint_id: str,
+    *,
+    node: int,
+    verify: bool,
+    group: dist.ProcessGroup | None = None,
+    excluded: dict[int, str] | None = None,
+) -> Choice:
+    """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
+
+    ``excluded`` maps tier indexes already found unusable (and why) to skip. Raises
+    :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
+    """
+    rank, world = rank_and_world(group)
+    found = _probe_markers(tiers, checkpoint_id) if rank == 0 else []
+    found = _broadcast(found, group)
+    rank_nodes = _all_gather(node, group)
+    manifests: dict[int, Manifest] = {}
+    reasons: dict[int, list[str]] = {}
+    for index, (blob, reason) in enumerate(found):
+        if blob is None:
+            reasons[index] = [reason or "no commit marker"]
+        else:
+            manifests[index] = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
+    for index, reason in (excluded or {}).items():
+        manifests.pop(index, None)
+        reasons[index] = [reason]
+    local: dict[int, list[str]] | Exception
+    try:
+        local = _check_share(
+            tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify
+        )
+    except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
+        local = exc
+    gathered = _all_gather(local, group)
+    for item in gathered:
+        if isinstance(item, Exception):
+            raise TierstoreError(f"checking checkpoint {checkpoint_id!r} failed: {item}") from item
+    findings: list[dict[int, list[str]]] = gathered
+    for index in manifests:
+        issues = [p for item in findings for p in item.get(index, [])]
+        if issues:
+            reasons[index] = sorted(set(issues))
+    for index in range(len(tiers)):
+        if index in manifests and index not in reasons:
+            if rank == 0:
+                for skipped in range(index):
+                    logger.warning(
+                        "restore of %s: skipping tier %s: %s",
+                        checkpoint_id,
+                        tiers[skipped].name,
+                        "; ".join(reasons.get(skipped, ["?"])),
+                    )
+            return Choice(index, manifests[index])
+    lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
+    raise CheckpointNotFoundError(
+        f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
+        + "\n".join(lines)
+    )
+
+
+def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
+    _, world = rank_and_world(group)
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, group_src=0, group=group)
+    return box[0]
+
+
+def _all_gather(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    _, world = rank_and_world(group)
+    if world == 1:
+        return [value]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+broadcast_object = _broadcast

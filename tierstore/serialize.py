@@ -1,0 +1,163 @@
+"""How items are laid out in data files, and the single pass that checksums (and checks) them.
+
+A data file is a 64-byte header (magic ``TIERSTR1`` + a 16-byte token) followed by items, each aligned
+to 64 bytes. A dense tensor is stored as its raw bytes (C order); DCP's byte items as given; anything
+else (sparse, quantized) as ``torch.save`` output. :class:`ItemLocation` (DCP's ``storage_data`` for
+an item) says where and how. Every byte is seen once on the way out: the same cache-hot chunk is
+written, fed to CRC32C and, if asked, checked for NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tierstore.errors import NonFiniteTensorError
+from tierstore.manifest import crc32c
+
+ALIGN = 64
+HEADER_SIZE = 64
+MAGIC = b"TIERSTR1"
+CHUNK = 4 * 2**20
+"""Bytes per pass: small enough to stay in cache between write, CRC and finiteness check."""
+
+
+@dataclass(frozen=True)
+class ItemLocation:
+    """Where one DCP item lives: ``path`` (``<gen>/<file>``), byte range, and its encoding."""
+
+    path: str
+    offset: int
+    length: int
+    encoding: str
+    """``raw`` (tensor bytes), ``bytes`` (DCP byte item) or ``torch`` (``torch.save`` of a tensor)."""
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+def header(token: bytes) -> bytes:
+    """The 64-byte file header carrying ``token`` (16 bytes)."""
+    return (MAGIC + token).ljust(HEADER_SIZE, b"\0")
+
+
+def aligned(offset: int) -> int:
+    """``offset`` rounded up to the item alignment."""
+    return -(-offset // ALIGN) * ALIGN
+
+
+def is_raw_encodable(tensor: torch.Tensor) -> bool:
+    """Dense, strided CPU/accelerator tensors are stored as raw bytes."""
+    return tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_nested
+
+
+def raw_view(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
+    """The bytes of a dense tensor, without copying when it is CPU and contiguous.
+
+    Returns the view and the tensor that owns its memory (keep it alive while using the view).
+    """
+    flat = tensor.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
+    if nbytes == 0:
+        return memoryview(b""), flat
+    array = (ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())
+    return memoryview(array).cast("B"), flat
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def to_dtype(name: str) -> torch.dtype:
+    """The inverse of :func:`dtype_name`; ValueError for an unknown name."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def is_checked_dtype(dtype: torch.dtype) -> bool:
+    """Floating and complex dtypes can hold NaN/Inf."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
+class ChunkSink:
+    """Consumes the bytes of one file in order: CRC32C always, a write when a stream is given."""
+
+    def __init__(self, write: Callable[[memoryview], object] | None) -> None:
+        self._write = write
+        self.crc = 0
+        self.size = 0
+
+    def feed(self, view: memoryview) -> None:
+        """One chunk: write it (if writing), fold it into the CRC."""
+        if self._write is not None:
+            self._write(view)
+        self.crc = crc32c(view, self.crc)
+        self.size += len(view)
+
+    def pad_to(self, offset: int) -> None:
+        """Zero-fill up to ``offset``."""
+        if offset > self.size:
+            self.feed(memoryview(bytes(offset - self.size)))
+
+
+def feed_tensor(
+    sink: ChunkSink, tensor: torch.Tensor, view: memoryview, *, fqn: str, check_finite: bool
+) -> None:
+    """Feed a tensor's bytes chunk by chunk; with ``check_finite``, refuse NaN/Inf as they pass."""
+    flat = tensor.reshape(-1)
+    checked = check_finite and is_checked_dtype(tensor.dtype)
+    step = max(1, CHUNK // max(1, tensor.element_size()))
+    item = tensor.element_size()
+    for start in range(0, max(flat.numel(), 1) if view else 0, step):
+        stop = min(start + step, flat.numel())
+        if checked and not bool(torch.isfinite(flat[start:stop]).all()):
+            raise NonFiniteTensorError(f"tensor {fqn!r} holds NaN or Inf")
+        sink.feed(view[start * item : stop * item])
+
+
+def scan_region(
+    sink: ChunkSink, region: memoryview, tensor: torch.Tensor, *, fqn: str, check_finite: bool
+) -> None:
+    """Feed bytes already in place (a staging file): CRC and check only, no write."""
+    feed_tensor(sink, tensor, region, fqn=fqn, check_finite=check_finite)
+
+
+def encode_fallback(tensor: torch.Tensor) -> bytes:
+    """``torch.save`` bytes for tensors that are not dense (sparse, quantized, nested)."""
+    buffer = io.BytesIO()
+    torch.save(tensor.detach().cpu(), buffer)
+    return buffer.getvalue()
+
+
+def decode_tensor(data: bytes | bytearray | memoryview, location: ItemLocation) -> torch.Tensor:
+    """Rebuild the stored tensor of ``location`` from its bytes (a CPU tensor sharing ``data``)."""
+    if location.encoding == "torch":
+        tensor = torch.load(io.BytesIO(bytes(data)), map_location="cpu", weights_only=True)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{location.path}@{location.offset}: expected a tensor")
+        return tensor
+    dtype = to_dtype(location.dtype or "uint8")
+    shape = location.shape or ()
+    if len(data) == 0:
+        return torch.empty(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        # Read-only bytes (an S3 download) are only ever a copy source here, never written.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        flat = torch.frombuffer(data, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
+
+
+def fsync_file(fd: int) -> None:
+    """``fsync`` a descriptor (a separate name so ordering tests can observe it)."""
+    os.fsync(fd)

@@ -1,0 +1,258 @@
+"""POSIX directory tiers (memory/tmpfs, local disk, parallel filesystem): the shared adapter.
+
+Publishing follows the classic recipe: write a hidden temporary file beside the target, ``fsync`` it,
+``rename`` it over the target, then ``fsync`` the directory so the new name itself is durable.
+Directories this adapter creates are made durable the same way (their parent is fsynced).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tierstore.errors import TierUnavailableError
+from tierstore.tiers.base import FileInfo, Tier, WriteStream
+
+TEMP_MARK = ".tmp-"
+"""Temporary files are named ``.<name>.tmp-<random>``; listings hide them, gc removes stale ones."""
+_UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def is_temporary(name: str) -> bool:
+    """True for the hidden temporary names this adapter writes before renaming."""
+    return name.startswith(".") and TEMP_MARK in name
+
+
+def join_namespace(path: str, namespace: str | None) -> str:
+    """The tier root: the configured directory, plus the namespace sub-folder if any."""
+    return f"{path.rstrip('/')}/{namespace}" if namespace else path
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make the entries of ``directory`` (new, renamed or removed names) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs_durable(directory: Path) -> None:
+    """``mkdir -p`` where every directory created is made durable in its parent."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(path.parent)
+
+
+class _FdStream:
+    """Write-only stream over a raw file descriptor (no Python buffering, no extra copy)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+        self.size += total
+        return total
+
+
+class PosixTier(Tier):
+    """A tier that is a directory: ``<path>/<namespace>``."""
+
+    def __init__(self, name: str, type_: str, directory: str, *, node_local: bool) -> None:
+        self.name = name
+        self.type = type_
+        self.node_local = node_local
+        self.base = Path(directory)
+        self.root = str(self.base)
+
+    def _path(self, path: str) -> Path:
+        return self.base / path if path else self.base
+
+    def local_path(self, path: str) -> str:
+        """The real path of ``path`` in this tier."""
+        return str(self._path(path))
+
+    def _unavailable(self, exc: OSError, action: str, path: str) -> TierUnavailableError:
+        reason = exc.strerror or str(exc)
+        return TierUnavailableError(f"tier {self.describe()}: cannot {action} {path!r}: {reason}")
+
+    @contextmanager
+    def open_write(self, path: str) -> Iterator[WriteStream]:
+        """Stream to a hidden temp file; fsync, rename over ``path``, fsync the directory."""
+        target = self._path(path)
+        temp = target.with_name(f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+        try:
+            make_dirs_durable(target.parent)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE or exc.errno in (errno.ENOTDIR, errno.ENOENT):
+                raise self._unavailable(exc, "write", path) from exc
+            raise
+        published = False
+        try:
+            yield _FdStream(fd)
+            os.fsync(fd)  # the bytes are durable before any name points at them
+            os.close(fd)
+            fd = -1
+            os.rename(temp, target)
+            published = True
+            fsync_dir(target.parent)  # ...and the name is durable before we report success
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE:
+                raise self._unavailable(exc, "write", path) from exc
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if not published:
+                temp.unlink(missing_ok=True)
+
+    def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
+        """Temp file, fsync, then ``link`` (create-only: fails if taken) or ``rename``; fsync dir."""
+        target = self._path(path)
+        temp = target.with_name(f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+        try:
+            make_dirs_durable(target.parent)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _FdStream(fd).write(data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if create_only:
+                try:
+                    os.link(temp, target)  # atomic and exclusive: EEXIST if another writer won
+                finally:
+                    temp.unlink(missing_ok=True)
+            else:
+                os.rename(temp, target)
+            fsync_dir(target.parent)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            if exc.errno in _UNAVAILABLE or exc.errno in (errno.ENOTDIR, errno.ENOENT):
+                raise self._unavailable(exc, "publish", path) from exc
+            raise
+
+    def adopt(self, path: str, source_file: str) -> None:
+        """Move ``source_file`` (same filesystem, already fsynced) to ``path``; fsync both dirs."""
+        target = self._path(path)
+        make_dirs_durable(target.parent)
+        os.rename(source_file, target)
+        fsync_dir(target.parent)
+        fsync_dir(Path(source_file).parent)
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """``pread`` the range; a short file yields fewer bytes."""
+        with open(self._path(path), "rb", buffering=0) as f:
+            f.seek(offset)
+            return f.read() if length is None else _read_exact(f, length)
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        """``preadv`` straight into ``out`` (e.g. a tensor's memory): no intermediate copy."""
+        fd = os.open(self._path(path), os.O_RDONLY)
+        try:
+            view = out.cast("B")
+            while view:
+                got = os.preadv(fd, [view], offset)
+                if got == 0:
+                    raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
+                view, offset = view[got:], offset + got
+        finally:
+            os.close(fd)
+
+    def stat(self, path: str) -> FileInfo:
+        """``os.stat``; ``FileNotFoundError`` for a missing file or a directory."""
+        result = os.stat(self._path(path))
+        if not os.path.isfile(self._path(path)):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(self._path(path)))
+        return FileInfo(path, result.st_size, result.st_mtime)
+
+    def list_dir(self, path: str = "") -> list[str]:
+        """Children of a directory, temp files hidden; [] if missing."""
+        try:
+            return sorted(n for n in os.listdir(self._path(path)) if not is_temporary(n))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def find(self, path: str = "") -> list[FileInfo]:
+        """All files below ``path`` (temp files hidden)."""
+        start = self._path(path)
+        found: list[FileInfo] = []
+        for directory, _dirs, files in os.walk(start):
+            for name in files:
+                if is_temporary(name):
+                    continue
+                full = os.path.join(directory, name)
+                try:
+                    result = os.stat(full)
+                except FileNotFoundError:
+                    continue  # deleted while we walked
+                rel = os.path.relpath(full, self.base).replace(os.sep, "/")
+                found.append(FileInfo(rel, result.st_size, result.st_mtime))
+        return sorted(found, key=lambda f: f.path)
+
+    def find_temporary(self, path: str = "") -> list[FileInfo]:
+        """Temp files left by interrupted writes below ``path`` (for gc)."""
+        found: list[FileInfo] = []
+        for directory, _dirs, files in os.walk(self._path(path)):
+            for name in files:
+                if is_temporary(name):
+                    full = os.path.join(directory, name)
+                    try:
+                        result = os.stat(full)
+                    except FileNotFoundError:
+                        continue
+                    rel = os.path.relpath(full, self.base).replace(os.sep, "/")
+                    found.append(FileInfo(rel, result.st_size, result.st_mtime))
+        return found
+
+    def delete(self, path: str) -> None:
+        """Unlink one file and fsync its directory."""
+        target = self._path(path)
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(target.parent)
+
+    def delete_tree(self, path: str) -> None:
+        """Remove a directory tree (missing is fine) and fsync the parent."""
+        target = self._path(path)
+        try:
+            shutil.rmtree(target)
+        except FileNotFoundError:
+            return
+        fsync_dir(target.parent)
+
+
+def _read_exact(f: object, length: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = length
+    while remaining > 0:
+        chunk = f.read(remaining)  # type: ignore[attr-defined]
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)

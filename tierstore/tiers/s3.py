@@ -1,0 +1,216 @@
+"""``s3`` tier: a bucket/prefix on AWS S3 or any S3-compatible endpoint, through fsspec/s3fs.
+
+Provider quirks stay here: s3fs's own retry loop and botocore's are switched off so that the tier's
+:class:`~tierstore.tiers.retry.RetryPolicy` is the only one (and decides by error codes, not message
+text); listings are never cached (another process writes here); botocore's default request checksum
+is off (some S3-compatible stores reject it; integrity is checked with our CRC32C). Provider errors are
+translated once, in :meth:`S3Tier.call`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import botocore.exceptions
+
+from tierstore.config import S3TierConfig
+from tierstore.errors import TierUnavailableError
+from tierstore.tiers.base import FileInfo, Progress, Tier, WriteStream
+from tierstore.tiers.retry import RetryPolicy, is_connection_failure, s3_error
+from tierstore.tiers.s3_upload import ObjectUpload, S3WriteStream
+
+
+class S3Tier(Tier):
+    """An S3 prefix: ``s3://bucket/prefix/<namespace>``. Global scope (never node-local)."""
+
+    node_local = False
+    type = "s3"
+
+    def __init__(self, config: S3TierConfig, *, namespace: str | None) -> None:
+        self.name = config.name
+        self.config = config
+        bucket, _, prefix = config.url.removeprefix("s3://").partition("/")
+        self.bucket = bucket
+        self.prefix = "/".join(p for p in (prefix.strip("/"), namespace) if p)
+        self.root = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.part_size = config.part_size
+        self.concurrency = config.concurrency
+        self.policy = RetryPolicy(config.max_attempts, config.max_retry_time)
+        self.on_retry: Any = None
+        self._fs: Any = None
+
+    @classmethod
+    def from_config(cls, config: S3TierConfig, *, namespace: str | None, node: int) -> S3Tier:
+        """Build the tier (the same on every node)."""
+        return cls(config, namespace=namespace)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fs"] = None  # a client is per process; rebuilt lazily after unpickling
+        state["on_retry"] = None
+        return state
+
+    @property
+    def fs(self) -> Any:
+        """The s3fs filesystem (created on first use, never shared with other tiers)."""
+        if self._fs is None:
+            import s3fs
+
+            config_kwargs: dict[str, Any] = {
+                "retries": {"total_max_attempts": 1},
+                "request_checksum_calculation": "when_required",
+                "response_checksum_validation": "when_required",
+            }
+            client_kwargs = {"region_name": self.config.region} if self.config.region else {}
+            fs = s3fs.S3FileSystem(
+                endpoint_url=self.config.endpoint_url,
+                client_kwargs=client_kwargs,
+                config_kwargs=config_kwargs,
+                skip_instance_cache=True,
+                use_listings_cache=False,
+                max_concurrency=self.concurrency,
+            )
+            fs.retries = 1  # one attempt inside s3fs: retries are ours (RetryPolicy)
+            self._fs = fs
+        return self._fs
+
+    def _key(self, path: str) -> str:
+        return "/".join(p for p in (self.prefix, path) if p)
+
+    def _full(self, path: str) -> str:
+        return f"{self.bucket}/{self._key(path)}".rstrip("/")
+
+    def call(self, method: str, what: str, **kwargs: Any) -> Any:
+        """One S3 API call through the retry policy, with errors translated (see module doc)."""
+        return self._guard(what, lambda: self.fs.call_s3(method, **kwargs))
+
+    def _guard(self, what: str, operation: Any) -> Any:
+        try:
+            return self.policy.call(operation, what=f"{self.name}: {what}", on_retry=self.on_retry)
+        except (FileExistsError, EOFError):
+            raise
+        except FileNotFoundError as exc:
+            if (s3_error(exc) or (0, ""))[1] == "NoSuchBucket":
+                raise self._unavailable(what, f"bucket {self.bucket!r} does not exist") from exc
+            raise
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise self._unavailable(
+                what,
+                "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)",
+            ) from exc
+        except Exception as exc:
+            if is_connection_failure(exc):
+                endpoint = self.config.endpoint_url or "the AWS endpoint"
+                raise self._unavailable(what, f"cannot reach {endpoint}: {exc}") from exc
+            answer = s3_error(exc)
+            if answer is not None:
+                status, code = answer
+                raise self._unavailable(
+                    what, f"S3 answered {code or 'an error'} (HTTP {status})"
+                ) from exc
+            raise
+
+    def _unavailable(self, what: str, reason: str) -> TierUnavailableError:
+        return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}")
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[WriteStream]:
+        """Buffer and upload part by part; the object appears only when the block exits normally."""
+        upload = ObjectUpload(self, self.bucket, self._key(path))
+        stream = S3WriteStream(upload, self.part_size)
+        try:
+            yield stream
+            stream.close()
+        except BaseException:
+            upload.abort()
+            raise
+
+    def upload_file(self, path: str, local_file: str, progress: Progress | None = None) -> None:
+        """Copy a local file, ``part_size`` at a time with ``concurrency`` parts in flight."""
+        with open(local_file, "rb") as source, self.open_write(path) as stream:
+            for chunk in iter(lambda: source.read(self.part_size), b""):
+                stream.write(chunk)
+                if progress:
+                    progress(len(chunk))
+
+    def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
+        """One PUT; with ``create_only`` (and ``create_only_markers``) ``If-None-Match: *``."""
+        match = {"IfNoneMatch": "*"} if create_only and self.config.create_only_markers else {}
+        if create_only and not match and self.exists(path):
+            raise FileExistsError(f"{self.root}/{path}")
+        try:
+            self.call("put_object", f"publish {path}", Bucket=self.bucket, Key=self._key(path),
+                      Body=data, **match)  # fmt: skip
+        except FileExistsError:
+            # A retried create-only PUT can find its own first attempt: that is success.
+            with contextlib.suppress(FileNotFoundError):
+                if self.read_bytes(path) == data:
+                    return
+            raise
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """A ranged GET (``FileNotFoundError`` when the object is absent)."""
+        end = None if length is None else offset + length
+        return bytes(
+            self._guard(
+                f"read {path}", lambda: self.fs.cat_file(self._full(path), start=offset, end=end)
+            )
+        )
+
+    def stat(self, path: str) -> FileInfo:
+        """HEAD the object."""
+        info = self._guard(f"stat {path}", lambda: self.fs.info(self._full(path)))
+        if info.get("type") != "file":
+            raise FileNotFoundError(f"{self.root}/{path}")
+        return FileInfo(path, int(info["size"]), _mtime(info))
+
+    def list_dir(self, path: str = "") -> list[str]:
+        """Names directly under ``path`` (objects and common prefixes)."""
+        try:
+            names = self._guard(
+                f"list {path or '/'}", lambda: self.fs.ls(self._full(path), detail=False)
+            )
+        except FileNotFoundError:
+            return []
+        return sorted({n.rstrip("/").rsplit("/", 1)[-1] for n in names})
+
+    def find(self, path: str = "") -> list[FileInfo]:
+        """Every object under ``path`` (paginated listing; nothing cached)."""
+        try:
+            found = self._guard(
+                f"list {path or '/'}", lambda: self.fs.find(self._full(path), detail=True)
+            )
+        except FileNotFoundError:
+            return []
+        strip = len(self._full("")) + 1 if self.prefix else len(self.bucket) + 1
+        return sorted(
+            (
+                FileInfo(name[strip:], int(info["size"]), _mtime(info))
+                for name, info in found.items()
+            ),
+            key=lambda f: f.path,
+        )
+
+    def delete(self, path: str) -> None:
+        """DELETE one object (absent is fine)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._guard(f"delete {path}", lambda: self.fs.rm_file(self._full(path)))
+
+    def delete_tree(self, path: str) -> None:
+        """Delete every object under ``path``."""
+        for info in self.find(path):
+            self.delete(info.path)
+
+    def list_uploads(self) -> list[dict[str, Any]]:
+        """Incomplete multipart uploads under this tier's prefix (for gc)."""
+        answer = self.call("list_multipart_uploads", "list uploads", Bucket=self.bucket,
+                           Prefix=self._key(""))  # fmt: skip
+        uploads: list[dict[str, Any]] = answer.get("Uploads", [])
+        return uploads
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    stamp: Any = info.get("LastModified") or info.get("last_modified")
+    return float(stamp.timestamp()) if hasattr(stamp, "timestamp") else 0.0

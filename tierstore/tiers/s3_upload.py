@@ -1,0 +1,151 @@
+"""S3 uploads: one PUT for small objects, concurrent multipart for large ones, aborted on failure.
+
+Memory is bounded by ``part_size x (concurrency + 1)``: parts are handed to at most ``concurrency``
+threads (s3fs's event loop multiplexes their requests), and :meth:`ObjectUpload.add_part` blocks while
+they are all busy. Each request is idempotent (a part number re-sent carries the same bytes) and is
+retried by the tier's :class:`~tierstore.tiers.retry.RetryPolicy`. Nothing is visible under the key
+until ``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from tierstore.tiers.base import Progress
+
+logger = logging.getLogger(__name__)
+
+
+class _Caller(Protocol):
+    part_size: int
+    concurrency: int
+
+    def call(self, method: str, what: str, **kwargs: Any) -> Any: ...
+
+
+class ObjectUpload:
+    """An upload to ``bucket/key`` fed with parts in order; :meth:`finish` or :meth:`abort` it."""
+
+    def __init__(
+        self,
+        caller: _Caller,
+        bucket: str,
+        key: str,
+        *,
+        create_only: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        self._caller = caller
+        self._bucket = bucket
+        self._key = key
+        self._match = {"IfNoneMatch": "*"} if create_only else {}
+        self._progress = progress
+        self._upload_id: str | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._slots = threading.BoundedSemaphore(caller.concurrency)
+        self._parts: list[Future[dict[str, Any]]] = []
+
+    @property
+    def started(self) -> bool:
+        """True once a multipart upload exists (and so must be completed or aborted)."""
+        return self._upload_id is not None
+
+    def add_part(self, data: bytes) -> None:
+        """Queue the next part (at least 5 MiB except the last); blocks while all slots are busy."""
+        if self._upload_id is None:
+            answer = self._caller.call(
+                "create_multipart_upload", f"start upload {self._key}", Bucket=self._bucket,
+                Key=self._key,
+            )  # fmt: skip
+            self._upload_id = answer["UploadId"]
+            self._pool = ThreadPoolExecutor(self._caller.concurrency, thread_name_prefix="s3-part")
+        for part in self._parts:  # surface a failed part early instead of uploading more
+            if part.done() and part.exception() is not None:
+                raise part.exception()  # type: ignore[misc]
+        self._slots.acquire()
+        number = len(self._parts) + 1
+        assert self._pool is not None
+        future = self._pool.submit(self._upload_part, number, data)
+        future.add_done_callback(lambda _f: self._slots.release())
+        self._parts.append(future)
+
+    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        answer = self._caller.call(
+            "upload_part", f"part {number} of {self._key}", Bucket=self._bucket, Key=self._key,
+            UploadId=self._upload_id, PartNumber=number, Body=data,
+        )  # fmt: skip
+        if self._progress:
+            self._progress(len(data))
+        return {"PartNumber": number, "ETag": answer["ETag"]}
+
+    def put_whole(self, data: bytes) -> None:
+        """Upload a small object in one PUT (create-only if requested)."""
+        self._caller.call(
+            "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
+            **self._match,
+        )  # fmt: skip
+        if self._progress:
+            self._progress(len(data))
+
+    def finish(self) -> None:
+        """Wait for every part, then complete the upload: the object appears only now."""
+        parts = [f.result() for f in self._parts]
+        self._shutdown()
+        self._caller.call(
+            "complete_multipart_upload", f"complete {self._key}", Bucket=self._bucket,
+            Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts},
+            **self._match,
+        )  # fmt: skip
+
+    def abort(self) -> None:
+        """Abandon the upload: cancel queued parts and abort it so S3 frees the parts (best effort)."""
+        for part in self._parts:
+            part.cancel()
+        self._shutdown()
+        if self._upload_id is not None:
+            try:
+                self._caller.call(
+                    "abort_multipart_upload", f"abort {self._key}", Bucket=self._bucket,
+                    Key=self._key, UploadId=self._upload_id,
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - stale uploads are also removed by gc
+                logger.warning("could not abort upload of %s (gc will): %s", self._key, exc)
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class S3WriteStream:
+    """The :class:`~tierstore.tiers.base.WriteStream` of an S3 tier: buffers one part at a time."""
+
+    def __init__(self, upload: ObjectUpload, part_size: int) -> None:
+        self._upload = upload
+        self._part_size = part_size
+        self._buffer = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Append; every full part is handed to the upload."""
+        view = memoryview(data).cast("B")
+        self._buffer += view
+        while len(self._buffer) >= self._part_size:
+            self._upload.add_part(bytes(self._buffer[: self._part_size]))
+            del self._buffer[: self._part_size]
+        return len(view)
+
+    def close(self, on_complete: Callable[[], None] | None = None) -> None:
+        """Send what is left and make the object visible."""
+        if not self._upload.started:
+            self._upload.put_whole(bytes(self._buffer))
+        else:
+            if self._buffer:
+                self._upload.add_part(bytes(self._buffer))
+            self._upload.finish()
+        self._buffer = bytearray()
+        if on_complete:
+            on_complete()

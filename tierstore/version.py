@@ -1,0 +1,3 @@
+"""The package version, written into every commit marker."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,370 @@
+"""``TieredWriter``: a DCP ``StorageWriter`` that saves to the fastest tier and commits with a marker.
+
+Call order (torch.distributed.checkpoint 2.13, see ``StorageWriter``):
+
+0. all ranks, ``async_save`` only: :meth:`TieredWriter.stage` copies the state into reusable buffers
+   (:mod:`tierstore.staging`) on the trainer's thread; everything below runs in the background.
+1. all ranks: :meth:`~TieredWriter.reset` (only when ``dcp.save`` gets a ``checkpoint_id``), then
+   :meth:`~TieredWriter.set_up_storage_writer`. The coordinator refuses an id already committed in the
+   target tier unless ``overwrite=True``.
+2. all ranks: :meth:`~TieredWriter.prepare_local_plan`; coordinator:
+   :meth:`~TieredWriter.prepare_global_plan` picks a fresh *generation* directory for this save.
+3. all ranks: :meth:`~TieredWriter.write_data` writes the rank's items into one or two files and
+   returns only when they are durable in the tier; it checksums (CRC32C) every byte as it goes and, if
+   configured, refuses NaN/Inf and consults the commit gate.
+4. coordinator, only if no rank failed: :meth:`~TieredWriter.finish` writes DCP's ``.metadata``, then
+   the commit marker **last**. A save that fails anywhere leaves no marker: it never happened.
+
+Committed checkpoints are immutable: a save never writes into a committed generation. ``overwrite=True``
+writes a new generation and swaps the marker, so the old copy stays loadable, bit-exact, until the new
+one commits; the old generation is deleted only after that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import logging
+import os
+import pickle
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from tierstore.config import Config, as_config
+from tierstore.errors import CheckpointExistsError, CommitVetoedError, TierstoreError
+from tierstore.gate import CommitGate, GateView
+from tierstore.ids import (
+    data_file_name,
+    generation_dir,
+    is_checkpoint_id,
+    is_generation,
+    marker_path,
+    new_generation,
+    validate_checkpoint_id,
+)
+from tierstore.manifest import FileEntry, Manifest, crc32c, publish_manifest
+from tierstore.serialize import (
+    ChunkSink,
+    ItemLocation,
+    dtype_name,
+    encode_fallback,
+    feed_tensor,
+    header,
+    is_raw_encodable,
+    raw_view,
+)
+from tierstore.tiers import Tier, make_tier
+from tierstore.topology import current_node
+
+logger = logging.getLogger(__name__)
+FILES_KEY = "__tierstore_files__"
+"""Index prefix of the one extra ``WriteResult`` per rank that lists the files it wrote."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankReport:
+    """What a rank tells the coordinator through its local plan (``SavePlan.storage_data``)."""
+
+    node: int
+    started_at: float
+    stall_s: float | None = None
+    wait_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankAssignment:
+    """What the coordinator tells each rank through the global plan."""
+
+    generation: str
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFiles:
+    """The files one rank wrote (``storage_data`` of its extra ``WriteResult``)."""
+
+    files: tuple[FileEntry, ...]
+
+
+class TieredWriter(StorageWriter):
+    """Save DCP checkpoints into a tier (the first, fastest one by default) with a commit marker.
+
+    Args:
+        config: a loaded :class:`~tierstore.config.Config` or the path of a YAML file.
+        checkpoint_id: the id to save under when ``dcp.save`` is called without one.
+        tier: the name of the tier to write to (default: the first). Use the last one to send a final
+            checkpoint straight to durable storage.
+        overwrite: replace a checkpoint already committed under this id (atomically: see module doc).
+        node: this process's node index for node-local tiers (default: :func:`current_node`).
+        commit_gate: called on each rank with the data it is about to commit; returning a reason
+            (a string) vetoes the commit (see :mod:`tierstore.gate`). Must be picklable for
+            ``AsyncCheckpointerType.PROCESS``.
+        check_finite: refuse to commit NaN/Inf in floating tensors (default: the config's).
+
+    Raises (through DCP, which wraps them in ``CheckpointException``):
+        :class:`~tierstore.errors.CheckpointExistsError`, :class:`~tierstore.errors.CommitVetoedError`,
+        :class:`~tierstore.errors.TierUnavailableError`, :class:`~tierstore.errors.InvalidCheckpointIdError`.
+    """
+
+    def __init__(
+        self,
+        config: Config | str | os.PathLike[str],
+        *,
+        checkpoint_id: str | None = None,
+        tier: str | None = None,
+        overwrite: bool = False,
+        node: int | None = None,
+        commit_gate: CommitGate | None = None,
+        check_finite: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = as_config(config)
+        self.tier_name = self.config.tier(tier).name if tier else self.config.tiers[0].name
+        self.overwrite = overwrite
+        self.node = current_node(node)
+        self.commit_gate = commit_gate
+        self.check_finite = self.config.check_finite if check_finite is None else check_finite
+        self._checkpoint_id = (
+            None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
+        )
+        self._tier: Tier | None = None
+        self._rank = 0
+        self._is_coordinator = True
+        self._started_at = time.time()
+        self._reports: list[RankReport] = []
+        self._generation: str | None = None
+        self._stage_report: RankReport | None = None
+
+    # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        """The id of the save in progress (or the one given at construction)."""
+        return self._checkpoint_id
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True when ``checkpoint_id`` is a valid tierstore id (a plain name)."""
+        return isinstance(checkpoint_id, str) and is_checkpoint_id(checkpoint_id)
+
+    @property
+    def tier(self) -> Tier:
+        """The target tier, as seen from this process's node."""
+        if self._tier is None:
+            self._tier = make_tier(
+                self.config.tier(self.tier_name), namespace=self.config.namespace, node=self.node
+            )
+        return self._tier
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
+        return state
+
+    # -- StorageWriter ----------------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new save; validates ``checkpoint_id`` (a name, the same in every tier)."""
+        if checkpoint_id is not None:
+            self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
+        self._generation = None
+        self._reports = []
+
+    def storage_meta(self) -> StorageMeta | None:
+        """The id and a save id for DCP's metadata."""
+        return StorageMeta(checkpoint_id=self._checkpoint_id, save_id=uuid.uuid4().hex)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record the rank; the coordinator refuses an already committed id unless overwriting."""
+        self._rank = int(kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0))
+        self._is_coordinator = is_coordinator
+        self._started_at = time.time()
+        collectives = kwargs.get("use_collectives", True)
+        if collectives is False and dist.is_initialized() and dist.get_world_size() > 1:
+            raise TierstoreError("TieredWriter needs use_collectives=True (one commit marker)")
+        if self._checkpoint_id is None:
+            raise TierstoreError(
+                "no checkpoint id: pass checkpoint_id= to dcp.save/async_save or to TieredWriter"
+            )
+        if (
+            is_coordinator
+            and not self.overwrite
+            and self.tier.exists(marker_path(self._checkpoint_id))
+        ):
+            raise CheckpointExistsError(
+                f"checkpoint {self._checkpoint_id!r} is already committed in tier"
+                f" {self.tier.describe()}; pass overwrite=True to TieredWriter to replace it"
+            )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Attach this rank's node and timings for the coordinator."""
+        report = self._stage_report or RankReport(node=self.node, started_at=self._started_at)
+        self._stage_report = None
+        return dataclasses.replace(plan, storage_data=report)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator: choose this save's generation and tell every rank its file prefix."""
+        self._generation = new_generation()
+        self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
+        return [
+            dataclasses.replace(plan, storage_data=RankAssignment(self._generation, rank))
+            for rank, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write this rank's items; the future completes only when they are durable in the tier."""
+        assignment = plan.storage_data
+        if not isinstance(assignment, RankAssignment):
+            raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
+        assert self._checkpoint_id is not None
+        written: list[str] = []
+        try:
+            results = self._write_items(plan.items, planner, assignment, written)
+        except BaseException:
+            for path in written:  # invisible without a marker, but do not leave garbage
+                _quietly(functools.partial(self.tier.delete, path))
+            raise
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def _write_items(
+        self,
+        items: list[WriteItem],
+        planner: SavePlanner,
+        assignment: RankAssignment,
+        written: list[str],
+    ) -> list[WriteResult]:
+        ckpt, gen, rank = self._checkpoint_id, assignment.generation, assignment.rank
+        tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
+        blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
+        results: list[WriteResult] = []
+        files: list[FileEntry] = []
+        gate = GateView(str(ckpt), rank)
+        fallback: list[tuple[WriteItem, bytes]] = []
+        if tensors:
+            rel = f"{gen}/{data_file_name(rank, 0)}"
+            with self.tier.open_write(f"{ckpt}/{rel}") as stream:
+                written.append(f"{ckpt}/{rel}")
+                sink = ChunkSink(stream.write)
+                sink.feed(memoryview(header(uuid.uuid4().bytes)))
+                for item in tensors:
+                    tensor = planner.resolve_data(item)
+                    assert isinstance(tensor, torch.Tensor)
+                    gate.tensors[item.index.fqn] = tensor
+                    if not is_raw_encodable(tensor):
+                        fallback.append((item, encode_fallback(tensor)))
+                        continue
+                    view, owner = raw_view(tensor)
+                    sink.pad_to(-(-sink.size // 64) * 64)
+                    offset = sink.size
+                    feed_tensor(
+                        sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite
+                    )
+                    location = ItemLocation(
+                        rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
+                    )
+                    results.append(WriteResult(item.index, len(view), location))
+            files.append(FileEntry(rel, sink.size, sink.crc, rank, self.node))
+        blob_items: list[tuple[WriteItem, io.BytesIO]] = []
+        for item in blobs:
+            data = planner.resolve_data(item)
+            assert isinstance(data, io.BytesIO)
+            blob_items.append((item, data))
+            gate.objects[item.index.fqn] = data
+        if blob_items or fallback:
+            rel = f"{gen}/{data_file_name(rank, 1)}"
+            with self.tier.open_write(f"{ckpt}/{rel}") as stream:
+                written.append(f"{ckpt}/{rel}")
+                sink = ChunkSink(stream.write)
+                sink.feed(memoryview(header(uuid.uuid4().bytes)))
+                encoded = [(i, d.getbuffer(), "bytes") for i, d in blob_items]
+                encoded += [(i, memoryview(b), "torch") for i, b in fallback]
+                for item, buffer, encoding in encoded:
+                    sink.pad_to(-(-sink.size // 64) * 64)
+                    offset = sink.size
+                    sink.feed(memoryview(buffer))
+                    location = ItemLocation(rel, offset, len(buffer), encoding)
+                    results.append(WriteResult(item.index, len(buffer), location))
+            files.append(FileEntry(rel, sink.size, sink.crc, rank, self.node))
+        if self.commit_gate is not None:
+            reason = self.commit_gate(gate)
+            if reason:
+                raise CommitVetoedError(
+                    f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
+                )
+        results.append(WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(files))))
+        return results
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator: write ``.metadata``, then publish the commit marker last."""
+        ckpt, gen = self._checkpoint_id, self._generation
+        if ckpt is None or gen is None:
+            raise TierstoreError("finish() called without a planned save")
+        files: list[FileEntry] = []
+        storage: dict[MetadataIndex, Any] = {}
+        for rank_results in results:
+            for result in rank_results:
+                if isinstance(result.storage_data, RankFiles):
+                    files.extend(result.storage_data.files)
+                else:
+                    storage[result.index] = result.storage_data
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        meta_rel = f"{gen}/.metadata"
+        self.tier.write_bytes(f"{ckpt}/{meta_rel}", blob)
+        files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node))
+        manifest = Manifest(
+            checkpoint_id=ckpt,
+            generation=gen,
+            world_size=len(results),
+            files=tuple(sorted(files, key=lambda f: f.path)),
+            timings=self._timings(time.time()),
+        )
+        try:
+            publish_manifest(self.tier, manifest, create_only=not self.overwrite)
+        except FileExistsError:
+            _quietly(lambda: self.tier.delete_tree(generation_dir(ckpt, gen)))
+            raise CheckpointExistsError(
+                f"checkpoint {ckpt!r} was committed in tier {self.tier.describe()} by another"
+                " writer while this save was running; this save was discarded"
+            ) from None
+        logger.info(
+            "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
+        )
+        self._remove_older_generations(ckpt, gen)
+
+    def _timings(self, committed_at: float) -> dict[str, float | None]:
+        started = min((r.started_at for r in self._reports), default=self._started_at)
+        stalls = [r.stall_s for r in self._reports if r.stall_s is not None]
+        waits = [r.wait_s for r in self._reports if r.wait_s is not None]
+        return {
+            "started_at": started,
+            "stall_s": max(stalls) if stalls else committed_at - started,
+            "wait_s": max(waits) if waits else None,
+            "commit_s": committed_at - started,
+        }
+
+    def _remove_older_generations(self, ckpt: str, current: str) -> None:
+        """After a commit, drop this id's other generations that are older (never newer ones)."""
+        for name in self.tier.list_dir(ckpt):
+            if is_generation(name) and name < current:
+                _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, name)))
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - best-effort cleanup; gc removes what is left
+        logger.warning("cleanup failed: %s", exc)
