@@ -24,7 +24,7 @@ import yaml
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from tierstore import TieredReader, TieredWriter, latest_committed, load_config
+from tierstore import Config, TieredReader, TieredWriter, latest_committed, load_config
 from tierstore.cli import main as tierstore_cli
 from tierstore.ids import marker_path
 from tierstore.testing import embedded_s3
@@ -65,22 +65,33 @@ def write_config(work: Path, endpoint: str) -> Path:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="demo-checkpoints")
+    ram = f"/dev/shm/tierstore-demo-{os.getpid()}"
     config = {
         "namespace": "quickstart",
         "tiers": [
-            {"name": "ram", "type": "memory", "path": f"/dev/shm/tierstore-demo-{os.getpid()}"},
-            {"name": "nvme", "type": "local", "path": str(work / "nvme")},
-            {
-                "name": "s3",
-                "type": "s3",
-                "url": "s3://demo-checkpoints/runs",
-                "endpoint_url": endpoint,
-            },
+            {"name": "ram", "type": "memory", "path": ram, "keep": 2},
+            {"name": "nvme", "type": "local", "path": str(work / "nvme"), "keep": 3},
+            {"name": "s3", "type": "s3", "url": "s3://demo-checkpoints/runs",
+             "endpoint_url": endpoint, "keep": 10},
         ],
-    }
+        "promote": {"every": 2},
+    }  # fmt: skip
     path = work / "tierstore.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def restore(cfg: Config, checkpoint_id: str, expected: dict[str, torch.Tensor]) -> None:
+    fresh, fresh_opt = make_model()
+    state = state_of(fresh, fresh_opt, 0)
+    reader = TieredReader(cfg)
+    dcp.load(state, storage_reader=reader, checkpoint_id=checkpoint_id)
+    set_state_dict(
+        fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    same = all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
+    print(f"   loaded {checkpoint_id} (step {state['step']}) from tier '{reader.chosen_tier}'")
+    print(f"   model identical to the one saved: {same}")
 
 
 def run(work: Path, endpoint: str) -> None:
@@ -91,59 +102,58 @@ def run(work: Path, endpoint: str) -> None:
     torch.manual_seed(0)
     model, optimizer = make_model()
 
-    with step("train 20 steps, dcp.save every 10 to the fastest tier (ram)"):
-        for step_no in (10, 20):
+    with step("train 30 steps, dcp.save every 10 to the fastest tier (ram)"):
+        for step_no in (10, 20, 30):
             loss = train(model, optimizer, 10)
-            dcp.save(
-                state_of(model, optimizer, step_no),
-                storage_writer=TieredWriter(cfg),
-                checkpoint_id=f"step_{step_no:06d}",
-            )
-            print(f"   step {step_no}: loss {loss:.4f}, saved step_{step_no:06d} to ram")
+            checkpoint_id = f"step_{step_no:06d}"
+            dcp.save(state_of(model, optimizer, step_no), storage_writer=TieredWriter(cfg),
+                     checkpoint_id=checkpoint_id)  # fmt: skip
+            print(f"   step {step_no}: loss {loss:.4f}, committed {checkpoint_id} in ram")
 
     with step("train 10 more, dcp.async_save (the trainer is free as soon as it returns)"):
         loss = train(model, optimizer, 10)
-        state = state_of(model, optimizer, 30)
         future = dcp.async_save(
-            state, storage_writer=TieredWriter(cfg), checkpoint_id="step_000030"
-        )
+            state_of(model, optimizer, 40), storage_writer=TieredWriter(cfg),
+            checkpoint_id="step_000040",
+        )  # fmt: skip
         with torch.no_grad():  # e.g. an evaluation pass overlaps the save
             model(torch.randn(32, 256))
         future.result()
-        print(f"   step 30: loss {loss:.4f}, committed step_000030 in ram")
-
-    with step("the same checkpoint straight to durable storage: TieredWriter(cfg, tier='s3')"):
-        dcp.save(state, storage_writer=TieredWriter(cfg, tier="s3"), checkpoint_id="step_000030")
-        print("   step_000030 is now committed in ram and in s3")
+        print(f"   step 40: loss {loss:.4f}, committed step_000040 in ram")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
 
     with step("tierstore ls"):
         tierstore_cli(["--config", str(path), "ls"])
 
-    expected = {k: v.clone() for k, v in model.state_dict().items()}
-    for title in ("restore the latest checkpoint (fastest tier: ram)", "restore again"):
-        with step(title):
-            fresh, fresh_opt = make_model()
-            state = state_of(fresh, fresh_opt, 0)
-            ckpt = latest_committed(cfg)
-            reader = TieredReader(cfg)
-            dcp.load(state, storage_reader=reader, checkpoint_id=ckpt)
-            set_state_dict(
-                fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
-            )
-            same = all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
-            print(f"   loaded {ckpt} (step {state['step']}) from tier '{reader.chosen_tier}'")
-            print(f"   model identical to the one saved: {same}")
-        if title.startswith("restore the latest"):
-            with step("simulate losing host memory: delete step_000030's marker in ram"):
-                make_tier(cfg.tier("ram"), namespace=cfg.namespace, node=0).delete(
-                    marker_path("step_000030")
-                )
-                print("   without its marker the ram copy no longer exists for tierstore")
+    with step("tierstore promote --once: copy down the tiers (every 2nd to s3), then retention"):
+        tierstore_cli(["--config", str(path), "promote", "--once"])
+
+    with step("tierstore ls"):
+        tierstore_cli(["--config", str(path), "ls"])
+
+    with step("restore the latest checkpoint: the fastest tier holding it (ram)"):
+        latest = latest_committed(cfg)
+        assert latest is not None
+        restore(cfg, latest, saved)
+
+    with step(f"simulate losing host memory: delete {latest}'s marker in ram"):
+        make_tier(cfg.tier("ram"), namespace=cfg.namespace, node=0).delete(marker_path(latest))
+        print("   without its marker the ram copy no longer exists for tierstore")
+
+    with step("restore again: the next tier holding it (nvme)"):
+        restore(cfg, latest, saved)
+
+    with step("train 5 more; the run's final checkpoint straight to s3 (tier='s3')"):
+        train(model, optimizer, 5)
+        dcp.save(state_of(model, optimizer, 45), storage_writer=TieredWriter(cfg, tier="s3"),
+                 checkpoint_id="step_000045")  # fmt: skip
+        tierstore_cli(["--config", str(path), "ls"])
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="   %(levelname)s %(name)s: %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the embedded S3 server's access log
+    logging.getLogger("tierstore.promoter").setLevel(logging.INFO)  # its promoted/deleted events
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")

@@ -13,6 +13,9 @@ to NVMe, a parallel filesystem and S3, and restore from the fastest tier holding
         dcp.load(state, storage_reader=TieredReader(cfg), checkpoint_id=ckpt)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tierstore.catalog import Catalog, latest_committed
 from tierstore.config import Config, load_config
 from tierstore.errors import (
@@ -26,10 +29,27 @@ from tierstore.errors import (
     TierstoreError,
     TierUnavailableError,
 )
-from tierstore.gate import GateView, LossBandGate
-from tierstore.reader import TieredReader
 from tierstore.version import __version__
-from tierstore.writer import TieredWriter
+
+if TYPE_CHECKING:
+    from tierstore.gate import GateView, LossBandGate
+    from tierstore.reader import TieredReader
+    from tierstore.writer import TieredWriter
+
+_LAZY = {
+    "TieredWriter": "tierstore.writer",
+    "TieredReader": "tierstore.reader",
+    "GateView": "tierstore.gate",
+    "LossBandGate": "tierstore.gate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-dependent names on first use: the CLI and promoter never load torch."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tierstore' has no attribute {name!r}")
+
 
 __all__ = [
     "Catalog",

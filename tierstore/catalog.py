@@ -14,15 +14,16 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from tierstore.config import Config, as_config
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, step_of
 from tierstore.manifest import Manifest, read_manifest
-from tierstore.selection import broadcast_object
 from tierstore.tiers import Tier, make_tiers
 from tierstore.topology import current_node, is_distributed
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,16 @@ def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:
         return (0, 0, item[1]) if step is None else (1, step, item[1])
 
     return [i for i, _ in sorted(ids_with_times, key=key, reverse=True)]
+
+
+def next_sequence(tier: Tier) -> int:
+    """The ``seq`` of the next commit in ``tier``: one more than its newest readable marker's."""
+    for checkpoint_id in newest_first(marker_times(tier).items()):
+        try:
+            return (read_manifest(tier, checkpoint_id).seq or 0) + 1
+        except Exception as exc:  # noqa: BLE001 - a damaged marker: look at the next newest
+            logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, tier.name, exc)
+    return 1
 
 
 @dataclass(frozen=True)
@@ -145,12 +156,17 @@ class Catalog:
             ]
             if any(lag is not None for lag in lags):
                 timings["durable_lag_s"] = min(lag for lag in lags if lag is not None)
+            original = min(
+                float((m.source or {}).get("first_committed_at", m.committed_at))
+                for n in held
+                if (m := manifests[(checkpoint_id, n)]) is not None
+            )
             listings.append(
                 Listing(
                     checkpoint_id,
                     tuple(held),
                     first.total_bytes,
-                    first.committed_at,
+                    original,
                     first.step,
                     timings,
                 )
@@ -172,6 +188,10 @@ def latest_committed(
     node-local tiers differ.
     """
     if collective and is_distributed():
+        import torch.distributed as dist
+
+        from tierstore.selection import broadcast_object
+
         answer = Catalog(config, node=node).latest() if dist.get_rank(process_group) == 0 else None
         result: str | None = broadcast_object(answer, process_group)
         return result

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.manifest import copy_problems, read_manifest
+from tierstore.promoter import Promoter
+from tierstore.promotion import delete_copy
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -109,6 +112,35 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if bad else 0
 
 
+def cmd_promote(config: Config, args: argparse.Namespace) -> int:
+    """Run the promoter until SIGTERM (or one pass with --once)."""
+    promoter = Promoter(config, node=args.node)
+    if args.metrics_port is not None:
+        port = promoter.metrics.serve(args.metrics_port, args.metrics_addr)
+        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: promoter.request_stop())
+    return promoter.run(once=args.once)
+
+
+def cmd_gc(config: Config, args: argparse.Namespace) -> int:
+    """Retention and leftover cleanup, once; ``--dry-run`` only prints."""
+    promoter = Promoter(config, node=args.node)
+    found = promoter.catalog()
+    deletions = promoter.planned_deletions(found)
+    for deletion in deletions:
+        verb = "would delete" if args.dry_run else "delete"
+        print(f"{verb} {deletion.checkpoint_id} from {deletion.tier}: {deletion.reason}")
+        if not args.dry_run:
+            delete_copy(promoter.by_name[deletion.tier], deletion.checkpoint_id)
+    for cleanup in promoter.collect_garbage(found, dry_run=args.dry_run):
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")
+    if not deletions:
+        print("retention: nothing to delete")
+    return 0
+
+
 Command = Callable[[Config, argparse.Namespace], int]
 
 
@@ -126,12 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint")
     verify.add_argument("checkpoint_id", metavar="ID")
     verify.set_defaults(run=cmd_verify)
-    for register in EXTRA_COMMANDS:
-        register(commands)
+    promote = commands.add_parser("promote", help="run the promoter sidecar")
+    promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
+    promote.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    promote.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="address to serve on (0.0.0.0: other hosts too)"
+    )
+    promote.set_defaults(run=cmd_promote)
+    gc = commands.add_parser("gc", help="apply retention and remove uncommitted leftovers")
+    gc.add_argument("--dry-run", action="store_true", help="show what would be deleted, and why")
+    gc.set_defaults(run=cmd_gc)
     return parser
-
-
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

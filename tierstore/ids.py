@@ -108,9 +108,20 @@ def data_file_name(rank: int, index: int) -> str:
     return f"r{rank:05d}-{index}.distcp"
 
 
-def part_record_path(checkpoint_id: str, generation: str, node: int) -> str:
-    """Tier-relative path of the record saying node ``node``'s files of a generation are complete."""
+def rank_part_path(checkpoint_id: str, generation: str, rank: int) -> str:
+    """Tier-relative path of the record a rank writes once its files are durable (node-local tiers)."""
+    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/rank{rank:05d}.json"
+
+
+def node_part_path(checkpoint_id: str, generation: str, node: int) -> str:
+    """Tier-relative path of the record a promoter writes once a node's part is copied to a target."""
     return f"{checkpoint_id}/{generation}/{PARTS_DIR}/node{node:05d}.json"
+
+
+def intent_path(checkpoint_id: str, generation: str) -> str:
+    """Tier-relative path of the committed manifest a coordinator-node promoter leaves in a target,
+    so that whichever promoter copies the last node's part can publish the marker."""
+    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/manifest.json"
 
 
 def checked_file_path(checkpoint_id: str, rel: str) -> str:

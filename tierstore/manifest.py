@@ -54,6 +54,8 @@ class Manifest:
     committed_at: float = field(default_factory=time.time)
     tierstore_version: str = __version__
     timings: Mapping[str, float | None] = field(default_factory=dict)
+    seq: int | None = None
+    """Commit order within the namespace (1, 2, ...); drives ``every`` (see :mod:`tierstore.policy`)."""
     source: Mapping[str, Any] | None = None
     """Provenance of a promoted copy: the tier it came from and when it was committed there."""
 
@@ -94,16 +96,7 @@ class Manifest:
             generation = str(body["generation"])
             if not is_generation(generation):
                 raise ValueError(f"bad generation {generation!r}")
-            files = tuple(
-                FileEntry(
-                    path=_checked(checkpoint_id, generation, str(f["path"])),
-                    size=_non_negative(f["size"]),
-                    crc32c=int(str(f["crc32c"]), 16),
-                    rank=None if f.get("rank") is None else int(f["rank"]),
-                    node=int(f.get("node", 0)),
-                )
-                for f in body["files"]
-            )
+            files = tuple(_entry(checkpoint_id, generation, f) for f in body["files"])
             return cls(
                 checkpoint_id=checkpoint_id,
                 generation=generation,
@@ -112,10 +105,69 @@ class Manifest:
                 committed_at=float(body["committed_at"]),
                 tierstore_version=str(body.get("tierstore_version", "?")),
                 timings={str(k): v for k, v in dict(body.get("timings") or {}).items()},
+                seq=None if body.get("seq") is None else int(body["seq"]),
                 source=body.get("source"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """Some ranks' files of a generation, complete and durable in one tier.
+
+    Writers leave one per rank in node-local tiers (other nodes never see the coordinator's marker, so
+    their promoters discover work through these); promoters leave one per node in a job-wide target.
+    """
+
+    checkpoint_id: str
+    generation: str
+    node: int
+    ranks: tuple[int, ...]
+    files: tuple[FileEntry, ...]
+    seq: int | None = None
+    world_size: int = 1
+    written_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> bytes:
+        """Serialize (CRCs as hex)."""
+        body = asdict(self)
+        body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in self.files]
+        return json.dumps({"format": PART_FORMAT, **body}, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> PartRecord:
+        """Parse and validate; :class:`IntegrityError` naming ``where`` if malformed."""
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict) or body.get("format") != PART_FORMAT:
+                raise ValueError(f"expected format {PART_FORMAT!r}")
+            checkpoint_id, generation = str(body["checkpoint_id"]), str(body["generation"])
+            return cls(
+                checkpoint_id=checkpoint_id,
+                generation=generation,
+                node=int(body["node"]),
+                ranks=tuple(int(r) for r in body["ranks"]),
+                files=tuple(_entry(checkpoint_id, generation, f) for f in body["files"]),
+                seq=None if body.get("seq") is None else int(body["seq"]),
+                world_size=int(body.get("world_size", 1)),
+                written_at=float(body.get("written_at", 0.0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"{where}: malformed part record ({exc})") from None
+
+
+PART_FORMAT = "tierstore.part/1"
+
+
+def _entry(checkpoint_id: str, generation: str, f: Mapping[str, Any]) -> FileEntry:
+    return FileEntry(
+        path=_checked(checkpoint_id, generation, str(f["path"])),
+        size=_non_negative(f["size"]),
+        crc32c=int(str(f["crc32c"]), 16),
+        rank=None if f.get("rank") is None else int(f["rank"]),
+        node=int(f.get("node", 0)),
+    )
 
 
 def _checked(checkpoint_id: str, generation: str, path: str) -> str:

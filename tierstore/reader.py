@@ -32,6 +32,7 @@ from torch.futures import Future
 from tierstore.config import Config, as_config
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
+from tierstore.leases import read_lease
 from tierstore.manifest import Manifest, crc32c
 from tierstore.safe_pickle import load_metadata
 from tierstore.selection import broadcast_object, choose_copy
@@ -185,7 +186,10 @@ class TieredReader(StorageReader):
             location = self._storage[item.storage_index]
             per_file[location.path].append((item, location))
         workers = max(1, min(len(per_file), 8))
-        with ThreadPoolExecutor(workers, thread_name_prefix="tierstore-read") as pool:
+        with (
+            read_lease(self._tier, self._checkpoint_id),  # retention must not delete what we read
+            ThreadPoolExecutor(workers, thread_name_prefix="tierstore-read") as pool,
+        ):
             for done in [pool.submit(self._read_file, p, r, planner) for p, r in per_file.items()]:
                 done.result()
         future: Future[None] = Future()

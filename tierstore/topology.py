@@ -9,8 +9,10 @@ YAML file.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported lazily: the promoter and the CLI never need it
+    import torch.distributed as dist
 
 _NODE_VARIABLES = ("TIERSTORE_NODE", "GROUP_RANK", "SLURM_NODEID")
 
@@ -39,11 +41,19 @@ def _non_negative(value: int, what: str) -> int:
 
 def is_distributed() -> bool:
     """True when a default torch.distributed process group is initialised."""
-    return dist.is_available() and dist.is_initialized()
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return False  # nobody imported it, so nobody initialised a process group
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` in ``group`` (the default group), or ``(0, 1)`` without distributed."""
     if not is_distributed():
         return 0, 1
+    import torch.distributed as dist
+
     return dist.get_rank(group), dist.get_world_size(group)

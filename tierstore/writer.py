@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierstore.catalog import next_sequence
 from tierstore.config import Config, as_config
 from tierstore.errors import CheckpointExistsError, CommitVetoedError, TierstoreError
 from tierstore.gate import CommitGate, GateView
@@ -50,9 +51,10 @@ from tierstore.ids import (
     is_generation,
     marker_path,
     new_generation,
+    rank_part_path,
     validate_checkpoint_id,
 )
-from tierstore.manifest import FileEntry, Manifest, crc32c, publish_manifest
+from tierstore.manifest import FileEntry, Manifest, PartRecord, crc32c, publish_manifest
 from tierstore.serialize import (
     ChunkSink,
     ItemLocation,
@@ -87,6 +89,8 @@ class RankAssignment:
 
     generation: str
     rank: int
+    seq: int
+    world_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,7 @@ class TieredWriter(StorageWriter):
         self._started_at = time.time()
         self._reports: list[RankReport] = []
         self._generation: str | None = None
+        self._seq = 0
         self._stage_report: RankReport | None = None
 
     # -- identity -------------------------------------------------------------------------------
@@ -215,9 +220,12 @@ class TieredWriter(StorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator: choose this save's generation and tell every rank its file prefix."""
         self._generation = new_generation()
+        self._seq = next_sequence(self.tier)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         return [
-            dataclasses.replace(plan, storage_data=RankAssignment(self._generation, rank))
+            dataclasses.replace(
+                plan, storage_data=RankAssignment(self._generation, rank, self._seq, len(plans))
+            )
             for rank, plan in enumerate(plans)
         ]
 
@@ -303,6 +311,14 @@ class TieredWriter(StorageWriter):
                 raise CommitVetoedError(
                     f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
                 )
+        if self.tier.node_local:  # other nodes' promoters never see the marker: tell them here
+            record = PartRecord(
+                str(ckpt), gen, self.node, (rank,), tuple(files), assignment.seq,
+                assignment.world_size,
+            )  # fmt: skip
+            part = rank_part_path(str(ckpt), gen, rank)
+            self.tier.write_bytes(part, record.to_json())
+            written.append(part)
         results.append(WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(files))))
         return results
 
@@ -331,6 +347,7 @@ class TieredWriter(StorageWriter):
             world_size=len(results),
             files=tuple(sorted(files, key=lambda f: f.path)),
             timings=self._timings(time.time()),
+            seq=self._seq,
         )
         try:
             publish_manifest(self.tier, manifest, create_only=not self.overwrite)

@@ -10,6 +10,7 @@ translated once, in :meth:`S3Tier.call`.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ class S3Tier(Tier):
         self.concurrency = config.concurrency
         self.policy = RetryPolicy(config.max_attempts, config.max_retry_time)
         self.on_retry: Any = None
+        self.part_slots = threading.BoundedSemaphore(config.concurrency)
         self._fs: Any = None
 
     @classmethod
@@ -50,7 +52,12 @@ class S3Tier(Tier):
         state = self.__dict__.copy()
         state["_fs"] = None  # a client is per process; rebuilt lazily after unpickling
         state["on_retry"] = None
+        del state["part_slots"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.part_slots = threading.BoundedSemaphore(self.concurrency)
 
     @property
     def fs(self) -> Any:

@@ -1,10 +1,12 @@
 """S3 uploads: one PUT for small objects, concurrent multipart for large ones, aborted on failure.
 
-Memory is bounded by ``part_size x (concurrency + 1)``: parts are handed to at most ``concurrency``
-threads (s3fs's event loop multiplexes their requests), and :meth:`ObjectUpload.add_part` blocks while
-they are all busy. Each request is idempotent (a part number re-sent carries the same bytes) and is
-retried by the tier's :class:`~tierstore.tiers.retry.RetryPolicy`. Nothing is visible under the key
-until ``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted.
+Memory is bounded by ``part_size x concurrency`` for the parts in flight, across every upload to the
+tier (they share one set of slots), plus one part being filled per open upload:
+:meth:`ObjectUpload.add_part` blocks while every slot is busy. Each request is idempotent (a part
+number re-sent carries the same bytes) and is retried by the tier's
+:class:`~tierstore.tiers.retry.RetryPolicy`. Nothing is visible under the key until
+``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted.
+
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 class _Caller(Protocol):
     part_size: int
     concurrency: int
+    part_slots: threading.BoundedSemaphore
 
     def call(self, method: str, what: str, **kwargs: Any) -> Any: ...
 
@@ -46,7 +49,7 @@ class ObjectUpload:
         self._progress = progress
         self._upload_id: str | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(caller.concurrency)
+        self._slots = caller.part_slots  # shared by every upload to the tier: a global bound
         self._parts: list[Future[dict[str, Any]]] = []
 
     @property

@@ -1,0 +1,121 @@
+"""Promotion and retention rules, table-driven: pure functions of a catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tierstore.config import Config, config_from_dict
+from tierstore.policy import Copy, Deletion, Promotion, every_for, promotions, retention
+
+
+def config(*tiers: dict[str, Any], every: int = 1) -> Config:
+    specs = []
+    for index, extra in enumerate(tiers):
+        kind = extra.pop("type", "shared" if index else "memory")
+        spec = {"name": f"t{index}", "type": kind, **extra}
+        if kind != "s3":
+            spec.setdefault("path", f"/tmp/unused-{index}")
+        else:
+            spec.setdefault("url", "s3://bucket/x")
+        specs.append(spec)
+    return config_from_dict({"tiers": specs, "promote": {"every": every}}, check_paths=False)
+
+
+def copies(*seqs: int) -> dict[str, Copy]:
+    return {f"step_{s:04d}": Copy(f"step_{s:04d}", s, s, float(s), f"g{s:010x}") for s in seqs}
+
+
+def ids(items: list[Any]) -> list[str]:
+    return sorted(
+        f"{i.checkpoint_id}@{getattr(i, 'target', getattr(i, 'tier', ''))}" for i in items
+    )
+
+
+def test_every_defaults() -> None:
+    cfg = config({}, {}, {"every": 3}, {}, every=5)
+    assert [every_for(cfg, i) for i in range(4)] == [1, 1, 3, 5]
+
+
+CASCADE = [
+    # (tier specs, promote.every, catalog, expected promotions "id@target")
+    ([{}, {}], 1, {"t0": copies(1, 2)}, ["step_0001@t1", "step_0002@t1"]),
+    ([{}, {}], 2, {"t0": copies(1, 2, 3, 4)}, ["step_0002@t1", "step_0004@t1"]),
+    # the middle tier gets everything first; the last tier waits for it
+    ([{}, {}, {}], 2, {"t0": copies(1, 2)}, ["step_0001@t1", "step_0002@t1"]),
+    ([{}, {}, {}], 2, {"t0": copies(2), "t1": copies(2)}, ["step_0002@t2"]),
+    # a middle tier that does not take it: the last tier copies from the nearest tier holding it
+    ([{}, {"every": 2}, {"every": 3}], 1, {"t0": copies(3)}, ["step_0003@t2"]),
+    # nothing is promoted that the target's retention would delete at once
+    ([{}, {"keep": 2}], 1, {"t0": copies(1, 2, 3)}, ["step_0002@t1", "step_0003@t1"]),
+    ([{}, {"keep": 2}], 1, {"t0": copies(1), "t1": copies(5, 6)}, []),
+    (
+        [{}, {"keep": 1, "pin": ["step_0001"]}],
+        1,
+        {"t0": copies(1, 2)},
+        ["step_0001@t1", "step_0002@t1"],
+    ),
+    # already there: nothing to do
+    ([{}, {}], 1, {"t0": copies(1), "t1": copies(1)}, []),
+    # a checkpoint without seq only flows where every == 1
+    ([{}, {}], 2, {"t0": {"x": Copy("x", None, None, 1.0, "g0000000001")}}, []),
+]
+
+
+@pytest.mark.parametrize(("tiers", "every", "catalog", "expected"), CASCADE)
+def test_promotions(
+    tiers: list[dict[str, Any]], every: int, catalog: Any, expected: list[str]
+) -> None:
+    planned = promotions(config(*[dict(t) for t in tiers], every=every), catalog)
+    assert ids(planned) == sorted(expected)
+    assert all(isinstance(p, Promotion) for p in planned)
+
+
+RETENTION = [
+    # keep N newest
+    ([{"keep": 2}], {"t0": copies(1, 2, 3)}, set(), ["step_0001@t0"]),
+    # no keep: keep everything
+    ([{}], {"t0": copies(1, 2, 3)}, set(), []),
+    # keep_every milestones survive
+    (
+        [{"keep": 1, "keep_every": 2}],
+        {"t0": copies(1, 2, 3, 4, 5)},
+        set(),
+        ["step_0001@t0", "step_0003@t0"],
+    ),
+    # pins survive
+    ([{"keep": 1, "pin": ["step_0001"]}], {"t0": copies(1, 2, 3)}, set(), ["step_0002@t0"]),
+    # the newest is never deleted, even with keep: 1 and in use elsewhere
+    ([{"keep": 1}], {"t0": copies(7)}, set(), []),
+    # waiting for promotion to the next tier: kept
+    ([{"keep": 1}, {}], {"t0": copies(1, 2)}, set(), []),
+    ([{"keep": 1}, {}], {"t0": copies(1, 2), "t1": copies(1, 2)}, set(), ["step_0001@t0"]),
+    # not selected for the next tier (every 2): not waiting, so deletable
+    ([{"keep": 1}, {}], 2, set(), None),
+    # in use (a reader holds a lease): kept
+    ([{"keep": 1}], {"t0": copies(1, 2, 3)}, {"step_0001"}, ["step_0002@t0"]),
+    # the last durable copy of a checkpoint another tier keeps is not deleted
+    ([{"keep": 5}, {"keep": 1}], {"t0": copies(1, 2), "t1": copies(1, 2)}, set(), []),
+    # ...but a durable copy is deletable when another durable tier keeps it
+    (
+        [{"keep": 5}, {"keep": 1}, {"keep": 5}],
+        {"t0": copies(1, 2), "t1": copies(1, 2), "t2": copies(1, 2)},
+        set(),
+        ["step_0001@t1"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("tiers", "catalog", "in_use", "expected"), RETENTION)
+def test_retention(
+    tiers: list[dict[str, Any]], catalog: Any, in_use: set[str], expected: Any
+) -> None:
+    if expected is None:  # the every-2 case: tier 1 only takes even seqs
+        cfg = config({"keep": 1}, {}, every=2)
+        catalog = {"t0": copies(1, 2, 3), "t1": copies(2)}
+        assert ids(retention(cfg, catalog)) == ["step_0001@t0", "step_0002@t0"]
+        return
+    decided = retention(config(*[dict(t) for t in tiers]), catalog, frozenset(in_use))
+    assert ids(decided) == sorted(expected)
+    assert all(isinstance(d, Deletion) and d.reason.startswith("beyond keep") for d in decided)

@@ -1,0 +1,86 @@
+"""S3 specifics behind the Tier seam: error translation, retries, create-only markers, aborts."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from tests.faults import FaultyS3
+from tierstore.config import S3TierConfig
+from tierstore.errors import TierUnavailableError
+from tierstore.tiers.s3 import S3Tier
+
+
+def s3_tier(endpoint: str, bucket: str, **extra: object) -> S3Tier:
+    config = S3TierConfig(name="s3", type="s3", url=f"s3://{bucket}/p", endpoint_url=endpoint,
+                          part_size=5 * 2**20, **extra)  # type: ignore[arg-type]  # fmt: skip
+    return S3Tier(config, namespace=None)
+
+
+@pytest.fixture
+def faulty() -> Iterator[tuple[FaultyS3, S3Tier]]:
+    server = FaultyS3()
+    server.start()
+    bucket = f"b-{os.urandom(6).hex()}"
+    boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket=bucket)
+    try:
+        yield server, s3_tier(server.endpoint, bucket, max_attempts=4)
+    finally:
+        server.stop()
+
+
+def test_unreachable_endpoint_is_a_clear_error_after_bounded_retries() -> None:
+    tier = s3_tier("http://127.0.0.1:9", "bucket", max_attempts=2)
+    started = time.monotonic()
+    with pytest.raises(
+        TierUnavailableError,
+        match=r"tier s3 \(s3, s3://bucket/p\): .*cannot reach http://127.0.0.1:9",
+    ):
+        tier.read_bytes("x")
+    assert time.monotonic() - started < 30
+
+
+def test_missing_bucket_is_named(s3_endpoint: str) -> None:
+    tier = s3_tier(s3_endpoint, "no-such-bucket-here")
+    with pytest.raises(TierUnavailableError, match="bucket 'no-such-bucket-here' does not exist"):
+        tier.write_bytes("x", b"data")
+
+
+def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier]) -> None:
+    server, tier = faulty
+    retried: list[BaseException] = []
+    tier.on_retry = retried.append
+    server.faults.fail(2, status=503, method="PUT")
+    tier.write_bytes("a/object", b"payload")
+    assert tier.read_bytes("a/object") == b"payload"
+    assert len(retried) == 2
+
+
+def test_create_only_publish_refuses_a_taken_name_and_accepts_its_own_retry(
+    faulty: tuple[FaultyS3, S3Tier],
+) -> None:
+    server, tier = faulty
+    tier.publish("m/commit.json", b"ours", create_only=True)
+    # A retried create-only PUT that finds its own first attempt (same bytes) is a success...
+    tier.publish("m/commit.json", b"ours", create_only=True)
+    # ...another writer's marker is not.
+    with pytest.raises(FileExistsError):
+        tier.publish("m/commit.json", b"theirs", create_only=True)
+    assert tier.read_bytes("m/commit.json") == b"ours"
+    # The store referees with 412 PreconditionFailed; an injected one is handled the same way.
+    server.faults.fail(1, status=412, method="PUT", path="n/commit.json")
+    with pytest.raises(FileExistsError):
+        tier.publish("n/commit.json", b"x", create_only=True)
+
+
+def test_failed_multipart_upload_is_aborted(faulty: tuple[FaultyS3, S3Tier]) -> None:
+    server, tier = faulty
+    server.faults.fail(100, status=500, method="PUT", path="partNumber=2")
+    with pytest.raises(TierUnavailableError, match="InternalError"):
+        tier.write_bytes("big", os.urandom(12 * 2**20))
+    assert tier.list_uploads() == []
+    assert not tier.exists("big")

@@ -1,0 +1,114 @@
+"""What a promoter on one node can see in each tier: committed copies, and this node's parts.
+
+In job-wide tiers (shared, s3) and on the coordinator's node, a copy is committed when its marker is
+there. Other nodes never see the coordinator's node-local marker, so in a node-local tier they learn
+about their part of a checkpoint from the per-rank part records the writer left next to the data
+(``<id>/<gen>/parts/rankNNNNN.json``). A node that holds rank 0's part record is the coordinator's node,
+and there a part without a marker is an uncommitted save: it is ignored.
+
+Markers are parsed once per (tier, id, mtime, size): polling re-lists every time and never trusts an
+old listing, but does not re-read a marker that has not changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tierstore.catalog import marker_times
+from tierstore.ids import PARTS_DIR, is_checkpoint_id, is_generation, marker_path, step_of
+from tierstore.manifest import Manifest, PartRecord, read_manifest
+from tierstore.policy import Copy
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One copy in one tier as this node sees it: the marker's manifest (if visible) and local parts."""
+
+    copy: Copy
+    manifest: Manifest | None
+    parts: tuple[PartRecord, ...] = ()
+
+
+@dataclass
+class MarkerCache:
+    """Parsed markers keyed by (tier, id, mtime): re-read only when a listing shows a change."""
+
+    entries: dict[tuple[str, str], tuple[float, Manifest]] = field(default_factory=dict)
+
+    def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
+        key = (tier.name, checkpoint_id)
+        cached = self.entries.get(key)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        manifest = read_manifest(tier, checkpoint_id)
+        self.entries[key] = (mtime, manifest)
+        return manifest
+
+
+def copy_of(manifest: Manifest) -> Copy:
+    """The catalog entry for a committed copy."""
+    return Copy(
+        manifest.checkpoint_id,
+        manifest.seq,
+        manifest.step,
+        manifest.committed_at,
+        manifest.generation,
+    )
+
+
+def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
+    """``{generation: [rank part records]}`` found under ``checkpoint_id`` in ``tier``."""
+    found: dict[str, list[PartRecord]] = {}
+    for generation in tier.list_dir(checkpoint_id):
+        if not is_generation(generation):
+            continue
+        for name in tier.list_dir(f"{checkpoint_id}/{generation}/{PARTS_DIR}"):
+            if not (name.startswith("rank") and name.endswith(".json")):
+                continue
+            path = f"{checkpoint_id}/{generation}/{PARTS_DIR}/{name}"
+            try:
+                record = PartRecord.from_json(
+                    tier.read_bytes(path), where=f"tier {tier.name}: {path}"
+                )
+            except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
+                logger.warning("ignoring part record: %s", exc)
+                continue
+            found.setdefault(generation, []).append(record)
+    return found
+
+
+def discover(tier: Tier, cache: MarkerCache) -> dict[str, Source]:
+    """Every copy in ``tier`` this node can act on (see the module docstring)."""
+    sources: dict[str, Source] = {}
+    for checkpoint_id, mtime in marker_times(tier).items():
+        try:
+            manifest = cache.read(tier, checkpoint_id, mtime)
+        except Exception as exc:  # noqa: BLE001 - a damaged marker: that copy is not usable
+            logger.warning("ignoring marker %s in tier %s: %s", checkpoint_id, tier.name, exc)
+            continue
+        parts: tuple[PartRecord, ...] = ()
+        if tier.node_local:
+            parts = tuple(part_records(tier, checkpoint_id).get(manifest.generation, []))
+        sources[checkpoint_id] = Source(copy_of(manifest), manifest, parts)
+    if not tier.node_local:
+        return sources
+    for checkpoint_id in tier.list_dir(""):
+        if checkpoint_id in sources or not is_checkpoint_id(checkpoint_id):
+            continue
+        if tier.exists(marker_path(checkpoint_id)):
+            continue  # committed, but its marker could not be read: not usable
+        generations = part_records(tier, checkpoint_id)
+        if not generations:
+            continue
+        newest = max(generations)
+        records = tuple(sorted(generations[newest], key=lambda r: r.ranks))
+        if any(0 in record.ranks for record in records):
+            continue  # the coordinator's node without a marker: that save never committed
+        first = records[0]
+        copy = Copy(checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest)
+        sources[checkpoint_id] = Source(copy, None, records)
+    return sources

@@ -1,0 +1,91 @@
+"""Cleaning up what no commit marker covers: uncommitted generations, temp files, stale uploads.
+
+Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, and
+only once they have been left alone for ``promote.stale_after``: a save or a promotion in progress keeps
+writing, so its files stay young. Committed checkpoints are removed only by retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from tierstore.discovery import Source
+from tierstore.ids import INTERNAL_DIR, is_checkpoint_id, is_generation
+from tierstore.leases import stale_leases
+from tierstore.tiers import Tier
+from tierstore.tiers.posix import PosixTier
+from tierstore.tiers.s3 import S3Tier
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """Something to remove from ``tier``: ``kind`` is ``tree``, ``file`` or ``upload``."""
+
+    tier: str
+    kind: str
+    path: str
+    reason: str
+    upload_id: str = ""
+
+
+def find_leftovers(
+    tier: Tier, sources: dict[str, Source], *, stale_after: float, now: float | None = None
+) -> list[Cleanup]:
+    """Everything in ``tier`` that gc would remove now, with the reason."""
+    now = time.time() if now is None else now
+    found: list[Cleanup] = []
+    newest: dict[tuple[str, str], float] = {}
+    for info in tier.find(""):
+        parts = info.path.split("/")
+        if len(parts) >= 3 and is_checkpoint_id(parts[0]) and is_generation(parts[1]):
+            key = (parts[0], parts[1])
+            newest[key] = max(newest.get(key, 0.0), info.mtime)
+    for (checkpoint_id, generation), mtime in sorted(newest.items()):
+        known = sources.get(checkpoint_id)
+        if known is not None and known.copy.generation == generation:
+            continue
+        idle = now - mtime
+        if idle >= stale_after:
+            why = "generation not named by the marker" if known else "no commit marker"
+            found.append(Cleanup(tier.name, "tree", f"{checkpoint_id}/{generation}",
+                                 f"{why}; untouched for {idle:.0f}s"))  # fmt: skip
+    if isinstance(tier, PosixTier):
+        for info in tier.find_temporary(""):
+            if now - info.mtime >= stale_after:
+                found.append(
+                    Cleanup(tier.name, "file", info.path, "temporary file of an interrupted write")
+                )
+    if isinstance(tier, S3Tier):
+        for upload in tier.list_uploads():
+            started: datetime | None = upload.get("Initiated")
+            age = now - started.timestamp() if started else stale_after
+            if age >= stale_after:
+                reason = f"incomplete multipart upload, {age:.0f}s old"
+                found.append(
+                    Cleanup(
+                        tier.name, "upload", str(upload["Key"]), reason, str(upload["UploadId"])
+                    )
+                )
+    for path in stale_leases(tier, now):
+        found.append(Cleanup(tier.name, "file", path, "read lease of a reader that is gone"))
+    return found
+
+
+def remove(tier: Tier, cleanup: Cleanup) -> None:
+    """Carry out one cleanup."""
+    if cleanup.kind == "tree":
+        tier.delete_tree(cleanup.path)
+    elif cleanup.kind == "file":
+        tier.delete(cleanup.path)
+    elif cleanup.kind == "upload" and isinstance(tier, S3Tier):
+        key = cleanup.path
+        tier.call("abort_multipart_upload", f"abort {key}", Bucket=tier.bucket, Key=key,
+                  UploadId=cleanup.upload_id)  # fmt: skip
+
+
+__all__ = ["INTERNAL_DIR", "Cleanup", "find_leftovers", "remove"]

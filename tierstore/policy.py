@@ -1,0 +1,171 @@
+"""Promotion and retention rules: pure functions of the catalog, no I/O.
+
+**Which checkpoints reach which tier.** Every checkpoint carries ``seq``, its number in commit order
+(1, 2, 3, ... within a namespace; see :mod:`tierstore.writer`). A checkpoint reaches tier ``j``
+(after the first) when ``seq % every_j == 0``, where ``every_j`` is the tier's own ``every:``, else
+``promote.every`` for the last (durable) tier, else 1. It is copied from the tier right above ``j``
+(after that tier has it), or from the nearest tier above holding it when the tier right above does
+not take it. A checkpoint without ``seq`` only flows where ``every_j == 1``. Nothing is promoted
+into a tier whose retention would delete it at once.
+
+**Retention, per tier.** Keep the ``keep`` newest (all if ``keep`` is unset), every step that is a
+multiple of ``keep_every``, and every id in ``pin``; delete the rest, except that a tier never deletes:
+its newest checkpoint; a checkpoint still waiting to be promoted to a tier below it; the last copy in a
+durable (job-wide) tier of a checkpoint that some tier keeps; a checkpoint in use (being read or
+promoted). Deletion removes the marker first, then the data (see the promoter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tierstore.catalog import newest_first
+from tierstore.config import Config, TierConfig
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A committed copy of a checkpoint in one tier (as the catalog sees it)."""
+
+    checkpoint_id: str
+    seq: int | None
+    step: int | None
+    committed_at: float
+    generation: str
+
+
+Catalog = Mapping[str, Mapping[str, Copy]]
+"""``{tier name: {checkpoint id: Copy}}``."""
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """Copy ``checkpoint_id`` from tier ``source`` to tier ``target``."""
+
+    checkpoint_id: str
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """Delete ``checkpoint_id`` from ``tier``, and why."""
+
+    tier: str
+    checkpoint_id: str
+    reason: str
+
+
+def every_for(config: Config, index: int) -> int:
+    """The promotion frequency of tier ``index`` (see the module docstring)."""
+    tier = config.tiers[index]
+    if tier.every is not None:
+        return tier.every
+    return config.promote.every if index == len(config.tiers) - 1 else 1
+
+
+def is_selected(copy: Copy, every: int) -> bool:
+    """True when a checkpoint with this ``seq`` belongs in a tier promoting ``every`` k-th one."""
+    if every == 1:
+        return True
+    return copy.seq is not None and copy.seq % every == 0
+
+
+def _ordered(copies: Iterable[Copy]) -> list[Copy]:
+    by_id = {c.checkpoint_id: c for c in copies}
+    return [
+        by_id[i] for i in newest_first((c.checkpoint_id, c.committed_at) for c in by_id.values())
+    ]
+
+
+def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
+    """``{id: why it is kept}`` under the tier's own keep/keep_every/pin rules (newest always)."""
+    ordered = _ordered(copies)
+    kept: dict[str, str] = {}
+    for position, copy in enumerate(ordered):
+        if position == 0:
+            kept[copy.checkpoint_id] = "newest in tier"
+        elif tier.keep is None:
+            kept[copy.checkpoint_id] = "no keep limit"
+        elif position < tier.keep:
+            kept[copy.checkpoint_id] = f"among the {tier.keep} newest"
+        elif copy.checkpoint_id in tier.pin:
+            kept[copy.checkpoint_id] = "pinned"
+        elif tier.keep_every and copy.step is not None and copy.step % tier.keep_every == 0:
+            kept[copy.checkpoint_id] = f"milestone (step multiple of {tier.keep_every})"
+    return kept
+
+
+def promotions(config: Config, catalog: Catalog) -> list[Promotion]:
+    """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most)."""
+    names = [t.name for t in config.tiers]
+    planned: list[Promotion] = []
+    for index in range(1, len(names)):
+        arriving_above = {c.checkpoint_id for c in _missing_in(config, catalog, index - 1)}
+        for copy in _missing_in(config, catalog, index):
+            if copy.checkpoint_id in arriving_above:
+                continue  # it reaches this tier from the one right above, once it is there
+            sources = [n for n in names[:index] if copy.checkpoint_id in catalog.get(n, {})]
+            planned.append(Promotion(copy.checkpoint_id, sources[-1], names[index]))
+    return planned
+
+
+def _missing_in(config: Config, catalog: Catalog, index: int) -> list[Copy]:
+    """Copies held above tier ``index`` that belong in it but are not there yet (newest first).
+
+    A checkpoint belongs in a tier when it is selected by the tier's ``every`` and the tier's retention
+    would keep it: nothing is promoted only to be deleted at once.
+    """
+    names = [t.name for t in config.tiers]
+    held = catalog.get(names[index], {})
+    every = every_for(config, index)
+    above = [c for n in names[:index] for c in catalog.get(n, {}).values()]
+    candidates = [
+        c for c in _ordered(above) if c.checkpoint_id not in held and is_selected(c, every)
+    ]
+    kept = kept_by_rules(config.tiers[index], [*held.values(), *candidates])
+    return [c for c in candidates if c.checkpoint_id in kept]
+
+
+def retention(
+    config: Config, catalog: Catalog, in_use: frozenset[str] = frozenset()
+) -> list[Deletion]:
+    """Every copy that retention deletes now, with the rule that made the decision."""
+    names = [t.name for t in config.tiers]
+    kept = {
+        n: kept_by_rules(config.tiers[i], catalog.get(n, {}).values()) for i, n in enumerate(names)
+    }
+    pending = {
+        (n, c.checkpoint_id)
+        for j in range(1, len(names))
+        for c in _missing_in(config, catalog, j)
+        for n in names[:j]
+    }
+    durable = [t.name for t in config.tiers if not t.node_local]
+    deletions: list[Deletion] = []
+    for name in names:
+        for checkpoint_id in catalog.get(name, {}):
+            if (
+                checkpoint_id in kept[name]
+                or checkpoint_id in in_use
+                or (name, checkpoint_id) in pending
+            ):
+                continue
+            kept_elsewhere = any(checkpoint_id in kept[n] for n in names if n != name)
+            other_durable = [n for n in durable if n != name and checkpoint_id in kept[n]]
+            if name in durable and kept_elsewhere and not other_durable:
+                continue  # the last durable copy of a checkpoint some tier keeps
+            deletions.append(
+                Deletion(name, checkpoint_id, _why_deleted(config.tiers[names.index(name)]))
+            )
+    return deletions
+
+
+def _why_deleted(tier: TierConfig) -> str:
+    rules = [f"keep: {tier.keep}"]
+    if tier.keep_every:
+        rules.append(f"keep_every: {tier.keep_every}")
+    if tier.pin:
+        rules.append("not pinned")
+    return "beyond " + ", ".join(rules)

@@ -1,0 +1,251 @@
+"""The promoter sidecar: ``tierstore --config FILE promote``, one per training node.
+
+Each pass: discover committed copies by their markers (polling, so it works on NFS/Lustre where other
+nodes' writes raise no events), plan promotions and retention with :mod:`tierstore.policy`, copy (see
+:mod:`tierstore.promotion`: verified data first, marker last), delete what retention no longer keeps
+(marker first, then data), and now and then clean up uncommitted leftovers (:mod:`tierstore.gc`).
+
+It keeps working when the trainer crashes. ``SIGTERM`` lets the files in flight finish within
+``promote.grace_period``, then abandons them (no marker over partial data) and exits 0. Killed with
+``kill -9``, a restart finishes or redoes the work; a rerun after success changes nothing.
+
+Node-local tiers are handled by each node's promoter for its own part; moves between job-wide tiers
+(shared, s3) and their retention are done by node 0's promoter only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tierstore.config import Config
+from tierstore.discovery import MarkerCache, Source, discover
+from tierstore.errors import TierstoreError
+from tierstore.gc import Cleanup, find_leftovers, remove
+from tierstore.leases import leased_ids
+from tierstore.metrics import PromoterMetrics
+from tierstore.policy import Deletion, Promotion, promotions, retention
+from tierstore.promotion import PromotionJob, delete_copy
+from tierstore.tiers import Tier, make_tiers
+from tierstore.tiers.s3 import S3Tier
+from tierstore.topology import current_node
+from tierstore.transfer import Cancelled
+
+logger = logging.getLogger(__name__)
+COORDINATOR_NODE = 0
+
+
+def event(name: str, **fields: object) -> None:
+    """One structured log line: ``name key=value ...`` (logfmt)."""
+    logger.info(" ".join([name, *(f"{k}={_fmt(v)}" for k, v in fields.items())]))
+
+
+def _fmt(value: object) -> str:
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f'"{text}"' if " " in text else text
+
+
+@dataclass
+class PassReport:
+    """What one pass did."""
+
+    promoted: list[Promotion] = field(default_factory=list)
+    failed: list[tuple[Promotion, str]] = field(default_factory=list)
+    deleted: list[Deletion] = field(default_factory=list)
+    cleaned: list[Cleanup] = field(default_factory=list)
+
+
+class Promoter:
+    """Promotes, retains and cleans for one node (see the module docstring)."""
+
+    def __init__(
+        self, config: Config, *, node: int | None = None, metrics: PromoterMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.node = current_node(node)
+        self.metrics = metrics or PromoterMetrics()
+        self.tiers = make_tiers(config, node=self.node)
+        self.by_name = {t.name: t for t in self.tiers}
+        self.stopping = threading.Event()
+        self.cancel = threading.Event()
+        self.cache = MarkerCache()
+        self._last_gc = 0.0
+        for tier in self.tiers:
+            if isinstance(tier, S3Tier):
+                tier.on_retry = lambda _exc, name=tier.name: self.metrics.retries.labels(name).inc()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop starting work; abandon what is still in flight after the grace period."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        timer = threading.Timer(self.config.promote.grace_period, self.cancel.set)
+        timer.daemon = True
+        timer.start()
+
+    def run(self, *, once: bool = False) -> int:
+        """Loop until stopped (or one complete pass with ``once``); exit status for the CLI."""
+        while True:
+            report = self.run_once()
+            if once:
+                return 1 if report.failed else 0
+            if self.stopping.wait(self.config.promote.interval):
+                return 0
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def catalog(self) -> dict[str, dict[str, Source]]:
+        """What this node sees in every tier (committed copies; this node's parts)."""
+        return {tier.name: discover(tier, self.cache) for tier in self.tiers}
+
+    def run_once(self) -> PassReport:
+        """Promote until nothing is left to do at this moment, then retention and (if due) gc."""
+        report = PassReport()
+        attempted: set[Promotion] = set()
+        for _round in range(len(self.tiers)):  # each round moves checkpoints one tier further
+            found = self.catalog()
+            planned = [p for p in self._plan(found) if p not in attempted]
+            self._set_backlog(planned)
+            if not planned or self.stopping.is_set():
+                break
+            for promotion in planned:
+                if self.stopping.is_set():
+                    break
+                attempted.add(promotion)
+                self._promote(promotion, found[promotion.source][promotion.checkpoint_id], report)
+        found = self.catalog()
+        self._set_backlog(self._plan(found))
+        if not self.stopping.is_set():
+            report.deleted = self._retain(found)
+            if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
+                report.cleaned = self.collect_garbage(found, dry_run=False)
+                self._last_gc = time.time()
+        self._update_durable_age(found)
+        self.metrics.last_pass.set_to_current_time()
+        return report
+
+    def _copies(self, found: dict[str, dict[str, Source]]) -> dict[str, dict[str, object]]:
+        return {name: {i: s.copy for i, s in sources.items()} for name, sources in found.items()}
+
+    def _plan(self, found: dict[str, dict[str, Source]]) -> list[Promotion]:
+        planned = promotions(self.config, self._copies(found))  # type: ignore[arg-type]
+        mine = []
+        for promotion in planned:
+            source = self.by_name[promotion.source]
+            if source.node_local or self.node == COORDINATOR_NODE:
+                mine.append(promotion)
+        return mine
+
+    def _set_backlog(self, planned: list[Promotion]) -> None:
+        for tier in self.tiers[1:]:
+            self.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in planned))
+
+    def _promote(self, promotion: Promotion, found: Source, report: PassReport) -> None:
+        source, target = self.by_name[promotion.source], self.by_name[promotion.target]
+        job = PromotionJob(
+            source, target, found, node=self.node, durable=target is self.tiers[-1],
+            workers=self.config.promote.workers, stopping=self.stopping, cancel=self.cancel,
+        )  # fmt: skip
+        started = time.monotonic()
+        try:
+            outcome = job.run()
+        except Cancelled:
+            event("promotion_abandoned", checkpoint=promotion.checkpoint_id, target=target.name)
+            return
+        except (TierstoreError, OSError) as exc:
+            self.metrics.failures.labels(target.name).inc()
+            report.failed.append((promotion, str(exc)))
+            event("promotion_failed", checkpoint=promotion.checkpoint_id, source=source.name,
+                  target=target.name, error=str(exc).replace("\n", "; "))  # fmt: skip
+            logger.error(
+                "promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc
+            )
+            return
+        seconds = time.monotonic() - started
+        self.metrics.bytes_promoted.labels(target.name).inc(outcome.copied)
+        if outcome.committed:
+            self.metrics.checkpoints_promoted.labels(target.name).inc()
+            self.metrics.promotion_seconds.labels(target.name).observe(seconds)
+            report.promoted.append(promotion)
+        event("promoted" if outcome.committed else "part_copied", checkpoint=promotion.checkpoint_id,
+              source=source.name, target=target.name, node=self.node, bytes=outcome.copied,
+              seconds=seconds)  # fmt: skip
+
+    # -- retention and gc -----------------------------------------------------------------------
+
+    def planned_deletions(self, found: dict[str, dict[str, Source]]) -> list[Deletion]:
+        """What retention would delete now on this node (leases and node ownership respected)."""
+        in_use: set[str] = set()
+        for tier in self.tiers:
+            try:
+                in_use |= leased_ids(tier)
+            except (TierstoreError, OSError) as exc:
+                logger.warning(
+                    "cannot read leases in %s (%s): no deletion this pass", tier.name, exc
+                )
+                return []
+        decided = retention(self.config, self._copies(found), frozenset(in_use))  # type: ignore[arg-type]
+        return [d for d in decided if self._owns(self.by_name[d.tier])]
+
+    def _owns(self, tier: Tier) -> bool:
+        return tier.node_local or self.node == COORDINATOR_NODE
+
+    def _retain(self, found: dict[str, dict[str, Source]]) -> list[Deletion]:
+        done = []
+        for deletion in self.planned_deletions(found):
+            try:
+                delete_copy(self.by_name[deletion.tier], deletion.checkpoint_id)
+            except (TierstoreError, OSError) as exc:
+                logger.error(
+                    "deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc
+                )
+                continue
+            self.metrics.deleted.labels(deletion.tier).inc()
+            event(
+                "deleted",
+                checkpoint=deletion.checkpoint_id,
+                tier=deletion.tier,
+                reason=deletion.reason,
+            )
+            done.append(deletion)
+        return done
+
+    def collect_garbage(
+        self, found: dict[str, dict[str, Source]], *, dry_run: bool
+    ) -> list[Cleanup]:
+        """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node owns."""
+        cleanups: list[Cleanup] = []
+        for tier in self.tiers:
+            if not self._owns(tier):
+                continue
+            try:
+                leftovers = find_leftovers(
+                    tier, found.get(tier.name, {}), stale_after=self.config.promote.stale_after
+                )
+            except (TierstoreError, OSError) as exc:
+                logger.warning("gc of %s skipped: %s", tier.name, exc)
+                continue
+            for cleanup in leftovers:
+                if not dry_run:
+                    try:
+                        remove(tier, cleanup)
+                    except (TierstoreError, OSError) as exc:
+                        logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
+                        continue
+                    event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
+                cleanups.append(cleanup)
+        return cleanups
+
+    def _update_durable_age(self, found: dict[str, dict[str, Source]]) -> None:
+        durable = found.get(self.tiers[-1].name, {})
+        starts = [
+            float(s.manifest.timings.get("started_at") or s.copy.committed_at)
+            for s in durable.values()
+            if s.manifest is not None
+        ]
+        if starts:
+            self.metrics.durable_age.set(max(0.0, time.time() - max(starts)))

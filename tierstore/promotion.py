@@ -1,0 +1,196 @@
+"""One promotion: this node's part of a committed checkpoint, copied into the next tier, marker last.
+
+The protocol, for a checkpoint ``id`` of generation ``gen``, from ``source`` to ``target``:
+
+1. Copy this node's files (and, from the coordinator's node, DCP's ``.metadata``), each verified
+   against its size and CRC32C (:mod:`tierstore.transfer`).
+2. If every file of the checkpoint is on this node (one node), publish the marker in ``target``:
+   create-only, so two promoters racing on one target cannot both commit. Done.
+3. Otherwise (several nodes, a job-wide target): record this node's part in the target
+   (``parts/nodeNNNNN.json``); the coordinator's node also leaves the committed manifest
+   (``parts/manifest.json``). Whichever promoter then sees the manifest and every node's part publishes
+   the marker, create-only. A node-local target holds only this node's part: the coordinator's node
+   publishes its marker when its own part is there, other nodes keep the per-rank part records.
+
+The marker is never written before the data it names is complete. Killed at any point, a rerun redoes
+the copy (verified files already in a POSIX target are kept) and the marker step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from tierstore.discovery import Source
+from tierstore.errors import IntegrityError
+from tierstore.ids import generation_dir, intent_path, marker_path, node_part_path, rank_part_path
+from tierstore.manifest import FileEntry, Manifest, PartRecord, publish_manifest, read_manifest
+from tierstore.progress import Progress
+from tierstore.tiers import Tier
+from tierstore.transfer import copy_files
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one promotion did: bytes copied, and whether the target's marker is now published."""
+
+    copied: int
+    committed: bool
+
+
+def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Manifest:
+    """The marker content for the target copy: same files, new commit time, provenance, lag."""
+    now = time.time()
+    first = (manifest.source or {}).get("first_committed_at", manifest.committed_at)
+    timings = dict(manifest.timings)
+    started = timings.get("started_at")
+    if durable and started is not None:
+        timings["durable_lag_s"] = now - float(started)
+    provenance = {
+        "tier": source.name,
+        "committed_at": manifest.committed_at,
+        "first_committed_at": first,
+    }
+    return manifest.with_changes(committed_at=now, timings=timings, source=provenance)
+
+
+def publish_committed(target: Tier, manifest: Manifest) -> bool:
+    """Publish ``manifest`` as the target's marker, create-only; True if this call committed it.
+
+    If the target already holds a marker of the same generation, another promoter won: nothing
+    changes. If it holds an older generation (the id was overwritten at the source), the marker is
+    replaced atomically and the old generation deleted afterwards.
+    """
+    try:
+        publish_manifest(target, manifest, create_only=True)
+        return True
+    except FileExistsError:
+        existing = read_manifest(target, manifest.checkpoint_id)
+        if existing.generation == manifest.generation:
+            return False
+        if existing.generation > manifest.generation:
+            return False  # the target already has a newer generation
+        publish_manifest(target, manifest, create_only=False)
+        target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
+        return True
+
+
+def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
+    """Publish the marker if the target holds the manifest and every node's part; True if it did."""
+    try:
+        blob = target.read_bytes(intent_path(checkpoint_id, generation))
+    except FileNotFoundError:
+        return False
+    manifest = Manifest.from_json(
+        blob, where=f"tier {target.name}: {intent_path(checkpoint_id, generation)}"
+    )
+    for node in manifest.nodes:
+        if not target.exists(node_part_path(checkpoint_id, generation, node)):
+            return False
+    now = time.time()
+    timings = dict(manifest.timings)
+    if "durable_lag_s" in timings and timings.get("started_at") is not None:
+        timings["durable_lag_s"] = now - float(timings["started_at"] or now)
+    return publish_committed(target, manifest.with_changes(committed_at=now, timings=timings))
+
+
+class PromotionJob:
+    """Carries out one promotion for the promoter on ``node`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Tier,
+        target: Tier,
+        found: Source,
+        *,
+        node: int,
+        durable: bool,
+        workers: int,
+        stopping: threading.Event,
+        cancel: threading.Event,
+    ) -> None:
+        self.source, self.target, self.found = source, target, found
+        self.node, self.durable, self.workers = node, durable, workers
+        self.stopping, self.cancel = stopping, cancel
+        self.checkpoint_id = found.copy.checkpoint_id
+        self.generation = found.copy.generation
+
+    def _entries(self) -> tuple[list[FileEntry], bool]:
+        """This node's files to copy, and whether other nodes hold parts of the checkpoint."""
+        manifest = self.found.manifest
+        if manifest is None:
+            files = [f for record in self.found.parts for f in record.files]
+            return files, True
+        if not self.source.node_local:
+            return list(manifest.files), False
+        mine = [f for f in manifest.files if f.node == self.node]
+        return mine, manifest.nodes != [self.node]
+
+    def run(self) -> Outcome:
+        """Copy, then publish or record the part; raises on failure (nothing half-visible)."""
+        entries, multi_node = self._entries()
+        part = node_part_path(self.checkpoint_id, self.generation, self.node)
+        if multi_node and not self.target.node_local and self.target.exists(part):
+            return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
+        label = f"{self.checkpoint_id} {self.source.name}->{self.target.name}"
+        progress = Progress(label, sum(e.size for e in entries))
+        try:
+            copied = copy_files(
+                self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
+                stopping=self.stopping, cancel=self.cancel, progress=progress.update,
+            )  # fmt: skip
+        except IntegrityError:
+            # The source is damaged: this will not get better by retrying. Remove what was copied.
+            for entry in entries:
+                with contextlib.suppress(Exception):
+                    self.target.delete(f"{self.checkpoint_id}/{entry.path}")
+            raise
+        if self.cancel.is_set():  # asked to abandon: publish nothing, even if the files made it
+            return Outcome(copied, False)
+        manifest = self.found.manifest
+        if self.target.node_local:
+            for record in self.found.parts:  # other nodes' promoters find their parts through these
+                path = rank_part_path(self.checkpoint_id, self.generation, record.ranks[0])
+                self.target.write_bytes(path, record.to_json())
+            if manifest is None:
+                return Outcome(copied, False)
+            return Outcome(copied, publish_committed(self.target, self._promoted(manifest)))
+        if not multi_node:
+            assert manifest is not None
+            return Outcome(copied, publish_committed(self.target, self._promoted(manifest)))
+        self._record_part(entries, manifest)
+        return Outcome(copied, try_complete(self.target, self.checkpoint_id, self.generation))
+
+    def _promoted(self, manifest: Manifest) -> Manifest:
+        return promoted_manifest(manifest, self.source, durable=self.durable)
+
+    def _record_part(self, entries: list[FileEntry], manifest: Manifest | None) -> None:
+        ranks = tuple(sorted({e.rank for e in entries if e.rank is not None}))
+        seq = manifest.seq if manifest else self.found.copy.seq
+        world = manifest.world_size if manifest else self.found.parts[0].world_size
+        record = PartRecord(
+            self.checkpoint_id, self.generation, self.node, ranks, tuple(entries), seq, world
+        )
+        if manifest is not None:  # the coordinator's node: leave the committed manifest first
+            if manifest.generation != self.generation:
+                raise IntegrityError(f"{self.checkpoint_id}: generation changed during promotion")
+            self.target.write_bytes(
+                intent_path(self.checkpoint_id, self.generation), self._promoted(manifest).to_json()
+            )
+        self.target.write_bytes(
+            node_part_path(self.checkpoint_id, self.generation, self.node), record.to_json()
+        )
+
+
+def delete_copy(tier: Tier, checkpoint_id: str) -> None:
+    """Delete one copy: the marker first (from then on it does not exist), then part records, then data."""
+    tier.delete(marker_path(checkpoint_id))
+    for info in tier.find(checkpoint_id):
+        if "/parts/" in info.path:
+            tier.delete(info.path)
+    tier.delete_tree(checkpoint_id)
