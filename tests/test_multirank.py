@@ -30,11 +30,16 @@ def sharded_state(trainer: Trainer, placement: Shard | None) -> dict[str, Any]:
     return state
 
 
-def save_world2(rank: int, world: int, config: Config) -> None:
+def save_world2(rank: int, world: int, config: Config, use_async: bool) -> None:
     trainer = Trainer(seed=11)
     trainer.train(2)
     state = sharded_state(trainer, Shard(0))
-    dcp.save(state, storage_writer=TieredWriter(config), checkpoint_id="step_000002")
+    if use_async:  # staged: DTensor shards and replicated tensors go through the slab
+        writer = TieredWriter(config)
+        dcp.async_save(state, storage_writer=writer, checkpoint_id="step_000002").result()
+        writer.close()
+    else:
+        dcp.save(state, storage_writer=TieredWriter(config), checkpoint_id="step_000002")
     assert latest_committed(config) == "step_000002"
 
 
@@ -54,12 +59,12 @@ def load_world2(rank: int, world: int, config: Config) -> None:
     assert reader.chosen_tier == config.tiers[0].name
 
 
-@pytest.mark.parametrize("kind", ["memory", "s3"])
+@pytest.mark.parametrize(("kind", "use_async"), [("memory", True), ("s3", False)])
 def test_world2_save_then_load_at_world_1_and_2(
-    kind: str, tmp_path: Path, make_config: Callable[..., Config]
+    kind: str, use_async: bool, tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     config = make_config(kind)
-    run_ranks(save_world2, 2, tmp_path, config)
+    run_ranks(save_world2, 2, tmp_path, config, use_async)
     # world size 1, in this process: every rank's files, DTensor shards into one plain tensor
     expected = Trainer(seed=11)
     expected.train(2)

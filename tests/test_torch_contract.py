@@ -96,3 +96,27 @@ def test_reader_read_metadata_has_no_kwargs_parameter() -> None:
     # With a variadic named `kwargs`, DCP retries read_metadata(rank=...) after a failure, a second
     # collective on some ranks only; tierstore names it otherwise on purpose.
     assert "kwargs" not in inspect.signature(TieredReader.read_metadata).parameters
+
+
+def test_writer_is_dcps_stager_and_skips_the_deprecated_sync(make_config: Any) -> None:
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    assert AsyncStager in TieredWriter.__mro__
+    assert TieredWriter._synchronize_after_execute is False
+    assert isinstance(TieredWriter(make_config("local")), AsyncStager), "async_save's own check"
+
+
+def test_shared_memory_slabs_travel_to_the_checkpoint_process_without_a_copy(tmp_path: Any) -> None:
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    from tierstore.serialize import view_of
+    from tierstore.staging import Slab
+
+    for path in (None, str(tmp_path / "slab.bin")):  # anonymous shared memory, a tmpfs-like file
+        slab = Slab(8 * 2**20, path)
+        tensor = view_of(slab.storage, 64, torch.float32, (2**20,))
+        buffer = io.BytesIO()
+        ForkingPickler(buffer).dump(tensor)
+        assert len(buffer.getvalue()) < 4096, "pickled by file descriptor, not by value"
+        slab.release()

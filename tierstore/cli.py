@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from tierstore.catalog import Catalog
 from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
+from tierstore.interval import advise
 from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promoter import Promoter
 from tierstore.promotion import delete_copy
@@ -141,6 +143,34 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_advise(config: Config, args: argparse.Namespace) -> int:
+    """The save interval for a given MTBF, from the stalls measured in the markers."""
+    listings = Catalog(config, node=args.node).listings()[: args.last]
+    stalls = [float(s) for entry in listings if (s := entry.timings.get("stall_s")) is not None]
+    lags = [float(u) for entry in listings if (u := entry.timings.get("durable_lag_s")) is not None]
+    if not stalls:
+        raise TierstoreError(
+            "no committed checkpoint records a stall yet: save (dcp.async_save) first"
+        )
+    stall = statistics.median(stalls)
+    lag = statistics.median(lags) if lags else 0.0
+    advice = advise(stall, args.mtbf, args.restart, lag)
+    if args.json:
+        print(json.dumps({**advice.as_dict(), "saves_measured": len(stalls)}, indent=1))
+        return 0
+    lag_note = f"median of {len(lags)}" if lags else "none promoted to the durable tier yet"
+    print(f"measured stall C      {stall:.3f} s (median of the {len(stalls)} newest saves)")
+    print(f"durability lag U      {lag:.1f} s ({lag_note})")
+    print(f"MTBF M, restart R     {args.mtbf:.0f} s, {args.restart:.0f} s")
+    print(f"Young  sqrt(2*C*M)    {advice.young_s:.1f} s")
+    print(f"Daly   (recommended)  {advice.daly_s:.1f} s between saves")
+    print(
+        f"expected waste        {advice.waste:.2%} of run time (saving {advice.waste_saving:.2%},"
+        f" rework {advice.waste_rework:.2%}, restart {advice.waste_restart:.2%})"
+    )
+    return 0
+
+
 Command = Callable[[Config, argparse.Namespace], int]
 
 
@@ -168,6 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
     gc = commands.add_parser("gc", help="apply retention and remove uncommitted leftovers")
     gc.add_argument("--dry-run", action="store_true", help="show what would be deleted, and why")
     gc.set_defaults(run=cmd_gc)
+    advice = commands.add_parser(
+        "advise", help="save interval from the measured stall (Young/Daly)"
+    )
+    advice.add_argument(
+        "--mtbf", type=float, required=True, metavar="SECONDS", help="mean time between failures"
+    )
+    advice.add_argument(
+        "--restart", type=float, default=0.0, metavar="SECONDS", help="time to restart and restore"
+    )
+    advice.add_argument("--last", type=int, default=20, help="use the N newest checkpoints' stalls")
+    advice.add_argument("--json", action="store_true", help="print JSON")
+    advice.set_defaults(run=cmd_advise)
     return parser
 
 

@@ -8,13 +8,15 @@ writing, so its files stay young. Committed checkpoints are removed only by rete
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
 from tierstore.discovery import Source
-from tierstore.ids import INTERNAL_DIR, is_checkpoint_id, is_generation
+from tierstore.ids import INTERNAL_DIR, is_checkpoint_id, is_generation, staging_dir
 from tierstore.leases import stale_leases
+from tierstore.owners import owner_is_gone
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 from tierstore.tiers.s3 import S3Tier
@@ -60,6 +62,14 @@ def find_leftovers(
                 found.append(
                     Cleanup(tier.name, "file", info.path, "temporary file of an interrupted write")
                 )
+    if isinstance(tier, PosixTier):
+        for owner in tier.list_dir(staging_dir()):
+            # A writer touches its directory at every save; in another PID namespace (a sidecar
+            # container) its pid is invisible, so age is required as well as a missing process.
+            directory = tier.local_path(f"{staging_dir()}/{owner}")
+            if owner_is_gone(owner) and now - os.stat(directory).st_mtime >= stale_after:
+                found.append(Cleanup(tier.name, "tree", f"{staging_dir()}/{owner}",
+                                     "staging buffers of a writer process that is gone"))  # fmt: skip
     if isinstance(tier, S3Tier):
         for upload in tier.list_uploads():
             started: datetime | None = upload.get("Initiated")

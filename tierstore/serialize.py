@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +71,20 @@ def raw_view(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
     return memoryview(array).cast("B"), flat
 
 
+def view_of(
+    storage: torch.UntypedStorage, offset: int, dtype: torch.dtype, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """A contiguous tensor of ``dtype``/``shape`` over ``storage`` from byte ``offset`` (aligned)."""
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    element = torch.empty(0, dtype=dtype).element_size()
+    return torch.empty(0, dtype=dtype).set_(
+        storage, offset // element, shape, tuple(reversed(strides))
+    )
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``float32``."""
     return str(dtype).removeprefix("torch.")
@@ -105,6 +118,11 @@ class ChunkSink:
         self.crc = crc32c(view, self.crc)
         self.size += len(view)
 
+    def feed_span(self, whole: memoryview, start: int, end: int) -> None:
+        """Feed ``whole[start:end]`` (bytes already in memory), a chunk at a time."""
+        for position in range(start, end, CHUNK):
+            self.feed(whole[position : min(position + CHUNK, end)])
+
     def pad_to(self, offset: int) -> None:
         """Zero-fill up to ``offset``."""
         if offset > self.size:
@@ -115,22 +133,17 @@ def feed_tensor(
     sink: ChunkSink, tensor: torch.Tensor, view: memoryview, *, fqn: str, check_finite: bool
 ) -> None:
     """Feed a tensor's bytes chunk by chunk; with ``check_finite``, refuse NaN/Inf as they pass."""
+    if not view:
+        return
     flat = tensor.reshape(-1)
     checked = check_finite and is_checked_dtype(tensor.dtype)
     step = max(1, CHUNK // max(1, tensor.element_size()))
     item = tensor.element_size()
-    for start in range(0, max(flat.numel(), 1) if view else 0, step):
+    for start in range(0, flat.numel(), step):
         stop = min(start + step, flat.numel())
         if checked and not bool(torch.isfinite(flat[start:stop]).all()):
             raise NonFiniteTensorError(f"tensor {fqn!r} holds NaN or Inf")
         sink.feed(view[start * item : stop * item])
-
-
-def scan_region(
-    sink: ChunkSink, region: memoryview, tensor: torch.Tensor, *, fqn: str, check_finite: bool
-) -> None:
-    """Feed bytes already in place (a staging file): CRC and check only, no write."""
-    feed_tensor(sink, tensor, region, fqn=fqn, check_finite=check_finite)
 
 
 def encode_fallback(tensor: torch.Tensor) -> bytes:
@@ -156,8 +169,3 @@ def decode_tensor(data: bytes | bytearray | memoryview, location: ItemLocation) 
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         flat = torch.frombuffer(data, dtype=torch.uint8)
     return flat.view(dtype).reshape(shape)
-
-
-def fsync_file(fd: int) -> None:
-    """``fsync`` a descriptor (a separate name so ordering tests can observe it)."""
-    os.fsync(fd)

@@ -24,47 +24,40 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import logging
 import os
 import pickle
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierstore.catalog import next_sequence
 from tierstore.config import Config, as_config
 from tierstore.errors import CheckpointExistsError, CommitVetoedError, TierstoreError
-from tierstore.gate import CommitGate, GateView
+from tierstore.gate import CommitGate
 from tierstore.ids import (
-    data_file_name,
     generation_dir,
     is_checkpoint_id,
     is_generation,
     marker_path,
     new_generation,
     rank_part_path,
+    staging_dir,
     validate_checkpoint_id,
 )
 from tierstore.manifest import FileEntry, Manifest, PartRecord, crc32c, publish_manifest
-from tierstore.serialize import (
-    ChunkSink,
-    ItemLocation,
-    dtype_name,
-    encode_fallback,
-    feed_tensor,
-    header,
-    is_raw_encodable,
-    raw_view,
-)
+from tierstore.owners import owner_dir_name
+from tierstore.rank_files import RankFileWriter
+from tierstore.staging import SlabInfo, Stager
 from tierstore.tiers import Tier, make_tier
 from tierstore.topology import current_node
 
@@ -100,7 +93,7 @@ class RankFiles:
     files: tuple[FileEntry, ...]
 
 
-class TieredWriter(StorageWriter):
+class TieredWriter(StorageWriter, AsyncStager):
     """Save DCP checkpoints into a tier (the first, fastest one by default) with a commit marker.
 
     Args:
@@ -149,6 +142,12 @@ class TieredWriter(StorageWriter):
         self._generation: str | None = None
         self._seq = 0
         self._stage_report: RankReport | None = None
+        self._slab: SlabInfo | None = None
+        self._stager: Stager | None = None
+        self._carrier: threading.Thread | None = None
+
+    # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
+    _synchronize_after_execute = False
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -174,7 +173,60 @@ class TieredWriter(StorageWriter):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
+        state["_stager"] = state["_carrier"] = None  # the staging buffers stay with the trainer
+        # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
+        # process: that thread carries this save, and the next stage() waits for it. The stage
+        # report has been handed over with this copy.
+        self._carrier = threading.current_thread()
+        self._stage_report = None
         return state
+
+    # -- AsyncStager ------------------------------------------------------------------------------
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Copy ``state_dict`` into reusable host buffers: the trainer's stall (see :mod:`staging`).
+
+        Called by ``dcp.async_save`` on the trainer's thread. Waits first if the previous save from
+        this writer is still persisting. Returns views into the buffers, isolated from later updates.
+        """
+        started_wall, started = time.time(), time.perf_counter()
+        waited = self._wait_for_previous_save()
+        if self._stager is None:
+            directory = None
+            if self.config.tier(self.tier_name).type == "memory":
+                directory = os.path.join(
+                    self.tier.local_path(staging_dir()) or "", owner_dir_name()
+                )
+            self._stager = Stager(directory)
+        staged: dict[str, Any]
+        staged, self._slab, spare_wait = self._stager.stage(state_dict)
+        stall = time.perf_counter() - started
+        self._stage_report = RankReport(self.node, started_wall, stall, waited + spare_wait)
+        return staged
+
+    def _wait_for_previous_save(self) -> float:
+        carrier = self._carrier
+        if carrier is None or carrier is threading.current_thread() or not carrier.is_alive():
+            return 0.0
+        started = time.perf_counter()
+        carrier.join()
+        waited = time.perf_counter() - started
+        logger.warning(
+            "async save waited %.3f s for the previous save from this writer to finish persisting;"
+            " save less often, or wait for the previous future before saving again",
+            waited,
+        )
+        return waited
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: :meth:`stage` has finished copying when it returns."""
+
+    def close(self) -> None:
+        """Release the staging buffers (call after the last save's future completed)."""
+        self._wait_for_previous_save()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     # -- StorageWriter ----------------------------------------------------------------------------
 
@@ -194,6 +246,7 @@ class TieredWriter(StorageWriter):
         self._rank = int(kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0))
         self._is_coordinator = is_coordinator
         self._started_at = time.time()
+        self._carrier = threading.current_thread()  # in THREAD mode: the thread running this save
         collectives = kwargs.get("use_collectives", True)
         if collectives is False and dist.is_initialized() and dist.get_world_size() > 1:
             raise TierstoreError("TieredWriter needs use_collectives=True (one commit marker)")
@@ -235,92 +288,35 @@ class TieredWriter(StorageWriter):
         if not isinstance(assignment, RankAssignment):
             raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
         assert self._checkpoint_id is not None
-        written: list[str] = []
+        ckpt, gen, rank = self._checkpoint_id, assignment.generation, assignment.rank
+        files = RankFileWriter(
+            self.tier, ckpt, gen, rank, node=self.node, slab=self._slab,
+            check_finite=self.check_finite,
+        )  # fmt: skip
         try:
-            results = self._write_items(plan.items, planner, assignment, written)
+            out = files.write(plan.items, planner)
+            if self.commit_gate is not None and out.gate is not None:
+                reason = self.commit_gate(out.gate)
+                if reason:
+                    raise CommitVetoedError(
+                        f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
+                    )
+            if self.tier.node_local:  # other nodes' promoters never see the marker: tell them here
+                record = PartRecord(ckpt, gen, self.node, (rank,), tuple(out.files), assignment.seq,
+                                    assignment.world_size)  # fmt: skip
+                files.out.written.append(rank_part_path(ckpt, gen, rank))
+                self.tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
         except BaseException:
-            for path in written:  # invisible without a marker, but do not leave garbage
+            for path in files.out.written:  # invisible without a marker, but leave no garbage
                 _quietly(functools.partial(self.tier.delete, path))
             raise
+        results = [
+            *out.results,
+            WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(out.files))),
+        ]
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
-
-    def _write_items(
-        self,
-        items: list[WriteItem],
-        planner: SavePlanner,
-        assignment: RankAssignment,
-        written: list[str],
-    ) -> list[WriteResult]:
-        ckpt, gen, rank = self._checkpoint_id, assignment.generation, assignment.rank
-        tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
-        blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
-        results: list[WriteResult] = []
-        files: list[FileEntry] = []
-        gate = GateView(str(ckpt), rank)
-        fallback: list[tuple[WriteItem, bytes]] = []
-        if tensors:
-            rel = f"{gen}/{data_file_name(rank, 0)}"
-            with self.tier.open_write(f"{ckpt}/{rel}") as stream:
-                written.append(f"{ckpt}/{rel}")
-                sink = ChunkSink(stream.write)
-                sink.feed(memoryview(header(uuid.uuid4().bytes)))
-                for item in tensors:
-                    tensor = planner.resolve_data(item)
-                    assert isinstance(tensor, torch.Tensor)
-                    gate.tensors[item.index.fqn] = tensor
-                    if not is_raw_encodable(tensor):
-                        fallback.append((item, encode_fallback(tensor)))
-                        continue
-                    view, owner = raw_view(tensor)
-                    sink.pad_to(-(-sink.size // 64) * 64)
-                    offset = sink.size
-                    feed_tensor(
-                        sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite
-                    )
-                    location = ItemLocation(
-                        rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
-                    )
-                    results.append(WriteResult(item.index, len(view), location))
-            files.append(FileEntry(rel, sink.size, sink.crc, rank, self.node))
-        blob_items: list[tuple[WriteItem, io.BytesIO]] = []
-        for item in blobs:
-            data = planner.resolve_data(item)
-            assert isinstance(data, io.BytesIO)
-            blob_items.append((item, data))
-            gate.objects[item.index.fqn] = data
-        if blob_items or fallback:
-            rel = f"{gen}/{data_file_name(rank, 1)}"
-            with self.tier.open_write(f"{ckpt}/{rel}") as stream:
-                written.append(f"{ckpt}/{rel}")
-                sink = ChunkSink(stream.write)
-                sink.feed(memoryview(header(uuid.uuid4().bytes)))
-                encoded = [(i, d.getbuffer(), "bytes") for i, d in blob_items]
-                encoded += [(i, memoryview(b), "torch") for i, b in fallback]
-                for item, buffer, encoding in encoded:
-                    sink.pad_to(-(-sink.size // 64) * 64)
-                    offset = sink.size
-                    sink.feed(memoryview(buffer))
-                    location = ItemLocation(rel, offset, len(buffer), encoding)
-                    results.append(WriteResult(item.index, len(buffer), location))
-            files.append(FileEntry(rel, sink.size, sink.crc, rank, self.node))
-        if self.commit_gate is not None:
-            reason = self.commit_gate(gate)
-            if reason:
-                raise CommitVetoedError(
-                    f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
-                )
-        if self.tier.node_local:  # other nodes' promoters never see the marker: tell them here
-            record = PartRecord(
-                str(ckpt), gen, self.node, (rank,), tuple(files), assignment.seq,
-                assignment.world_size,
-            )  # fmt: skip
-            part = rank_part_path(str(ckpt), gen, rank)
-            self.tier.write_bytes(part, record.to_json())
-            written.append(part)
-        results.append(WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(files))))
-        return results
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write ``.metadata``, then publish the commit marker last."""

@@ -1,0 +1,258 @@
+"""Staging for async_save: one copy into reusable buffers, isolated, adopted by a memory tier,
+back-pressure, the commit gates, and the per-save timings."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from tests.workers import run_ranks
+from tierstore import (
+    LossBandGate,
+    NonFiniteTensorError,
+    TieredReader,
+    TieredWriter,
+    latest_committed,
+)
+from tierstore.cli import main
+from tierstore.config import Config
+from tierstore.gate import GateView
+from tierstore.ids import staging_dir
+from tierstore.interval import advise, daly, young
+from tierstore.manifest import read_manifest
+from tierstore.owners import owner_dir_name
+from tierstore.promoter import Promoter
+from tierstore.tiers import make_tier
+
+
+def model_state(seed: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "model": {f"w{i}": torch.randn(64, 33, generator=generator) for i in range(5)},
+        "ints": torch.arange(7, dtype=torch.int64),
+        "half": torch.randn(9, generator=generator).half(),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 4),
+        "train": {"loss": 1.5, "loss_avg": 1.4, "history": [1, 2, 3]},
+        "step": seed,
+    }
+
+
+def zeros_like(state: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    out["model"] = {k: torch.zeros_like(v) for k, v in state["model"].items()}
+    out["train"] = {"loss": 0.0, "loss_avg": 0.0, "history": []}
+    return out
+
+
+def assert_loaded(config: Config, checkpoint_id: str, expected: dict[str, Any]) -> None:
+    target = zeros_like(expected)
+    dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id)
+    for key, value in expected["model"].items():
+        assert torch.equal(target["model"][key], value), key
+    for key in ("ints", "half", "scalar", "empty"):
+        assert torch.equal(target[key], expected[key]), key
+    assert target["train"] == expected["train"] and target["step"] == expected["step"]
+
+
+def tier0(config: Config) -> Any:
+    return make_tier(config.tiers[0], namespace=config.namespace, node=0)
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "s3"])
+def test_staged_copy_is_isolated_from_the_trainer(
+    kind: str, make_config: Callable[..., Config]
+) -> None:
+    config = make_config(kind)
+    state = model_state(1)
+    expected = {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
+    writer = TieredWriter(config)
+    future = dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0001")
+    for tensor in state["model"].values():  # the trainer moves on at once
+        tensor.add_(100)
+    state["train"]["history"].append(99)
+    future.result()
+    expected["train"] = {"loss": 1.5, "loss_avg": 1.4, "history": [1, 2, 3]}
+    assert_loaded(config, "step_0001", expected)
+    writer.close()
+
+
+def test_memory_tier_adopts_the_slab_and_prepares_a_spare(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory")
+    writer = TieredWriter(config)
+    state = model_state(2)
+    dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002").result()
+    assert writer._stager is not None and writer._stager.slab is not None
+    slab_path = writer._stager.slab.path
+    assert slab_path is not None and not os.path.exists(slab_path), "the slab became the checkpoint"
+    manifest = read_manifest(tier0(config), "step_0002")
+    data = next(f for f in manifest.files if f.path.endswith("-0.distcp"))
+    assert writer._slab is not None and data.size == writer._slab.nbytes
+    writer._stager._preparing.join()  # type: ignore[union-attr]
+    assert writer._stager.spare is not None, "a spare buffer is ready for the next save"
+    dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
+    assert_loaded(config, "step_0002", state)
+    assert_loaded(config, "step_0003", model_state(3))
+    writer.close()
+    staging = Path(tier0(config).local_path(staging_dir()))
+    assert not list(staging.glob("*/slab-*.bin")), "close() releases unused buffers"
+
+
+def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> None:
+    config = make_config("local")
+    writer = TieredWriter(config)
+    dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001").result()
+    assert writer._stager is not None and writer._stager.slab is not None
+    first = writer._stager.slab.storage.data_ptr()
+    dcp.async_save(model_state(2), storage_writer=writer, checkpoint_id="step_0002").result()
+    assert writer._stager.slab.storage.data_ptr() == first
+    assert_loaded(config, "step_0001", model_state(1))
+    assert_loaded(config, "step_0002", model_state(2))
+
+
+def test_a_save_waits_for_the_previous_one_and_says_so(
+    make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config("memory")
+
+    def slow(view: GateView) -> None:
+        time.sleep(1.0)  # the previous save is still persisting
+
+    writer = TieredWriter(config, commit_gate=slow)
+    first = dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001")
+    with caplog.at_level(logging.WARNING):
+        started = time.perf_counter()
+        second = dcp.async_save(model_state(2), storage_writer=writer, checkpoint_id="step_0002")
+        stall = time.perf_counter() - started
+    assert first.done(), "the second save did not start before the first finished"
+    second.result()
+    assert stall > 0.5
+    assert "waited" in caplog.text and "previous save" in caplog.text
+    timings = read_manifest(tier0(config), "step_0002").timings
+    assert timings["wait_s"] is not None and timings["wait_s"] > 0.5
+    assert timings["stall_s"] is not None and timings["stall_s"] >= timings["wait_s"]
+
+
+def test_check_finite_refuses_nan_and_keeps_the_previous_latest(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", check_finite=True)
+    writer = TieredWriter(config)
+    dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001").result()
+    poisoned = model_state(2)
+    poisoned["model"]["w3"][5, 7] = float("nan")
+    future = dcp.async_save(poisoned, storage_writer=writer, checkpoint_id="step_0002")
+    with pytest.raises(BaseException, match=r"tensor 'model\.w3' holds NaN or Inf") as caught:
+        future.result()
+    assert "NonFiniteTensorError" in str(caught.value) or isinstance(
+        caught.value, NonFiniteTensorError
+    )
+    assert latest_committed(config) == "step_0001"
+    dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
+    assert latest_committed(config) == "step_0003"
+    infinite = model_state(4)
+    infinite["half"][0] = float("inf")
+    with pytest.raises(BaseException, match=r"tensor 'half' holds NaN or Inf"):
+        dcp.save(infinite, storage_writer=TieredWriter(config), checkpoint_id="step_0004")
+
+
+def test_loss_band_gate_vetoes_a_spike(make_config: Callable[..., Config]) -> None:
+    config = make_config("local")
+    gate = LossBandGate(loss_key="train.loss", avg_key="train.loss_avg", band=3.0)
+    writer = TieredWriter(config, commit_gate=gate)
+    dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001").result()
+    spiked = model_state(2)
+    spiked["train"]["loss"] = 50.0
+    future = dcp.async_save(spiked, storage_writer=writer, checkpoint_id="step_0002")
+    with pytest.raises(
+        BaseException, match=r"commit gate vetoed checkpoint 'step_0002' on rank 0: train.loss=50"
+    ):
+        future.result()
+    assert latest_committed(config) == "step_0001"
+
+
+def process_mode_isolation(rank: int, world: int, config: Config) -> None:
+    writer = TieredWriter(config)
+    for step in (1, 2, 3):  # consecutive saves: buffers are reused or replaced between them
+        state = model_state(step)
+        expected = {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
+        future = dcp.async_save(
+            state, storage_writer=writer, checkpoint_id=f"step_{step:04d}",
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+        )  # fmt: skip
+        for tensor in state["model"].values():
+            tensor.mul_(-1)
+        future.result()
+        assert_loaded(config, f"step_{step:04d}", expected)
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_process_mode_consecutive_saves(
+    kind: str, tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    run_ranks(process_mode_isolation, 1, tmp_path, make_config(kind))
+
+
+def test_timings_reach_ls_json_and_advise(
+    make_config: Callable[..., Config], tier_specs: Callable[..., Any], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import yaml
+
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tier_specs("memory", "local")}))
+    writer = TieredWriter(str(path))
+    for step in (1, 2, 3):
+        dcp.async_save(
+            model_state(step), storage_writer=writer, checkpoint_id=f"step_{step:04d}"
+        ).result()
+    Promoter(writer.config).run_once()
+    assert main(["--config", str(path), "ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    for entry in listed:
+        assert 0 < entry["stall_s"] <= entry["commit_s"]
+        assert entry["durable_lag_s"] > 0, "promoted to the last tier: its durability lag is known"
+    assert main(["--config", str(path), "advise", "--mtbf", "3600", "--restart", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "Daly   (recommended)" in out and "expected waste" in out
+    assert main(["--config", str(path), "advise", "--mtbf", "3600", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["saves_measured"] == 3
+
+
+def test_interval_math() -> None:
+    assert young(10, 3600) == pytest.approx(268.3, abs=0.1)
+    assert daly(10, 3600) == pytest.approx(
+        268.3 * (1 + (10 / 7200) ** 0.5 / 3 + 10 / 7200 / 9) - 10, abs=0.1
+    )
+    assert daly(10_000, 3600) == 3600
+    advice = advise(10, 3600, restart=120, durable_lag=30)
+    assert advice.waste_saving == pytest.approx(10 / advice.daly_s)
+    assert advice.waste_rework == pytest.approx((advice.daly_s / 2 + 30) / 3600)
+    assert advice.waste_restart == pytest.approx(120 / 3600)
+    with pytest.raises(ValueError):
+        advise(0, 3600)
+
+
+def test_gc_removes_staging_of_dead_writers_only(make_config: Callable[..., Config]) -> None:
+    config = make_config("memory", promote={"stale_after": 0})
+    tier = tier0(config)
+    alive = owner_dir_name()
+    dead = alive.replace(f"~{os.getpid()}~", "~999999~")
+    for owner in (alive, dead):
+        tier.write_bytes(f"{staging_dir()}/{owner}/slab-x.bin", b"buffer")
+    cleaned = Promoter(config).run_once().cleaned
+    assert [c.path for c in cleaned] == [f"{staging_dir()}/{dead}"]
+    assert tier.exists(f"{staging_dir()}/{alive}/slab-x.bin")

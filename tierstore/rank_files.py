@@ -1,0 +1,204 @@
+"""A rank's share of a save, turned into a few large files in the target tier.
+
+File 0 holds the rank's tensors as raw bytes. When the state was staged (``async_save``), file 0 *is*
+the staging slab: in a memory tier it is renamed into place (no copy at all); elsewhere it is written in
+one sequential pass. Either way every byte is checksummed once, and with ``check_finite`` each floating
+tensor is checked for NaN/Inf in the same cache-hot pass. File 1 holds DCP's byte items, tensors that
+were not staged, and tensors that are not dense.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from tierstore.gate import GateView
+from tierstore.ids import data_file_name
+from tierstore.manifest import FileEntry
+from tierstore.serialize import (
+    HEADER_SIZE,
+    MAGIC,
+    ChunkSink,
+    ItemLocation,
+    aligned,
+    dtype_name,
+    encode_fallback,
+    feed_tensor,
+    header,
+    is_raw_encodable,
+    raw_view,
+    view_of,
+)
+from tierstore.staging import SlabInfo
+from tierstore.tiers import Tier
+from tierstore.tiers.posix import PosixTier
+
+
+@dataclass
+class RankOutput:
+    """What writing one rank's items produced."""
+
+    results: list[WriteResult] = field(default_factory=list)
+    files: list[FileEntry] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    gate: GateView | None = None
+
+
+def _slab_token(storage: torch.UntypedStorage) -> bytes:
+    return bytes(view_of(storage, len(MAGIC), torch.uint8, (16,)).tolist())
+
+
+def _in_slab(tensor: torch.Tensor, slab: SlabInfo | None, tokens: dict[int, bytes]) -> bool:
+    """True when ``tensor`` is a view into the staging slab this save was handed."""
+    if slab is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return False
+    storage = tensor.untyped_storage()
+    if storage.nbytes() != slab.nbytes:
+        return False
+    key = storage.data_ptr()
+    if key not in tokens:
+        tokens[key] = _slab_token(storage)
+    return tokens[key] == slab.token
+
+
+class RankFileWriter:
+    """Writes one rank's items of one save (see the module docstring)."""
+
+    def __init__(
+        self,
+        tier: Tier,
+        checkpoint_id: str,
+        generation: str,
+        rank: int,
+        *,
+        node: int,
+        slab: SlabInfo | None,
+        check_finite: bool,
+    ) -> None:
+        self.tier, self.checkpoint_id, self.generation = tier, checkpoint_id, generation
+        self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
+        self.out = RankOutput(gate=GateView(checkpoint_id, rank))
+
+    def _rel(self, index: int) -> str:
+        return f"{self.generation}/{data_file_name(self.rank, index)}"
+
+    def write(self, items: list[WriteItem], planner: SavePlanner) -> RankOutput:
+        """Write every item; raises (leaving ``out.written`` for cleanup) on any failure."""
+        assert self.out.gate is not None
+        tokens: dict[int, bytes] = {}
+        staged: list[tuple[WriteItem, torch.Tensor]] = []
+        loose: list[tuple[WriteItem, torch.Tensor]] = []
+        blobs: list[tuple[WriteItem, memoryview, str]] = []
+        for item in items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                self.out.gate.objects[item.index.fqn] = data
+                blobs.append((item, data.getbuffer(), "bytes"))
+                continue
+            assert isinstance(data, torch.Tensor)
+            self.out.gate.tensors[item.index.fqn] = data
+            if _in_slab(data, self.slab, tokens):
+                staged.append((item, data))
+            elif is_raw_encodable(data):
+                loose.append((item, data))
+            else:
+                blobs.append((item, memoryview(encode_fallback(data)), "torch"))
+        if staged:
+            self._write_slab(staged)
+        elif loose:
+            self._write_tensors(self._rel(0), loose)
+            loose = []
+        if loose or blobs:
+            self._write_mixed(self._rel(1), loose, blobs)
+        return self.out
+
+    def _write_slab(self, staged: list[tuple[WriteItem, torch.Tensor]]) -> None:
+        """The slab is file 0: checksum (and check) it in one pass; adopt it or write it out."""
+        assert self.slab is not None
+        storage = staged[0][1].untyped_storage()
+        whole = memoryview(
+            (ctypes.c_ubyte * self.slab.nbytes).from_address(storage.data_ptr())
+        ).cast("B")
+        rel = self._rel(0)
+        full = f"{self.checkpoint_id}/{rel}"
+        adopt = self.slab.path is not None and isinstance(self.tier, PosixTier)
+
+        def scan(write: Callable[[memoryview], object] | None) -> ChunkSink:
+            sink = ChunkSink(write)
+            for item, tensor in sorted(
+                staged, key=lambda s: s[1].storage_offset() * s[1].element_size()
+            ):
+                start = int(tensor.storage_offset()) * tensor.element_size()
+                length = int(tensor.numel()) * tensor.element_size()
+                sink.feed_span(whole, sink.size, start)  # header, padding, items of other ranks
+                feed_tensor(sink, tensor, whole[start : start + length], fqn=item.index.fqn,
+                            check_finite=self.check_finite)  # fmt: skip
+                location = ItemLocation(rel, start, length, "raw", dtype_name(tensor.dtype),
+                                        tuple(tensor.shape))  # fmt: skip
+                self.out.results.append(WriteResult(item.index, length, location))
+            sink.feed_span(whole, sink.size, self.slab.nbytes if self.slab else 0)
+            return sink
+
+        if adopt:
+            sink = scan(None)  # every check passes before the slab becomes a checkpoint file
+            assert isinstance(self.tier, PosixTier) and self.slab.path is not None
+            self.tier.adopt(full, self.slab.path)
+            self.out.written.append(full)
+        else:
+            with self.tier.open_write(full) as stream:
+                self.out.written.append(full)
+                sink = scan(stream.write)
+        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+
+    def _write_tensors(self, rel: str, tensors: list[tuple[WriteItem, torch.Tensor]]) -> None:
+        """Stream tensors (not staged: a plain ``dcp.save``) into one file, each 64-byte aligned."""
+        full = f"{self.checkpoint_id}/{rel}"
+        with self.tier.open_write(full) as stream:
+            self.out.written.append(full)
+            sink = ChunkSink(stream.write)
+            sink.feed(memoryview(header(uuid.uuid4().bytes)))
+            for item, tensor in tensors:
+                self._add_tensor(sink, rel, item, tensor)
+        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+
+    def _add_tensor(self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor) -> None:
+        view, owner = raw_view(tensor)
+        sink.pad_to(aligned(sink.size))
+        offset = sink.size
+        feed_tensor(sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite)
+        location = ItemLocation(
+            rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
+        )
+        self.out.results.append(WriteResult(item.index, len(view), location))
+
+    def _write_mixed(
+        self,
+        rel: str,
+        tensors: list[tuple[WriteItem, torch.Tensor]],
+        blobs: list[tuple[WriteItem, memoryview, str]],
+    ) -> None:
+        full = f"{self.checkpoint_id}/{rel}"
+        with self.tier.open_write(full) as stream:
+            self.out.written.append(full)
+            sink = ChunkSink(stream.write)
+            sink.feed(memoryview(header(uuid.uuid4().bytes)))
+            for item, tensor in tensors:
+                self._add_tensor(sink, rel, item, tensor)
+            for item, buffer, encoding in blobs:
+                sink.pad_to(aligned(sink.size))
+                offset = sink.size
+                sink.feed(buffer)
+                location = ItemLocation(rel, offset, len(buffer), encoding)
+                self.out.results.append(WriteResult(item.index, len(buffer), location))
+        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+
+
+__all__ = ["HEADER_SIZE", "RankFileWriter", "RankOutput"]

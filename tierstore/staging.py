@@ -1,0 +1,260 @@
+"""Staging for ``dcp.async_save``: one copy of the state into reusable host buffers, nothing else.
+
+``TieredWriter.stage()`` (DCP's ``AsyncStager``) runs on the trainer's thread: it lays the state's tensors
+out in one buffer (64-byte aligned, after a 64-byte header), copies them in, and returns a state dict of
+views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns.
+
+The buffer is a *slab*:
+
+* when the target tier is a ``memory`` tier, a file in that tier's tmpfs
+  (``.tierstore/staging/<owner>/slab-*.bin``) mapped into the process: the background save only
+  checksums it and renames it into the checkpoint, so staging *is* the first tier's write. Since the
+  slab becomes the checkpoint's data file, the next save needs another one: a *spare* is prepared (its
+  pages allocated and mapped) in a background thread right after staging, so the next stage copies into
+  warm memory;
+* otherwise, anonymous shared memory, reused save after save.
+
+Both kinds are shared memory with a file descriptor, so ``AsyncCheckpointerType.PROCESS`` hands them to
+DCP's checkpoint process without copying. With CUDA, slabs are page-locked (``cudaHostRegister``) so the
+device-to-host copy runs at full speed.
+
+**Memory bound.** At most two slabs per rank exist at once: the one being persisted (for a memory tier it
+then *is* the checkpoint, counted by the tier's ``keep``) and the spare. **Back-pressure.** A save that
+starts while the previous save from the same writer is still persisting waits for it (the buffer, and
+DCP's writer object, are not shared between saves in flight); the wait is logged and recorded as
+``wait_s`` in the marker, and is part of the stall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tierstore.serialize import ALIGN, HEADER_SIZE, MAGIC, view_of
+
+logger = logging.getLogger(__name__)
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault every page in with one call
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+@dataclass(frozen=True)
+class SlabInfo:
+    """What the background save needs to know about the slab it was handed."""
+
+    nbytes: int
+    token: bytes
+    path: str | None
+    """The slab's file in the memory tier (None for anonymous shared memory)."""
+
+
+class Slab:
+    """One staging buffer: shared memory (a tmpfs file or anonymous), optionally page-locked."""
+
+    def __init__(self, nbytes: int, path: str | None) -> None:
+        self.nbytes = nbytes
+        self.path = path
+        # torch's shared-memory storages (private API, pinned by tests/test_torch_contract.py) are
+        # passed to DCP's checkpoint process by file descriptor: no copy in PROCESS mode.
+        storage_class: Any = torch.UntypedStorage
+        if path is None:
+            self.storage: torch.UntypedStorage = storage_class._new_shared(nbytes)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)  # allocate the pages now, not on first touch
+                self.storage = storage_class._new_shared_fd_cpu(fd, nbytes)
+            finally:
+                os.close(fd)  # the storage keeps its own duplicate
+        self.pinned = False
+        if torch.cuda.is_available():
+            cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            self.pinned = int(cudart.cudaHostRegister(self.storage.data_ptr(), nbytes, 0)) == 0
+
+    def populate(self) -> None:
+        """Map every page now (so that the copy into it does not fault page by page)."""
+        if _libc.madvise(self.storage.data_ptr(), self.nbytes, _MADV_POPULATE_WRITE) != 0:
+            view = view_of(self.storage, 0, torch.uint8, (self.nbytes,))
+            view[::_PAGE].zero_()  # older kernels: touch one byte per page
+
+    @property
+    def consumed(self) -> bool:
+        """True when a save renamed this slab into a checkpoint: it must never be written again."""
+        return self.path is not None and not os.path.exists(self.path)
+
+    def tensor(self, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """A view of the slab at byte ``offset`` with ``like``'s dtype and shape (contiguous)."""
+        return view_of(self.storage, offset, like.dtype, tuple(like.shape))
+
+    def release(self) -> None:
+        """Unpin and, if this slab never became a checkpoint, remove its file."""
+        if self.pinned:
+            cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            cudart.cudaHostUnregister(self.storage.data_ptr())
+            self.pinned = False
+        if self.path is not None and not self.consumed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Rebuild a nested state (dicts, lists, tuples) with tensors mapped and other leaves copied."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        local = on_tensor(value.to_local())
+        return DTensor.from_local(
+            local, value.device_mesh, value.placements, run_check=False, shape=value.shape,
+            stride=value.stride(),
+        )  # fmt: skip
+    if isinstance(value, torch.Tensor):
+        return on_tensor(value)
+    if isinstance(value, dict):
+        return type(value)((k, _walk(v, on_tensor)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_walk(v, on_tensor) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_walk(v, on_tensor) for v in value)
+    return copy.deepcopy(value)  # isolation: the trainer may mutate it after async_save returns
+
+
+def _stageable(tensor: torch.Tensor) -> bool:
+    return (
+        tensor.layout == torch.strided
+        and not tensor.is_quantized
+        and not tensor.is_nested
+        and tensor.device.type in ("cpu", "cuda")
+    )
+
+
+def _remove_directory(directory: str | None) -> None:
+    """At exit: drop the files of slabs that never became checkpoints (a spare, an unused slab)."""
+    if directory is not None:
+        for entry in Path(directory).glob("slab-*.bin"):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+        with contextlib.suppress(OSError):
+            Path(directory).rmdir()
+
+
+class Stager:
+    """Owns a writer's slabs in one process (the trainer's); see the module docstring."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.slab: Slab | None = None
+        self.spare: Slab | None = None
+        self._preparing: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # Files still in the staging directory at exit never became checkpoints: remove them.
+        weakref.finalize(self, _remove_directory, directory)
+
+    def _new_slab(self, nbytes: int) -> Slab:
+        path = None
+        if self.directory is not None:
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
+        return Slab(nbytes, path)
+
+    def _prepare_spare(self, nbytes: int) -> None:
+        def prepare() -> None:
+            try:
+                spare = self._new_slab(nbytes)
+                spare.populate()
+            except Exception as exc:  # noqa: BLE001 - the next save will allocate on its own
+                logger.warning("could not prepare a spare staging buffer: %s", exc)
+                return
+            with self._lock:
+                old, self.spare = self.spare, spare
+            if old is not None:
+                old.release()
+
+        self._preparing = threading.Thread(target=prepare, name="tierstore-spare", daemon=True)
+        self._preparing.start()
+
+    def _acquire(self, nbytes: int) -> tuple[Slab, float]:
+        """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
+        waited = 0.0
+        if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
+            if not self.slab.consumed:
+                self.slab.release()
+            self.slab = None
+        if self.slab is None and self._preparing is not None and self._preparing.is_alive():
+            started = time.perf_counter()
+            self._preparing.join()
+            waited = time.perf_counter() - started
+        if self.slab is None:
+            with self._lock:
+                spare, self.spare = self.spare, None
+            if spare is not None and spare.nbytes == nbytes:
+                self.slab = spare
+            else:
+                if spare is not None:
+                    spare.release()
+                self.slab = self._new_slab(nbytes)
+        return self.slab, waited
+
+    def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
+        """Copy ``state``'s tensors into a slab; return the staged state, the slab, spare wait."""
+        offsets: list[int | None] = []  # in traversal order; both walks visit tensors identically
+        offset = HEADER_SIZE
+
+        def plan(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal offset
+            if not _stageable(tensor):
+                offsets.append(None)
+                return tensor
+            offsets.append(offset)
+            offset = -(-(offset + tensor.numel() * tensor.element_size()) // ALIGN) * ALIGN
+            return tensor
+
+        _walk(state, plan)
+        nbytes = max(offset, HEADER_SIZE)
+        if self.directory is not None and os.path.isdir(self.directory):
+            os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
+        slab, waited = self._acquire(nbytes)
+        token = uuid.uuid4().bytes
+        header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
+        view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
+        position = iter(offsets)
+        copies_on_device = False
+
+        def place(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal copies_on_device
+            at = next(position)
+            if at is None:
+                return tensor.detach().clone()  # sparse, quantized...: a plain copy
+            view = slab.tensor(at, tensor)
+            view.copy_(tensor.detach(), non_blocking=tensor.device.type == "cuda" and slab.pinned)
+            copies_on_device |= tensor.device.type == "cuda"
+            return view
+
+        staged = _walk(state, place)
+        if copies_on_device:
+            torch.cuda.synchronize()
+        if slab.path is not None:
+            self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one
+        return staged, SlabInfo(nbytes, token, slab.path), waited
+
+    def close(self) -> None:
+        """Release every slab this stager still owns."""
+        if self._preparing is not None:
+            self._preparing.join()
+        for slab in (self.slab, self.spare):
+            if slab is not None:
+                slab.release()
+        self.slab = self.spare = None
