@@ -56,6 +56,9 @@ def test_two_nodes_promote_their_parts_and_commit_once(
     run_ranks(save_on_two_nodes, 2, tmp_path, config, 1)
     assert ram0.exists(marker_path("step_0001")) and not ram1.exists(marker_path("step_0001"))
     assert any("r00001" in f.path for f in ram1.find("step_0001")), "rank 1's data is on node 1"
+    assert any(f.path.endswith("parts/rank00001.json") for f in ram1.find("step_0001")), (
+        "a rank on a node without the marker leaves a part record after its data"
+    )
 
     log1 = promote(path, node=1)  # node 1 first: its part arrives, no marker yet
     assert "part_copied checkpoint=step_0001" in log1

@@ -84,3 +84,17 @@ def test_failed_multipart_upload_is_aborted(faulty: tuple[FaultyS3, S3Tier]) -> 
         tier.write_bytes("big", os.urandom(12 * 2**20))
     assert tier.list_uploads() == []
     assert not tier.exists("big")
+
+
+@pytest.mark.parametrize("checksum", ["crc32", "none"])
+def test_multipart_with_and_without_part_checksums(
+    s3_endpoint: str, s3_bucket: str, checksum: str
+) -> None:
+    tier = s3_tier(s3_endpoint, s3_bucket, checksum=checksum)
+    payload = os.urandom(11 * 2**20)
+    tier.write_bytes("obj", payload)
+    assert tier.read_bytes("obj") == payload
+    head = boto3.client("s3", endpoint_url=s3_endpoint).head_object(
+        Bucket=s3_bucket, Key="p/obj", ChecksumMode="ENABLED"
+    )
+    assert ("ChecksumCRC32" in head) == (checksum == "crc32")

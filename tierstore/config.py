@@ -140,6 +140,10 @@ class S3TierConfig(_TierBase):
     concurrency: int = Field(8, ge=1, le=256, description="Parts in flight per file.")
     max_attempts: int = Field(8, ge=1, le=100, description="Attempts per idempotent request.")
     max_retry_time: Duration = Field(120.0, description="Bound on one request's retries.")
+    checksum: Literal["crc32", "none"] = Field(
+        "crc32",
+        description="Send a CRC32 with every part/object (S3 verifies it); none for stores that reject it.",
+    )
     create_only_markers: bool = Field(
         True, description="Publish markers with If-None-Match: * (stores that support it)."
     )

@@ -132,7 +132,11 @@ class RankFileWriter:
         adopt = self.slab.path is not None and isinstance(self.tier, PosixTier)
 
         def scan(write: Callable[[memoryview], object] | None) -> ChunkSink:
-            sink = ChunkSink(write)
+            with ChunkSink(write) as sink:
+                _scan_into(sink)
+            return sink
+
+        def _scan_into(sink: ChunkSink) -> None:
             for item, tensor in sorted(
                 staged, key=lambda s: s[1].storage_offset() * s[1].element_size()
             ):
@@ -145,7 +149,6 @@ class RankFileWriter:
                                         tuple(tensor.shape))  # fmt: skip
                 self.out.results.append(WriteResult(item.index, length, location))
             sink.feed_span(whole, sink.size, self.slab.nbytes if self.slab else 0)
-            return sink
 
         if adopt:
             sink = scan(None)  # every check passes before the slab becomes a checkpoint file
@@ -163,10 +166,10 @@ class RankFileWriter:
         full = f"{self.checkpoint_id}/{rel}"
         with self.tier.open_write(full) as stream:
             self.out.written.append(full)
-            sink = ChunkSink(stream.write)
-            sink.feed(memoryview(header(uuid.uuid4().bytes)))
-            for item, tensor in tensors:
-                self._add_tensor(sink, rel, item, tensor)
+            with ChunkSink(stream.write) as sink:
+                sink.feed(memoryview(header(uuid.uuid4().bytes)))
+                for item, tensor in tensors:
+                    self._add_tensor(sink, rel, item, tensor)
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
 
     def _add_tensor(self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor) -> None:
@@ -188,16 +191,16 @@ class RankFileWriter:
         full = f"{self.checkpoint_id}/{rel}"
         with self.tier.open_write(full) as stream:
             self.out.written.append(full)
-            sink = ChunkSink(stream.write)
-            sink.feed(memoryview(header(uuid.uuid4().bytes)))
-            for item, tensor in tensors:
-                self._add_tensor(sink, rel, item, tensor)
-            for item, buffer, encoding in blobs:
-                sink.pad_to(aligned(sink.size))
-                offset = sink.size
-                sink.feed(buffer)
-                location = ItemLocation(rel, offset, len(buffer), encoding)
-                self.out.results.append(WriteResult(item.index, len(buffer), location))
+            with ChunkSink(stream.write) as sink:
+                sink.feed(memoryview(header(uuid.uuid4().bytes)))
+                for item, tensor in tensors:
+                    self._add_tensor(sink, rel, item, tensor)
+                for item, buffer, encoding in blobs:
+                    sink.pad_to(aligned(sink.size))
+                    offset = sink.size
+                    sink.feed(buffer)
+                    location = ItemLocation(rel, offset, len(buffer), encoding)
+                    self.out.results.append(WriteResult(item.index, len(buffer), location))
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
 
 

@@ -84,6 +84,7 @@ class RankAssignment:
     rank: int
     seq: int
     world_size: int
+    multi_node: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,9 +276,13 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._generation = new_generation()
         self._seq = next_sequence(self.tier)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
+        multi_node = len({r.node for r in self._reports}) > 1
         return [
             dataclasses.replace(
-                plan, storage_data=RankAssignment(self._generation, rank, self._seq, len(plans))
+                plan,
+                storage_data=RankAssignment(
+                    self._generation, rank, self._seq, len(plans), multi_node
+                ),
             )
             for rank, plan in enumerate(plans)
         ]
@@ -301,7 +306,8 @@ class TieredWriter(StorageWriter, AsyncStager):
                     raise CommitVetoedError(
                         f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
                     )
-            if self.tier.node_local:  # other nodes' promoters never see the marker: tell them here
+            if self.tier.node_local and assignment.multi_node:
+                # Other nodes' promoters never see the coordinator's marker: tell them here.
                 record = PartRecord(ckpt, gen, self.node, (rank,), tuple(out.files), assignment.seq,
                                     assignment.world_size)  # fmt: skip
                 files.out.written.append(rank_part_path(ckpt, gen, rank))

@@ -41,7 +41,9 @@ class S3Tier(Tier):
         self.policy = RetryPolicy(config.max_attempts, config.max_retry_time)
         self.on_retry: Any = None
         self.part_slots = threading.BoundedSemaphore(config.concurrency)
+        self.send_checksums = config.checksum == "crc32"
         self._fs: Any = None
+        self._client: Any = None
 
     @classmethod
     def from_config(cls, config: S3TierConfig, *, namespace: str | None, node: int) -> S3Tier:
@@ -50,7 +52,7 @@ class S3Tier(Tier):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fs"] = None  # a client is per process; rebuilt lazily after unpickling
+        state["_fs"] = state["_client"] = None  # clients are per process; rebuilt lazily
         state["on_retry"] = None
         del state["part_slots"]
         return state
@@ -83,6 +85,30 @@ class S3Tier(Tier):
             self._fs = fs
         return self._fs
 
+    @property
+    def client(self) -> Any:
+        """A botocore client for uploads (created on first use; thread-safe).
+
+        Uploads bypass s3fs on purpose: aiobotocore signs every request body (SHA-256 over plain
+        HTTP) on its one event-loop thread, serialising the parts in flight; botocore does it on
+        the uploading threads. Measured: 8 concurrent 64 MiB parts 1.25-1.7x faster (README).
+        """
+        if self._client is None:
+            import boto3  # type: ignore[import-untyped]
+            import botocore.config
+
+            config = botocore.config.Config(
+                retries={"total_max_attempts": 1},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                max_pool_connections=max(10, 2 * self.concurrency),
+            )
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=self.config.endpoint_url, region_name=self.config.region,
+                config=config,
+            )  # fmt: skip
+        return self._client
+
     def _key(self, path: str) -> str:
         return "/".join(p for p in (self.prefix, path) if p)
 
@@ -91,7 +117,14 @@ class S3Tier(Tier):
 
     def call(self, method: str, what: str, **kwargs: Any) -> Any:
         """One S3 API call through the retry policy, with errors translated (see module doc)."""
-        return self._guard(what, lambda: self.fs.call_s3(method, **kwargs))
+
+        def operation() -> Any:
+            try:
+                return getattr(self.client, method)(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                raise _as_builtin(exc) from exc
+
+        return self._guard(what, operation)
 
     def _guard(self, what: str, operation: Any) -> Any:
         try:
@@ -216,6 +249,18 @@ class S3Tier(Tier):
                            Prefix=self._key(""))  # fmt: skip
         uploads: list[dict[str, Any]] = answer.get("Uploads", [])
         return uploads
+
+
+def _as_builtin(error: botocore.exceptions.ClientError) -> Exception:
+    """The builtin error a raw S3 answer means below the seam (as s3fs translates them), else itself."""
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+        return FileExistsError(f"{code or status}: the name is taken")
+    if code in ("NoSuchKey", "NoSuchBucket", "NotFound") or status == 404:
+        return FileNotFoundError(f"{code or status}")
+    unchanged: Exception = error
+    return unchanged
 
 
 def _mtime(info: dict[str, Any]) -> float:

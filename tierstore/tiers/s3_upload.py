@@ -11,8 +11,10 @@ number re-sent carries the same bytes) and is retried by the tier's
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -26,6 +28,7 @@ class _Caller(Protocol):
     part_size: int
     concurrency: int
     part_slots: threading.BoundedSemaphore
+    send_checksums: bool
 
     def call(self, method: str, what: str, **kwargs: Any) -> Any: ...
 
@@ -60,9 +63,10 @@ class ObjectUpload:
     def add_part(self, data: bytes) -> None:
         """Queue the next part (at least 5 MiB except the last); blocks while all slots are busy."""
         if self._upload_id is None:
+            algorithm = {"ChecksumAlgorithm": "CRC32"} if self._caller.send_checksums else {}
             answer = self._caller.call(
                 "create_multipart_upload", f"start upload {self._key}", Bucket=self._bucket,
-                Key=self._key,
+                Key=self._key, **algorithm,
             )  # fmt: skip
             self._upload_id = answer["UploadId"]
             self._pool = ThreadPoolExecutor(self._caller.concurrency, thread_name_prefix="s3-part")
@@ -76,20 +80,27 @@ class ObjectUpload:
         future.add_done_callback(lambda _f: self._slots.release())
         self._parts.append(future)
 
+    def _checksum(self, data: bytes) -> dict[str, str]:
+        """The store verifies each part against this (and real S3 rejects a mismatch)."""
+        if not self._caller.send_checksums:
+            return {}
+        return {"ChecksumCRC32": base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()}
+
     def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        checksum = self._checksum(data)
         answer = self._caller.call(
             "upload_part", f"part {number} of {self._key}", Bucket=self._bucket, Key=self._key,
-            UploadId=self._upload_id, PartNumber=number, Body=data,
+            UploadId=self._upload_id, PartNumber=number, Body=data, **checksum,
         )  # fmt: skip
         if self._progress:
             self._progress(len(data))
-        return {"PartNumber": number, "ETag": answer["ETag"]}
+        return {"PartNumber": number, "ETag": answer["ETag"], **checksum}
 
     def put_whole(self, data: bytes) -> None:
         """Upload a small object in one PUT (create-only if requested)."""
         self._caller.call(
             "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
-            **self._match,
+            **self._match, **self._checksum(data),
         )  # fmt: skip
         if self._progress:
             self._progress(len(data))
