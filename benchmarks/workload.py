@@ -125,10 +125,20 @@ class Samples:
         }
 
 
-def repeat(reps: int, nbytes: int, run: Callable[[], object]) -> Samples:
-    """Time ``run`` ``reps`` times (wall clock of the whole call)."""
+def repeat(
+    reps: int, nbytes: int, run: Callable[[], object], setup: Callable[[], object] | None = None
+) -> Samples:
+    """Time ``run`` ``reps`` times (wall clock); ``setup`` runs untimed before each, then a sync.
+
+    Deleting the previous output and syncing outside the timed part matters on disk: with ext4's
+    ``discard`` option the blocks freed by a deletion are trimmed at the next journal commit, that
+    is, inside whichever fsync comes next, measurement or not.
+    """
     samples = Samples(nbytes=nbytes)
     for _ in range(reps):
+        if setup is not None:
+            setup()
+        os.sync()
         started = time.perf_counter()
         run()
         samples.seconds.append(time.perf_counter() - started)
@@ -150,13 +160,14 @@ def warm_copy(state: Any) -> Callable[[], None]:
 
 
 def plain_write(state: Any, directory: str, *, fsync: bool) -> Callable[[], None]:
-    """Write every tensor's bytes, in order, into one new file (then fsync); the file is kept."""
+    """Write every tensor's bytes, in order, into one new file (then fsync); the file is kept.
+
+    Pair it with :func:`remove_plain` as the untimed setup.
+    """
     path = os.path.join(directory, "plain.bin")
 
     def run() -> None:
-        if os.path.exists(path):
-            os.unlink(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for tensor in tensors_of(state):
                 view = byte_view(tensor)
@@ -166,6 +177,17 @@ def plain_write(state: Any, directory: str, *, fsync: bool) -> Callable[[], None
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    return run
+
+
+def remove_plain(directory: str) -> Callable[[], None]:
+    """Untimed setup for :func:`plain_write`: remove the previous file."""
+    path = os.path.join(directory, "plain.bin")
+
+    def run() -> None:
+        if os.path.exists(path):
+            os.unlink(path)
 
     return run
 

@@ -256,3 +256,18 @@ def test_gc_removes_staging_of_dead_writers_only(make_config: Callable[..., Conf
     cleaned = Promoter(config).run_once().cleaned
     assert [c.path for c in cleaned] == [f"{staging_dir()}/{dead}"]
     assert tier.exists(f"{staging_dir()}/{alive}/slab-x.bin")
+
+
+def test_prepare_allocates_the_first_buffer_ahead(make_config: Callable[..., Config]) -> None:
+    config = make_config("memory")
+    writer = TieredWriter(config)
+    state = model_state(5)
+    writer.prepare(state)
+    stager = writer._stager_for_this_process()
+    stager.wait_until_prepared()
+    assert stager.spare is not None
+    prepared = stager.spare.path
+    dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0005").result()
+    assert stager.slab is not None and stager.slab.path == prepared, "the first save used it"
+    assert_loaded(config, "step_0005", state)
+    writer.close()

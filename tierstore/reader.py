@@ -42,6 +42,7 @@ from tierstore.topology import current_node, rank_and_world
 
 logger = logging.getLogger(__name__)
 _WHOLE_FILE_FRACTION = 0.5
+_READ_WORKERS = max(2, min(8, os.cpu_count() or 2))
 """Read a whole object (one ranged GET stream) when the items need more than this share of it."""
 
 
@@ -178,53 +179,94 @@ class TieredReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Read every item of ``plan`` from the chosen tier, files in parallel."""
+        """Read every item of ``plan`` from the chosen tier, in parallel.
+
+        POSIX tiers: tensors are read straight into their destinations by several threads at once
+        (``preadv`` copies in the kernel, so they run in parallel); byte items are loaded afterwards
+        on this thread, since loading them changes the caller's state dict. Object stores: each
+        file is fetched with parallel ranged GETs, then decoded.
+        """
         if self._tier is None or self._checkpoint_id is None:
             raise TierstoreError("read_data() before read_metadata()")
-        per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
-        for item in plan.items:
-            location = self._storage[item.storage_index]
-            per_file[location.path].append((item, location))
-        workers = max(1, min(len(per_file), 8))
-        with (
-            read_lease(self._tier, self._checkpoint_id),  # retention must not delete what we read
-            ThreadPoolExecutor(workers, thread_name_prefix="tierstore-read") as pool,
-        ):
-            for done in [pool.submit(self._read_file, p, r, planner) for p, r in per_file.items()]:
-                done.result()
+        tier = self._tier
+        requests = sorted(
+            ((item, self._storage[item.storage_index]) for item in plan.items),
+            key=lambda r: (r[1].path, r[1].offset),
+        )
+        with read_lease(tier, self._checkpoint_id):  # retention must not delete what we read
+            if tier.local_path("") is not None:
+                tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
+                with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
+                    batches = _balanced(tensors, _READ_WORKERS)
+                    list(pool.map(lambda batch: self._read_items(batch, planner), batches))
+                self._read_items(
+                    [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner
+                )
+            else:
+                per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
+                for request in requests:
+                    per_file[request[1].path].append(request)
+                for path, file_requests in per_file.items():
+                    self._read_object(path, file_requests, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _read_file(
-        self, path: str, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    def _read_items(
+        self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
     ) -> None:
         assert self._tier is not None
-        tier, full = self._tier, f"{self._checkpoint_id}/{path}"
-        whole: bytes | None = None
-        if tier.local_path(full) is None:
-            needed = sum(loc.length for _, loc in requests)
-            size = tier.stat(full).size
-            if needed > _WHOLE_FILE_FRACTION * size:
-                whole = tier.read_bytes(full)
-        for item, location in sorted(requests, key=lambda r: r[1].offset):
-            if whole is not None:
-                data: bytes | memoryview = memoryview(whole)[
-                    location.offset : location.offset + location.length
-                ]
-            elif item.type != LoadItemType.BYTE_IO and self._read_in_place(
-                tier, full, item, location, planner
+        for item, location in requests:
+            full = f"{self._checkpoint_id}/{location.path}"
+            if item.type != LoadItemType.BYTE_IO and self._read_in_place(
+                self._tier, full, item, location, planner
             ):
                 continue
-            else:
-                data = tier.read_range(full, location.offset, location.length)
-            if len(data) != location.length:
-                raise IntegrityError(f"tier {tier.name}: {full}: short read at {location.offset}")
-            if item.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(item, io.BytesIO(bytes(data)))
-                continue
-            stored = decode_tensor(bytearray(data) if isinstance(data, bytes) else data, location)
-            _copy_into(planner, item, stored)
+            data = self._tier.read_range(full, location.offset, location.length)
+            self._deliver(item, location, bytearray(data), planner)
+
+    def _deliver(
+        self,
+        item: ReadItem,
+        location: ItemLocation,
+        data: bytearray | memoryview,
+        planner: LoadPlanner,
+    ) -> None:
+        if len(data) != location.length:
+            raise IntegrityError(
+                f"tier {self.chosen_tier}: {location.path}: short read at {location.offset}"
+            )
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(bytes(data)))
+        else:
+            _copy_into(planner, item, decode_tensor(data, location))
+
+    def _read_object(
+        self, path: str, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    ) -> None:
+        """An object store: fetch the object (ranged GETs in parallel), then hand out its items."""
+        assert self._tier is not None
+        tier, full = self._tier, f"{self._checkpoint_id}/{path}"
+        needed = sum(location.length for _, location in requests)
+        size = tier.stat(full).size
+        if needed <= _WHOLE_FILE_FRACTION * size:
+            self._read_items(requests, planner)
+            return
+        whole = bytearray(size)
+        chunk = max(getattr(tier, "part_size", 8 * 2**20), 2**20)
+
+        def fetch(offset: int) -> None:
+            whole[offset : offset + chunk] = tier.read_range(
+                full, offset, min(chunk, size - offset)
+            )
+
+        with ThreadPoolExecutor(_READ_WORKERS * 2, thread_name_prefix="tierstore-get") as pool:
+            list(pool.map(fetch, range(0, size, chunk)))
+        view = memoryview(whole)
+        for item, location in requests:
+            self._deliver(
+                item, location, view[location.offset : location.offset + location.length], planner
+            )
 
     def _read_in_place(
         self, tier: Tier, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
@@ -249,6 +291,22 @@ class TieredReader(StorageReader):
             tier.read_into(full, location.offset, memoryview(buffer).cast("B"))
         planner.commit_tensor(item, target)
         return True
+
+
+def _balanced(
+    requests: list[tuple[ReadItem, ItemLocation]], parts: int
+) -> list[list[tuple[ReadItem, ItemLocation]]]:
+    """Split requests (kept in file order) into up to ``parts`` runs of about equal bytes."""
+    total = sum(location.length for _, location in requests)
+    batches: list[list[tuple[ReadItem, ItemLocation]]] = [[]]
+    share, filled = max(1, total // parts), 0
+    for request in requests:
+        if filled >= share and len(batches) < parts:
+            batches.append([])
+            filled = 0
+        batches[-1].append(request)
+        filled += request[1].length
+    return [b for b in batches if b]
 
 
 def _copy_into(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> None:

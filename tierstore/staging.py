@@ -46,6 +46,7 @@ import torch
 from tierstore.serialize import ALIGN, HEADER_SIZE, MAGIC, view_of
 
 logger = logging.getLogger(__name__)
+_MADV_DONTNEED = 4
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault every page in with one call
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -65,7 +66,7 @@ class SlabInfo:
 class Slab:
     """One staging buffer: shared memory (a tmpfs file or anonymous), optionally page-locked."""
 
-    def __init__(self, nbytes: int, path: str | None) -> None:
+    def __init__(self, nbytes: int, path: str | None, *, preallocate: bool = False) -> None:
         self.nbytes = nbytes
         self.path = path
         # torch's shared-memory storages (private API, pinned by tests/test_torch_contract.py) are
@@ -76,7 +77,10 @@ class Slab:
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.posix_fallocate(fd, 0, nbytes)  # allocate the pages now, not on first touch
+                if preallocate:  # in the background: allocate the pages now, not on first touch
+                    os.posix_fallocate(fd, 0, nbytes)
+                else:  # on the trainer's thread: the copy itself faults the pages in, cheaper
+                    os.ftruncate(fd, nbytes)
                 self.storage = storage_class._new_shared_fd_cpu(fd, nbytes)
             finally:
                 os.close(fd)  # the storage keeps its own duplicate
@@ -111,6 +115,24 @@ class Slab:
                 os.unlink(self.path)
 
 
+def _retire(slabs: list[Slab]) -> None:
+    """Drop slabs on a helper thread: unmapping a large mapping takes a while, not the trainer's."""
+    holder = list(slabs)
+    slabs.clear()
+
+    def drop() -> None:
+        while holder:
+            slab = holder.pop()
+            # Zap the page tables through ctypes, which lets go of the GIL; torch's own unmap
+            # (when the storage dies) holds it, and would pause the trainer's Python meanwhile.
+            # The pages belong to the tmpfs file: a shared mapping loses no data this way.
+            _libc.madvise(slab.storage.data_ptr(), slab.nbytes, _MADV_DONTNEED)
+            slab.release()
+            del slab
+
+    threading.Thread(target=drop, name="tierstore-unmap", daemon=True).start()
+
+
 def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Rebuild a nested state (dicts, lists, tuples) with tensors mapped and other leaves copied."""
     from torch.distributed.tensor import DTensor
@@ -130,6 +152,24 @@ def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_walk(v, on_tensor) for v in value)
     return copy.deepcopy(value)  # isolation: the trainer may mutate it after async_save returns
+
+
+def _layout(state: Any) -> tuple[list[int | None], int]:
+    """Byte offsets of the state's tensors in a slab (None: not staged), in traversal order."""
+    offsets: list[int | None] = []
+    offset = HEADER_SIZE
+
+    def plan(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal offset
+        if not _stageable(tensor):
+            offsets.append(None)
+            return tensor
+        offsets.append(offset)
+        offset = -(-(offset + tensor.numel() * tensor.element_size()) // ALIGN) * ALIGN
+        return tensor
+
+    _walk(state, plan)
+    return offsets, max(offset, HEADER_SIZE)
 
 
 def _stageable(tensor: torch.Tensor) -> bool:
@@ -159,21 +199,22 @@ class Stager:
         self.slab: Slab | None = None
         self.spare: Slab | None = None
         self._preparing: threading.Thread | None = None
+        self._retired: list[Slab] = []
         self._lock = threading.Lock()
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory)
 
-    def _new_slab(self, nbytes: int) -> Slab:
+    def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
         path = None
         if self.directory is not None:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
-        return Slab(nbytes, path)
+        return Slab(nbytes, path, preallocate=preallocate)
 
     def _prepare_spare(self, nbytes: int) -> None:
         def prepare() -> None:
             try:
-                spare = self._new_slab(nbytes)
+                spare = self._new_slab(nbytes, preallocate=True)
                 spare.populate()
             except Exception as exc:  # noqa: BLE001 - the next save will allocate on its own
                 logger.warning("could not prepare a spare staging buffer: %s", exc)
@@ -190,8 +231,9 @@ class Stager:
         """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
         waited = 0.0
         if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
-            if not self.slab.consumed:
-                self.slab.release()
+            self._retired.append(
+                self.slab
+            )  # unmapped after the copy: munmap slows a copy beside it
             self.slab = None
         if self.slab is None and self._preparing is not None and self._preparing.is_alive():
             started = time.perf_counter()
@@ -208,22 +250,20 @@ class Stager:
                 self.slab = self._new_slab(nbytes)
         return self.slab, waited
 
+    def prepare(self, state: Any) -> None:
+        """Allocate and map a slab for ``state`` in the background, ahead of the first save."""
+        _offsets, nbytes = _layout(state)
+        if self.slab is None and self.spare is None:
+            self._prepare_spare(nbytes)
+
+    def wait_until_prepared(self) -> None:
+        """Block until a background preparation (see :meth:`prepare`) has finished."""
+        if self._preparing is not None:
+            self._preparing.join()
+
     def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
         """Copy ``state``'s tensors into a slab; return the staged state, the slab, spare wait."""
-        offsets: list[int | None] = []  # in traversal order; both walks visit tensors identically
-        offset = HEADER_SIZE
-
-        def plan(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal offset
-            if not _stageable(tensor):
-                offsets.append(None)
-                return tensor
-            offsets.append(offset)
-            offset = -(-(offset + tensor.numel() * tensor.element_size()) // ALIGN) * ALIGN
-            return tensor
-
-        _walk(state, plan)
-        nbytes = max(offset, HEADER_SIZE)
+        offsets, nbytes = _layout(state)
         if self.directory is not None and os.path.isdir(self.directory):
             os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
         slab, waited = self._acquire(nbytes)
@@ -246,6 +286,9 @@ class Stager:
         staged = _walk(state, place)
         if copies_on_device:
             torch.cuda.synchronize()
+        if self._retired:
+            _retire(self._retired)
+            self._retired = []
         if slab.path is not None:
             self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one
         return staged, SlabInfo(nbytes, token, slab.path), waited

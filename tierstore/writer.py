@@ -192,6 +192,21 @@ class TieredWriter(StorageWriter, AsyncStager):
         """
         started_wall, started = time.time(), time.perf_counter()
         waited = self._wait_for_previous_save()
+        staged: dict[str, Any]
+        staged, self._slab, spare_wait = self._stager_for_this_process().stage(state_dict)
+        stall = time.perf_counter() - started
+        self._stage_report = RankReport(self.node, started_wall, stall, waited + spare_wait)
+        return staged
+
+    def prepare(self, state_dict: dict[str, Any]) -> None:
+        """Optionally, once after building the model: allocate staging buffers in the background.
+
+        The first save otherwise pays for touching fresh memory (see the benchmark); with this, it
+        copies into buffers that are already mapped. Returns at once.
+        """
+        self._stager_for_this_process().prepare(state_dict)
+
+    def _stager_for_this_process(self) -> Stager:
         if self._stager is None:
             directory = None
             if self.config.tier(self.tier_name).type == "memory":
@@ -199,11 +214,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                     self.tier.local_path(staging_dir()) or "", owner_dir_name()
                 )
             self._stager = Stager(directory)
-        staged: dict[str, Any]
-        staged, self._slab, spare_wait = self._stager.stage(state_dict)
-        stall = time.perf_counter() - started
-        self._stage_report = RankReport(self.node, started_wall, stall, waited + spare_wait)
-        return staged
+        return self._stager
 
     def _wait_for_previous_save(self) -> float:
         carrier = self._carrier

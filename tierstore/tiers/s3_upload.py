@@ -146,6 +146,9 @@ class S3WriteStream:
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         """Append; every full part is handed to the upload."""
         view = memoryview(data).cast("B")
+        if not self._buffer and len(view) == self._part_size and isinstance(data, bytes):
+            self._upload.add_part(data)  # exactly one part (a promotion's reads): no copy
+            return len(view)
         self._buffer += view
         while len(self._buffer) >= self._part_size:
             self._upload.add_part(bytes(self._buffer[: self._part_size]))
