@@ -271,3 +271,15 @@ def test_prepare_allocates_the_first_buffer_ahead(make_config: Callable[..., Con
     assert stager.slab is not None and stager.slab.path == prepared, "the first save used it"
     assert_loaded(config, "step_0005", state)
     writer.close()
+
+
+def test_a_writer_per_save_shares_the_buffers(make_config: Callable[..., Config]) -> None:
+    config = make_config("memory")
+    first = TieredWriter(config)
+    dcp.async_save(model_state(1), storage_writer=first, checkpoint_id="step_0001").result()
+    second = TieredWriter(config)  # the common loop: storage_writer=TieredWriter(cfg) every save
+    dcp.async_save(model_state(2), storage_writer=second, checkpoint_id="step_0002").result()
+    assert first._stager is second._stager, "one set of buffers per process and target tier"
+    assert second._stage_report is None or second._stage_report.wait_s == 0
+    assert_loaded(config, "step_0002", model_state(2))
+    second.close()

@@ -201,6 +201,8 @@ class Stager:
         self._preparing: threading.Thread | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
+        self.carrier: threading.Thread | None = None
+        """The thread carrying the last save that used these buffers (see ``wait_for_carrier``)."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory)
 
@@ -256,6 +258,15 @@ class Stager:
         if self.slab is None and self.spare is None:
             self._prepare_spare(nbytes)
 
+    def wait_for_carrier(self) -> float:
+        """Wait until the previous save that used these buffers has finished; return the wait."""
+        carrier = self.carrier
+        if carrier is None or carrier is threading.current_thread() or not carrier.is_alive():
+            return 0.0
+        started = time.perf_counter()
+        carrier.join()
+        return time.perf_counter() - started
+
     def wait_until_prepared(self) -> None:
         """Block until a background preparation (see :meth:`prepare`) has finished."""
         if self._preparing is not None:
@@ -301,3 +312,33 @@ class Stager:
             if slab is not None:
                 slab.release()
         self.slab = self.spare = None
+
+
+class StagerRegistry:
+    """This process's stagers, one per target tier: every ``TieredWriter`` writing there shares it.
+
+    Training loops often build a writer per save (``storage_writer=TieredWriter(cfg)``); sharing the
+    buffers, the spare and the back-pressure per target keeps such loops at the staging floor too.
+    Keyed by process id as well, so that a forked child never writes into its parent's mappings.
+    This is the one piece of process-wide state in tierstore; it holds buffers, never listings.
+    """
+
+    def __init__(self) -> None:
+        self._stagers: dict[tuple[int, str], Stager] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, directory: Callable[[], str | None]) -> Stager:
+        """The stager for ``key``, created (with ``directory()`` for its slabs) on first use."""
+        with self._lock:
+            slot = (os.getpid(), key)
+            if slot not in self._stagers:
+                self._stagers[slot] = Stager(directory())
+            return self._stagers[slot]
+
+    def discard(self, key: str) -> Stager | None:
+        """Forget (and return) the stager for ``key``."""
+        with self._lock:
+            return self._stagers.pop((os.getpid(), key), None)
+
+
+STAGERS = StagerRegistry()

@@ -57,7 +57,7 @@ from tierstore.ids import (
 from tierstore.manifest import FileEntry, Manifest, PartRecord, crc32c, publish_manifest
 from tierstore.owners import owner_dir_name
 from tierstore.rank_files import RankFileWriter
-from tierstore.staging import SlabInfo, Stager
+from tierstore.staging import STAGERS, SlabInfo, Stager
 from tierstore.tiers import Tier, make_tier
 from tierstore.topology import current_node
 
@@ -145,7 +145,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stage_report: RankReport | None = None
         self._slab: SlabInfo | None = None
         self._stager: Stager | None = None
-        self._carrier: threading.Thread | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -174,11 +173,12 @@ class TieredWriter(StorageWriter, AsyncStager):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
-        state["_stager"] = state["_carrier"] = None  # the staging buffers stay with the trainer
+        state["_stager"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
-        self._carrier = threading.current_thread()
+        if self._stager is not None:
+            self._stager.carrier = threading.current_thread()
         self._stage_report = None
         return state
 
@@ -206,39 +206,41 @@ class TieredWriter(StorageWriter, AsyncStager):
         """
         self._stager_for_this_process().prepare(state_dict)
 
+    def _stager_key(self) -> str:
+        return f"{self.tier.root}|{self.tier_name}"
+
     def _stager_for_this_process(self) -> Stager:
         if self._stager is None:
-            directory = None
-            if self.config.tier(self.tier_name).type == "memory":
-                directory = os.path.join(
-                    self.tier.local_path(staging_dir()) or "", owner_dir_name()
-                )
-            self._stager = Stager(directory)
+
+            def directory() -> str | None:
+                if self.config.tier(self.tier_name).type != "memory":
+                    return None
+                return os.path.join(self.tier.local_path(staging_dir()) or "", owner_dir_name())
+
+            self._stager = STAGERS.get(self._stager_key(), directory)
         return self._stager
 
     def _wait_for_previous_save(self) -> float:
-        carrier = self._carrier
-        if carrier is None or carrier is threading.current_thread() or not carrier.is_alive():
-            return 0.0
-        started = time.perf_counter()
-        carrier.join()
-        waited = time.perf_counter() - started
-        logger.warning(
-            "async save waited %.3f s for the previous save from this writer to finish persisting;"
-            " save less often, or wait for the previous future before saving again",
-            waited,
-        )
+        waited = self._stager_for_this_process().wait_for_carrier()
+        if waited > 0:
+            logger.warning(
+                "async save waited %.3f s for the previous save to tier %s to finish persisting;"
+                " save less often, or wait for the previous future before saving again",
+                waited,
+                self.tier_name,
+            )
         return waited
 
     def synchronize_staging(self) -> None:
         """Nothing to do: :meth:`stage` has finished copying when it returns."""
 
     def close(self) -> None:
-        """Release the staging buffers (call after the last save's future completed)."""
+        """Release this process's staging buffers for the tier (after the last save completed)."""
         self._wait_for_previous_save()
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+        stager = STAGERS.discard(self._stager_key())
+        if stager is not None:
+            stager.close()
+        self._stager = None
 
     # -- StorageWriter ----------------------------------------------------------------------------
 
@@ -258,7 +260,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._rank = int(kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0))
         self._is_coordinator = is_coordinator
         self._started_at = time.time()
-        self._carrier = threading.current_thread()  # in THREAD mode: the thread running this save
+        if self._stager is not None:  # this save uses staged buffers: its thread carries them
+            self._stager.carrier = threading.current_thread()
         collectives = kwargs.get("use_collectives", True)
         if collectives is False and dist.is_initialized() and dist.get_world_size() > 1:
             raise TierstoreError("TieredWriter needs use_collectives=True (one commit marker)")
