@@ -143,6 +143,11 @@ def run(work: Path, endpoint: str) -> None:
     with step("restore again: the next tier holding it (nvme)"):
         restore(cfg, latest, saved)
 
+    with step(
+        "tierstore advise --mtbf 3600 --restart 60: the save interval from the measured stalls"
+    ):
+        tierstore_cli(["--config", str(path), "advise", "--mtbf", "3600", "--restart", "60"])
+
     with step("train 5 more; the run's final checkpoint straight to s3 (tier='s3')"):
         train(model, optimizer, 5)
         dcp.save(state_of(model, optimizer, 45), storage_writer=TieredWriter(cfg, tier="s3"),
