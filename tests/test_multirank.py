@@ -75,3 +75,19 @@ def test_world2_save_then_load_at_world_1_and_2(
     assert_same(expected.state(), target.state())
     assert torch.equal(state["sharded"], GLOBAL)
     run_ranks(load_world2, 2, tmp_path, config)
+
+
+def latest_fails_everywhere(rank: int, world: int, config: Config) -> None:
+    from tierstore.errors import TierstoreError
+
+    with pytest.raises(TierstoreError, match="finding the latest checkpoint failed on rank 0"):
+        latest_committed(config)
+
+
+def test_latest_committed_failing_on_rank_0_raises_on_every_rank(tmp_path: Path) -> None:
+    from tierstore.config import config_from_dict
+
+    unreachable = {"name": "s3", "type": "s3", "url": "s3://nowhere/x",
+                   "endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}  # fmt: skip
+    config = config_from_dict({"tiers": [unreachable]})
+    run_ranks(latest_fails_everywhere, 2, tmp_path, config)

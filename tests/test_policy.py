@@ -119,3 +119,15 @@ def test_retention(
     decided = retention(config(*[dict(t) for t in tiers]), catalog, frozenset(in_use))
     assert ids(decided) == sorted(expected)
     assert all(isinstance(d, Deletion) and d.reason.startswith("beyond keep") for d in decided)
+
+
+def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
+    cfg = config({"type": "memory", "keep": 1}, {}, every=1)
+    part = {
+        i: Copy(i, s, s, 1000.0, "g0000000001", partial=True)
+        for i, s in (("step_0001", 1), ("step_0002", 2))
+    }
+    young = retention(cfg, {"t0": part}, now=1000.0 + 60)
+    assert young == [], "within stale_after it may still commit elsewhere: kept for promotion"
+    old = retention(cfg, {"t0": part}, now=1000.0 + cfg.promote.stale_after + 1)
+    assert ids(old) == ["step_0001@t0"], "a failed save's part is released (beyond keep)"

@@ -353,3 +353,26 @@ def test_metrics_endpoint(make_config: Callable[..., Config]) -> None:
     assert 'tierstore_promotion_backlog{tier="s3"} 0.0' in text
     assert "tierstore_newest_durable_age_seconds" in text
     assert "tierstore_retries_total" in text and "tierstore_promotion_failures_total" in text
+
+
+def test_gc_leaves_a_checkpoint_whose_marker_it_cannot_read(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("local", promote={"stale_after": 0})
+    save(config, "step_0001")
+    local = tier(config, "local")
+    local.publish(marker_path("step_0001"), b"{half a marker", create_only=False)  # unreadable
+    data = [f.path for f in local.find("step_0001") if f.path.endswith(".distcp")]
+    Promoter(config).run_once()
+    assert all(local.exists(path) for path in data), "no marker read is no licence to delete"
+
+
+def test_an_unreachable_tier_fails_the_pass_not_the_sidecar(tmp_path: Path) -> None:
+    body = {"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")},
+                      {"name": "s3", "type": "s3", "url": "s3://nowhere/x",
+                       "endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}]}  # fmt: skip
+    config = config_from_dict(body)
+    promoter = Promoter(config)
+    with pytest.raises(Exception, match=r"cannot list tier s3 \(s3, s3://nowhere/x\)"):
+        promoter.run_once()
+    assert promoter.run(once=True) == 1

@@ -98,3 +98,14 @@ def test_multipart_with_and_without_part_checksums(
         Bucket=s3_bucket, Key="p/obj", ChecksumMode="ENABLED"
     )
     assert ("ChecksumCRC32" in head) == (checksum == "crc32")
+
+
+def test_upload_listing_stays_inside_the_namespace(s3_endpoint: str, s3_bucket: str) -> None:
+    from tierstore.config import S3TierConfig
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_multipart_upload(Bucket=s3_bucket, Key="p/job10/step/file")
+    config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/p", endpoint_url=s3_endpoint)
+    job1, job10 = S3Tier(config, namespace="job1"), S3Tier(config, namespace="job10")
+    assert job1.list_uploads() == [], "job1's gc must not see job10's uploads"
+    assert [u["Key"] for u in job10.list_uploads()] == ["p/job10/step/file"]

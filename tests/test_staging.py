@@ -283,3 +283,17 @@ def test_a_writer_per_save_shares_the_buffers(make_config: Callable[..., Config]
     assert second._stage_report is None or second._stage_report.wait_s == 0
     assert_loaded(config, "step_0002", model_state(2))
     second.close()
+
+
+def test_back_to_back_saves_never_share_a_buffer_in_use(make_config: Callable[..., Config]) -> None:
+    config = make_config("local")  # a reused buffer: the case where overwriting would corrupt
+    writer = TieredWriter(config)
+    first, second = model_state(11), model_state(12)
+    futures = [
+        dcp.async_save(first, storage_writer=writer, checkpoint_id="step_0011"),
+        dcp.async_save(second, storage_writer=writer, checkpoint_id="step_0012"),  # no wait between
+    ]
+    for future in futures:
+        future.result()
+    assert_loaded(config, "step_0011", first)
+    assert_loaded(config, "step_0012", second)

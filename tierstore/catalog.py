@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tierstore.config import Config, as_config
+from tierstore.errors import TierstoreError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, step_of
 from tierstore.manifest import Manifest, read_manifest
 from tierstore.tiers import Tier, make_tiers
@@ -192,7 +193,16 @@ def latest_committed(
 
         from tierstore.selection import broadcast_object
 
-        answer = Catalog(config, node=node).latest() if dist.get_rank(process_group) == 0 else None
-        result: str | None = broadcast_object(answer, process_group)
-        return result
+        answer: tuple[str | None, str | None] = (None, None)
+        if dist.get_rank(process_group) == 0:
+            try:
+                answer = (Catalog(config, node=node).latest(), None)
+            except Exception as exc:  # noqa: BLE001 - every rank must leave the collective
+                answer = (None, f"{type(exc).__name__}: {exc}")
+        latest: str | None
+        error: str | None
+        latest, error = broadcast_object(answer, process_group)
+        if error is not None:
+            raise TierstoreError(f"finding the latest checkpoint failed on rank 0: {error}")
+        return latest
     return Catalog(config, node=node).latest()

@@ -35,7 +35,7 @@ class Source:
 
 @dataclass
 class MarkerCache:
-    """Parsed markers keyed by (tier, id, mtime): re-read only when a listing shows a change."""
+    """Parsed markers keyed by (tier, id), valid while the listing shows the same mtime."""
 
     entries: dict[tuple[str, str], tuple[float, Manifest]] = field(default_factory=dict)
 
@@ -109,6 +109,8 @@ def discover(tier: Tier, cache: MarkerCache) -> dict[str, Source]:
         if any(0 in record.ranks for record in records):
             continue  # the coordinator's node without a marker: that save never committed
         first = records[0]
-        copy = Copy(checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest)
+        copy = Copy(
+            checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest, partial=True
+        )
         sources[checkpoint_id] = Source(copy, None, records)
     return sources

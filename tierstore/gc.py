@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tierstore.discovery import Source
-from tierstore.ids import INTERNAL_DIR, is_checkpoint_id, is_generation, staging_dir
+from tierstore.ids import (
+    INTERNAL_DIR,
+    MARKER_NAME,
+    PARTS_DIR,
+    is_checkpoint_id,
+    is_generation,
+    staging_dir,
+)
 from tierstore.leases import stale_leases
 from tierstore.owners import owner_is_gone
 from tierstore.tiers import Tier
@@ -42,15 +49,25 @@ def find_leftovers(
     now = time.time() if now is None else now
     found: list[Cleanup] = []
     newest: dict[tuple[str, str], float] = {}
+    with_parts: set[tuple[str, str]] = set()
+    marked: set[str] = set()
     for info in tier.find(""):
         parts = info.path.split("/")
+        if len(parts) == 2 and parts[1] == MARKER_NAME:
+            marked.add(parts[0])
         if len(parts) >= 3 and is_checkpoint_id(parts[0]) and is_generation(parts[1]):
             key = (parts[0], parts[1])
             newest[key] = max(newest.get(key, 0.0), info.mtime)
+            if parts[2] == PARTS_DIR:
+                with_parts.add(key)
     for (checkpoint_id, generation), mtime in sorted(newest.items()):
         known = sources.get(checkpoint_id)
         if known is not None and known.copy.generation == generation:
             continue
+        if checkpoint_id in marked and known is None:
+            continue  # a marker we could not read this time: its data is not ours to judge
+        if tier.node_local and (checkpoint_id, generation) in with_parts:
+            continue  # another node's committed part looks the same as a failed one: retention decides
         idle = now - mtime
         if idle >= stale_after:
             why = "generation not named by the marker" if known else "no commit marker"
@@ -74,6 +91,8 @@ def find_leftovers(
         for upload in tier.list_uploads():
             started: datetime | None = upload.get("Initiated")
             age = now - started.timestamp() if started else stale_after
+            if age >= stale_after:
+                age = now - tier.last_activity(upload, default=now - age)
             if age >= stale_after:
                 reason = f"incomplete multipart upload, {age:.0f}s old"
                 found.append(

@@ -17,6 +17,7 @@ promoted). Deletion removes the marker first, then the data (see the promoter).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class Copy:
     step: int | None
     committed_at: float
     generation: str
+    partial: bool = False
+    """Only this node's part, seen through part records: the commit itself is not visible here."""
 
 
 Catalog = Mapping[str, Mapping[str, Copy]]
@@ -129,9 +132,20 @@ def _missing_in(config: Config, catalog: Catalog, index: int) -> list[Copy]:
 
 
 def retention(
-    config: Config, catalog: Catalog, in_use: frozenset[str] = frozenset()
+    config: Config,
+    catalog: Catalog,
+    in_use: frozenset[str] = frozenset(),
+    *,
+    now: float | None = None,
 ) -> list[Deletion]:
-    """Every copy that retention deletes now, with the rule that made the decision."""
+    """Every copy that retention deletes now, with the rule that made the decision.
+
+    A node's part of a save whose commit it cannot see (``partial``) waits for promotion only for
+    ``promote.stale_after``: a save that failed on another node never commits, and must not hold
+    memory forever.
+    """
+    now = time.time() if now is None else now
+    stale = config.promote.stale_after
     names = [t.name for t in config.tiers]
     kept = {
         n: kept_by_rules(config.tiers[i], catalog.get(n, {}).values()) for i, n in enumerate(names)
@@ -141,6 +155,7 @@ def retention(
         for j in range(1, len(names))
         for c in _missing_in(config, catalog, j)
         for n in names[:j]
+        if not (c.partial and now - c.committed_at >= stale)
     }
     durable = [t.name for t in config.tiers if not t.node_local]
     deletions: list[Deletion] = []

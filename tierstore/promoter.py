@@ -90,7 +90,17 @@ class Promoter:
     def run(self, *, once: bool = False) -> int:
         """Loop until stopped (or one complete pass with ``once``); exit status for the CLI."""
         while True:
-            report = self.run_once()
+            try:
+                report = self.run_once()
+            except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
+                logger.error(
+                    "promoter pass failed, retrying in %.0f s: %s",
+                    self.config.promote.interval,
+                    exc,
+                )
+                if once:
+                    return 1
+                report = PassReport()
             if once:
                 return 1 if report.failed else 0
             if self.stopping.wait(self.config.promote.interval):
@@ -99,8 +109,18 @@ class Promoter:
     # -- one pass -------------------------------------------------------------------------------
 
     def catalog(self) -> dict[str, dict[str, Source]]:
-        """What this node sees in every tier (committed copies; this node's parts)."""
-        return {tier.name: discover(tier, self.cache) for tier in self.tiers}
+        """What this node sees in every tier (committed copies; this node's parts).
+
+        Raises :class:`TierstoreError` naming the tier when one cannot be listed: acting on part
+        of the picture (deleting "the last copy" of something merely unlisted) is not safe.
+        """
+        found: dict[str, dict[str, Source]] = {}
+        for tier in self.tiers:
+            try:
+                found[tier.name] = discover(tier, self.cache)
+            except (TierstoreError, OSError) as exc:
+                raise TierstoreError(f"cannot list tier {tier.describe()}: {exc}") from exc
+        return found
 
     def run_once(self) -> PassReport:
         """Promote until nothing is left to do at this moment, then retention and (if due) gc."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,6 +154,11 @@ class RankFileWriter:
         if adopt:
             sink = scan(None)  # every check passes before the slab becomes a checkpoint file
             assert isinstance(self.tier, PosixTier) and self.slab.path is not None
+            fd = os.open(self.slab.path, os.O_RDONLY)
+            try:  # durable before its name moves into the checkpoint (a no-op on tmpfs)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             self.tier.adopt(full, self.slab.path)
             self.out.written.append(full)
         else:

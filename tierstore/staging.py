@@ -115,6 +115,37 @@ class Slab:
                 os.unlink(self.path)
 
 
+REGISTRATION_TIMEOUT = 120.0
+"""How long a staged save may take to reach tierstore's first call (PROCESS mode starts a process)."""
+
+
+class Pending:
+    """A save that staged into a stager's buffers: done when the thread carrying it has ended.
+
+    The thread is only known once the save reaches ``reset``/``set_up_storage_writer`` (THREAD mode)
+    or pickles the writer (PROCESS mode); until then the buffers count as in use.
+    """
+
+    def __init__(self) -> None:
+        self._registered = threading.Event()
+        self._carrier: threading.Thread | None = None
+
+    def register(self, carrier: threading.Thread) -> None:
+        """Record the thread carrying the save (the first call wins)."""
+        if not self._registered.is_set():
+            self._carrier = carrier
+            self._registered.set()
+
+    def wait(self) -> bool:
+        """Block until the save is over; False if it never reported in."""
+        if not self._registered.wait(REGISTRATION_TIMEOUT):
+            return False
+        carrier = self._carrier
+        if carrier is not None and carrier is not threading.current_thread():
+            carrier.join()
+        return True
+
+
 def _retire(slabs: list[Slab]) -> None:
     """Drop slabs on a helper thread: unmapping a large mapping takes a while, not the trainer's."""
     holder = list(slabs)
@@ -201,8 +232,8 @@ class Stager:
         self._preparing: threading.Thread | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
-        self.carrier: threading.Thread | None = None
-        """The thread carrying the last save that used these buffers (see ``wait_for_carrier``)."""
+        self.pending: Pending | None = None
+        """The last save that staged into these buffers, until it is known to be over."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory)
 
@@ -258,14 +289,18 @@ class Stager:
         if self.slab is None and self.spare is None:
             self._prepare_spare(nbytes)
 
-    def wait_for_carrier(self) -> float:
-        """Wait until the previous save that used these buffers has finished; return the wait."""
-        carrier = self.carrier
-        if carrier is None or carrier is threading.current_thread() or not carrier.is_alive():
-            return 0.0
+    def wait_for_previous_save(self) -> tuple[float, bool]:
+        """Wait for the save that last staged here; return the wait, and whether it is over.
+
+        False means it never reported in within :data:`REGISTRATION_TIMEOUT`: its buffer must be
+        treated as still in use.
+        """
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return 0.0, True
         started = time.perf_counter()
-        carrier.join()
-        return time.perf_counter() - started
+        over = pending.wait()
+        return time.perf_counter() - started, over
 
     def wait_until_prepared(self) -> None:
         """Block until a background preparation (see :meth:`prepare`) has finished."""
@@ -275,9 +310,14 @@ class Stager:
     def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
         """Copy ``state``'s tensors into a slab; return the staged state, the slab, spare wait."""
         offsets, nbytes = _layout(state)
+        waited, over = self.wait_for_previous_save()
+        if not over and self.slab is not None:
+            logger.error("the previous save never reported back: staging into a new buffer")
+            self.slab = None  # still in use: never written again; its save releases it
         if self.directory is not None and os.path.isdir(self.directory):
             os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
-        slab, waited = self._acquire(nbytes)
+        slab, spare_wait = self._acquire(nbytes)
+        waited += spare_wait
         token = uuid.uuid4().bytes
         header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
         view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
@@ -302,6 +342,9 @@ class Stager:
             self._retired = []
         if slab.path is not None:
             self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one
+        if slab.path is not None:  # its mtime says "in use" to gc, even after the rename
+            os.utime(slab.path)
+        self.pending = Pending()
         return staged, SlabInfo(nbytes, token, slab.path), waited
 
     def close(self) -> None:

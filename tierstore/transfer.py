@@ -24,13 +24,20 @@ class Cancelled(Exception):  # noqa: N818 - a control-flow signal, not an error 
     """The copy was asked to stop; nothing it was writing became visible."""
 
 
-def _chunks(source: Tier, path: str, size: int, chunk: int) -> Iterator[bytes]:
+def _chunks(source: Tier, path: str, chunk: int) -> Iterator[bytes]:
+    """The source file, chunk by chunk; a missing source is an :class:`IntegrityError`."""
     local = source.local_path(path)
-    if local is None:
+    try:
+        handle = open(local, "rb", buffering=0) if local is not None else None  # noqa: SIM115
+        if handle is None:
+            source.stat(path)
+    except FileNotFoundError:
+        raise IntegrityError(f"tier {source.name}: {path}: missing; not promoted") from None
+    if handle is None:
         yield from source.iter_chunks(path, chunk)
         return
-    with open(local, "rb", buffering=0) as f:
-        while data := f.read(chunk):
+    with handle:
+        while data := handle.read(chunk):
             yield data
 
 
@@ -67,23 +74,20 @@ def copy_file(
         return 0
     chunk = getattr(target, "part_size", CHUNK)
     size, value = 0, 0
-    try:
-        with target.open_write(path) as stream:
-            for data in _chunks(source, path, entry.size, chunk):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"copy of {path} to {target.name} cancelled")
-                size += len(data)
-                value = crc32c(data, value)
-                stream.write(data)
-                if progress:
-                    progress(len(data))
-            if size != entry.size or value != entry.crc32c:
-                raise IntegrityError(
-                    f"tier {source.name}: {path}: {size} bytes with CRC32C {value:08x}, marker says"
-                    f" {entry.size} bytes with {entry.crc32c:08x}; not promoted"
-                )
-    except FileNotFoundError:
-        raise IntegrityError(f"tier {source.name}: {path}: missing; not promoted") from None
+    with target.open_write(path) as stream:
+        for data in _chunks(source, path, chunk):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"copy of {path} to {target.name} cancelled")
+            size += len(data)
+            value = crc32c(data, value)
+            stream.write(data)
+            if progress:
+                progress(len(data))
+        if size != entry.size or value != entry.crc32c:
+            raise IntegrityError(
+                f"tier {source.name}: {path}: {size} bytes with CRC32C {value:08x}, marker says"
+                f" {entry.size} bytes with {entry.crc32c:08x}; not promoted"
+            )
     return size
 
 

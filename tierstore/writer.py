@@ -54,10 +54,11 @@ from tierstore.ids import (
     staging_dir,
     validate_checkpoint_id,
 )
+from tierstore.leases import leased_ids
 from tierstore.manifest import FileEntry, Manifest, PartRecord, crc32c, publish_manifest
 from tierstore.owners import owner_dir_name
 from tierstore.rank_files import RankFileWriter
-from tierstore.staging import STAGERS, SlabInfo, Stager
+from tierstore.staging import STAGERS, Pending, SlabInfo, Stager
 from tierstore.tiers import Tier, make_tier
 from tierstore.topology import current_node
 
@@ -145,6 +146,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stage_report: RankReport | None = None
         self._slab: SlabInfo | None = None
         self._stager: Stager | None = None
+        self._pending: Pending | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -173,12 +175,11 @@ class TieredWriter(StorageWriter, AsyncStager):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
-        state["_stager"] = None  # the staging buffers stay with the trainer
+        state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
-        if self._stager is not None:
-            self._stager.carrier = threading.current_thread()
+        self._register_save_thread()
         self._stage_report = None
         return state
 
@@ -191,12 +192,26 @@ class TieredWriter(StorageWriter, AsyncStager):
         this writer is still persisting. Returns views into the buffers, isolated from later updates.
         """
         started_wall, started = time.time(), time.perf_counter()
-        waited = self._wait_for_previous_save()
+        stager = self._stager_for_this_process()
         staged: dict[str, Any]
-        staged, self._slab, spare_wait = self._stager_for_this_process().stage(state_dict)
+        staged, self._slab, waited = stager.stage(state_dict)
+        self._pending = stager.pending  # the save's thread reports in through this
         stall = time.perf_counter() - started
-        self._stage_report = RankReport(self.node, started_wall, stall, waited + spare_wait)
+        if waited > 0.01:
+            logger.warning(
+                "async save waited %.3f s for the previous save to tier %s to finish persisting"
+                " (or for its spare buffer); save less often, or wait for the previous future",
+                waited,
+                self.tier_name,
+            )
+        self._stage_report = RankReport(self.node, started_wall, stall, waited)
         return staged
+
+    def _register_save_thread(self) -> None:
+        """The thread running a staged save says so: the next stage() waits for it to end."""
+        if self._pending is not None:
+            self._pending.register(threading.current_thread())
+            self._pending = None
 
     def prepare(self, state_dict: dict[str, Any]) -> None:
         """Optionally, once after building the model: allocate staging buffers in the background.
@@ -220,23 +235,12 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._stager = STAGERS.get(self._stager_key(), directory)
         return self._stager
 
-    def _wait_for_previous_save(self) -> float:
-        waited = self._stager_for_this_process().wait_for_carrier()
-        if waited > 0:
-            logger.warning(
-                "async save waited %.3f s for the previous save to tier %s to finish persisting;"
-                " save less often, or wait for the previous future before saving again",
-                waited,
-                self.tier_name,
-            )
-        return waited
-
     def synchronize_staging(self) -> None:
         """Nothing to do: :meth:`stage` has finished copying when it returns."""
 
     def close(self) -> None:
         """Release this process's staging buffers for the tier (after the last save completed)."""
-        self._wait_for_previous_save()
+        self._stager_for_this_process().wait_for_previous_save()
         stager = STAGERS.discard(self._stager_key())
         if stager is not None:
             stager.close()
@@ -246,6 +250,7 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; validates ``checkpoint_id`` (a name, the same in every tier)."""
+        self._register_save_thread()  # the first call DCP makes on a staged save's thread
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
         self._generation = None
@@ -260,8 +265,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._rank = int(kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0))
         self._is_coordinator = is_coordinator
         self._started_at = time.time()
-        if self._stager is not None:  # this save uses staged buffers: its thread carries them
-            self._stager.carrier = threading.current_thread()
+        self._register_save_thread()
         collectives = kwargs.get("use_collectives", True)
         if collectives is False and dist.is_initialized() and dist.get_world_size() > 1:
             raise TierstoreError("TieredWriter needs use_collectives=True (one commit marker)")
@@ -390,7 +394,12 @@ class TieredWriter(StorageWriter, AsyncStager):
         }
 
     def _remove_older_generations(self, ckpt: str, current: str) -> None:
-        """After a commit, drop this id's other generations that are older (never newer ones)."""
+        """After a commit, drop this id's other generations that are older (never newer ones).
+
+        Not while a restore holds a read lease on the id: gc removes them later.
+        """
+        if ckpt in leased_ids(self.tier):
+            return
         for name in self.tier.list_dir(ckpt):
             if is_generation(name) and name < current:
                 _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, name)))

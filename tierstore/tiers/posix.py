@@ -155,7 +155,7 @@ class PosixTier(Tier):
             raise
 
     def adopt(self, path: str, source_file: str) -> None:
-        """Move ``source_file`` (same filesystem, already fsynced) to ``path``; fsync both dirs."""
+        """Move ``source_file`` (same filesystem; the caller fsynced it) to ``path``; fsync both dirs."""
         target = self._path(path)
         make_dirs_durable(target.parent)
         os.rename(source_file, target)

@@ -245,10 +245,19 @@ class S3Tier(Tier):
 
     def list_uploads(self) -> list[dict[str, Any]]:
         """Incomplete multipart uploads under this tier's prefix (for gc)."""
-        answer = self.call("list_multipart_uploads", "list uploads", Bucket=self.bucket,
-                           Prefix=self._key(""))  # fmt: skip
+        prefix = f"{self.prefix}/" if self.prefix else ""  # not a sibling namespace's uploads
+        answer = self.call(
+            "list_multipart_uploads", "list uploads", Bucket=self.bucket, Prefix=prefix
+        )
         uploads: list[dict[str, Any]] = answer.get("Uploads", [])
         return uploads
+
+    def last_activity(self, upload: dict[str, Any], *, default: float) -> float:
+        """When an incomplete upload last received a part (epoch seconds), else ``default``."""
+        answer = self.call("list_parts", "list parts", Bucket=self.bucket, Key=upload["Key"],
+                           UploadId=upload["UploadId"])  # fmt: skip
+        stamps = [_mtime(part) for part in answer.get("Parts", [])]
+        return max([default, *stamps])
 
 
 def _as_builtin(error: botocore.exceptions.ClientError) -> Exception:

@@ -76,7 +76,11 @@ class ObjectUpload:
         self._slots.acquire()
         number = len(self._parts) + 1
         assert self._pool is not None
-        future = self._pool.submit(self._upload_part, number, data)
+        try:
+            future = self._pool.submit(self._upload_part, number, data)
+        except BaseException:
+            self._slots.release()
+            raise
         future.add_done_callback(lambda _f: self._slots.release())
         self._parts.append(future)
 
