@@ -40,13 +40,13 @@ def render(report: dict[str, Any]) -> str:
     if report.get("sweep"):
         lines += [
             "",
-            "| sweep size | tensors | stall | memory commit | local save | files per rank |",
+            "| sweep size | tensors | stall (waiting) | memory commit | local save | files per rank |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        lines.append("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for row in report["sweep"]:
             lines.append(
-                f"| {row['size']} | {row['tensors']} | {row['stall_s']:.3f} s | {row['commit_s']:.3f} s"
-                f" | {row['local_save_s']:.3f} s | {row['files_per_rank']} |"
+                f"| {row['size']} | {row['tensors']} | {row['stall_s']:.3f} s ({row['wait_s']:.3f} s)"
+                f" | {row['commit_s']:.3f} s | {row['local_save_s']:.3f} s | {row['files_per_rank']} |"
             )
     return "\n".join(lines)
 
