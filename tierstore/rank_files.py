@@ -114,11 +114,11 @@ class RankFileWriter:
                 blobs.append((item, memoryview(encode_fallback(data)), "torch"))
         if staged:
             self._write_slab(staged)
-        elif loose:
-            self._write_tensors(self._rel(0), loose)
+        elif loose:  # a plain dcp.save: the tensors stream into file 0
+            self._write_file(self._rel(0), loose, [])
             loose = []
         if loose or blobs:
-            self._write_mixed(self._rel(1), loose, blobs)
+            self._write_file(self._rel(1), loose, blobs)
         return self.out
 
     def _write_slab(self, staged: list[tuple[WriteItem, torch.Tensor]]) -> None:
@@ -167,17 +167,6 @@ class RankFileWriter:
                 sink = scan(stream.write)
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
 
-    def _write_tensors(self, rel: str, tensors: list[tuple[WriteItem, torch.Tensor]]) -> None:
-        """Stream tensors (not staged: a plain ``dcp.save``) into one file, each 64-byte aligned."""
-        full = f"{self.checkpoint_id}/{rel}"
-        with self.tier.open_write(full) as stream:
-            self.out.written.append(full)
-            with ChunkSink(stream.write) as sink:
-                sink.feed(memoryview(header(uuid.uuid4().bytes)))
-                for item, tensor in tensors:
-                    self._add_tensor(sink, rel, item, tensor)
-        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
-
     def _add_tensor(self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor) -> None:
         view, owner = raw_view(tensor)
         sink.pad_to(aligned(sink.size))
@@ -188,12 +177,13 @@ class RankFileWriter:
         )
         self.out.results.append(WriteResult(item.index, len(view), location))
 
-    def _write_mixed(
+    def _write_file(
         self,
         rel: str,
         tensors: list[tuple[WriteItem, torch.Tensor]],
         blobs: list[tuple[WriteItem, memoryview, str]],
     ) -> None:
+        """Stream tensors (64-byte aligned raw bytes), then byte items, into one new file."""
         full = f"{self.checkpoint_id}/{rel}"
         with self.tier.open_write(full) as stream:
             self.out.written.append(full)
