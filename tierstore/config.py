@@ -63,7 +63,6 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"expected a duration such as 10s, 5m or 1h, got {value!r}")
 
 
-Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
@@ -295,7 +294,7 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
     return text or "top level"
 
 
-def _describe(error: Mapping[str, Any], raw: Any) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     kind, loc = error["type"], error["loc"]
     if kind == "extra_forbidden":
         return f"unknown key {loc[-1]!r}"
@@ -357,7 +356,7 @@ def config_from_dict(
         deeper = {e["loc"][:1] for e in errors if len(e["loc"]) > 1}
         # An invalid item also makes pydantic report its list as too short: keep the real cause.
         errors = [e for e in errors if not (e["type"] == "too_short" and e["loc"] in deeper)]
-        lines = [f"{source}: {_format_loc(e['loc'])}: {_describe(e, data)}" for e in errors]
+        lines = [f"{source}: {_format_loc(e['loc'])}: {_describe(e)}" for e in errors]
         raise ConfigError("\n".join(lines)) from None
     if check_paths:
         from tierstore.topology import current_node

@@ -15,7 +15,6 @@ from datetime import datetime
 
 from tierstore.discovery import Source
 from tierstore.ids import (
-    INTERNAL_DIR,
     MARKER_NAME,
     PARTS_DIR,
     is_checkpoint_id,
@@ -117,4 +116,4 @@ def remove(tier: Tier, cleanup: Cleanup) -> None:
                   UploadId=cleanup.upload_id)  # fmt: skip
 
 
-__all__ = ["INTERNAL_DIR", "Cleanup", "find_leftovers", "remove"]
+__all__ = ["Cleanup", "find_leftovers", "remove"]

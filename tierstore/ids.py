@@ -103,6 +103,16 @@ def generation_dir(checkpoint_id: str, generation: str) -> str:
     return f"{checkpoint_id}/{generation}"
 
 
+def metadata_file(generation: str) -> str:
+    """Path, relative to the checkpoint's directory, of DCP's metadata in a generation."""
+    return f"{generation}/{METADATA_NAME}"
+
+
+def is_metadata_file(path: str) -> bool:
+    """True for a marker entry that names DCP's metadata."""
+    return path.rsplit("/", 1)[-1] == METADATA_NAME
+
+
 def data_file_name(rank: int, index: int) -> str:
     """Name (inside a generation directory) of data file ``index`` written by ``rank``."""
     return f"r{rank:05d}-{index}.distcp"

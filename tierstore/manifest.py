@@ -82,16 +82,13 @@ class Manifest:
         """Serialize (UTF-8 JSON; CRCs as 8 hex digits)."""
         body = asdict(self)
         body["timings"] = dict(self.timings)
-        body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in self.files]
-        return json.dumps({"format": FORMAT, **body}, indent=1, sort_keys=True).encode()
+        return _dump(FORMAT, body, self.files)
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and validate a marker; :class:`IntegrityError` naming ``where`` if it is malformed."""
         try:
-            body = json.loads(data)
-            if not isinstance(body, dict) or body.get("format") != FORMAT:
-                raise ValueError(f"expected format {FORMAT!r}")
+            body = _load(FORMAT, data)
             checkpoint_id = str(body["checkpoint_id"])
             generation = str(body["generation"])
             if not is_generation(generation):
@@ -131,17 +128,13 @@ class PartRecord:
 
     def to_json(self) -> bytes:
         """Serialize (CRCs as hex)."""
-        body = asdict(self)
-        body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in self.files]
-        return json.dumps({"format": PART_FORMAT, **body}, indent=1, sort_keys=True).encode()
+        return _dump(PART_FORMAT, asdict(self), self.files)
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> PartRecord:
         """Parse and validate; :class:`IntegrityError` naming ``where`` if malformed."""
         try:
-            body = json.loads(data)
-            if not isinstance(body, dict) or body.get("format") != PART_FORMAT:
-                raise ValueError(f"expected format {PART_FORMAT!r}")
+            body = _load(PART_FORMAT, data)
             checkpoint_id, generation = str(body["checkpoint_id"]), str(body["generation"])
             return cls(
                 checkpoint_id=checkpoint_id,
@@ -158,6 +151,18 @@ class PartRecord:
 
 
 PART_FORMAT = "tierstore.part/1"
+
+
+def _dump(format_: str, body: dict[str, Any], files: tuple[FileEntry, ...]) -> bytes:
+    body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in files]
+    return json.dumps({"format": format_, **body}, indent=1, sort_keys=True).encode()
+
+
+def _load(format_: str, data: bytes) -> dict[str, Any]:
+    body = json.loads(data)
+    if not isinstance(body, dict) or body.get("format") != format_:
+        raise ValueError(f"expected format {format_!r}")
+    return body
 
 
 def _entry(checkpoint_id: str, generation: str, f: Mapping[str, Any]) -> FileEntry:

@@ -31,7 +31,7 @@ from torch.futures import Future
 
 from tierstore.config import Config, as_config
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
+from tierstore.ids import is_checkpoint_id, is_metadata_file, validate_checkpoint_id
 from tierstore.leases import read_lease
 from tierstore.manifest import Manifest, crc32c
 from tierstore.safe_pickle import load_metadata
@@ -79,7 +79,6 @@ class TieredReader(StorageReader):
         )
         self._tiers: list[Tier] | None = None
         self._tier: Tier | None = None
-        self._manifest: Manifest | None = None
         self._storage: dict[Any, ItemLocation] = {}
 
     @property
@@ -107,7 +106,7 @@ class TieredReader(StorageReader):
         """Select the checkpoint to load (validated)."""
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
-        self._tier, self._manifest, self._storage = None, None, {}
+        self._tier, self._storage = None, {}
 
     def read_metadata(self, *args: Any, **_ignored: Any) -> Metadata:
         """Choose the tier (collectively) and return DCP's metadata from it."""
@@ -137,7 +136,7 @@ class TieredReader(StorageReader):
         metadata = load_metadata(blob, where=where)
         if not isinstance(metadata, Metadata):
             raise IntegrityError(f"{where}: not DCP metadata")
-        self._tier, self._manifest = tier, manifest
+        self._tier = tier
         self._storage = dict(metadata.storage_data or {})
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = uuid.uuid4().hex
@@ -148,7 +147,7 @@ class TieredReader(StorageReader):
 
         Returns the bytes, or a string saying why they are unusable.
         """
-        entry = next((f for f in manifest.files if f.path.endswith("/.metadata")), None)
+        entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
         if entry is None:
             return f"the marker of {self._checkpoint_id} names no .metadata file", tier.name
         path = f"{self._checkpoint_id}/{entry.path}"

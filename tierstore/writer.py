@@ -49,6 +49,7 @@ from tierstore.ids import (
     is_checkpoint_id,
     is_generation,
     marker_path,
+    metadata_file,
     new_generation,
     rank_part_path,
     staging_dir,
@@ -358,7 +359,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        meta_rel = f"{gen}/.metadata"
+        meta_rel = metadata_file(gen)
         self.tier.write_bytes(f"{ckpt}/{meta_rel}", blob)
         files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node))
         manifest = Manifest(
