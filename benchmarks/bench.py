@@ -57,8 +57,8 @@ from benchmarks.workload import (
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict, parse_size
 from tierstore.manifest import read_manifest
-from tierstore.promoter import Promoter
-from tierstore.promotion import delete_copy
+from tierstore.promote.job import delete_copy
+from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
 
 TARGETS = {
@@ -359,7 +359,8 @@ def phase_s3(bench: Bench, state: Any) -> None:
 
 
 def phase_catalog(bench: Bench) -> None:
-    from tierstore.manifest import FileEntry, Manifest, crc32c, publish_manifest
+    from tierstore.checksum import crc32c
+    from tierstore.manifest import FileEntry, Manifest, publish_manifest
 
     print("catalog", flush=True)
     config = bench.config("memory", "local", "shared", "s3", namespace="catalog")

@@ -87,3 +87,8 @@ def make_config(tier_specs: Callable[..., list[TierSpec]]) -> Callable[..., Any]
         return config_from_dict(data)
 
     return build
+
+
+def open_uploads(tier: Any) -> list[str]:
+    """Paths of every incomplete write the tier reports, however recent (for assertions)."""
+    return [w.path for w in tier.incomplete_writes(idle_for=0.0, now=float("inf"))]

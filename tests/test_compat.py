@@ -2,7 +2,7 @@
 
 ``tests/fixtures/checkpoints_v0_1_0`` was written by ``tests/fixtures/make_checkpoints_v0_1_0.py`` with
 that release: a plain ``dcp.save`` and a staged ``dcp.async_save``. Their ``.metadata`` pickles the item
-locations under the old module path (``tierstore.serialize.ItemLocation``).
+locations under the old module path (``tierstore.dcp.layout.ItemLocation``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tierstore.config import load_config, parse_duration, parse_size
+from tierstore.config import load_config
 from tierstore.errors import ConfigError
+from tierstore.units import parse_duration, parse_size
 
 VALID = """
 namespace: my-run
@@ -160,4 +161,4 @@ def test_config_pickles(tmp_path: Path) -> None:
 
     config = load_config(write(tmp_path, VALID))
     assert pickle.loads(pickle.dumps(config)) == config
-    assert os.fspath(config.source).endswith("tierstore.yaml")
+    assert os.fspath(config.origin).endswith("tierstore.yaml")

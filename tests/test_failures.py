@@ -29,10 +29,10 @@ from tierstore import (
     latest_committed,
 )
 from tierstore.config import Config
-from tierstore.gate import GateView
+from tierstore.dcp.gate import GateView
+from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.ids import marker_path
 from tierstore.manifest import read_manifest
-from tierstore.safe_pickle import load_metadata
 from tierstore.tiers import Tier, make_tier
 
 

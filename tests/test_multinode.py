@@ -49,7 +49,7 @@ def test_two_nodes_promote_their_parts_and_commit_once(
 ) -> None:
     config = make_config("memory", "s3", tiers={"memory": {"keep": 1}})
     path = tmp_path / "nodes.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(exclude={"source"}, exclude_none=True)))
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
     s3 = make_tier(config.tier("s3"), namespace=None, node=0)
 

@@ -18,7 +18,7 @@ from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
-from tierstore.tiers.s3 import S3Tier
+from tierstore.tiers.s3.tier import S3Tier
 
 
 def _fd_path(fd: int) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tierstore.config import Config, config_from_dict
-from tierstore.policy import Copy, Deletion, Promotion, every_for, promotions, retention
+from tierstore.promote.policy import Copy, Deletion, Promotion, every_for, promotions, retention
 
 
 def config(*tiers: dict[str, Any], every: int = 1) -> Config:

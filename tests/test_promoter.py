@@ -17,14 +17,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
+from tests.conftest import open_uploads
 from tests.faults import FaultyS3
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import marker_path
 from tierstore.manifest import copy_problems, read_manifest
-from tierstore.promoter import Promoter
+from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import Tier, make_tier
-from tierstore.tiers.s3 import S3Tier
+from tierstore.tiers.s3.tier import S3Tier
 
 
 def tier(config: Config, name: str, node: int = 0) -> Tier:
@@ -69,7 +70,7 @@ def test_cascade_with_every_and_retention(make_config: Callable[..., Config]) ->
     for checkpoint_id in committed(config, "s3"):
         assert_complete(config, "s3", checkpoint_id)
     marker = read_manifest(tier(config, "s3"), "step_0004")
-    assert marker.source and marker.source["tier"] == "local"
+    assert marker.provenance and marker.provenance["tier"] == "local"
     assert marker.timings["durable_lag_s"] is not None and marker.timings["durable_lag_s"] > 0
     assert {d.tier for d in report.deleted} == {"memory"}
     again = Promoter(config).run_once()  # a re-run after success changes nothing
@@ -98,7 +99,7 @@ def test_interrupted_before_marker_is_completed_on_restart(
     def crash(*_args: Any, **_kwargs: Any) -> bool:
         raise OSError("promoter killed between data and marker")
 
-    monkeypatch.setattr("tierstore.promotion.publish_committed", crash)
+    monkeypatch.setattr("tierstore.promote.job.publish_committed", crash)
     report = Promoter(config).run_once()
     assert report.failed and "killed between data and marker" in report.failed[0][1]
     s3 = tier(config, "s3")
@@ -173,7 +174,7 @@ def test_exhausted_retries_fail_and_abort_the_upload(tmp_path: Path, faulty_s3: 
     assert report.failed and "tier s3" in report.failed[0][1] and "SlowDown" in report.failed[0][1]
     s3 = tier(config, "s3")
     assert isinstance(s3, S3Tier)
-    assert s3.list_uploads() == [], "the multipart upload was aborted"
+    assert open_uploads(s3) == [], "the multipart upload was aborted"
     assert not s3.exists(marker_path("step_0001"))
 
 
@@ -225,7 +226,7 @@ def test_kill_9_mid_upload_then_restart(tmp_path: Path, faulty_s3: FaultyS3) -> 
     assert done.returncode == 0, done.stderr
     assert_complete(config, "s3", "step_0001")
     subprocess.run(cli(path, "gc"), check=True, capture_output=True)  # stale_after: 0
-    assert isinstance(s3, S3Tier) and s3.list_uploads() == []
+    assert isinstance(s3, S3Tier) and open_uploads(s3) == []
 
 
 def test_sigterm_finishes_or_abandons_within_the_grace_period(
@@ -247,7 +248,7 @@ def test_sigterm_finishes_or_abandons_within_the_grace_period(
     assert not s3.exists(f"step_0001/{big.path}"), "the file in flight was abandoned, not published"
     for info in s3.find("step_0001"):  # whatever did become visible is complete
         assert s3.read_bytes(info.path) == ram.read_bytes(info.path)
-    assert isinstance(s3, S3Tier) and s3.list_uploads() == [], "its multipart upload was aborted"
+    assert isinstance(s3, S3Tier) and open_uploads(s3) == [], "its multipart upload was aborted"
 
 
 def test_two_promoters_racing_commit_once(
@@ -255,7 +256,7 @@ def test_two_promoters_racing_commit_once(
 ) -> None:
     config = make_config("memory", "s3")
     path = tmp_path / "race.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(exclude={"source"}, exclude_none=True)))
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     save(config, "step_0001", numel=2_000_000)
     racers = [subprocess.Popen(cli(path, "-v", "promote", "--once"), stderr=subprocess.PIPE, text=True)
               for _ in range(2)]  # fmt: skip

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
+from tests.conftest import open_uploads
 from tests.faults import FaultyS3
-from tierstore.config import S3TierConfig
 from tierstore.errors import TierUnavailableError
-from tierstore.tiers.s3 import S3Tier
+from tierstore.tiers.s3.config import S3TierConfig
+from tierstore.tiers.s3.tier import S3Tier
 
 
 def s3_tier(endpoint: str, bucket: str, **extra: object) -> S3Tier:
@@ -53,7 +54,7 @@ def test_missing_bucket_is_named(s3_endpoint: str) -> None:
 def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier]) -> None:
     server, tier = faulty
     retried: list[BaseException] = []
-    tier.on_retry = retried.append
+    tier.observe_retries(retried.append)
     server.faults.fail(2, status=503, method="PUT")
     tier.write_bytes("a/object", b"payload")
     assert tier.read_bytes("a/object") == b"payload"
@@ -82,7 +83,7 @@ def test_failed_multipart_upload_is_aborted(faulty: tuple[FaultyS3, S3Tier]) -> 
     server.faults.fail(100, status=500, method="PUT", path="partNumber=2")
     with pytest.raises(TierUnavailableError, match="InternalError"):
         tier.write_bytes("big", os.urandom(12 * 2**20))
-    assert tier.list_uploads() == []
+    assert open_uploads(tier) == []
     assert not tier.exists("big")
 
 
@@ -101,11 +102,11 @@ def test_multipart_with_and_without_part_checksums(
 
 
 def test_upload_listing_stays_inside_the_namespace(s3_endpoint: str, s3_bucket: str) -> None:
-    from tierstore.config import S3TierConfig
+    from tierstore.tiers.s3.config import S3TierConfig
 
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     client.create_multipart_upload(Bucket=s3_bucket, Key="p/job10/step/file")
     config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/p", endpoint_url=s3_endpoint)
     job1, job10 = S3Tier(config, namespace="job1"), S3Tier(config, namespace="job10")
-    assert job1.list_uploads() == [], "job1's gc must not see job10's uploads"
-    assert [u["Key"] for u in job10.list_uploads()] == ["p/job10/step/file"]
+    assert open_uploads(job1) == [], "job1's gc must not see job10's uploads"
+    assert open_uploads(job10) == ["step/file"]

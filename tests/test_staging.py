@@ -26,12 +26,12 @@ from tierstore import (
 )
 from tierstore.cli import main
 from tierstore.config import Config
-from tierstore.gate import GateView
+from tierstore.dcp.gate import GateView
 from tierstore.ids import staging_dir
 from tierstore.interval import advise, daly, young
 from tierstore.manifest import read_manifest
 from tierstore.owners import owner_dir_name
-from tierstore.promoter import Promoter
+from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
 
 

@@ -16,7 +16,7 @@ from torch.futures import Future
 
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
-from tierstore.writer import RankAssignment, RankFiles, RankReport
+from tierstore.dcp.writer import RankAssignment, RankFiles, RankReport
 
 
 def test_torch_version_is_in_the_supported_range() -> None:
@@ -110,8 +110,8 @@ def test_shared_memory_slabs_travel_to_the_checkpoint_process_without_a_copy(tmp
     import io
     from multiprocessing.reduction import ForkingPickler
 
-    from tierstore.serialize import view_of
-    from tierstore.staging import Slab
+    from tierstore.dcp.layout import view_of
+    from tierstore.dcp.staging import Slab
 
     for path in (None, str(tmp_path / "slab.bin")):  # anonymous shared memory, a tmpfs-like file
         slab = Slab(8 * 2**20, path)

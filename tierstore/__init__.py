@@ -16,7 +16,7 @@ to NVMe, a parallel filesystem and S3, and restore from the fastest tier holding
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tierstore.catalog import Catalog, latest_committed
+from tierstore.catalog import Catalog
 from tierstore.config import Config, load_config
 from tierstore.errors import (
     CheckpointExistsError,
@@ -32,15 +32,18 @@ from tierstore.errors import (
 from tierstore.version import __version__
 
 if TYPE_CHECKING:
-    from tierstore.gate import GateView, LossBandGate
-    from tierstore.reader import TieredReader
-    from tierstore.writer import TieredWriter
+    from tierstore.dcp.gate import GateView, LossBandGate
+    from tierstore.dcp.latest import latest_committed
+    from tierstore.dcp.reader import TieredReader
+    from tierstore.dcp.writer import TieredWriter
 
+# The DCP face (tierstore.dcp) imports torch; the core, the CLI and the promoter never do.
 _LAZY = {
-    "TieredWriter": "tierstore.writer",
-    "TieredReader": "tierstore.reader",
-    "GateView": "tierstore.gate",
-    "LossBandGate": "tierstore.gate",
+    "TieredWriter": "tierstore.dcp.writer",
+    "TieredReader": "tierstore.dcp.reader",
+    "GateView": "tierstore.dcp.gate",
+    "LossBandGate": "tierstore.dcp.gate",
+    "latest_committed": "tierstore.dcp.latest",
 }
 
 

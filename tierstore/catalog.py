@@ -11,55 +11,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tierstore.config import Config, as_config
-from tierstore.errors import TierstoreError
-from tierstore.ids import MARKER_NAME, is_checkpoint_id, step_of
+from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.manifest import Manifest, read_manifest
-from tierstore.tiers import Tier, make_tiers
-from tierstore.topology import current_node, is_distributed
-
-if TYPE_CHECKING:
-    import torch.distributed as dist
+from tierstore.tiers import Tier
+from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 
 
 def marker_times(tier: Tier) -> dict[str, float]:
     """``{checkpoint id: marker mtime}`` for every id committed in ``tier`` (one listing)."""
-    directory = tier.local_path("")
-    found: dict[str, float] = {}
-    if directory is not None:
-        try:
-            entries = list(os.scandir(directory))
-        except FileNotFoundError:
-            return {}
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and is_checkpoint_id(entry.name):
-                try:
-                    found[entry.name] = os.stat(os.path.join(entry.path, MARKER_NAME)).st_mtime
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-        return found
-    for info in tier.find(""):
-        parts = info.path.split("/")
-        if len(parts) == 2 and parts[1] == MARKER_NAME and is_checkpoint_id(parts[0]):
-            found[parts[0]] = info.mtime
-    return found
-
-
-def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:
-    """Order ids newest first (see the module docstring for the rule)."""
-
-    def key(item: tuple[str, float]) -> tuple[int, int, float]:
-        step = step_of(item[0])
-        return (0, 0, item[1]) if step is None else (1, step, item[1])
-
-    return [i for i, _ in sorted(ids_with_times, key=key, reverse=True)]
+    return {
+        child: info.mtime
+        for child, info in tier.find_in_children(MARKER_NAME).items()
+        if is_checkpoint_id(child)
+    }
 
 
 def next_sequence(tier: Tier) -> int:
@@ -102,7 +72,7 @@ class Catalog:
     def __init__(self, config: Config | str | os.PathLike[str], *, node: int | None = None) -> None:
         self.config = as_config(config)
         self.node = current_node(node)
-        self.tiers = make_tiers(self.config, node=self.node)
+        self.tiers = self.config.make_tiers(node=self.node)
 
     def scan(self) -> dict[str, dict[str, float]]:
         """``{id: {tier name: marker mtime}}`` for every committed copy (tiers listed in parallel)."""
@@ -158,7 +128,7 @@ class Catalog:
             if any(lag is not None for lag in lags):
                 timings["durable_lag_s"] = min(lag for lag in lags if lag is not None)
             original = min(
-                float((m.source or {}).get("first_committed_at", m.committed_at))
+                float((m.provenance or {}).get("first_committed_at", m.committed_at))
                 for n in held
                 if (m := manifests[(checkpoint_id, n)]) is not None
             )
@@ -173,36 +143,3 @@ class Catalog:
                 )
             )
         return listings
-
-
-def latest_committed(
-    config: Config | str | os.PathLike[str],
-    *,
-    node: int | None = None,
-    collective: bool = True,
-    process_group: dist.ProcessGroup | None = None,
-) -> str | None:
-    """The newest checkpoint id committed in any tier (see the module docstring), or None.
-
-    With torch.distributed initialised and ``collective=True`` this is a collective: call it on every
-    rank; rank 0 decides and broadcasts, so every rank restores the same checkpoint even when their
-    node-local tiers differ.
-    """
-    if collective and is_distributed():
-        import torch.distributed as dist
-
-        from tierstore.selection import broadcast_object
-
-        answer: tuple[str | None, str | None] = (None, None)
-        if dist.get_rank(process_group) == 0:
-            try:
-                answer = (Catalog(config, node=node).latest(), None)
-            except Exception as exc:  # noqa: BLE001 - every rank must leave the collective
-                answer = (None, f"{type(exc).__name__}: {exc}")
-        latest: str | None
-        error: str | None
-        latest, error = broadcast_object(answer, process_group)
-        if error is not None:
-            raise TierstoreError(f"finding the latest checkpoint failed on rank 0: {error}")
-        return latest
-    return Catalog(config, node=node).latest()

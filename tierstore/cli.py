@@ -23,8 +23,7 @@ from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreE
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
 from tierstore.manifest import copy_problems, read_manifest
-from tierstore.promoter import Promoter
-from tierstore.promotion import delete_copy
+from tierstore.promote.sidecar import Promoter
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -129,12 +128,10 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     """Retention and leftover cleanup, once; ``--dry-run`` only prints."""
     promoter = Promoter(config, node=args.node)
     found = promoter.catalog()
-    deletions = promoter.planned_deletions(found)
+    deletions = promoter.apply_retention(found, dry_run=args.dry_run)
     for deletion in deletions:
-        verb = "would delete" if args.dry_run else "delete"
+        verb = "would delete" if args.dry_run else "deleted"
         print(f"{verb} {deletion.checkpoint_id} from {deletion.tier}: {deletion.reason}")
-        if not args.dry_run:
-            delete_copy(promoter.by_name[deletion.tier], deletion.checkpoint_id)
     for cleanup in promoter.collect_garbage(found, dry_run=args.dry_run):
         verb = "would remove" if args.dry_run else "removed"
         print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")

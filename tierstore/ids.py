@@ -1,4 +1,4 @@
-"""Checkpoint ids and every path derived from them: the only place tier-relative paths are built.
+"""Checkpoint ids, every tier-relative path, and what "newest" means: the only place paths are built.
 
 Layout inside each tier root (``<tier path or url>/<namespace>``)::
 
@@ -6,7 +6,8 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     <id>/<generation>/.metadata      DCP's metadata for that save
     <id>/<generation>/r00003-0.distcp data written by rank 3 (a few large files per rank)
     <id>/<generation>/parts/...      per-node part records (multi-node promotion)
-    .tierstore/...                   tierstore's own working area (staging buffers, promoter state)
+    .tierstore/staging/<owner>/      a writer process's staging buffers (memory tiers)
+    .tierstore/leases/<id>~<token>.lease   a restore in progress (see leases.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -19,6 +20,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterable
 
 from tierstore.errors import InvalidCheckpointIdError
 
@@ -118,20 +120,58 @@ def data_file_name(rank: int, index: int) -> str:
     return f"r{rank:05d}-{index}.distcp"
 
 
+def checkpoint_file(checkpoint_id: str, rel: str) -> str:
+    """Tier-relative path of a file named in a marker (``<generation>/<name>``) of ``checkpoint_id``."""
+    return f"{checkpoint_id}/{rel}"
+
+
+def generation_file(generation: str, name: str) -> str:
+    """A file's path relative to its checkpoint's directory, as markers name it."""
+    return f"{generation}/{name}"
+
+
+def data_file(generation: str, rank: int, index: int) -> str:
+    """Marker-relative path of data file ``index`` of ``rank`` in ``generation``."""
+    return generation_file(generation, data_file_name(rank, index))
+
+
+def parts_dir(checkpoint_id: str, generation: str) -> str:
+    """Tier-relative directory of a generation's part records."""
+    return f"{checkpoint_id}/{generation}/{PARTS_DIR}"
+
+
+def split_generation_path(path: str) -> tuple[str, str, str] | None:
+    """``(checkpoint id, generation, rest)`` of a tier-relative path inside a generation, else None."""
+    parts = path.split("/", 2)
+    if len(parts) == 3 and is_checkpoint_id(parts[0]) and is_generation(parts[1]):
+        return parts[0], parts[1], parts[2]
+    return None
+
+
 def rank_part_path(checkpoint_id: str, generation: str, rank: int) -> str:
     """Tier-relative path of the record a rank writes once its files are durable (node-local tiers)."""
-    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/rank{rank:05d}.json"
+    return part_file(checkpoint_id, generation, f"rank{rank:05d}.json")
+
+
+def part_file(checkpoint_id: str, generation: str, name: str) -> str:
+    """Tier-relative path of the part record called ``name`` (as listed in :func:`parts_dir`)."""
+    return f"{parts_dir(checkpoint_id, generation)}/{name}"
+
+
+def is_rank_part_name(name: str) -> bool:
+    """True for the file name of a rank's part record (inside :func:`parts_dir`)."""
+    return name.startswith("rank") and name.endswith(".json")
 
 
 def node_part_path(checkpoint_id: str, generation: str, node: int) -> str:
     """Tier-relative path of the record a promoter writes once a node's part is copied to a target."""
-    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/node{node:05d}.json"
+    return part_file(checkpoint_id, generation, f"node{node:05d}.json")
 
 
 def intent_path(checkpoint_id: str, generation: str) -> str:
     """Tier-relative path of the committed manifest a coordinator-node promoter leaves in a target,
     so that whichever promoter copies the last node's part can publish the marker."""
-    return f"{checkpoint_id}/{generation}/{PARTS_DIR}/manifest.json"
+    return part_file(checkpoint_id, generation, "manifest.json")
 
 
 def checked_file_path(checkpoint_id: str, rel: str) -> str:
@@ -156,3 +196,37 @@ def checked_file_path(checkpoint_id: str, rel: str) -> str:
 def staging_dir() -> str:
     """Tier-relative directory holding writers' staging buffers (memory tiers)."""
     return f"{INTERNAL_DIR}/staging"
+
+
+def writer_staging_dir(owner: str) -> str:
+    """Tier-relative directory of one writer process's staging buffers."""
+    return f"{staging_dir()}/{owner}"
+
+
+LEASE_DIR = f"{INTERNAL_DIR}/leases"
+"""Tier-relative directory of read leases."""
+
+
+def lease_path(checkpoint_id: str, token: str) -> str:
+    """Tier-relative path of one read lease on ``checkpoint_id``."""
+    return f"{LEASE_DIR}/{checkpoint_id}~{token}.lease"
+
+
+def leased_checkpoint(path: str) -> str | None:
+    """The checkpoint id a lease file (from :func:`lease_path`) protects, or None for other files."""
+    if not path.endswith(".lease"):
+        return None
+    return path.rsplit("/", 1)[-1].split("~", 1)[0]
+
+
+def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:
+    """Order ids newest first: highest step (the id's last number), then later commit time.
+
+    Ids without a number sort before every id with one, by commit time among themselves.
+    """
+
+    def key(item: tuple[str, float]) -> tuple[int, int, float]:
+        step = step_of(item[0])
+        return (0, 0, item[1]) if step is None else (1, step, item[1])
+
+    return [i for i, _ in sorted(ids_with_times, key=key, reverse=True)]

@@ -16,18 +16,17 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from tierstore.ids import INTERNAL_DIR
+from tierstore.ids import LEASE_DIR, lease_path, leased_checkpoint
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
-LEASE_DIR = f"{INTERNAL_DIR}/leases"
 LEASE_TTL = 3600.0
 
 
 @contextlib.contextmanager
 def read_lease(tier: Tier, checkpoint_id: str) -> Iterator[None]:
     """Hold a lease on ``checkpoint_id`` in ``tier`` for the duration of the block (best effort)."""
-    path = f"{LEASE_DIR}/{checkpoint_id}~{uuid.uuid4().hex[:12]}.lease"
+    path = lease_path(checkpoint_id, uuid.uuid4().hex[:12])
     body = {"pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}
     try:
         tier.write_bytes(path, json.dumps(body).encode())
@@ -46,9 +45,9 @@ def leased_ids(tier: Tier, now: float | None = None) -> set[str]:
     """Checkpoint ids with a live lease in ``tier``."""
     now = time.time() if now is None else now
     return {
-        info.path.rsplit("/", 1)[-1].split("~", 1)[0]
+        checkpoint_id
         for info in tier.find(LEASE_DIR)
-        if info.path.endswith(".lease") and now - info.mtime < LEASE_TTL
+        if (checkpoint_id := leased_checkpoint(info.path)) and now - info.mtime < LEASE_TTL
     }
 
 

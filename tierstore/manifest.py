@@ -14,20 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import crc32c as _crc32c
-
+from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
-from tierstore.ids import checked_file_path, is_generation, marker_path, step_of
+from tierstore.ids import checked_file_path, checkpoint_file, is_generation, marker_path, step_of
 from tierstore.tiers.base import Tier
 from tierstore.version import __version__
 
 FORMAT = "tierstore.commit/1"
-Buffer = bytes | bytearray | memoryview
-
-
-def crc32c(data: Buffer, value: int = 0) -> int:
-    """CRC32C (Castagnoli) of ``data``, continuing from ``value``."""
-    return int(_crc32c.crc32c(data, value))
 
 
 @dataclass(frozen=True)
@@ -55,9 +48,9 @@ class Manifest:
     tierstore_version: str = __version__
     timings: Mapping[str, float | None] = field(default_factory=dict)
     seq: int | None = None
-    """Commit order within the namespace (1, 2, ...); drives ``every`` (see :mod:`tierstore.policy`)."""
-    source: Mapping[str, Any] | None = None
-    """Provenance of a promoted copy: the tier it came from and when it was committed there."""
+    """Commit order within the namespace (1, 2, ...); drives ``every`` (:mod:`tierstore.promote.policy`)."""
+    provenance: Mapping[str, Any] | None = None
+    """Of a promoted copy: the tier it came from and when it was committed there (JSON ``source``)."""
 
     @property
     def step(self) -> int | None:
@@ -82,6 +75,7 @@ class Manifest:
         """Serialize (UTF-8 JSON; CRCs as 8 hex digits)."""
         body = asdict(self)
         body["timings"] = dict(self.timings)
+        body["source"] = body.pop("provenance")
         return _dump(FORMAT, body, self.files)
 
     @classmethod
@@ -103,7 +97,7 @@ class Manifest:
                 tierstore_version=str(body.get("tierstore_version", "?")),
                 timings={str(k): v for k, v in dict(body.get("timings") or {}).items()},
                 seq=None if body.get("seq") is None else int(body["seq"]),
-                source=body.get("source"),
+                provenance=body.get("source"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
@@ -229,7 +223,7 @@ def copy_problems(
     """
     problems: list[str] = []
     for entry in manifest.files if entries is None else entries:
-        path = f"{manifest.checkpoint_id}/{entry.path}"
+        path = checkpoint_file(manifest.checkpoint_id, entry.path)
         try:
             size = tier.stat(path).size
         except FileNotFoundError:

@@ -9,10 +9,7 @@ YAML file.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # torch is imported lazily: the promoter and the CLI never need it
-    import torch.distributed as dist
+import sys
 
 _NODE_VARIABLES = ("TIERSTORE_NODE", "GROUP_RANK", "SLURM_NODEID")
 
@@ -40,20 +37,8 @@ def _non_negative(value: int, what: str) -> int:
 
 
 def is_distributed() -> bool:
-    """True when a default torch.distributed process group is initialised."""
-    import sys
-
-    if "torch.distributed" not in sys.modules:
+    """True when a default torch.distributed process group is initialised (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
         return False  # nobody imported it, so nobody initialised a process group
-    import torch.distributed as dist
-
     return bool(dist.is_available() and dist.is_initialized())
-
-
-def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
-    """``(rank, world_size)`` in ``group`` (the default group), or ``(0, 1)`` without distributed."""
-    if not is_distributed():
-        return 0, 1
-    import torch.distributed as dist
-
-    return dist.get_rank(group), dist.get_world_size(group)

@@ -1,6 +1,25 @@
-"""Storage tiers: one small interface (:class:`~tierstore.tiers.base.Tier`), one adapter per medium."""
+"""Storage tiers: the :class:`~tierstore.tiers.base.Tier` seam and one module per tier type.
 
-from tierstore.tiers.base import FileInfo, Tier
-from tierstore.tiers.registry import make_tier, make_tiers
+Importing this package registers the built-in types (``memory``, ``local``, ``shared``, ``s3``). A new
+type is one more module that registers its config model (:func:`~tierstore.tiers.registry.register`);
+import it before loading a configuration that names it.
+"""
 
-__all__ = ["FileInfo", "Tier", "make_tier", "make_tiers"]
+from tierstore.tiers import local, memory, s3, shared
+from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, TierConfig
+from tierstore.tiers.registry import make_tier, register, tier_types
+
+BUILT_IN = (memory, local, shared, s3)
+"""The modules of the built-in tier types (imported for their registration)."""
+
+__all__ = [
+    "BUILT_IN",
+    "Capabilities",
+    "FileInfo",
+    "IncompleteWrite",
+    "Tier",
+    "TierConfig",
+    "make_tier",
+    "register",
+    "tier_types",
+]

@@ -1,4 +1,9 @@
-"""The ``Tier`` seam: the few verbs every storage tier offers, and what each guarantees.
+"""The ``Tier`` seam: the verbs every storage tier offers, what each guarantees, what a tier can do.
+
+Callers outside ``tierstore/tiers/`` see only this module: they ask a tier's :attr:`Tier.capabilities`
+which fast paths apply and call its verbs; they never test for an adapter class. A tier *type* is one
+module that defines a :class:`TierConfig` subclass (its YAML fields and a ``build`` factory) and a
+:class:`Tier` subclass, and registers the config model (:func:`tierstore.tiers.registry.register`).
 
 Paths are tier-relative, ``/``-separated and built only by :mod:`tierstore.ids`. Every method may be
 called from any thread. Errors below this seam are Python builtins:
@@ -18,13 +23,21 @@ partial file under a real name.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
-Progress = Callable[[int], None]
+from pydantic import Field, field_validator
+
+from tierstore.ids import validate_checkpoint_id
+from tierstore.units import StrictModel
+
+ProgressCallback = Callable[[int], None]
 """Called with the number of bytes just transferred."""
+TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,43 @@ class FileInfo:
     mtime: float
 
 
+@dataclass(frozen=True)
+class IncompleteWrite:
+    """A write that never published: a temp file, an incomplete multipart upload.
+
+    ``path`` is the tier-relative name it was going to have (or its temp name); ``last_activity``
+    the epoch seconds of its newest byte; ``handle`` what the tier needs to discard it.
+    """
+
+    path: str
+    last_activity: float
+    kind: str
+    handle: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a tier can do beyond the common verbs; callers pick fast paths by these, never by class.
+
+    Attributes:
+        local_files: :meth:`Tier.local_path` returns a real filesystem path (mmap, ``preadv``).
+        adopt: :meth:`Tier.adopt` moves a file from this filesystem into the tier without copying.
+        staging_files: writers may stage a save in files inside the tier, which then become the
+            checkpoint's data files (host-memory tiers).
+        create_only_publish: :meth:`Tier.publish` with ``create_only`` is enforced by the store
+            itself (``link``; ``If-None-Match: *``), not by a check-then-write.
+        multipart: large objects are uploaded in parts assembled by the server.
+        transfer_chunk: the size in which copies into or out of the tier are best made.
+    """
+
+    local_files: bool = False
+    adopt: bool = False
+    staging_files: bool = False
+    create_only_publish: bool = False
+    multipart: bool = False
+    transfer_chunk: int = 8 * 2**20
+
+
 class WriteStream(Protocol):
     """What :meth:`Tier.open_write` yields: append bytes; the tier publishes them on exit."""
 
@@ -45,24 +95,24 @@ class WriteStream(Protocol):
 
 
 class Tier(abc.ABC):
-    """One storage tier, rooted at ``<configured path or url>/<namespace>``.
-
-    Capability flags tell callers which fast paths apply: ``local_path`` returns a real file path on
-    POSIX tiers (mmap, ``pread`` into tensors, same-filesystem ``adopt``); S3 returns None.
-    """
+    """One storage tier, rooted at ``<configured path or url>/<namespace>``."""
 
     name: str
     """The tier's configured name."""
     type: str
-    """``memory``, ``local``, ``shared`` or ``s3``."""
+    """The registered tier type (``memory``, ``local``, ``shared``, ``s3``, ...)."""
     node_local: bool
     """True when each node has its own copy of this tier."""
     root: str
     """Human-readable location of the tier root (directory or ``s3://`` URL)."""
+    capabilities: Capabilities = Capabilities()
+    """What this tier can do (see :class:`Capabilities`)."""
 
     def describe(self) -> str:
         """``name (type, root)`` for messages."""
         return f"{self.name} ({self.type}, {self.root})"
+
+    # -- writing ---------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def open_write(self, path: str) -> AbstractContextManager[WriteStream]:
@@ -81,8 +131,28 @@ class Tier(abc.ABC):
         """Durably publish a small file (a commit marker) in one atomic step.
 
         With ``create_only`` the publish fails with ``FileExistsError`` if ``path`` exists, so two
-        writers racing on one name cannot both succeed (S3: ``If-None-Match: *``).
+        writers racing on one name cannot both succeed.
         """
+
+    def upload_file(
+        self, path: str, local_file: str, progress: ProgressCallback | None = None
+    ) -> None:
+        """Copy a local file into the tier at ``path`` (durable and atomic, as :meth:`open_write`)."""
+        chunk = self.capabilities.transfer_chunk
+        with open(local_file, "rb") as source, self.open_write(path) as stream:
+            for data in iter(lambda: source.read(chunk), b""):
+                stream.write(data)
+                if progress:
+                    progress(len(data))
+
+    def adopt(self, path: str, source_file: str) -> None:
+        """Move ``source_file`` (durable, on this tier's filesystem) to ``path`` without copying.
+
+        Only where ``capabilities.adopt``; elsewhere ``NotImplementedError``.
+        """
+        raise NotImplementedError(f"tier {self.describe()} cannot adopt files")
+
+    # -- reading ---------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -98,6 +168,19 @@ class Tier(abc.ABC):
         if len(data) != len(out):
             raise EOFError(f"{self.name}: {path}: expected {len(out)} bytes at {offset}")
         out[:] = data
+
+    def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
+        """Yield the file in chunks (for checksums and copies)."""
+        chunk = chunk_size or self.capabilities.transfer_chunk
+        size = self.stat(path).size
+        for offset in range(0, size, chunk):
+            yield self.read_range(path, offset, min(chunk, size - offset))
+
+    def local_path(self, path: str) -> str | None:
+        """A real filesystem path for ``path`` where ``capabilities.local_files``; else None."""
+        return None
+
+    # -- listing ---------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def stat(self, path: str) -> FileInfo:
@@ -119,6 +202,20 @@ class Tier(abc.ABC):
     def find(self, path: str = "") -> list[FileInfo]:
         """Every file below ``path``, recursively; [] if it is absent. Temporary files are hidden."""
 
+    def find_in_children(self, name: str) -> dict[str, FileInfo]:
+        """``{child: info}`` for every direct child directory of the root holding a file ``name``.
+
+        One listing pass (the catalog's marker scan); adapters override it with a cheaper one.
+        """
+        found: dict[str, FileInfo] = {}
+        for info in self.find(""):
+            parts = info.path.split("/")
+            if len(parts) == 2 and parts[1] == name:
+                found[parts[0]] = info
+        return found
+
+    # -- deleting and cleaning up ------------------------------------------------------------------
+
     @abc.abstractmethod
     def delete(self, path: str) -> None:
         """Delete one file; a missing file is not an error."""
@@ -127,20 +224,69 @@ class Tier(abc.ABC):
     def delete_tree(self, path: str) -> None:
         """Delete ``path`` and everything below it; a missing tree is not an error."""
 
-    def local_path(self, path: str) -> str | None:
-        """A real filesystem path for ``path`` on POSIX tiers; None on object stores."""
+    def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:
+        """Writes that never published and saw no byte for ``idle_for`` seconds (for cleanup).
+
+        Temp files of interrupted writes, incomplete multipart uploads. A write still in progress
+        keeps its activity time young; only idle ones are listed.
+        """
+        return []
+
+    def discard_incomplete(self, write: IncompleteWrite) -> None:
+        """Remove one write listed by :meth:`incomplete_writes` (gone already is fine)."""
+        self.delete(write.path)
+
+    def observe_retries(self, callback: Callable[[BaseException], None] | None) -> None:
+        """Have ``callback`` told of each transient error retried (metrics); tiers that never
+        retry ignore it."""
         return None
 
-    def upload_file(self, path: str, local_file: str, progress: Progress | None = None) -> None:
-        """Copy a local file into the tier at ``path`` (durable and atomic, as :meth:`open_write`)."""
-        with open(local_file, "rb") as source, self.open_write(path) as stream:
-            for chunk in iter(lambda: source.read(8 * 2**20), b""):
-                stream.write(chunk)
-                if progress:
-                    progress(len(chunk))
 
-    def iter_chunks(self, path: str, chunk_size: int = 8 * 2**20) -> Iterator[bytes]:
-        """Yield the file in chunks (for checksums and copies)."""
-        size = self.stat(path).size
-        for offset in range(0, size, chunk_size):
-            yield self.read_range(path, offset, min(chunk_size, size - offset))
+class TierConfig(StrictModel):
+    """The YAML fields every tier has; each tier type's model adds its own and a ``build`` factory.
+
+    Subclasses declare ``type: Literal["<name>"]`` and register themselves with
+    :func:`tierstore.tiers.registry.register`.
+    """
+
+    type: str
+    name: str = Field(description="Unique tier name, used by `tier=` and in the CLI.")
+    keep: int | None = Field(None, ge=1, description="Retention: keep the N newest committed.")
+    keep_every: int | None = Field(None, ge=1, description="Retention: also keep steps % M == 0.")
+    pin: tuple[str, ...] = Field((), description="Retention: ids never deleted from this tier.")
+    every: int | None = Field(
+        None, ge=1, description="Promotion: every k-th committed checkpoint reaches this tier."
+    )
+
+    node_local: ClassVar[bool] = False
+    """True when each node has its own copy of this tier type (its path may contain ``{node}``)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        if not re.fullmatch(TIER_NAME_PATTERN, value):
+            raise ValueError(f"expected letters, digits, '_' or '-', got {value!r}")
+        return value
+
+    @field_validator("pin")
+    @classmethod
+    def _pins_are_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            validate_checkpoint_id(item)
+        return value
+
+    @classmethod
+    def resolve_relative(cls, data: dict[str, Any], base: Path) -> dict[str, Any]:
+        """Make relative locations in the raw YAML mapping relative to ``base`` (the YAML's folder)."""
+        return data
+
+    def check_usable(self, *, node: int, namespace: str | None) -> tuple[str, str] | None:
+        """``(key, what was expected)`` if the tier cannot be used from ``node``; None if it can.
+
+        Called once at load time (POSIX tiers create and probe their directory).
+        """
+        return None
+
+    @abc.abstractmethod
+    def build(self, *, namespace: str | None, node: int) -> Tier:
+        """The tier, rooted at its location plus ``namespace``, as seen from ``node``."""

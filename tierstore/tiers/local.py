@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from tierstore.config import LocalTierConfig
-from tierstore.tiers.posix import PosixTier, join_namespace
+from typing import ClassVar, Literal
+
+from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.registry import register
 
 
-class LocalTier(PosixTier):
-    """A node-local directory."""
+@register
+class LocalTierConfig(PosixTierConfig):
+    """Node-local disk (NVMe); each node has its own (``path`` may contain ``{node}``)."""
 
-    @classmethod
-    def from_config(cls, config: LocalTierConfig, *, namespace: str | None, node: int) -> LocalTier:
-        """Build the tier for ``node``."""
-        return cls(
-            config.name, "local", join_namespace(config.path_for(node), namespace), node_local=True
-        )
+    type: Literal["local"]
+    node_local: ClassVar[bool] = True
+
+    def build(self, *, namespace: str | None, node: int) -> PosixTier:
+        """The tier on ``node``."""
+        directory = join_namespace(self.path_for(node), namespace)
+        return PosixTier(self.name, "local", directory, node_local=True)

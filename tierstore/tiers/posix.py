@@ -1,8 +1,8 @@
-"""POSIX directory tiers (memory/tmpfs, local disk, parallel filesystem): the shared adapter.
+"""POSIX directory tiers (memory/tmpfs, local disk, parallel filesystem): the shared adapter and config.
 
-Publishing follows the classic recipe: write a hidden temporary file beside the target, ``fsync`` it,
-``rename`` it over the target, then ``fsync`` the directory so the new name itself is durable.
-Directories this adapter creates are made durable the same way (their parent is fsynced).
+Writes follow the durable-write recipe of :mod:`tierstore.tiers.durable`: write a hidden temporary
+file beside the target, ``fsync`` it, ``rename`` it over the target, then ``fsync`` the directory so the
+new name itself is durable.
 """
 
 from __future__ import annotations
@@ -10,22 +10,34 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
-from tierstore.tiers.base import FileInfo, Tier, WriteStream
+from tierstore.tiers.base import (
+    Capabilities,
+    FileInfo,
+    IncompleteWrite,
+    Tier,
+    TierConfig,
+    WriteStream,
+)
+from tierstore.tiers.durable import (
+    FdStream,
+    fsync_dir,
+    is_temporary,
+    make_dirs_durable,
+    temp_name_for,
+)
 
-TEMP_MARK = ".tmp-"
-"""Temporary files are named ``.<name>.tmp-<random>``; listings hide them, gc removes stale ones."""
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
-
-
-def is_temporary(name: str) -> bool:
-    """True for the hidden temporary names this adapter writes before renaming."""
-    return name.startswith(".") and TEMP_MARK in name
+POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True, create_only_publish=True)
 
 
 def join_namespace(path: str, namespace: str | None) -> str:
@@ -33,49 +45,41 @@ def join_namespace(path: str, namespace: str | None) -> str:
     return f"{path.rstrip('/')}/{namespace}" if namespace else path
 
 
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Make the entries of ``directory`` (new, renamed or removed names) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class PosixTierConfig(TierConfig):
+    """The fields of a directory tier: ``path`` (absolute, or relative to the YAML file)."""
 
+    path: str = Field(description="Directory of the tier (absolute, or relative to the YAML file).")
 
-def make_dirs_durable(directory: Path) -> None:
-    """``mkdir -p`` where every directory created is made durable in its parent."""
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    for path in reversed(missing):
+    def path_for(self, node: int) -> str:
+        """The tier directory on node ``node`` (``{node}`` replaced in node-local tiers)."""
+        return self.path.replace("{node}", str(node))
+
+    @classmethod
+    def resolve_relative(cls, data: dict[str, Any], base: Path) -> dict[str, Any]:
+        """A relative ``path`` is relative to the YAML file's folder."""
+        if isinstance(data.get("path"), str):
+            return {**data, "path": str(base / data["path"])}
+        return data
+
+    def check_usable(self, *, node: int, namespace: str | None) -> tuple[str, str] | None:
+        """Create the directory if needed and prove it writable."""
+        directory = Path(join_namespace(self.path_for(node), namespace))
         try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        fsync_dir(path.parent)
-
-
-class _FdStream:
-    """Write-only stream over a raw file descriptor (no Python buffering, no extra copy)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview, /) -> int:
-        view = memoryview(data).cast("B")
-        total = len(view)
-        while view:
-            written = os.write(self.fd, view)
-            view = view[written:]
-        self.size += total
-        return total
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".tierstore-probe-", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            return "path", (
+                f"expected a writable directory, got {str(directory)!r} ({exc.strerror or exc})"
+            )
+        return None
 
 
 class PosixTier(Tier):
     """A tier that is a directory: ``<path>/<namespace>``."""
+
+    capabilities = POSIX_CAPABILITIES
 
     def __init__(self, name: str, type_: str, directory: str, *, node_local: bool) -> None:
         self.name = name
@@ -99,7 +103,7 @@ class PosixTier(Tier):
     def open_write(self, path: str) -> Iterator[WriteStream]:
         """Stream to a hidden temp file; fsync, rename over ``path``, fsync the directory."""
         target = self._path(path)
-        temp = target.with_name(f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+        temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
             make_dirs_durable(target.parent)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -109,7 +113,7 @@ class PosixTier(Tier):
             raise
         published = False
         try:
-            yield _FdStream(fd)
+            yield FdStream(fd)
             os.fsync(fd)  # the bytes are durable before any name points at them
             os.close(fd)
             fd = -1
@@ -129,12 +133,12 @@ class PosixTier(Tier):
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
         """Temp file, fsync, then ``link`` (create-only: fails if taken) or ``rename``; fsync dir."""
         target = self._path(path)
-        temp = target.with_name(f".{target.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+        temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
             make_dirs_durable(target.parent)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                _FdStream(fd).write(data)
+                FdStream(fd).write(data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -212,19 +216,38 @@ class PosixTier(Tier):
                 found.append(FileInfo(rel, result.st_size, result.st_mtime))
         return sorted(found, key=lambda f: f.path)
 
-    def find_temporary(self, path: str = "") -> list[FileInfo]:
-        """Temp files left by interrupted writes below ``path`` (for gc)."""
-        found: list[FileInfo] = []
-        for directory, _dirs, files in os.walk(self._path(path)):
+    def find_in_children(self, name: str) -> dict[str, FileInfo]:
+        """One ``scandir`` of the root, one ``stat`` per child: no walk of the data files."""
+        found: dict[str, FileInfo] = {}
+        try:
+            entries = list(os.scandir(self.base))
+        except FileNotFoundError:
+            return {}
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                try:
+                    result = os.stat(os.path.join(entry.path, name))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                found[entry.name] = FileInfo(
+                    f"{entry.name}/{name}", result.st_size, result.st_mtime
+                )
+        return found
+
+    def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:
+        """Temp files of interrupted writes not written to for ``idle_for`` seconds."""
+        found: list[IncompleteWrite] = []
+        for directory, _dirs, files in os.walk(self.base):
             for name in files:
                 if is_temporary(name):
                     full = os.path.join(directory, name)
                     try:
-                        result = os.stat(full)
+                        mtime = os.stat(full).st_mtime
                     except FileNotFoundError:
                         continue
-                    rel = os.path.relpath(full, self.base).replace(os.sep, "/")
-                    found.append(FileInfo(rel, result.st_size, result.st_mtime))
+                    if now - mtime >= idle_for:
+                        rel = os.path.relpath(full, self.base).replace(os.sep, "/")
+                        found.append(IncompleteWrite(rel, mtime, "temporary file"))
         return found
 
     def delete(self, path: str) -> None:

@@ -5,16 +5,29 @@ Other nodes' writes raise no inotify events here, so discovery polls markers (se
 
 from __future__ import annotations
 
-from tierstore.config import SharedTierConfig
-from tierstore.tiers.posix import PosixTier, join_namespace
+from typing import Literal
+
+from pydantic import field_validator
+
+from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.registry import register
 
 
-class SharedTier(PosixTier):
-    """A job-wide shared directory."""
+@register
+class SharedTierConfig(PosixTierConfig):
+    """A POSIX path every node sees (Lustre, GPFS, NFS)."""
 
+    type: Literal["shared"]
+
+    @field_validator("path")
     @classmethod
-    def from_config(
-        cls, config: SharedTierConfig, *, namespace: str | None, node: int
-    ) -> SharedTier:
-        """Build the tier (the same on every node)."""
-        return cls(config.name, "shared", join_namespace(config.path, namespace), node_local=False)
+    def _one_path_for_all_nodes(cls, value: str) -> str:
+        if "{node}" in value:
+            raise ValueError("'{node}' is only for node-local tiers (memory, local)")
+        return value
+
+    def build(self, *, namespace: str | None, node: int) -> PosixTier:
+        """The tier (the same on every node)."""
+        return PosixTier(
+            self.name, "shared", join_namespace(self.path, namespace), node_local=False
+        )

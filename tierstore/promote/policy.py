@@ -1,7 +1,7 @@
-"""Promotion and retention rules: pure functions of the catalog, no I/O.
+"""Promotion and retention rules: pure functions of what each tier holds, no I/O.
 
 **Which checkpoints reach which tier.** Every checkpoint carries ``seq``, its number in commit order
-(1, 2, 3, ... within a namespace; see :mod:`tierstore.writer`). A checkpoint reaches tier ``j``
+(1, 2, 3, ... within a namespace; see :mod:`tierstore.dcp.writer`). A checkpoint reaches tier ``j``
 (after the first) when ``seq % every_j == 0``, where ``every_j`` is the tier's own ``every:``, else
 ``promote.every`` for the last (durable) tier, else 1. It is copied from the tier right above ``j``
 (after that tier has it), or from the nearest tier above holding it when the tier right above does
@@ -21,8 +21,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tierstore.catalog import newest_first
-from tierstore.config import Config, TierConfig
+from tierstore.config import Config
+from tierstore.ids import newest_first
+from tierstore.tiers import TierConfig
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class Copy:
     """Only this node's part, seen through part records: the commit itself is not visible here."""
 
 
-Catalog = Mapping[str, Mapping[str, Copy]]
-"""``{tier name: {checkpoint id: Copy}}``."""
+Holdings = Mapping[str, Mapping[str, Copy]]
+"""What each tier holds: ``{tier name: {checkpoint id: Copy}}``."""
 
 
 @dataclass(frozen=True)
@@ -100,40 +101,40 @@ def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
     return kept
 
 
-def promotions(config: Config, catalog: Catalog) -> list[Promotion]:
+def promotions(config: Config, held: Holdings) -> list[Promotion]:
     """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most)."""
     names = [t.name for t in config.tiers]
     planned: list[Promotion] = []
     for index in range(1, len(names)):
-        arriving_above = {c.checkpoint_id for c in _missing_in(config, catalog, index - 1)}
-        for copy in _missing_in(config, catalog, index):
+        arriving_above = {c.checkpoint_id for c in _missing_in(config, held, index - 1)}
+        for copy in _missing_in(config, held, index):
             if copy.checkpoint_id in arriving_above:
                 continue  # it reaches this tier from the one right above, once it is there
-            sources = [n for n in names[:index] if copy.checkpoint_id in catalog.get(n, {})]
+            sources = [n for n in names[:index] if copy.checkpoint_id in held.get(n, {})]
             planned.append(Promotion(copy.checkpoint_id, sources[-1], names[index]))
     return planned
 
 
-def _missing_in(config: Config, catalog: Catalog, index: int) -> list[Copy]:
+def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
     """Copies held above tier ``index`` that belong in it but are not there yet (newest first).
 
     A checkpoint belongs in a tier when it is selected by the tier's ``every`` and the tier's retention
     would keep it: nothing is promoted only to be deleted at once.
     """
     names = [t.name for t in config.tiers]
-    held = catalog.get(names[index], {})
+    here = held.get(names[index], {})
     every = every_for(config, index)
-    above = [c for n in names[:index] for c in catalog.get(n, {}).values()]
+    above = [c for n in names[:index] for c in held.get(n, {}).values()]
     candidates = [
-        c for c in _ordered(above) if c.checkpoint_id not in held and is_selected(c, every)
+        c for c in _ordered(above) if c.checkpoint_id not in here and is_selected(c, every)
     ]
-    kept = kept_by_rules(config.tiers[index], [*held.values(), *candidates])
+    kept = kept_by_rules(config.tiers[index], [*here.values(), *candidates])
     return [c for c in candidates if c.checkpoint_id in kept]
 
 
 def retention(
     config: Config,
-    catalog: Catalog,
+    held: Holdings,
     in_use: frozenset[str] = frozenset(),
     *,
     now: float | None = None,
@@ -148,19 +149,19 @@ def retention(
     stale = config.promote.stale_after
     names = [t.name for t in config.tiers]
     kept = {
-        n: kept_by_rules(config.tiers[i], catalog.get(n, {}).values()) for i, n in enumerate(names)
+        n: kept_by_rules(config.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)
     }
     pending = {
         (n, c.checkpoint_id)
         for j in range(1, len(names))
-        for c in _missing_in(config, catalog, j)
+        for c in _missing_in(config, held, j)
         for n in names[:j]
         if not (c.partial and now - c.committed_at >= stale)
     }
     durable = [t.name for t in config.tiers if not t.node_local]
     deletions: list[Deletion] = []
     for name in names:
-        for checkpoint_id in catalog.get(name, {}):
+        for checkpoint_id in held.get(name, {}):
             if (
                 checkpoint_id in kept[name]
                 or checkpoint_id in in_use

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from tierstore.serialize import ALIGN, HEADER_SIZE, MAGIC, view_of
+from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tierstore.dcp.layout import ItemLocation
 from tierstore.errors import IntegrityError
 
 _ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.", "torch.distributed.tensor.")
@@ -27,14 +28,22 @@ _ALLOWED = {
     ("copyreg", "_reconstructor"),
     ("builtins", "object"),
     ("torch", "Size"),
-    ("tierstore.serialize", "ItemLocation"),
     ("torch", "device"),
     ("torch.serialization", "_get_layout"),
 }
 
 
+_STORAGE_RECORDS = {
+    ("tierstore.dcp.layout", "ItemLocation"): ItemLocation,
+    # Written by tierstore 0.1.0, before the DCP face moved into tierstore.dcp: same class.
+    ("tierstore.serialize", "ItemLocation"): ItemLocation,
+}
+
+
 class _AllowlistUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _STORAGE_RECORDS:
+            return _STORAGE_RECORDS[(module, name)]
         if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch":

@@ -1,7 +1,7 @@
 """``s3`` tier: a bucket/prefix on AWS S3 or any S3-compatible endpoint, through fsspec/s3fs.
 
 Provider quirks stay here: s3fs's own retry loop and botocore's are switched off so that the tier's
-:class:`~tierstore.tiers.retry.RetryPolicy` is the only one (and decides by error codes, not message
+:class:`~tierstore.tiers.s3.retry.RetryPolicy` is the only one (and decides by error codes, not message
 text); listings are never cached (another process writes here); botocore's default request checksum
 is off (some S3-compatible stores reject it; integrity is checked with our CRC32C). Provider errors are
 translated once, in :meth:`S3Tier.call`.
@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
-from tierstore.config import S3TierConfig
 from tierstore.errors import TierUnavailableError
-from tierstore.tiers.base import FileInfo, Progress, Tier, WriteStream
-from tierstore.tiers.retry import RetryPolicy, is_connection_failure, s3_error
-from tierstore.tiers.s3_upload import ObjectUpload, S3WriteStream
+from tierstore.tiers.base import (
+    Capabilities,
+    FileInfo,
+    IncompleteWrite,
+    ProgressCallback,
+    Tier,
+    WriteStream,
+)
+from tierstore.tiers.s3.retry import RetryPolicy, is_connection_failure, s3_error
+from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream
+
+if TYPE_CHECKING:  # the config module registers the type and builds this adapter
+    from tierstore.tiers.s3.config import S3TierConfig
 
 
 class S3Tier(Tier):
@@ -39,16 +49,16 @@ class S3Tier(Tier):
         self.part_size = config.part_size
         self.concurrency = config.concurrency
         self.policy = RetryPolicy(config.max_attempts, config.max_retry_time)
-        self.on_retry: Any = None
+        self.on_retry: Callable[[BaseException], None] | None = None
+        self.capabilities = Capabilities(
+            create_only_publish=config.create_only_markers,
+            multipart=True,
+            transfer_chunk=config.part_size,
+        )
         self.part_slots = threading.BoundedSemaphore(config.concurrency)
         self.send_checksums = config.checksum == "crc32"
         self._fs: Any = None
         self._client: Any = None
-
-    @classmethod
-    def from_config(cls, config: S3TierConfig, *, namespace: str | None, node: int) -> S3Tier:
-        """Build the tier (the same on every node)."""
-        return cls(config, namespace=namespace)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -167,7 +177,9 @@ class S3Tier(Tier):
             upload.abort()
             raise
 
-    def upload_file(self, path: str, local_file: str, progress: Progress | None = None) -> None:
+    def upload_file(
+        self, path: str, local_file: str, progress: ProgressCallback | None = None
+    ) -> None:
         """Copy a local file, ``part_size`` at a time with ``concurrency`` parts in flight."""
         with open(local_file, "rb") as source, self.open_write(path) as stream:
             for chunk in iter(lambda: source.read(self.part_size), b""):
@@ -243,21 +255,44 @@ class S3Tier(Tier):
         for info in self.find(path):
             self.delete(info.path)
 
-    def list_uploads(self) -> list[dict[str, Any]]:
-        """Incomplete multipart uploads under this tier's prefix (for gc)."""
+    def observe_retries(self, callback: Callable[[BaseException], None] | None) -> None:
+        """Tell ``callback`` about every transient error that is retried."""
+        self.on_retry = callback
+
+    def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:
+        """Incomplete multipart uploads under this tier's prefix whose last part is ``idle_for`` old.
+
+        An upload's activity is its newest part (``ListParts``), not when it started: a long upload
+        still receiving parts is in progress.
+        """
         prefix = f"{self.prefix}/" if self.prefix else ""  # not a sibling namespace's uploads
         answer = self.call(
             "list_multipart_uploads", "list uploads", Bucket=self.bucket, Prefix=prefix
         )
-        uploads: list[dict[str, Any]] = answer.get("Uploads", [])
-        return uploads
+        found: list[IncompleteWrite] = []
+        for upload in answer.get("Uploads", []):
+            started: datetime | None = upload.get("Initiated")
+            activity = started.timestamp() if started else now - idle_for
+            if now - activity >= idle_for:
+                parts = self.call("list_parts", "list parts", Bucket=self.bucket,
+                                  Key=upload["Key"], UploadId=upload["UploadId"])  # fmt: skip
+                activity = max([activity, *(_mtime(p) for p in parts.get("Parts", []))])
+            if now - activity >= idle_for:
+                key = str(upload["Key"])
+                path = key[len(prefix) :] if key.startswith(prefix) else key
+                found.append(
+                    IncompleteWrite(path, activity, "multipart upload", str(upload["UploadId"]))
+                )
+        return found
 
-    def last_activity(self, upload: dict[str, Any], *, default: float) -> float:
-        """When an incomplete upload last received a part (epoch seconds), else ``default``."""
-        answer = self.call("list_parts", "list parts", Bucket=self.bucket, Key=upload["Key"],
-                           UploadId=upload["UploadId"])  # fmt: skip
-        stamps = [_mtime(part) for part in answer.get("Parts", [])]
-        return max([default, *stamps])
+    def discard_incomplete(self, write: IncompleteWrite) -> None:
+        """Abort an incomplete multipart upload (S3 frees its parts)."""
+        if not write.handle:
+            self.delete(write.path)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.call("abort_multipart_upload", f"abort upload of {write.path}", Bucket=self.bucket,
+                      Key=self._key(write.path), UploadId=write.handle)  # fmt: skip
 
 
 def _as_builtin(error: botocore.exceptions.ClientError) -> Exception:

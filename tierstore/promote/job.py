@@ -3,7 +3,7 @@
 The protocol, for a checkpoint ``id`` of generation ``gen``, from ``source`` to ``target``:
 
 1. Copy this node's files (and, from the coordinator's node, DCP's ``.metadata``), each verified
-   against its size and CRC32C (:mod:`tierstore.transfer`).
+   against its size and CRC32C (:mod:`tierstore.promote.transfer`).
 2. If every file of the checkpoint is on this node (one node), publish the marker in ``target``:
    create-only, so two promoters racing on one target cannot both commit. Done.
 3. Otherwise (several nodes, a job-wide target): record this node's part in the target
@@ -24,13 +24,19 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tierstore.discovery import Source
 from tierstore.errors import IntegrityError
-from tierstore.ids import generation_dir, intent_path, marker_path, node_part_path, rank_part_path
+from tierstore.ids import (
+    checkpoint_file,
+    generation_dir,
+    intent_path,
+    node_part_path,
+    rank_part_path,
+)
 from tierstore.manifest import FileEntry, Manifest, PartRecord, publish_manifest, read_manifest
-from tierstore.progress import Progress
+from tierstore.promote.discovery import SeenCopy
+from tierstore.promote.progress import TransferProgress
+from tierstore.promote.transfer import copy_files
 from tierstore.tiers import Tier
-from tierstore.transfer import copy_files
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ class Outcome:
 def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Manifest:
     """The marker content for the target copy: same files, new commit time, provenance, lag."""
     now = time.time()
-    first = (manifest.source or {}).get("first_committed_at", manifest.committed_at)
+    first = (manifest.provenance or {}).get("first_committed_at", manifest.committed_at)
     timings = dict(manifest.timings)
     started = timings.get("started_at")
     if durable and started is not None:
@@ -56,7 +62,7 @@ def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Man
         "committed_at": manifest.committed_at,
         "first_committed_at": first,
     }
-    return manifest.with_changes(committed_at=now, timings=timings, source=provenance)
+    return manifest.with_changes(committed_at=now, timings=timings, provenance=provenance)
 
 
 def publish_committed(target: Tier, manifest: Manifest) -> bool:
@@ -106,7 +112,7 @@ class PromotionJob:
         self,
         source: Tier,
         target: Tier,
-        found: Source,
+        found: SeenCopy,
         *,
         node: int,
         durable: bool,
@@ -138,7 +144,7 @@ class PromotionJob:
         if multi_node and not self.target.node_local and self.target.exists(part):
             return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
         label = f"{self.checkpoint_id} {self.source.name}->{self.target.name}"
-        progress = Progress(label, sum(e.size for e in entries))
+        progress = TransferProgress(label, sum(e.size for e in entries))
         try:
             copied = copy_files(
                 self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
@@ -148,7 +154,7 @@ class PromotionJob:
             # The source is damaged: this will not get better by retrying. Remove what was copied.
             for entry in entries:
                 with contextlib.suppress(Exception):
-                    self.target.delete(f"{self.checkpoint_id}/{entry.path}")
+                    self.target.delete(checkpoint_file(self.checkpoint_id, entry.path))
             raise
         if self.cancel.is_set():  # asked to abandon: publish nothing, even if the files made it
             return Outcome(copied, False)
@@ -185,12 +191,3 @@ class PromotionJob:
         self.target.write_bytes(
             node_part_path(self.checkpoint_id, self.generation, self.node), record.to_json()
         )
-
-
-def delete_copy(tier: Tier, checkpoint_id: str) -> None:
-    """Delete one copy: the marker first (from then on it does not exist), then part records, then data."""
-    tier.delete(marker_path(checkpoint_id))
-    for info in tier.find(checkpoint_id):
-        if "/parts/" in info.path:
-            tier.delete(info.path)
-    tier.delete_tree(checkpoint_id)

@@ -13,8 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
-from tierstore.manifest import FileEntry, crc32c
+from tierstore.ids import checkpoint_file
+from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
 
 CHUNK = 8 * 2**20
@@ -72,7 +74,7 @@ def copy_file(
         if progress:
             progress(entry.size)
         return 0
-    chunk = getattr(target, "part_size", CHUNK)
+    chunk = target.capabilities.transfer_chunk
     size, value = 0, 0
     with target.open_write(path) as stream:
         for data in _chunks(source, path, chunk):
@@ -112,7 +114,12 @@ def copy_files(
         if stopping.is_set():
             raise Cancelled("stopping: file not started")
         return copy_file(
-            source, target, f"{checkpoint_id}/{entry.path}", entry, cancel=cancel, progress=progress
+            source,
+            target,
+            checkpoint_file(checkpoint_id, entry.path),
+            entry,
+            cancel=cancel,
+            progress=progress,
         )
 
     with ThreadPoolExecutor(max(1, min(workers, len(entries))), "tierstore-copy") as pool:

@@ -2,8 +2,9 @@
 
 Call order (``dcp.load``): ``reset(checkpoint_id)`` if an id is given, then on every rank inside DCP's
 collective wrapper :meth:`TieredReader.read_metadata` (the collective tier choice of
-:mod:`tierstore.selection`, then DCP's ``.metadata`` from the chosen tier, checked against its CRC32C and
-unpickled with an allowlist), ``set_up_storage_reader``, the plans, and :meth:`TieredReader.read_data`.
+:mod:`tierstore.dcp.restore_choice`, then DCP's ``.metadata`` from the chosen tier, checked against
+its CRC32C and unpickled with an allowlist), ``set_up_storage_reader``, the plans, and
+:meth:`TieredReader.read_data`.
 
 Reads go straight into the destination tensors when they can (``preadv`` on POSIX tiers into a
 contiguous CPU tensor that takes a whole stored chunk); otherwise the bytes are read and copied. Files
@@ -29,16 +30,23 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
+from tierstore.dcp.collectives import broadcast_object, rank_and_world
+from tierstore.dcp.layout import ItemLocation, decode_tensor, to_dtype
+from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.ids import is_checkpoint_id, is_metadata_file, validate_checkpoint_id
+from tierstore.ids import (
+    checkpoint_file,
+    is_checkpoint_id,
+    is_metadata_file,
+    validate_checkpoint_id,
+)
 from tierstore.leases import read_lease
-from tierstore.manifest import Manifest, crc32c
-from tierstore.safe_pickle import load_metadata
-from tierstore.selection import broadcast_object, choose_copy
-from tierstore.serialize import ItemLocation, decode_tensor, to_dtype
-from tierstore.tiers import Tier, make_tiers
-from tierstore.topology import current_node, rank_and_world
+from tierstore.manifest import Manifest
+from tierstore.tiers import Tier
+from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 _WHOLE_FILE_FRACTION = 0.5
@@ -99,7 +107,7 @@ class TieredReader(StorageReader):
     def tiers(self) -> list[Tier]:
         """Every configured tier, fastest first, as seen from this node."""
         if self._tiers is None:
-            self._tiers = make_tiers(self.config, node=self.node)
+            self._tiers = self.config.make_tiers(node=self.node)
         return self._tiers
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -150,7 +158,7 @@ class TieredReader(StorageReader):
         entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
         if entry is None:
             return f"the marker of {self._checkpoint_id} names no .metadata file", tier.name
-        path = f"{self._checkpoint_id}/{entry.path}"
+        path = checkpoint_file(manifest.checkpoint_id, entry.path)
         where = f"tier {tier.name}: {path}"
         rank, _ = rank_and_world(self.process_group)
         blob: bytes | str = b""
@@ -193,7 +201,7 @@ class TieredReader(StorageReader):
             key=lambda r: (r[1].path, r[1].offset),
         )
         with read_lease(tier, self._checkpoint_id):  # retention must not delete what we read
-            if tier.local_path("") is not None:
+            if tier.capabilities.local_files:
                 tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
                 with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
                     batches = _balanced(tensors, _READ_WORKERS)
@@ -214,9 +222,9 @@ class TieredReader(StorageReader):
     def _read_items(
         self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
     ) -> None:
-        assert self._tier is not None
+        assert self._tier is not None and self._checkpoint_id is not None
         for item, location in requests:
-            full = f"{self._checkpoint_id}/{location.path}"
+            full = checkpoint_file(self._checkpoint_id, location.path)
             if item.type != LoadItemType.BYTE_IO and self._read_in_place(
                 self._tier, full, item, location, planner
             ):
@@ -244,15 +252,15 @@ class TieredReader(StorageReader):
         self, path: str, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
     ) -> None:
         """An object store: fetch the object (ranged GETs in parallel), then hand out its items."""
-        assert self._tier is not None
-        tier, full = self._tier, f"{self._checkpoint_id}/{path}"
+        assert self._tier is not None and self._checkpoint_id is not None
+        tier, full = self._tier, checkpoint_file(self._checkpoint_id, path)
         needed = sum(location.length for _, location in requests)
         size = tier.stat(full).size
         if needed <= _WHOLE_FILE_FRACTION * size:
             self._read_items(requests, planner)
             return
         whole = bytearray(size)
-        chunk = max(getattr(tier, "part_size", 8 * 2**20), 2**20)
+        chunk = max(tier.capabilities.transfer_chunk, 2**20)
 
         def fetch(offset: int) -> None:
             whole[offset : offset + chunk] = tier.read_range(
@@ -271,7 +279,11 @@ class TieredReader(StorageReader):
         self, tier: Tier, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
     ) -> bool:
         """``preadv`` straight into the destination when it is exactly the stored chunk."""
-        if tier.local_path(full) is None or location.encoding != "raw" or location.shape is None:
+        if (
+            not tier.capabilities.local_files
+            or location.encoding != "raw"
+            or location.shape is None
+        ):
             return False
         target = planner.resolve_tensor(item).detach()
         whole_chunk = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == list(

@@ -1,9 +1,9 @@
 """The promoter sidecar: ``tierstore --config FILE promote``, one per training node.
 
 Each pass: discover committed copies by their markers (polling, so it works on NFS/Lustre where other
-nodes' writes raise no events), plan promotions and retention with :mod:`tierstore.policy`, copy (see
-:mod:`tierstore.promotion`: verified data first, marker last), delete what retention no longer keeps
-(marker first, then data), and now and then clean up uncommitted leftovers (:mod:`tierstore.gc`).
+nodes' writes raise no events), plan promotions and retention with :mod:`tierstore.promote.policy`, copy (see
+:mod:`tierstore.promote.job`: verified data first, marker last), delete what retention no longer keeps
+(marker first, then data), and now and then clean up uncommitted leftovers (:mod:`tierstore.promote.cleanup`).
 
 It keeps working when the trainer crashes. ``SIGTERM`` lets the files in flight finish within
 ``promote.grace_period``, then abandons them (no marker over partial data) and exits 0. Killed with
@@ -18,20 +18,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tierstore.config import Config
-from tierstore.discovery import MarkerCache, Source, discover
 from tierstore.errors import TierstoreError
-from tierstore.gc import Cleanup, find_leftovers, remove
 from tierstore.leases import leased_ids
-from tierstore.metrics import PromoterMetrics
-from tierstore.policy import Deletion, Promotion, promotions, retention
-from tierstore.promotion import PromotionJob, delete_copy
-from tierstore.tiers import Tier, make_tiers
-from tierstore.tiers.s3 import S3Tier
+from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
+from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
+from tierstore.promote.job import PromotionJob
+from tierstore.promote.metrics import PromoterMetrics
+from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, retention
+from tierstore.promote.retention import delete_copies
+from tierstore.promote.transfer import Cancelled
+from tierstore.tiers import Tier
 from tierstore.topology import current_node
-from tierstore.transfer import Cancelled
 
 logger = logging.getLogger(__name__)
 COORDINATOR_NODE = 0
@@ -66,15 +67,20 @@ class Promoter:
         self.config = config
         self.node = current_node(node)
         self.metrics = metrics or PromoterMetrics()
-        self.tiers = make_tiers(config, node=self.node)
+        self.tiers = config.make_tiers(node=self.node)
         self.by_name = {t.name: t for t in self.tiers}
         self.stopping = threading.Event()
         self.cancel = threading.Event()
         self.cache = MarkerCache()
         self._last_gc = 0.0
         for tier in self.tiers:
-            if isinstance(tier, S3Tier):
-                tier.on_retry = lambda _exc, name=tier.name: self.metrics.retries.labels(name).inc()
+            tier.observe_retries(self._count_retry(tier.name))
+
+    def _count_retry(self, tier_name: str) -> Callable[[BaseException], None]:
+        def count(_error: BaseException) -> None:
+            self.metrics.retries.labels(tier_name).inc()
+
+        return count
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -108,13 +114,13 @@ class Promoter:
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def catalog(self) -> dict[str, dict[str, Source]]:
+    def catalog(self) -> dict[str, dict[str, SeenCopy]]:
         """What this node sees in every tier (committed copies; this node's parts).
 
         Raises :class:`TierstoreError` naming the tier when one cannot be listed: acting on part
         of the picture (deleting "the last copy" of something merely unlisted) is not safe.
         """
-        found: dict[str, dict[str, Source]] = {}
+        found: dict[str, dict[str, SeenCopy]] = {}
         for tier in self.tiers:
             try:
                 found[tier.name] = discover(tier, self.cache)
@@ -140,7 +146,7 @@ class Promoter:
         found = self.catalog()
         self._set_backlog(self._plan(found))
         if not self.stopping.is_set():
-            report.deleted = self._retain(found)
+            report.deleted = self.apply_retention(found)
             if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
                 report.cleaned = self.collect_garbage(found, dry_run=False)
                 self._last_gc = time.time()
@@ -148,11 +154,11 @@ class Promoter:
         self.metrics.last_pass.set_to_current_time()
         return report
 
-    def _copies(self, found: dict[str, dict[str, Source]]) -> dict[str, dict[str, object]]:
-        return {name: {i: s.copy for i, s in sources.items()} for name, sources in found.items()}
+    def _copies(self, found: dict[str, dict[str, SeenCopy]]) -> dict[str, dict[str, Copy]]:
+        return {name: {i: s.copy for i, s in seen.items()} for name, seen in found.items()}
 
-    def _plan(self, found: dict[str, dict[str, Source]]) -> list[Promotion]:
-        planned = promotions(self.config, self._copies(found))  # type: ignore[arg-type]
+    def _plan(self, found: dict[str, dict[str, SeenCopy]]) -> list[Promotion]:
+        planned = promotions(self.config, self._copies(found))
         mine = []
         for promotion in planned:
             source = self.by_name[promotion.source]
@@ -164,7 +170,7 @@ class Promoter:
         for tier in self.tiers[1:]:
             self.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in planned))
 
-    def _promote(self, promotion: Promotion, found: Source, report: PassReport) -> None:
+    def _promote(self, promotion: Promotion, found: SeenCopy, report: PassReport) -> None:
         source, target = self.by_name[promotion.source], self.by_name[promotion.target]
         job = PromotionJob(
             source, target, found, node=self.node, durable=target is self.tiers[-1],
@@ -197,7 +203,7 @@ class Promoter:
 
     # -- retention and gc -----------------------------------------------------------------------
 
-    def planned_deletions(self, found: dict[str, dict[str, Source]]) -> list[Deletion]:
+    def planned_deletions(self, found: dict[str, dict[str, SeenCopy]]) -> list[Deletion]:
         """What retention would delete now on this node (leases and node ownership respected)."""
         in_use: set[str] = set()
         for tier in self.tiers:
@@ -208,34 +214,29 @@ class Promoter:
                     "cannot read leases in %s (%s): no deletion this pass", tier.name, exc
                 )
                 return []
-        decided = retention(self.config, self._copies(found), frozenset(in_use))  # type: ignore[arg-type]
+        decided = retention(self.config, self._copies(found), frozenset(in_use))
         return [d for d in decided if self._owns(self.by_name[d.tier])]
 
     def _owns(self, tier: Tier) -> bool:
         return tier.node_local or self.node == COORDINATOR_NODE
 
-    def _retain(self, found: dict[str, dict[str, Source]]) -> list[Deletion]:
-        done = []
-        for deletion in self.planned_deletions(found):
-            try:
-                delete_copy(self.by_name[deletion.tier], deletion.checkpoint_id)
-            except (TierstoreError, OSError) as exc:
-                logger.error(
-                    "deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc
-                )
-                continue
+    def apply_retention(
+        self, found: dict[str, dict[str, SeenCopy]], *, dry_run: bool = False
+    ) -> list[Deletion]:
+        """Delete what retention no longer keeps on this node (``dry_run``: only say what)."""
+        planned = self.planned_deletions(found)
+        if dry_run:
+            return planned
+
+        def deleted(deletion: Deletion) -> None:
             self.metrics.deleted.labels(deletion.tier).inc()
-            event(
-                "deleted",
-                checkpoint=deletion.checkpoint_id,
-                tier=deletion.tier,
-                reason=deletion.reason,
-            )
-            done.append(deletion)
-        return done
+            event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier,
+                  reason=deletion.reason)  # fmt: skip
+
+        return delete_copies(self.by_name, planned, on_deleted=deleted)
 
     def collect_garbage(
-        self, found: dict[str, dict[str, Source]], *, dry_run: bool
+        self, found: dict[str, dict[str, SeenCopy]], *, dry_run: bool
     ) -> list[Cleanup]:
         """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node owns."""
         cleanups: list[Cleanup] = []
@@ -260,7 +261,7 @@ class Promoter:
                 cleanups.append(cleanup)
         return cleanups
 
-    def _update_durable_age(self, found: dict[str, dict[str, Source]]) -> None:
+    def _update_durable_age(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         durable = found.get(self.tiers[-1].name, {})
         starts = [
             float(s.manifest.timings.get("started_at") or s.copy.committed_at)

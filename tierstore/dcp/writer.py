@@ -3,7 +3,7 @@
 Call order (torch.distributed.checkpoint 2.13, see ``StorageWriter``):
 
 0. all ranks, ``async_save`` only: :meth:`TieredWriter.stage` copies the state into reusable buffers
-   (:mod:`tierstore.staging`) on the trainer's thread; everything below runs in the background.
+   (:mod:`tierstore.dcp.staging`) on the trainer's thread; everything below runs in the background.
 1. all ranks: :meth:`~TieredWriter.reset` (only when ``dcp.save`` gets a ``checkpoint_id``), then
    :meth:`~TieredWriter.set_up_storage_writer`. The coordinator refuses an id already committed in the
    target tier unless ``overwrite=True``.
@@ -41,10 +41,14 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierstore.catalog import next_sequence
+from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
+from tierstore.dcp.gate import CommitGate
+from tierstore.dcp.rank_files import RankFileWriter
+from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, Stager
 from tierstore.errors import CheckpointExistsError, CommitVetoedError, TierstoreError
-from tierstore.gate import CommitGate
 from tierstore.ids import (
+    checkpoint_file,
     generation_dir,
     is_checkpoint_id,
     is_generation,
@@ -52,15 +56,13 @@ from tierstore.ids import (
     metadata_file,
     new_generation,
     rank_part_path,
-    staging_dir,
     validate_checkpoint_id,
+    writer_staging_dir,
 )
 from tierstore.leases import leased_ids
-from tierstore.manifest import FileEntry, Manifest, PartRecord, crc32c, publish_manifest
+from tierstore.manifest import FileEntry, Manifest, PartRecord, publish_manifest
 from tierstore.owners import owner_dir_name
-from tierstore.rank_files import RankFileWriter
-from tierstore.staging import STAGERS, Pending, SlabInfo, Stager
-from tierstore.tiers import Tier, make_tier
+from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         overwrite: replace a checkpoint already committed under this id (atomically: see module doc).
         node: this process's node index for node-local tiers (default: :func:`current_node`).
         commit_gate: called on each rank with the data it is about to commit; returning a reason
-            (a string) vetoes the commit (see :mod:`tierstore.gate`). Must be picklable for
+            (a string) vetoes the commit (see :mod:`tierstore.dcp.gate`). Must be picklable for
             ``AsyncCheckpointerType.PROCESS``.
         check_finite: refuse to commit NaN/Inf in floating tensors (default: the config's).
 
@@ -168,9 +170,7 @@ class TieredWriter(StorageWriter, AsyncStager):
     def tier(self) -> Tier:
         """The target tier, as seen from this process's node."""
         if self._tier is None:
-            self._tier = make_tier(
-                self.config.tier(self.tier_name), namespace=self.config.namespace, node=self.node
-            )
+            self._tier = self.config.make_tier(self.tier_name, node=self.node)
         return self._tier
 
     def __getstate__(self) -> dict[str, Any]:
@@ -229,9 +229,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         if self._stager is None:
 
             def directory() -> str | None:
-                if self.config.tier(self.tier_name).type != "memory":
-                    return None
-                return os.path.join(self.tier.local_path(staging_dir()) or "", owner_dir_name())
+                if not self.tier.capabilities.staging_files:
+                    return None  # anonymous shared memory, reused save after save
+                return self.tier.local_path(writer_staging_dir(owner_dir_name()))
 
             self._stager = STAGERS.get(self._stager_key(), directory)
         return self._stager
@@ -360,7 +360,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         metadata.storage_meta = self.storage_meta()
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         meta_rel = metadata_file(gen)
-        self.tier.write_bytes(f"{ckpt}/{meta_rel}", blob)
+        self.tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
         files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node))
         manifest = Manifest(
             checkpoint_id=ckpt,

@@ -10,7 +10,7 @@ import time
 logger = logging.getLogger(__name__)
 
 
-class Progress:
+class TransferProgress:
     """Thread-safe byte counter for one transfer; call :meth:`update` from any thread."""
 
     def __init__(

@@ -16,16 +16,24 @@ import logging
 from dataclasses import dataclass, field
 
 from tierstore.catalog import marker_times
-from tierstore.ids import PARTS_DIR, is_checkpoint_id, is_generation, marker_path, step_of
+from tierstore.ids import (
+    is_checkpoint_id,
+    is_generation,
+    is_rank_part_name,
+    marker_path,
+    part_file,
+    parts_dir,
+    step_of,
+)
 from tierstore.manifest import Manifest, PartRecord, read_manifest
-from tierstore.policy import Copy
+from tierstore.promote.policy import Copy
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Source:
+class SeenCopy:
     """One copy in one tier as this node sees it: the marker's manifest (if visible) and local parts."""
 
     copy: Copy
@@ -66,10 +74,10 @@ def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
     for generation in tier.list_dir(checkpoint_id):
         if not is_generation(generation):
             continue
-        for name in tier.list_dir(f"{checkpoint_id}/{generation}/{PARTS_DIR}"):
-            if not (name.startswith("rank") and name.endswith(".json")):
+        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
+            if not is_rank_part_name(name):
                 continue
-            path = f"{checkpoint_id}/{generation}/{PARTS_DIR}/{name}"
+            path = part_file(checkpoint_id, generation, name)
             try:
                 record = PartRecord.from_json(
                     tier.read_bytes(path), where=f"tier {tier.name}: {path}"
@@ -81,9 +89,9 @@ def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
     return found
 
 
-def discover(tier: Tier, cache: MarkerCache) -> dict[str, Source]:
+def discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     """Every copy in ``tier`` this node can act on (see the module docstring)."""
-    sources: dict[str, Source] = {}
+    sources: dict[str, SeenCopy] = {}
     for checkpoint_id, mtime in marker_times(tier).items():
         try:
             manifest = cache.read(tier, checkpoint_id, mtime)
@@ -93,7 +101,7 @@ def discover(tier: Tier, cache: MarkerCache) -> dict[str, Source]:
         parts: tuple[PartRecord, ...] = ()
         if tier.node_local:
             parts = tuple(part_records(tier, checkpoint_id).get(manifest.generation, []))
-        sources[checkpoint_id] = Source(copy_of(manifest), manifest, parts)
+        sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts)
     if not tier.node_local:
         return sources
     for checkpoint_id in tier.list_dir(""):
@@ -112,5 +120,5 @@ def discover(tier: Tier, cache: MarkerCache) -> dict[str, Source]:
         copy = Copy(
             checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest, partial=True
         )
-        sources[checkpoint_id] = Source(copy, None, records)
+        sources[checkpoint_id] = SeenCopy(copy, None, records)
     return sources

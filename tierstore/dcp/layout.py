@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tierstore.checksum import crc32c
 from tierstore.errors import NonFiniteTensorError
-from tierstore.manifest import crc32c
 
 ALIGN = 64
 HEADER_SIZE = 64

@@ -20,10 +20,8 @@ import torch
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from tierstore.gate import GateView
-from tierstore.ids import data_file_name
-from tierstore.manifest import FileEntry
-from tierstore.serialize import (
+from tierstore.dcp.gate import GateView
+from tierstore.dcp.layout import (
     HEADER_SIZE,
     MAGIC,
     ChunkSink,
@@ -37,9 +35,10 @@ from tierstore.serialize import (
     raw_view,
     view_of,
 )
-from tierstore.staging import SlabInfo
+from tierstore.dcp.staging import SlabInfo
+from tierstore.ids import checkpoint_file, data_file
+from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
-from tierstore.tiers.posix import PosixTier
 
 
 @dataclass
@@ -88,7 +87,7 @@ class RankFileWriter:
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
 
     def _rel(self, index: int) -> str:
-        return f"{self.generation}/{data_file_name(self.rank, index)}"
+        return data_file(self.generation, self.rank, index)
 
     def write(self, items: list[WriteItem], planner: SavePlanner) -> RankOutput:
         """Write every item; raises (leaving ``out.written`` for cleanup) on any failure."""
@@ -129,8 +128,8 @@ class RankFileWriter:
             (ctypes.c_ubyte * self.slab.nbytes).from_address(storage.data_ptr())
         ).cast("B")
         rel = self._rel(0)
-        full = f"{self.checkpoint_id}/{rel}"
-        adopt = self.slab.path is not None and isinstance(self.tier, PosixTier)
+        full = checkpoint_file(self.checkpoint_id, rel)
+        adopt = self.slab.path is not None and self.tier.capabilities.adopt
 
         def scan(write: Callable[[memoryview], object] | None) -> ChunkSink:
             with ChunkSink(write) as sink:
@@ -153,7 +152,7 @@ class RankFileWriter:
 
         if adopt:
             sink = scan(None)  # every check passes before the slab becomes a checkpoint file
-            assert isinstance(self.tier, PosixTier) and self.slab.path is not None
+            assert self.slab.path is not None
             fd = os.open(self.slab.path, os.O_RDONLY)
             try:  # durable before its name moves into the checkpoint (a no-op on tmpfs)
                 os.fsync(fd)
@@ -184,7 +183,7 @@ class RankFileWriter:
         blobs: list[tuple[WriteItem, memoryview, str]],
     ) -> None:
         """Stream tensors (64-byte aligned raw bytes), then byte items, into one new file."""
-        full = f"{self.checkpoint_id}/{rel}"
+        full = checkpoint_file(self.checkpoint_id, rel)
         with self.tier.open_write(full) as stream:
             self.out.written.append(full)
             with ChunkSink(stream.write) as sink:

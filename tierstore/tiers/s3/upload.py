@@ -4,7 +4,7 @@ Memory is bounded by ``part_size x concurrency`` for the parts in flight, across
 tier (they share one set of slots), plus one part being filled per open upload:
 :meth:`ObjectUpload.add_part` blocks while every slot is busy. Each request is idempotent (a part
 number re-sent carries the same bytes) and is retried by the tier's
-:class:`~tierstore.tiers.retry.RetryPolicy`. Nothing is visible under the key until
+:class:`~tierstore.tiers.s3.retry.RetryPolicy`. Nothing is visible under the key until
 ``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted.
 
 """
@@ -15,11 +15,8 @@ import base64
 import logging
 import threading
 import zlib
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
-
-from tierstore.tiers.base import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -36,20 +33,10 @@ class _Caller(Protocol):
 class ObjectUpload:
     """An upload to ``bucket/key`` fed with parts in order; :meth:`finish` or :meth:`abort` it."""
 
-    def __init__(
-        self,
-        caller: _Caller,
-        bucket: str,
-        key: str,
-        *,
-        create_only: bool = False,
-        progress: Progress | None = None,
-    ) -> None:
+    def __init__(self, caller: _Caller, bucket: str, key: str) -> None:
         self._caller = caller
         self._bucket = bucket
         self._key = key
-        self._match = {"IfNoneMatch": "*"} if create_only else {}
-        self._progress = progress
         self._upload_id: str | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._slots = caller.part_slots  # shared by every upload to the tier: a global bound
@@ -96,18 +83,14 @@ class ObjectUpload:
             "upload_part", f"part {number} of {self._key}", Bucket=self._bucket, Key=self._key,
             UploadId=self._upload_id, PartNumber=number, Body=data, **checksum,
         )  # fmt: skip
-        if self._progress:
-            self._progress(len(data))
         return {"PartNumber": number, "ETag": answer["ETag"], **checksum}
 
     def put_whole(self, data: bytes) -> None:
-        """Upload a small object in one PUT (create-only if requested)."""
+        """Upload a small object in one PUT."""
         self._caller.call(
             "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
-            **self._match, **self._checksum(data),
+            **self._checksum(data),
         )  # fmt: skip
-        if self._progress:
-            self._progress(len(data))
 
     def finish(self) -> None:
         """Wait for every part, then complete the upload: the object appears only now."""
@@ -116,7 +99,6 @@ class ObjectUpload:
         self._caller.call(
             "complete_multipart_upload", f"complete {self._key}", Bucket=self._bucket,
             Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts},
-            **self._match,
         )  # fmt: skip
 
     def abort(self) -> None:
@@ -159,7 +141,7 @@ class S3WriteStream:
             del self._buffer[: self._part_size]
         return len(view)
 
-    def close(self, on_complete: Callable[[], None] | None = None) -> None:
+    def close(self) -> None:
         """Send what is left and make the object visible."""
         if not self._upload.started:
             self._upload.put_whole(bytes(self._buffer))
@@ -168,5 +150,3 @@ class S3WriteStream:
                 self._upload.add_part(bytes(self._buffer))
             self._upload.finish()
         self._buffer = bytearray()
-        if on_complete:
-            on_complete()

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch.distributed as dist
 
+from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.manifest import Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
-from tierstore.topology import rank_and_world
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +89,8 @@ def choose_copy(
     """
     rank, world = rank_and_world(group)
     found = _probe_markers(tiers, checkpoint_id) if rank == 0 else []
-    found = _broadcast(found, group)
-    rank_nodes = _all_gather(node, group)
+    found = broadcast_object(found, group)
+    rank_nodes = all_gather_object(node, group)
     manifests: dict[int, Manifest] = {}
     reasons: dict[int, list[str]] = {}
     for index, (blob, reason) in enumerate(found):
@@ -109,7 +108,7 @@ def choose_copy(
         )
     except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
         local = exc
-    gathered = _all_gather(local, group)
+    gathered = all_gather_object(local, group)
     for item in gathered:
         if isinstance(item, Exception):
             raise TierstoreError(f"checking checkpoint {checkpoint_id!r} failed: {item}") from item
@@ -134,24 +133,3 @@ def choose_copy(
         f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
         + "\n".join(lines)
     )
-
-
-def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
-    _, world = rank_and_world(group)
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, group_src=0, group=group)
-    return box[0]
-
-
-def _all_gather(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
-    _, world = rank_and_world(group)
-    if world == 1:
-        return [value]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, value, group=group)
-    return out
-
-
-broadcast_object = _broadcast

@@ -1,0 +1,116 @@
+"""Cleaning up what no commit marker covers: uncommitted generations, incomplete writes, stale leases.
+
+Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, and
+only once they have been left alone for ``promote.stale_after``: a save or a promotion in progress keeps
+writing, so its files stay young. Temp files and incomplete multipart uploads are found and discarded
+by the tier itself (:meth:`~tierstore.tiers.base.Tier.incomplete_writes`). Committed checkpoints are
+removed only by retention (:mod:`tierstore.promote.retention`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from tierstore.ids import (
+    MARKER_NAME,
+    PARTS_DIR,
+    generation_dir,
+    split_generation_path,
+    staging_dir,
+    writer_staging_dir,
+)
+from tierstore.leases import stale_leases
+from tierstore.owners import owner_is_gone
+from tierstore.promote.discovery import SeenCopy
+from tierstore.tiers import IncompleteWrite, Tier
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """Something to remove from ``tier``: ``kind`` is ``tree``, ``file`` or ``incomplete``."""
+
+    tier: str
+    kind: str
+    path: str
+    reason: str
+    write: IncompleteWrite | None = None
+
+
+def find_leftovers(
+    tier: Tier, seen: dict[str, SeenCopy], *, stale_after: float, now: float | None = None
+) -> list[Cleanup]:
+    """Everything in ``tier`` that cleanup would remove now, with the reason."""
+    now = time.time() if now is None else now
+    found = _uncommitted_generations(tier, seen, stale_after=stale_after, now=now)
+    for write in tier.incomplete_writes(idle_for=stale_after, now=now):
+        idle = now - write.last_activity
+        found.append(Cleanup(tier.name, "incomplete", write.path,
+                             f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
+    if tier.capabilities.staging_files:
+        for owner in tier.list_dir(staging_dir()):
+            # A writer touches its directory at every save; in another PID namespace (a sidecar
+            # container) its pid is invisible, so age is required as well as a missing process.
+            directory = tier.local_path(writer_staging_dir(owner))
+            if (
+                directory is not None
+                and owner_is_gone(owner)
+                and now - os.stat(directory).st_mtime >= stale_after
+            ):
+                found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
+                                     "staging buffers of a writer process that is gone"))  # fmt: skip
+    for path in stale_leases(tier, now):
+        found.append(Cleanup(tier.name, "file", path, "read lease of a reader that is gone"))
+    return found
+
+
+def _uncommitted_generations(
+    tier: Tier, seen: dict[str, SeenCopy], *, stale_after: float, now: float
+) -> list[Cleanup]:
+    newest: dict[tuple[str, str], float] = {}
+    with_parts: set[tuple[str, str]] = set()
+    marked: set[str] = set()
+    for info in tier.find(""):
+        split = split_generation_path(info.path)
+        if split is None:
+            owner, _, name = info.path.partition("/")
+            if name == MARKER_NAME:
+                marked.add(owner)
+            continue
+        checkpoint_id, generation, rest = split
+        key = (checkpoint_id, generation)
+        newest[key] = max(newest.get(key, 0.0), info.mtime)
+        if rest.split("/", 1)[0] == PARTS_DIR:
+            with_parts.add(key)
+    found: list[Cleanup] = []
+    for (checkpoint_id, generation), mtime in sorted(newest.items()):
+        known = seen.get(checkpoint_id)
+        if known is not None and known.copy.generation == generation:
+            continue
+        if checkpoint_id in marked and known is None:
+            continue  # a marker we could not read this time: its data is not ours to judge
+        if tier.node_local and (checkpoint_id, generation) in with_parts:
+            continue  # another node's committed part looks the same as a failed one: retention decides
+        idle = now - mtime
+        if idle >= stale_after:
+            why = "generation not named by the marker" if known else "no commit marker"
+            found.append(Cleanup(tier.name, "tree", generation_dir(checkpoint_id, generation),
+                                 f"{why}; untouched for {idle:.0f}s"))  # fmt: skip
+    return found
+
+
+def remove(tier: Tier, cleanup: Cleanup) -> None:
+    """Carry out one cleanup."""
+    if cleanup.kind == "tree":
+        tier.delete_tree(cleanup.path)
+    elif cleanup.kind == "incomplete" and cleanup.write is not None:
+        tier.discard_incomplete(cleanup.write)
+    else:
+        tier.delete(cleanup.path)
+
+
+__all__ = ["Cleanup", "find_leftovers", "remove"]

@@ -1,0 +1,66 @@
+"""The durable-write recipe for POSIX directories: temp file, ``fsync``, rename, ``fsync`` the directory.
+
+Every name this module creates is durable before the call returns: file contents are fsynced before a
+name points at them, and a new, renamed or removed name is made durable by fsyncing its directory
+(directories created on the way are made durable in their parents the same way).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TEMP_MARK = ".tmp-"
+"""Temporary files are named ``.<name>.tmp-<random>``; listings hide them, cleanup removes idle ones."""
+
+
+def is_temporary(name: str) -> bool:
+    """True for the hidden temporary names written before a rename."""
+    return name.startswith(".") and TEMP_MARK in name
+
+
+def temp_name_for(target: Path, token: str) -> Path:
+    """The hidden temporary file beside ``target``."""
+    return target.with_name(f".{target.name}{TEMP_MARK}{token}")
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make the entries of ``directory`` (new, renamed or removed names) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs_durable(directory: Path) -> None:
+    """``mkdir -p`` where every directory created is made durable in its parent."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(path.parent)
+
+
+class FdStream:
+    """Write-only stream over a raw file descriptor (no Python buffering, no extra copy)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Write all of ``data``."""
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+        self.size += total
+        return total

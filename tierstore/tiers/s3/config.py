@@ -1,0 +1,54 @@
+"""The ``s3`` tier type: its YAML fields, and its registration."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from tierstore.tiers.base import TierConfig
+from tierstore.tiers.registry import register
+from tierstore.tiers.s3.tier import S3Tier
+from tierstore.units import Duration, Size
+
+
+@register
+class S3TierConfig(TierConfig):
+    """An S3 bucket/prefix (AWS or any S3-compatible endpoint). Global: never node-local."""
+
+    type: Literal["s3"]
+    url: str = Field(description="s3://bucket[/prefix]")
+    endpoint_url: str | None = Field(None, description="For S3-compatible stores.")
+    region: str | None = None
+    part_size: Annotated[Size, Field(ge=5 * 2**20, le=5 * 2**30)] = Field(
+        64 * 2**20, description="Multipart part size (S3 allows 5 MiB to 5 GiB)."
+    )
+    concurrency: int = Field(8, ge=1, le=256, description="Parts in flight per file.")
+    max_attempts: int = Field(8, ge=1, le=100, description="Attempts per idempotent request.")
+    max_retry_time: Duration = Field(120.0, description="Bound on one request's retries.")
+    checksum: Literal["crc32", "none"] = Field(
+        "crc32",
+        description="Send a CRC32 with every part/object (S3 verifies it); none for stores that reject it.",
+    )
+    create_only_markers: bool = Field(
+        True, description="Publish markers with If-None-Match: * (stores that support it)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _is_s3_url(cls, value: str) -> str:
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", value):
+            raise ValueError(f"expected s3://bucket[/prefix], got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _is_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise ValueError(f"expected http(s)://host[:port], got {value!r}")
+        return value
+
+    def build(self, *, namespace: str | None, node: int) -> S3Tier:
+        """The tier (the same on every node)."""
+        return S3Tier(self, namespace=namespace)
