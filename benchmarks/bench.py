@@ -55,11 +55,13 @@ from benchmarks.workload import (
     zeros_like_state,
 )
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
-from tierstore.config import Config, config_from_dict, parse_size
+from tierstore.config import Config, config_from_dict
+from tierstore.ids import checkpoint_file
 from tierstore.manifest import read_manifest
-from tierstore.promote.job import delete_copy
+from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
+from tierstore.units import parse_size
 
 TARGETS = {
     "stall / warm copy": ("<=", 1.5),
@@ -292,7 +294,7 @@ def phase_s3(bench: Bench, state: Any) -> None:
     files = read_manifest(ram, checkpoint_id).files
     data_bytes = sum(f.size for f in files)
     biggest = max(files, key=lambda f: f.size)
-    source = ram.local_path(f"{checkpoint_id}/{biggest.path}")
+    source = ram.local_path(checkpoint_file(checkpoint_id, biggest.path))
     configs = {
         c: TransferConfig(multipart_chunksize=64 * 2**20, max_concurrency=c) for c in (4, 8, 10)
     }

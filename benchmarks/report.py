@@ -1,4 +1,4 @@
-"""Render a benchmark run (``bench.json``) as the Markdown tables of the README's Performance section.
+"""Render a benchmark run (``bench.json``) as the Markdown tables of docs/performance.md.
 
 python benchmarks/report.py bench-results/bench.json
 """

@@ -158,9 +158,8 @@ def run(work: Path, endpoint: str) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="   %(levelname)s %(name)s: %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the embedded S3 server's access log
-    logging.getLogger("tierstore.promote.sidecar").setLevel(
-        logging.INFO
-    )  # its promoted/deleted events
+    # the promoter's promoted/deleted events
+    logging.getLogger("tierstore.promote.sidecar").setLevel(logging.INFO)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
