@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.tiers import dict_tier  # noqa: F401 - registers the tests' own "dict" tier type
 from tierstore.testing import embedded_s3
 
 # Fake credentials for the local moto server only; set before any client is created.
@@ -60,10 +61,12 @@ def tier_specs(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., 
         specs: list[TierSpec] = []
         for index, kind in enumerate(kinds):
             name = f"{kind}{index}" if kinds.count(kind) > 1 else kind
-            if kind == "s3":
+            if kind == "dict":  # the tests' own tier type (tests/tiers/dict_tier.py)
+                spec: TierSpec = {"name": name, "type": "dict", "store": f"{tmp_path}/{name}"}
+            elif kind == "s3":
                 bucket = request.getfixturevalue("s3_bucket")
                 endpoint = request.getfixturevalue("s3_endpoint")
-                spec: TierSpec = {
+                spec = {
                     "name": name, "type": "s3", "url": f"s3://{bucket}/ckpt",
                     "endpoint_url": endpoint, "max_attempts": 3, "part_size": "5MiB",
                 }  # fmt: skip

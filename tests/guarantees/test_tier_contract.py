@@ -1,7 +1,10 @@
-"""One contract, every tier type: what the Tier seam promises, checked on memory, local, shared, s3."""
+"""One contract, every tier type: what the Tier seam promises, checked on memory, local, shared, s3,
+and on ``dict``, a tier type the tests register without touching tierstore (tests/tiers/dict_tier.py).
+Capabilities a tier declares are checked too; a tier that lacks one skips that case explicitly."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +14,7 @@ import pytest
 
 from tierstore.tiers import Tier, make_tier
 
-KINDS = ["memory", "local", "shared", "s3"]
+KINDS = ["memory", "local", "shared", "s3", "dict"]
 
 
 @pytest.fixture(params=KINDS)
@@ -124,3 +127,54 @@ def test_upload_file(tier: Tier, tmp_path: Path) -> None:
 
 def test_describe_names_the_tier(tier: Tier) -> None:
     assert tier.name in tier.describe() and tier.type in tier.describe()
+
+
+def test_find_in_children_lists_each_childs_named_file(tier: Tier) -> None:
+    tier.write_bytes("ck1/commit.json", b"{}")
+    tier.write_bytes("ck1/g1/commit.json", b"not a direct child's")
+    tier.write_bytes("ck2/g1/x", b"no marker")
+    tier.write_bytes("ck3/commit.json", b"{1}")
+    found = tier.find_in_children("commit.json")
+    assert sorted(found) == ["ck1", "ck3"]
+    assert found["ck3"].size == 3 and found["ck3"].path == "ck3/commit.json"
+
+
+def test_incomplete_writes_are_listed_and_discarded(tier: Tier) -> None:
+    writing = tier.open_write("inc/object")
+    stream = writing.__enter__()
+    stream.write(os.urandom(6 * 2**20))  # past one 5 MiB part: S3 has started a multipart upload
+    stream.write(b"tail")
+    try:
+        assert tier.incomplete_writes(idle_for=3600.0, now=0.0) == [], "young writes are kept"
+        listed = tier.incomplete_writes(idle_for=0.0, now=math.inf)
+        if tier.capabilities.local_files or tier.capabilities.multipart:
+            assert listed, "an interrupted write leaves something, and the tier must list it"
+        for write in listed:
+            tier.discard_incomplete(write)
+        assert tier.incomplete_writes(idle_for=0.0, now=math.inf) == []
+        assert not tier.exists("inc/object")
+    finally:  # the writer gives up; the error propagates (is not swallowed) and nothing appears
+        assert not writing.__exit__(RuntimeError, RuntimeError("abandoned"), None)
+    assert tier.find("inc") == []
+
+
+def test_local_files_capability_gives_real_paths(tier: Tier) -> None:
+    if not tier.capabilities.local_files:
+        assert tier.local_path("x") is None
+        pytest.skip(f"{tier.type} declares no local files")
+    tier.write_bytes("l/file", b"bytes")
+    local = tier.local_path("l/file")
+    assert local is not None
+    assert Path(local).read_bytes() == b"bytes"
+
+
+def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
+    if not tier.capabilities.adopt:
+        with pytest.raises(NotImplementedError):
+            tier.adopt("a/file", str(tmp_path / "x"))
+        pytest.skip(f"{tier.type} cannot adopt files")
+    staged = tier.local_path("staging-file")
+    assert staged is not None
+    Path(staged).write_bytes(b"staged")
+    tier.adopt("a/file", staged)
+    assert tier.read_bytes("a/file") == b"staged" and not Path(staged).exists()

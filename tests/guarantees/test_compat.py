@@ -18,7 +18,7 @@ from tests.fixtures.make_checkpoints_v0_1_0 import state
 from tierstore import TieredReader, latest_committed
 from tierstore.config import config_from_dict
 
-FIXTURE = Path(__file__).parent / "fixtures" / "checkpoints_v0_1_0"
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "checkpoints_v0_1_0"
 
 
 @pytest.mark.parametrize("step", [3, 5])

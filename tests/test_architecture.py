@@ -1,0 +1,128 @@
+"""The package's shape, enforced: a sealed tier seam, torch only in ``dcp/``, dependencies one way."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tierstore"
+SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
+"""What code outside tierstore/tiers/ may import from it: the seam, never an adapter module."""
+
+LAYERS = {
+    "tierstore.errors": 0, "tierstore.version": 0, "tierstore.ids": 0, "tierstore.units": 0,
+    "tierstore.checksum": 0, "tierstore.topology": 0, "tierstore.owners": 0,
+    "tierstore.interval": 0, "tierstore.testing": 0,
+    "tierstore.tiers": 1,
+    "tierstore.config": 2,
+    "tierstore.manifest": 3, "tierstore.leases": 3,
+    "tierstore.catalog": 4,
+    "tierstore.dcp": 5, "tierstore.promote": 5,
+    "tierstore.cli": 6, "tierstore": 6,
+}  # fmt: skip
+"""ids/errors/checksum -> tiers -> config -> manifest -> catalog -> {dcp, promote} -> cli."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> list[tuple[str, ast.Module]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found.append((module_name(path), ast.parse(path.read_text(), str(path))))
+    return found
+
+
+def imports(tree: ast.AST) -> list[tuple[str, list[str], bool]]:
+    """``(module, names, at module level)`` for every import (TYPE_CHECKING blocks excluded)."""
+    found: list[tuple[str, list[str], bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # type-only imports run nothing
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, [], top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                found.append((child.module, [a.name for a in child.names], top))
+            inside = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            visit(child, top and not inside)
+
+    visit(tree, True)
+    return found
+
+
+def layer_of(module: str) -> int:
+    while module not in LAYERS:
+        module = module.rsplit(".", 1)[0]
+    return LAYERS[module]
+
+
+def subpackage(module: str) -> str:
+    """``tierstore.dcp.writer`` -> ``dcp``; ``tierstore.config`` -> ``config``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_is_placed_in_a_layer() -> None:
+    for name, _tree in modules():
+        layer_of(name)  # raises KeyError for a module the picture does not show
+
+
+def test_nothing_outside_tiers_imports_an_adapter() -> None:
+    offenders = []
+    for name, tree in modules():
+        if name.startswith("tierstore.tiers"):
+            continue
+        for module, names, _top in imports(tree):
+            if module.startswith("tierstore.tiers") and module not in SEAM:
+                offenders.append(f"{name} imports {module}")
+            if module in SEAM:
+                offenders += [
+                    f"{name} imports {n}" for n in names if n.endswith("Tier") and n != "Tier"
+                ]
+    assert offenders == [], "ask the tier for a capability or call a verb instead"
+
+
+def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
+    offenders = []
+    for name, tree in modules():
+        for module, _names, top in imports(tree):
+            if module.split(".")[0] != "torch":
+                continue
+            if name.startswith("tierstore.promote") or (
+                top and not name.startswith("tierstore.dcp")
+            ):
+                offenders.append(f"{name} imports {module}")
+    assert offenders == []
+
+
+def test_dependencies_flow_one_way_with_no_lazy_imports_against_it() -> None:
+    offenders = []
+    for name, tree in modules():
+        for module, _names, _top in imports(tree):
+            if not module.startswith("tierstore") or name == "tierstore":
+                continue  # the package root re-exports lazily by name (PEP 562), on purpose
+            if layer_of(module) > layer_of(name):
+                offenders.append(f"{name} (layer {layer_of(name)}) imports {module}")
+            if {subpackage(name), subpackage(module)} == {"dcp", "promote"}:
+                offenders.append(f"{name} imports {module}: the DCP face and the sidecar are peers")
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "modules_to_import",
+    ["tierstore, tierstore.cli", "tierstore.promote.sidecar, tierstore.promote.cleanup"],
+)
+def test_the_cli_and_the_promoter_run_without_loading_torch(modules_to_import: str) -> None:
+    code = f"import sys, {modules_to_import}; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,97 @@
+"""A small tier type that exists only in the tests: objects in a Python dict, shared per ``store``.
+
+It proves that a tier type is one module plus one registration: nothing in ``tierstore`` names it, yet
+the contract suite and a DCP round trip run against it. It has no capabilities beyond the verbs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from pydantic import Field
+
+from tierstore.tiers import FileInfo, Tier, TierConfig, register
+
+_STORES: dict[str, dict[str, tuple[bytes, float]]] = {}
+_LOCK = threading.Lock()
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        self.data += memoryview(data).cast("B")
+        return len(data)
+
+
+class DictTier(Tier):
+    """Objects in a process-wide dict: visible only once written whole, like an object store."""
+
+    def __init__(self, name: str, store: str, namespace: str | None) -> None:
+        self.name, self.type, self.node_local = name, "dict", False
+        self.root = f"dict://{store}/{namespace or ''}".rstrip("/")
+        with _LOCK:
+            self.objects = _STORES.setdefault(self.root, {})
+
+    @contextmanager
+    def open_write(self, path: str) -> Iterator[_Buffer]:
+        buffer = _Buffer()
+        yield buffer
+        with _LOCK:
+            self.objects[path] = (bytes(buffer.data), time.time())
+
+    def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
+        with _LOCK:
+            if create_only and path in self.objects:
+                raise FileExistsError(path)
+            self.objects[path] = (data, time.time())
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        data = self._get(path)[0]
+        return data[offset:] if length is None else data[offset : offset + length]
+
+    def stat(self, path: str) -> FileInfo:
+        data, mtime = self._get(path)
+        return FileInfo(path, len(data), mtime)
+
+    def _get(self, path: str) -> tuple[bytes, float]:
+        with _LOCK:
+            if path not in self.objects:
+                raise FileNotFoundError(path)
+            return self.objects[path]
+
+    def list_dir(self, path: str = "") -> list[str]:
+        prefix = f"{path}/" if path else ""
+        with _LOCK:
+            keys = [k for k in self.objects if k.startswith(prefix)]
+        return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys})
+
+    def find(self, path: str = "") -> list[FileInfo]:
+        prefix = f"{path}/" if path else ""
+        with _LOCK:
+            items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix)]
+        return sorted((FileInfo(k, len(v[0]), v[1]) for k, v in items), key=lambda f: f.path)
+
+    def delete(self, path: str) -> None:
+        with _LOCK:
+            self.objects.pop(path, None)
+
+    def delete_tree(self, path: str) -> None:
+        for info in self.find(path):
+            self.delete(info.path)
+
+
+@register
+class DictTierConfig(TierConfig):
+    """``type: dict``: objects kept in this process, in the store called ``store``."""
+
+    type: Literal["dict"]
+    store: str = Field("default", description="Tiers naming the same store share their objects.")
+
+    def build(self, *, namespace: str | None, node: int) -> DictTier:
+        return DictTier(self.name, self.store, namespace)
