@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
+from tierstore.dcp.staged_shard import StagedShard
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
@@ -165,15 +167,13 @@ def _retire(slabs: list[Slab]) -> None:
 
 
 def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Rebuild a nested state (dicts, lists, tuples) with tensors mapped and other leaves copied."""
-    from torch.distributed.tensor import DTensor
+    """Rebuild a nested state (dicts, lists, tuples) with tensors mapped and other leaves copied.
 
+    A DTensor becomes a :class:`StagedShard` of its mapped local tensor: a DTensor around the
+    staging buffer would crash DCP's PROCESS mode (see :mod:`tierstore.dcp.staged_shard`).
+    """
     if isinstance(value, DTensor):
-        local = on_tensor(value.to_local())
-        return DTensor.from_local(
-            local, value.device_mesh, value.placements, run_check=False, shape=value.shape,
-            stride=value.stride(),
-        )  # fmt: skip
+        return StagedShard.of(on_tensor(value.to_local()), value)
     if isinstance(value, torch.Tensor):
         return on_tensor(value)
     if isinstance(value, dict):
