@@ -1,4 +1,4 @@
-"""The ``tierstore`` command: ``ls``, ``verify``, ``promote``, ``gc``, ``advise``.
+"""The ``tierstore`` command: ``ls``, ``verify [--all]``, ``promote``, ``gc``, ``advise``.
 
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
@@ -16,7 +16,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 
+from tierstore.audit import audit_all
 from tierstore.catalog import Catalog
 from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
@@ -24,6 +26,7 @@ from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
 from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.topology import current_node
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -81,7 +84,12 @@ def cmd_ls(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
-    """Check sizes and CRC32C of every file of a checkpoint in every tier holding it."""
+    """Check sizes and CRC32C of every file of a checkpoint in every tier holding it (``--all``:
+    of every committed copy in every tier)."""
+    if args.all:
+        return _verify_all(config, args)
+    if args.checkpoint_id is None:
+        raise TierstoreError("verify: name a checkpoint ID, or pass --all")
     checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
     catalog = Catalog(config, node=args.node)
     holders = 0
@@ -111,6 +119,26 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     if holders == 0 and bad == 0:
         raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not committed in any tier")
     return EXIT_MISMATCH if bad else 0
+
+
+def _verify_all(config: Config, args: argparse.Namespace) -> int:
+    nodes = args.nodes or [current_node(args.node)]
+    audits = audit_all(config, nodes)
+    if args.json:
+        print(json.dumps([{**asdict(a), "ok": a.ok} for a in audits], indent=1))
+    else:
+        for audit in audits:
+            where = f"{audit.tier}: {audit.checkpoint_id}"
+            if audit.ok:
+                note = (
+                    f", {audit.not_checked} on other nodes not checked" if audit.not_checked else ""
+                )
+                print(f"{where}: ok, {audit.checked} files, {human_bytes(audit.total_bytes)}{note}")
+            for problem in audit.problems:
+                print(f"{where}: MISMATCH {problem}")
+        bad = sum(not a.ok for a in audits)
+        print(f"{len(audits)} committed copies, {bad} with a marker over missing or wrong data")
+    return EXIT_MISMATCH if any(not a.ok for a in audits) else 0
 
 
 def cmd_promote(config: Config, args: argparse.Namespace) -> int:
@@ -171,6 +199,18 @@ def cmd_advise(config: Config, args: argparse.Namespace) -> int:
 Command = Callable[[Config, argparse.Namespace], int]
 
 
+def _node_list(text: str) -> list[int]:
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected node indexes such as 0,1, got {text!r}"
+        ) from None
+    if not nodes or min(nodes) < 0:
+        raise argparse.ArgumentTypeError(f"expected node indexes >= 0, got {text!r}")
+    return nodes
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands register themselves here)."""
     parser = argparse.ArgumentParser(prog="tierstore", description=__doc__.splitlines()[0])
@@ -182,8 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
     ls.set_defaults(run=cmd_ls)
-    verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint")
-    verify.add_argument("checkpoint_id", metavar="ID")
+    verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
+    verify.add_argument("checkpoint_id", metavar="ID", nargs="?")
+    verify.add_argument("--all", action="store_true", help="every committed copy in every tier")
+    verify.add_argument(
+        "--nodes", type=_node_list, default=None, metavar="N,N",
+        help="with --all: audit node-local tiers of these nodes (each file on its own node)",
+    )  # fmt: skip
+    verify.add_argument("--json", action="store_true", help="with --all: print JSON objects")
     verify.set_defaults(run=cmd_verify)
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
