@@ -32,9 +32,10 @@ def config_file(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]])
 
 
 def save(path: Path, checkpoint_id: str, tier: str | None = None) -> None:
+    """Save; with ``tier``, the same bytes once more into that tier (a second copy of the id)."""
     trainer = Trainer(seed=0)
     trainer.train(1)
-    writer = TieredWriter(str(path), tier=tier)
+    writer = TieredWriter(str(path), tier=tier, overwrite=tier is not None)
     dcp.save(trainer.state(), storage_writer=writer, checkpoint_id=checkpoint_id)
 
 

@@ -7,7 +7,8 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     <id>/<generation>/r00003-0.distcp data written by rank 3 (a few large files per rank)
     <id>/<generation>/parts/...      per-node part records (multi-node promotion)
     .tierstore/staging/<owner>/      a writer process's staging buffers (memory tiers)
-    .tierstore/leases/<id>~<token>.lease   a restore in progress (see leases.py)
+    .tierstore/activity/<kind>~<id>~<gen>~<token>.json   a save, promotion or restore at work
+                                     (see activity.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -203,20 +204,26 @@ def writer_staging_dir(owner: str) -> str:
     return f"{staging_dir()}/{owner}"
 
 
-LEASE_DIR = f"{INTERNAL_DIR}/leases"
-"""Tier-relative directory of read leases."""
+ACTIVITY_DIR = f"{INTERNAL_DIR}/activity"
+"""Tier-relative directory of activity records (saves, promotions and restores at work)."""
+_ANY_GENERATION = "any"
 
 
-def lease_path(checkpoint_id: str, token: str) -> str:
-    """Tier-relative path of one read lease on ``checkpoint_id``."""
-    return f"{LEASE_DIR}/{checkpoint_id}~{token}.lease"
+def activity_path(kind: str, checkpoint_id: str, generation: str | None, token: str) -> str:
+    """Tier-relative path of one activity record (``generation`` None: every generation)."""
+    return f"{ACTIVITY_DIR}/{kind}~{checkpoint_id}~{generation or _ANY_GENERATION}~{token}.json"
 
 
-def leased_checkpoint(path: str) -> str | None:
-    """The checkpoint id a lease file (from :func:`lease_path`) protects, or None for other files."""
-    if not path.endswith(".lease"):
+def parse_activity_path(path: str) -> tuple[str, str, str | None] | None:
+    """``(kind, checkpoint id, generation or None)`` of an activity record's path, else None."""
+    name = path.rsplit("/", 1)[-1]
+    parts = name.removesuffix(".json").split("~")
+    if not name.endswith(".json") or len(parts) != 4 or not is_checkpoint_id(parts[1]):
         return None
-    return path.rsplit("/", 1)[-1].split("~", 1)[0]
+    generation = None if parts[2] == _ANY_GENERATION else parts[2]
+    if generation is not None and not is_generation(generation):
+        return None
+    return parts[0], parts[1], generation
 
 
 def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:

@@ -178,3 +178,13 @@ def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
     Path(staged).write_bytes(b"staged")
     tier.adopt("a/file", staged)
     assert tier.read_bytes("a/file") == b"staged" and not Path(staged).exists()
+
+
+def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
+    tier.write_bytes("e/full/file", b"x")
+    tier.remove_if_empty("e/full")
+    assert tier.read_bytes("e/full/file") == b"x"
+    tier.delete("e/full/file")
+    tier.remove_if_empty("e/full")
+    tier.remove_if_empty("e/missing")
+    assert tier.list_dir("e") == []

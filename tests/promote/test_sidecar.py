@@ -324,19 +324,21 @@ def test_retention_deletes_marker_before_data(
     monkeypatch.setattr(
         PosixTier, "delete_tree", lambda s, p: (events.append(f"tree {p}"), real_tree(s, p))[1]
     )
+    generation = read_manifest(local, "step_0001").generation
     Promoter(config).run_once()
-    assert events[0] == "delete step_0001/commit.json"
-    assert events[-1] == "tree step_0001"
-    assert not local.exists(marker_path("step_0001"))
+    mine = [e for e in events if "step_0001" in e]
+    assert mine[0] == "delete step_0001/commit.json", "the marker goes first"
+    assert mine[-1] == f"tree step_0001/{generation}", "then the generation it named"
+    assert not local.exists(marker_path("step_0001")) and local.list_dir("step_0001") == []
 
 
 def test_a_read_lease_protects_from_retention(make_config: Callable[..., Config]) -> None:
-    from tierstore.leases import read_lease
+    from tierstore.activity import held
 
     config = make_config("local", tiers={"local": {"keep": 1}})
     save(config, "step_0001")
     save(config, "step_0002")
-    with read_lease(tier(config, "local"), "step_0001"):
+    with held(tier(config, "local"), "read", "step_0001", None):
         assert Promoter(config).run_once().deleted == []
     assert [d.checkpoint_id for d in Promoter(config).run_once().deleted] == ["step_0001"]
 

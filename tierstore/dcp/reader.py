@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from tierstore.activity import Activity, hold
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
@@ -43,7 +44,6 @@ from tierstore.ids import (
     is_metadata_file,
     validate_checkpoint_id,
 )
-from tierstore.leases import read_lease
 from tierstore.manifest import Manifest
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
@@ -88,6 +88,7 @@ class TieredReader(StorageReader):
         self._tiers: list[Tier] | None = None
         self._tier: Tier | None = None
         self._storage: dict[Any, ItemLocation] = {}
+        self._reading: dict[str, Activity] = {}
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -112,9 +113,30 @@ class TieredReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Select the checkpoint to load (validated)."""
+        self._stop_reading()  # a previous load that failed before read_data
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
         self._tier, self._storage = None, {}
+
+    def _start_reading(self, checkpoint_id: str) -> None:
+        """Announce the restore in every tier, before the tier is chosen.
+
+        Cleanup and retention leave a checkpoint alone while a live ``read`` record names it. Every
+        rank holds its own: ranks finish reading at different times, and DCP tells a rank nothing
+        after its own ``read_data``. A tier that cannot take the record is logged and still
+        considered: the restore itself says whether it is usable.
+        """
+        for tier in self.tiers():
+            try:
+                self._reading[tier.name] = hold(tier, "read", checkpoint_id, None)
+            except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
+                logger.warning("could not announce the restore of %s in %s: %s",
+                               checkpoint_id, tier.name, exc)  # fmt: skip
+
+    def _stop_reading(self, keep: str | None = None) -> None:
+        """Release the ``read`` records (all, or all but the tier called ``keep``)."""
+        for name in [n for n in self._reading if n != keep]:
+            self._reading.pop(name).release()
 
     def read_metadata(self, *args: Any, **_ignored: Any) -> Metadata:
         """Choose the tier (collectively) and return DCP's metadata from it."""
@@ -122,12 +144,20 @@ class TieredReader(StorageReader):
             raise TierstoreError(
                 "no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader"
             )
+        self._start_reading(self._checkpoint_id)
+        try:
+            return self._choose_and_read_metadata(self._checkpoint_id)
+        except BaseException:
+            self._stop_reading()
+            raise
+
+    def _choose_and_read_metadata(self, checkpoint_id: str) -> Metadata:
         tiers = self.tiers()
         excluded: dict[int, str] = {}
         while True:  # every rank runs the same iterations: each step's outcome is broadcast
             choice = choose_copy(
                 tiers,
-                self._checkpoint_id,
+                checkpoint_id,
                 node=self.node,
                 verify=self.verify,
                 group=self.process_group,
@@ -137,14 +167,13 @@ class TieredReader(StorageReader):
             blob, where = self._fetch_metadata(tier, manifest)
             if isinstance(blob, bytes):
                 break
-            logger.warning(
-                "restore of %s: skipping tier %s: %s", self._checkpoint_id, tier.name, blob
-            )
+            logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id, tier.name, blob)
             excluded[choice.tier_index] = blob
         metadata = load_metadata(blob, where=where)
         if not isinstance(metadata, Metadata):
             raise IntegrityError(f"{where}: not DCP metadata")
         self._tier = tier
+        self._stop_reading(keep=tier.name)  # other tiers may trim this id again
         self._storage = dict(metadata.storage_data or {})
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = uuid.uuid4().hex
@@ -200,7 +229,7 @@ class TieredReader(StorageReader):
             ((item, self._storage[item.storage_index]) for item in plan.items),
             key=lambda r: (r[1].path, r[1].offset),
         )
-        with read_lease(tier, self._checkpoint_id):  # retention must not delete what we read
+        try:
             if tier.capabilities.local_files:
                 tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
                 with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
@@ -215,6 +244,8 @@ class TieredReader(StorageReader):
                     per_file[request[1].path].append(request)
                 for path, file_requests in per_file.items():
                     self._read_object(path, file_requests, planner)
+        finally:  # the data is in memory: cleanup and retention may act on this id again
+            self._stop_reading()
         future: Future[None] = Future()
         future.set_result(None)
         return future

@@ -30,6 +30,7 @@ import pickle
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,18 +41,23 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.catalog import next_sequence
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.rank_files import RankFileWriter
 from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, Stager
-from tierstore.errors import CheckpointExistsError, CommitVetoedError, TierstoreError
+from tierstore.errors import (
+    CheckpointExistsError,
+    CommitVetoedError,
+    IntegrityError,
+    TierstoreError,
+)
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,
     is_checkpoint_id,
-    is_generation,
     marker_path,
     metadata_file,
     new_generation,
@@ -59,8 +65,14 @@ from tierstore.ids import (
     validate_checkpoint_id,
     writer_staging_dir,
 )
-from tierstore.leases import leased_ids
-from tierstore.manifest import FileEntry, Manifest, PartRecord, publish_manifest
+from tierstore.manifest import (
+    FileEntry,
+    Manifest,
+    PartRecord,
+    copy_problems,
+    publish_manifest,
+    read_manifest,
+)
 from tierstore.owners import owner_dir_name
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
@@ -150,6 +162,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._slab: SlabInfo | None = None
         self._stager: Stager | None = None
         self._pending: Pending | None = None
+        self._writing: Activity | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -176,6 +189,7 @@ class TieredWriter(StorageWriter, AsyncStager):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
+        state["_writing"] = None  # held by the process that plans the save
         state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
@@ -252,6 +266,7 @@ class TieredWriter(StorageWriter, AsyncStager):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; validates ``checkpoint_id`` (a name, the same in every tier)."""
         self._register_save_thread()  # the first call DCP makes on a staged save's thread
+        self._stop_writing()  # a previous save by this writer that failed after planning
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
         self._generation = None
@@ -274,15 +289,18 @@ class TieredWriter(StorageWriter, AsyncStager):
             raise TierstoreError(
                 "no checkpoint id: pass checkpoint_id= to dcp.save/async_save or to TieredWriter"
             )
-        if (
-            is_coordinator
-            and not self.overwrite
-            and self.tier.exists(marker_path(self._checkpoint_id))
-        ):
-            raise CheckpointExistsError(
-                f"checkpoint {self._checkpoint_id!r} is already committed in tier"
-                f" {self.tier.describe()}; pass overwrite=True to TieredWriter to replace it"
-            )
+        if is_coordinator and not self.overwrite:
+            self._refuse_committed_id(self._checkpoint_id)
+
+    def _refuse_committed_id(self, checkpoint_id: str) -> None:
+        """An id committed in *any* tier is taken: saving it again without ``overwrite`` would let
+        two different contents carry one id (the lower tiers would keep the older one)."""
+        for tier in self.config.make_tiers(node=self.node):
+            if tier.exists(marker_path(checkpoint_id)):
+                raise CheckpointExistsError(
+                    f"checkpoint {checkpoint_id!r} is already committed in tier"
+                    f" {tier.describe()}; pass overwrite=True to TieredWriter to replace it"
+                )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Attach this rank's node and timings for the coordinator."""
@@ -293,6 +311,12 @@ class TieredWriter(StorageWriter, AsyncStager):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator: choose this save's generation and tell every rank its file prefix."""
         self._generation = new_generation()
+        assert self._checkpoint_id is not None
+        # Announced before any rank writes: cleanup leaves an in-flight generation alone, however
+        # invisible its parts (temp files, multipart uploads, a straggler rank) or old its files.
+        self._stop_writing()
+        self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation)
+        weakref.finalize(self, self._writing.release)  # a failed save's record ends with its writer
         self._seq = next_sequence(self.tier)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         multi_node = len({r.node for r in self._reports}) > 1
@@ -344,10 +368,18 @@ class TieredWriter(StorageWriter, AsyncStager):
         return future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Coordinator: write ``.metadata``, then publish the commit marker last."""
+        """Coordinator: write ``.metadata``, re-check every file, then publish the marker last."""
         ckpt, gen = self._checkpoint_id, self._generation
         if ckpt is None or gen is None:
             raise TierstoreError("finish() called without a planned save")
+        try:
+            self._commit(ckpt, gen, metadata, results)
+        finally:
+            self._stop_writing()
+
+    def _commit(
+        self, ckpt: str, gen: str, metadata: Metadata, results: list[list[WriteResult]]
+    ) -> None:
         files: list[FileEntry] = []
         storage: dict[MetadataIndex, Any] = {}
         for rank_results in results:
@@ -370,6 +402,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             timings=self._timings(time.time()),
             seq=self._seq,
         )
+        self._recheck(manifest)
+        replaced = self._committed_generation(ckpt) if self.overwrite else None
         try:
             publish_manifest(self.tier, manifest, create_only=not self.overwrite)
         except FileExistsError:
@@ -381,7 +415,34 @@ class TieredWriter(StorageWriter, AsyncStager):
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )
-        self._remove_older_generations(ckpt, gen)
+        if replaced is not None and replaced != gen:
+            self._remove_replaced_generation(ckpt, replaced)
+
+    def _recheck(self, manifest: Manifest) -> None:
+        """Every file the marker will name is there at its size, or nothing is published.
+
+        The files were durable when each rank returned; this catches anything that removed them
+        since (an operator, a misconfigured cleanup) before a marker can be published over a hole.
+        """
+        here = [f for f in manifest.files if not self.tier.node_local or f.node == self.node]
+        problems = copy_problems(self.tier, manifest, verify=False, entries=here)
+        if problems:
+            raise IntegrityError(
+                f"checkpoint {manifest.checkpoint_id!r} not committed in tier"
+                f" {self.tier.describe()}: files vanished before the marker: {'; '.join(problems)}"
+            )
+
+    def _committed_generation(self, ckpt: str) -> str | None:
+        """The generation the marker about to be replaced names (None: none, or unreadable)."""
+        try:
+            return read_manifest(self.tier, ckpt).generation
+        except (FileNotFoundError, IntegrityError):
+            return None
+
+    def _stop_writing(self) -> None:
+        if self._writing is not None:
+            self._writing.release()
+            self._writing = None
 
     def _timings(self, committed_at: float) -> dict[str, float | None]:
         started = min((r.started_at for r in self._reports), default=self._started_at)
@@ -394,16 +455,16 @@ class TieredWriter(StorageWriter, AsyncStager):
             "commit_s": committed_at - started,
         }
 
-    def _remove_older_generations(self, ckpt: str, current: str) -> None:
-        """After a commit, drop this id's other generations that are older (never newer ones).
+    def _remove_replaced_generation(self, ckpt: str, replaced: str) -> None:
+        """After an overwrite commits, drop the one generation its marker replaced.
 
-        Not while a restore holds a read lease on the id: gc removes them later.
+        Only that one: any other generation of the id may belong to a save still in flight (a
+        second writer on the same id), and is left to cleanup, which knows who is at work. Not
+        while a restore is reading the id: cleanup removes it once the reader is done.
         """
-        if ckpt in leased_ids(self.tier):
+        if is_busy([a for a in live(self.tier) if a.kind == "read"], ckpt, replaced):
             return
-        for name in self.tier.list_dir(ckpt):
-            if is_generation(name) and name < current:
-                _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, name)))
+        _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, replaced)))
 
 
 def _quietly(action: Callable[[], object]) -> None:

@@ -1,8 +1,10 @@
-"""Cleaning up what no commit marker covers: uncommitted generations, incomplete writes, stale leases.
+"""Cleaning up what no commit marker covers: uncommitted generations, incomplete writes, the records
+of holders that are gone.
 
-Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, and
-only once they have been left alone for ``promote.stale_after``: a save or a promotion in progress keeps
-writing, so its files stay young. Temp files and incomplete multipart uploads are found and discarded
+Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, only
+once they have been left alone for ``promote.stale_after``, and never a generation that a live
+activity record names (a save, promotion or restore at work: see :mod:`tierstore.activity`), however
+old or invisible its files look. Temp files and incomplete multipart uploads are found and discarded
 by the tier itself (:meth:`~tierstore.tiers.base.Tier.incomplete_writes`). Committed checkpoints are
 removed only by retention (:mod:`tierstore.promote.retention`).
 """
@@ -14,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.ids import (
     MARKER_NAME,
     PARTS_DIR,
@@ -22,7 +25,6 @@ from tierstore.ids import (
     staging_dir,
     writer_staging_dir,
 )
-from tierstore.leases import stale_leases
 from tierstore.owners import owner_is_gone
 from tierstore.promote.discovery import SeenCopy
 from tierstore.tiers import IncompleteWrite, Tier
@@ -46,7 +48,9 @@ def find_leftovers(
 ) -> list[Cleanup]:
     """Everything in ``tier`` that cleanup would remove now, with the reason."""
     now = time.time() if now is None else now
-    found = _uncommitted_generations(tier, seen, stale_after=stale_after, now=now)
+    records = activities(tier, now=now)
+    at_work = [r for r in records if r.age < ACTIVITY_TTL]
+    found = _uncommitted_generations(tier, seen, at_work, stale_after=stale_after, now=now)
     for write in tier.incomplete_writes(idle_for=stale_after, now=now):
         idle = now - write.last_activity
         found.append(Cleanup(tier.name, "incomplete", write.path,
@@ -63,13 +67,20 @@ def find_leftovers(
             ):
                 found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
                                      "staging buffers of a writer process that is gone"))  # fmt: skip
-    for path in stale_leases(tier, now):
-        found.append(Cleanup(tier.name, "file", path, "read lease of a reader that is gone"))
+    for record in records:
+        if record.age >= 2 * ACTIVITY_TTL:  # not refreshed for two lifetimes: its holder is gone
+            found.append(Cleanup(tier.name, "file", record.path,
+                                 f"{record.kind} record of a holder that is gone"))  # fmt: skip
     return found
 
 
 def _uncommitted_generations(
-    tier: Tier, seen: dict[str, SeenCopy], *, stale_after: float, now: float
+    tier: Tier,
+    seen: dict[str, SeenCopy],
+    at_work: list[ActivityInfo],
+    *,
+    stale_after: float,
+    now: float,
 ) -> list[Cleanup]:
     newest: dict[tuple[str, str], float] = {}
     with_parts: set[tuple[str, str]] = set()
@@ -93,6 +104,8 @@ def _uncommitted_generations(
             continue
         if checkpoint_id in marked and known is None:
             continue  # a marker we could not read this time: its data is not ours to judge
+        if is_busy(at_work, checkpoint_id, generation):
+            continue  # someone may still write (or read) it
         if tier.node_local and (checkpoint_id, generation) in with_parts:
             continue  # another node's committed part looks the same as a failed one: retention decides
         idle = now - mtime

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tierstore.activity import held, is_busy, live
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
@@ -32,7 +33,14 @@ from tierstore.ids import (
     node_part_path,
     rank_part_path,
 )
-from tierstore.manifest import FileEntry, Manifest, PartRecord, publish_manifest, read_manifest
+from tierstore.manifest import (
+    FileEntry,
+    Manifest,
+    PartRecord,
+    copy_problems,
+    publish_manifest,
+    read_manifest,
+)
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.progress import TransferProgress
 from tierstore.promote.transfer import copy_files
@@ -65,13 +73,22 @@ def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Man
     return manifest.with_changes(committed_at=now, timings=timings, provenance=provenance)
 
 
-def publish_committed(target: Tier, manifest: Manifest) -> bool:
+def publish_committed(target: Tier, manifest: Manifest, *, node: int | None = None) -> bool:
     """Publish ``manifest`` as the target's marker, create-only; True if this call committed it.
 
-    If the target already holds a marker of the same generation, another promoter won: nothing
-    changes. If it holds an older generation (the id was overwritten at the source), the marker is
-    replaced atomically and the old generation deleted afterwards.
+    First every file the marker names (in a node-local target: those of ``node``) is checked to be
+    there at its size: nothing may have removed a copied file since, or the marker would stand over
+    a hole. If the target already holds a marker of the same generation, another promoter won:
+    nothing changes. If it holds an older generation (the id was overwritten at the source), the
+    marker is replaced atomically and the old generation deleted afterwards.
     """
+    here = [f for f in manifest.files if not target.node_local or node is None or f.node == node]
+    problems = copy_problems(target, manifest, verify=False, entries=here)
+    if problems:
+        raise IntegrityError(
+            f"{manifest.checkpoint_id}: not committed in tier {target.describe()}: files"
+            f" vanished before the marker: {'; '.join(problems)}"
+        )
     try:
         publish_manifest(target, manifest, create_only=True)
         return True
@@ -82,7 +99,9 @@ def publish_committed(target: Tier, manifest: Manifest) -> bool:
         if existing.generation > manifest.generation:
             return False  # the target already has a newer generation
         publish_manifest(target, manifest, create_only=False)
-        target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
+        readers = [r for r in live(target) if r.kind == "read"]
+        if not is_busy(readers, manifest.checkpoint_id, existing.generation):  # else: cleanup's
+            target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
         return True
 
 
@@ -138,7 +157,15 @@ class PromotionJob:
         return mine, manifest.nodes != [self.node]
 
     def run(self) -> Outcome:
-        """Copy, then publish or record the part; raises on failure (nothing half-visible)."""
+        """Copy, then publish or record the part; raises on failure (nothing half-visible).
+
+        A ``promote`` activity record in the target covers the whole job: cleanup on any node
+        leaves the generation alone while it is being copied, however idle its files look.
+        """
+        with held(self.target, "promote", self.checkpoint_id, self.generation):
+            return self._run()
+
+    def _run(self) -> Outcome:
         entries, multi_node = self._entries()
         part = node_part_path(self.checkpoint_id, self.generation, self.node)
         if multi_node and not self.target.node_local and self.target.exists(part):
@@ -165,7 +192,8 @@ class PromotionJob:
                 self.target.write_bytes(path, record.to_json())
             if manifest is None:
                 return Outcome(copied, False)
-            return Outcome(copied, publish_committed(self.target, self._promoted(manifest)))
+            promoted = self._promoted(manifest)
+            return Outcome(copied, publish_committed(self.target, promoted, node=self.node))
         if not multi_node:
             assert manifest is not None
             return Outcome(copied, publish_committed(self.target, self._promoted(manifest)))

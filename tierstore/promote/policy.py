@@ -54,11 +54,12 @@ class Promotion:
 
 @dataclass(frozen=True)
 class Deletion:
-    """Delete ``checkpoint_id`` from ``tier``, and why."""
+    """Delete ``checkpoint_id`` (its copy of ``generation``) from ``tier``, and why."""
 
     tier: str
     checkpoint_id: str
     reason: str
+    generation: str = ""
 
 
 def every_for(config: Config, index: int) -> int:
@@ -173,7 +174,12 @@ def retention(
             if name in durable and kept_elsewhere and not other_durable:
                 continue  # the last durable copy of a checkpoint some tier keeps
             deletions.append(
-                Deletion(name, checkpoint_id, _why_deleted(config.tiers[names.index(name)]))
+                Deletion(
+                    name,
+                    checkpoint_id,
+                    _why_deleted(config.tiers[names.index(name)]),
+                    held[name][checkpoint_id].generation,
+                )
             )
     return deletions
 

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tierstore.activity import live
 from tierstore.config import Config
 from tierstore.errors import TierstoreError
-from tierstore.leases import leased_ids
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.promote.job import PromotionJob
@@ -204,14 +204,15 @@ class Promoter:
     # -- retention and gc -----------------------------------------------------------------------
 
     def planned_deletions(self, found: dict[str, dict[str, SeenCopy]]) -> list[Deletion]:
-        """What retention would delete now on this node (leases and node ownership respected)."""
+        """What retention would delete now on this node (work in progress and node ownership
+        respected: an id named by a live activity record is in use)."""
         in_use: set[str] = set()
         for tier in self.tiers:
             try:
-                in_use |= leased_ids(tier)
+                in_use |= {record.checkpoint_id for record in live(tier)}
             except (TierstoreError, OSError) as exc:
                 logger.warning(
-                    "cannot read leases in %s (%s): no deletion this pass", tier.name, exc
+                    "cannot read activity records in %s (%s): no deletion this pass", tier.name, exc
                 )
                 return []
         decided = retention(self.config, self._copies(found), frozenset(in_use))

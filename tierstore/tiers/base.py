@@ -224,6 +224,11 @@ class Tier(abc.ABC):
     def delete_tree(self, path: str) -> None:
         """Delete ``path`` and everything below it; a missing tree is not an error."""
 
+    def remove_if_empty(self, path: str) -> None:
+        """Remove the directory ``path`` if, at that instant, nothing is in it (atomic: a file
+        created concurrently keeps it). Object stores have no empty directories: nothing to do."""
+        return None
+
     def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:
         """Writes that never published and saw no byte for ``idle_for`` seconds (for cleanup).
 

@@ -259,6 +259,19 @@ class PosixTier(Tier):
             return
         fsync_dir(target.parent)
 
+    def remove_if_empty(self, path: str) -> None:
+        """``rmdir``: fails (and is ignored) when anything is inside."""
+        target = self._path(path)
+        try:
+            target.rmdir()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                return
+            raise
+        fsync_dir(target.parent)
+
     def delete_tree(self, path: str) -> None:
         """Remove a directory tree (missing is fine) and fsync the parent."""
         target = self._path(path)

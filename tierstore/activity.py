@@ -1,0 +1,178 @@
+"""Activity records: who may still write or read a generation, known explicitly, never guessed.
+
+Cleanup must not touch what anyone may still write (a save in flight, a promotion copying into a
+tier) or read (a restore). File times cannot tell: temp files and multipart uploads are invisible, a
+straggler rank writes late, a reader holds files open. So each of them holds an *activity record* in
+the tier it works on, ``.tierstore/activity/<kind>~<id>~<generation>~<token>.json``:
+
+* ``write``: a save's coordinator, from choosing the generation until its marker is published;
+* ``promote``: a promoter, while it copies a generation into the tier and publishes its marker;
+* ``read``: every reading rank, from before the restore chooses its tier until its data is read.
+
+A record lives while its holder refreshes it: :data:`HEARTBEAT` rewrites every held record each
+``ACTIVITY_TTL / 4`` seconds, and a record whose last write is older than :data:`ACTIVITY_TTL` is the
+leftover of a holder that died (cleanup removes it). Liveness is judged from the tier's own clock
+(the record's modification time against the listing), never from a pid, so a sidecar in another PID
+namespace, container or node judges the same way. Holding a record costs one small write per
+refresh; losing one (the tier briefly unreachable) is logged, and the next refresh retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+ACTIVITY_TTL = 60.0
+"""Seconds a record stays live without a refresh (a holder refreshes it four times as often)."""
+KINDS = ("write", "promote", "read")
+
+
+@dataclass(frozen=True)
+class ActivityInfo:
+    """A record seen in a tier: what kind, on which checkpoint id and generation (None: any)."""
+
+    kind: str
+    checkpoint_id: str
+    generation: str | None
+    path: str
+    age: float
+
+
+class Activity:
+    """One held record; :meth:`release` it (or use :func:`held`)."""
+
+    def __init__(self, tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"activity kind must be one of {KINDS}, got {kind!r}")
+        self.tier, self.kind = tier, kind
+        self.checkpoint_id, self.generation = checkpoint_id, generation
+        self.path = activity_path(kind, checkpoint_id, generation, uuid.uuid4().hex[:12])
+        self.body = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "kind": kind,
+             "checkpoint_id": checkpoint_id, "generation": generation, "since": time.time()}
+        ).encode()  # fmt: skip
+        self.released = False
+
+    def refresh(self) -> None:
+        """(Re)write the record: it is live for another :data:`ACTIVITY_TTL` seconds."""
+        self.tier.write_bytes(self.path, self.body)
+
+    def release(self) -> None:
+        """Stop refreshing and delete the record (best effort: an orphan expires by itself)."""
+        if self.released:
+            return
+        self.released = True
+        HEARTBEAT.forget(self)
+        try:
+            self.tier.delete(self.path)
+        except Exception as exc:  # noqa: BLE001 - it expires after ACTIVITY_TTL anyway
+            logger.warning("could not remove activity record %s in %s: %s", self.path,
+                           self.tier.name, exc)  # fmt: skip
+
+
+def hold(tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> Activity:
+    """Publish a record and keep it live until :meth:`Activity.release`.
+
+    Raises what the tier raises when the first write fails: work that cannot announce itself must
+    not start, since cleanup could then remove it.
+    """
+    activity = Activity(tier, kind, checkpoint_id, generation)
+    activity.refresh()
+    HEARTBEAT.keep(activity)
+    return activity
+
+
+@contextlib.contextmanager
+def held(tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> Iterator[Activity]:
+    """:func:`hold` for the duration of the block."""
+    activity = hold(tier, kind, checkpoint_id, generation)
+    try:
+        yield activity
+    finally:
+        activity.release()
+
+
+def activities(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
+    """Every record in ``tier``, live or not (``age``: seconds since its last refresh)."""
+    now = time.time() if now is None else now
+    found = []
+    for info in tier.find(ACTIVITY_DIR):
+        parsed = parse_activity_path(info.path)
+        if parsed is not None:
+            kind, checkpoint_id, generation = parsed
+            found.append(ActivityInfo(kind, checkpoint_id, generation, info.path, now - info.mtime))
+    return found
+
+
+def live(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
+    """The records of holders still at work (refreshed within :data:`ACTIVITY_TTL`)."""
+    return [a for a in activities(tier, now=now) if a.age < ACTIVITY_TTL]
+
+
+def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | None) -> bool:
+    """True when a live record covers ``checkpoint_id`` (and ``generation``, if one is given).
+
+    A record without a generation (a reader that has not chosen yet) covers every generation.
+    """
+    return any(
+        r.checkpoint_id == checkpoint_id
+        and (generation is None or r.generation is None or r.generation == generation)
+        for r in records
+    )
+
+
+class Heartbeat:
+    """Refreshes every held record of this process from one daemon thread."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._held: set[Activity] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def keep(self, activity: Activity) -> None:
+        """Refresh ``activity`` until :meth:`forget`."""
+        with self._lock:
+            self._held.add(activity)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()  # a forked child needs its own thread
+                self._thread = threading.Thread(
+                    target=self._run, name="tierstore-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def forget(self, activity: Activity) -> None:
+        """Stop refreshing ``activity``."""
+        with self._lock:
+            self._held.discard(activity)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            with self._lock:
+                current = list(self._held)
+            for activity in current:
+                if activity.released:
+                    continue
+                try:
+                    activity.refresh()
+                except Exception as exc:  # noqa: BLE001 - retried at the next beat
+                    logger.warning("could not refresh activity record %s in %s: %s",
+                                   activity.path, activity.tier.name, exc)  # fmt: skip
+
+
+HEARTBEAT = Heartbeat(ACTIVITY_TTL / 4)
+"""This process's refresher (process-wide by nature: it outlives any one writer or reader)."""
