@@ -1,19 +1,64 @@
-"""Who owns a staging directory: ``<host>~<pid>~<random>``, so gc can tell a dead writer's files."""
+"""Who owns a staging directory, and whether that owner is still alive.
+
+A writer process's staging directory is named ``<host>~<pid>~<random>`` (for people) and holds
+``owner.lock``, on which the writer keeps an exclusive ``flock`` for as long as it lives. The kernel
+drops the lock when the process dies, however it dies. Cleanup asks the lock, not the pid: a sidecar
+in another PID namespace (a separate container) cannot see the writer's pid, but it shares the
+tmpfs, and the lock answers the same there. Directories of writers from before the lock existed fall
+back to the pid (same host only) and their age.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import socket
 import uuid
 
+LOCK_NAME = "owner.lock"
+
 
 def owner_dir_name() -> str:
-    """``<host>~<pid>~<random>``: whose staging files these are (gc removes those of dead owners)."""
+    """``<host>~<pid>~<random>``: whose staging files these are."""
     return f"{socket.gethostname()}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
 
 
+def hold_owner_lock(directory: str) -> int:
+    """Create ``directory`` if needed and lock its ``owner.lock`` for this process's lifetime.
+
+    Returns the descriptor; keep it open (closing it releases the lock).
+    """
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def owner_is_alive(directory: str) -> bool | None:
+    """True while the directory's owner holds its lock, False once it is gone, None when the
+    directory has no lock file (a writer from before the lock existed: see :func:`owner_is_gone`)."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)  # also releases the probe's lock at once
+    return False
+
+
 def owner_is_gone(name: str) -> bool:
-    """True when a staging directory's owner process no longer runs (judged on its own host only)."""
+    """For a directory without a lock: True when its owner's pid no longer runs on this host."""
     parts = name.split("~")
     if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
         return False  # another host's, or not ours to judge
@@ -26,4 +71,4 @@ def owner_is_gone(name: str) -> bool:
     return False
 
 
-__all__ = ["owner_dir_name", "owner_is_gone"]
+__all__ = ["hold_owner_lock", "owner_dir_name", "owner_is_alive", "owner_is_gone"]

@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
 from tierstore.dcp.staged_shard import StagedShard
+from tierstore.owners import LOCK_NAME, hold_owner_lock
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
@@ -212,14 +213,19 @@ def _stageable(tensor: torch.Tensor) -> bool:
     )
 
 
-def _remove_directory(directory: str | None) -> None:
-    """At exit: drop the files of slabs that never became checkpoints (a spare, an unused slab)."""
+def _remove_directory(directory: str | None, lock_fd: int | None) -> None:
+    """At exit: drop the files of slabs that never became checkpoints (a spare, an unused slab),
+    then the owner lock (unlinked before it is released, so no cleanup can see it unlocked)."""
     if directory is not None:
         for entry in Path(directory).glob("slab-*.bin"):
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (Path(directory) / LOCK_NAME).unlink()
         with contextlib.suppress(OSError):
             Path(directory).rmdir()
+    if lock_fd is not None:
+        os.close(lock_fd)
 
 
 class Stager:
@@ -227,6 +233,8 @@ class Stager:
 
     def __init__(self, directory: str | None) -> None:
         self.directory = directory
+        # Held for this process's life: cleanup anywhere (another PID namespace) asks the lock.
+        self._lock_fd = hold_owner_lock(directory) if directory is not None else None
         self.slab: Slab | None = None
         self.spare: Slab | None = None
         self._preparing: threading.Thread | None = None
@@ -235,7 +243,7 @@ class Stager:
         self.pending: Pending | None = None
         """The last save that staged into these buffers, until it is known to be over."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
-        weakref.finalize(self, _remove_directory, directory)
+        weakref.finalize(self, _remove_directory, directory, self._lock_fd)
 
     def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
         path = None

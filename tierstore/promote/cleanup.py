@@ -25,7 +25,7 @@ from tierstore.ids import (
     staging_dir,
     writer_staging_dir,
 )
-from tierstore.owners import owner_is_gone
+from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import SeenCopy
 from tierstore.tiers import IncompleteWrite, Tier
 
@@ -56,21 +56,31 @@ def find_leftovers(
         found.append(Cleanup(tier.name, "incomplete", write.path,
                              f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
     if tier.capabilities.staging_files:
-        for owner in tier.list_dir(staging_dir()):
-            # A writer touches its directory at every save; in another PID namespace (a sidecar
-            # container) its pid is invisible, so age is required as well as a missing process.
-            directory = tier.local_path(writer_staging_dir(owner))
-            if (
-                directory is not None
-                and owner_is_gone(owner)
-                and now - os.stat(directory).st_mtime >= stale_after
-            ):
-                found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
-                                     "staging buffers of a writer process that is gone"))  # fmt: skip
+        found += _abandoned_staging(tier, stale_after=stale_after, now=now)
     for record in records:
         if record.age >= 2 * ACTIVITY_TTL:  # not refreshed for two lifetimes: its holder is gone
             found.append(Cleanup(tier.name, "file", record.path,
                                  f"{record.kind} record of a holder that is gone"))  # fmt: skip
+    return found
+
+
+def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
+    """Staging directories of writer processes that are gone (see :mod:`tierstore.owners`)."""
+    found: list[Cleanup] = []
+    for owner in tier.list_dir(staging_dir()):
+        directory = tier.local_path(writer_staging_dir(owner))
+        if directory is None:
+            continue
+        alive = owner_is_alive(directory)
+        if alive is None:  # a directory without a lock: judge by pid (this host only) and age
+            try:
+                idle = now - os.stat(directory).st_mtime
+            except FileNotFoundError:
+                continue
+            alive = not (owner_is_gone(owner) and idle >= stale_after)
+        if not alive:
+            found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
+                                 "staging buffers of a writer process that is gone"))  # fmt: skip
     return found
 
 
