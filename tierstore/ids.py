@@ -151,12 +151,16 @@ def split_generation_path(path: str) -> tuple[str, str, str] | None:
 
 def rank_part_path(checkpoint_id: str, generation: str, rank: int) -> str:
     """Tier-relative path of the record a rank writes once its files are durable (node-local tiers)."""
-    return part_file(checkpoint_id, generation, f"rank{rank:05d}.json")
+    return part_file(checkpoint_id, generation, f"rank{rank:05d}.json")  # RANK0_PART for rank 0
 
 
 def part_file(checkpoint_id: str, generation: str, name: str) -> str:
     """Tier-relative path of the part record called ``name`` (as listed in :func:`parts_dir`)."""
     return f"{parts_dir(checkpoint_id, generation)}/{name}"
+
+
+RANK0_PART = "rank00000.json"
+"""The part record of rank 0: present only on the coordinator's node, where the marker is."""
 
 
 def is_rank_part_name(name: str) -> bool:

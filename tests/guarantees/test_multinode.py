@@ -6,7 +6,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -90,3 +92,34 @@ def test_two_nodes_promote_their_parts_and_commit_once(
     for key, value in tensors(2).items():
         assert torch.equal(state["model"][key], value)
     assert state["step"] == 2
+
+
+def veto_on_rank_1(view: Any) -> str | None:
+    """A commit gate that refuses on rank 1 only (as a loss spike seen by one rank would)."""
+    return "loss spike" if view.rank == 1 else None
+
+
+def vetoed_save_on_two_nodes(rank: int, world: int, config: Config) -> None:
+    mine = {k: v for i, (k, v) in enumerate(tensors(9).items()) if i % world == rank}
+    writer = TieredWriter(config, node=rank, commit_gate=veto_on_rank_1)
+    with pytest.raises(BaseException, match="loss spike"):
+        dcp.save({"model": mine}, storage_writer=writer, checkpoint_id="step_0009")
+    del writer  # the save is over: its activity record goes with it
+    dist.barrier()
+
+
+def test_a_vetoed_multi_node_save_leaves_nothing_in_host_memory(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    config = make_config("memory", promote={"stale_after": 0})
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
+    run_ranks(vetoed_save_on_two_nodes, 2, tmp_path, config)
+    ram0 = make_tier(config.tiers[0], namespace=None, node=0)
+    assert any("r00000" in f.path for f in ram0.find("step_0009")), "rank 0 wrote its share"
+    assert not ram0.exists(marker_path("step_0009"))
+    subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "0", "gc"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert ram0.find("step_0009") == [], "the coordinator's node must not keep a failed save"

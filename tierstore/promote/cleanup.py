@@ -20,6 +20,7 @@ from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.ids import (
     MARKER_NAME,
     PARTS_DIR,
+    RANK0_PART,
     generation_dir,
     split_generation_path,
     staging_dir,
@@ -94,6 +95,7 @@ def _uncommitted_generations(
 ) -> list[Cleanup]:
     newest: dict[tuple[str, str], float] = {}
     with_parts: set[tuple[str, str]] = set()
+    coordinators: set[tuple[str, str]] = set()
     marked: set[str] = set()
     for info in tier.find(""):
         split = split_generation_path(info.path)
@@ -107,6 +109,8 @@ def _uncommitted_generations(
         newest[key] = max(newest.get(key, 0.0), info.mtime)
         if rest.split("/", 1)[0] == PARTS_DIR:
             with_parts.add(key)
+            if rest == f"{PARTS_DIR}/{RANK0_PART}":
+                coordinators.add(key)
     found: list[Cleanup] = []
     for (checkpoint_id, generation), mtime in sorted(newest.items()):
         known = seen.get(checkpoint_id)
@@ -116,8 +120,11 @@ def _uncommitted_generations(
             continue  # a marker we could not read this time: its data is not ours to judge
         if is_busy(at_work, checkpoint_id, generation):
             continue  # someone may still write (or read) it
-        if tier.node_local and (checkpoint_id, generation) in with_parts:
-            continue  # another node's committed part looks the same as a failed one: retention decides
+        key = (checkpoint_id, generation)
+        if tier.node_local and key in with_parts and key not in coordinators:
+            # Another node's part: its commit is only visible on the coordinator's node, so a
+            # committed part looks like a failed one here; retention decides (see policy).
+            continue
         idle = now - mtime
         if idle >= stale_after:
             why = "generation not named by the marker" if known else "no commit marker"
