@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -86,6 +87,10 @@ class Catalog:
 
     def latest(self) -> str | None:
         """The newest id with a valid marker in any tier, or None."""
+        return next(self.candidates(), None)
+
+    def candidates(self) -> Iterator[str]:
+        """Ids with a valid marker in some tier, newest first (markers read lazily, as needed)."""
         scanned = self.scan()
         order = newest_first((i, min(t.values())) for i, t in scanned.items())
         by_name = {t.name: t for t in self.tiers}
@@ -96,8 +101,8 @@ class Catalog:
                 except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning
                     logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, tier_name, exc)
                     continue
-                return checkpoint_id
-        return None
+                yield checkpoint_id
+                break
 
     def listings(self) -> list[Listing]:
         """Every committed checkpoint, newest first, with sizes and timings from its markers."""

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 import yaml
 
 from tests.workers import run_ranks
-from tierstore import TieredReader, TieredWriter
+from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.manifest import copy_problems, read_manifest
@@ -123,3 +123,25 @@ def test_a_vetoed_multi_node_save_leaves_nothing_in_host_memory(
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     assert ram0.find("step_0009") == [], "the coordinator's node must not keep a failed save"
+
+
+def restart_on_two_nodes(rank: int, world: int, config: Config) -> None:
+    latest = latest_committed(config, node=rank)
+    assert latest == "step_0001", "step 2 is only in two nodes' memory: this job cannot restore it"
+    state = {"model": {k: torch.zeros_like(v) for k, v in tensors(1).items()}, "step": 0}
+    dcp.load(state, storage_reader=TieredReader(config, node=rank), checkpoint_id=latest)
+    assert all(torch.equal(state["model"][k], v) for k, v in tensors(1).items())
+
+
+def test_latest_is_the_newest_checkpoint_this_job_can_restore(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    config = make_config("memory", "s3")
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
+    run_ranks(save_on_two_nodes, 2, tmp_path, config, 1)
+    promote(path, node=1)
+    promote(path, node=0)  # step 1 is complete in S3
+    run_ranks(save_on_two_nodes, 2, tmp_path, config, 2)  # step 2: host memory of both nodes only
+    run_ranks(restart_on_two_nodes, 2, tmp_path, config)
+    assert latest_committed(config, node=0) == "step_0001", "nor can a one-process job on node 0"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -81,16 +82,18 @@ def choose_copy(
     verify: bool,
     group: dist.ProcessGroup | None = None,
     excluded: dict[int, str] | None = None,
+    collective: bool = True,
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
 
-    ``excluded`` maps tier indexes already found unusable (and why) to skip. Raises
+    ``excluded`` maps tier indexes already found unusable (and why) to skip. With
+    ``collective=False`` this process decides alone, as a job of one rank would. Raises
     :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
     """
-    rank, world = rank_and_world(group)
+    rank, world = rank_and_world(group) if collective else (0, 1)
     found = _probe_markers(tiers, checkpoint_id) if rank == 0 else []
-    found = broadcast_object(found, group)
-    rank_nodes = all_gather_object(node, group)
+    found = broadcast_object(found, group) if collective else found
+    rank_nodes = all_gather_object(node, group) if collective else [node]
     manifests: dict[int, Manifest] = {}
     reasons: dict[int, list[str]] = {}
     for index, (blob, reason) in enumerate(found):
@@ -108,7 +111,7 @@ def choose_copy(
         )
     except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
         local = exc
-    gathered = all_gather_object(local, group)
+    gathered: list[Any] = all_gather_object(local, group) if collective else [local]
     for item in gathered:
         if isinstance(item, Exception):
             raise TierstoreError(f"checking checkpoint {checkpoint_id!r} failed: {item}") from item
