@@ -19,7 +19,7 @@ LAYERS = {
     "tierstore.interval": 0, "tierstore.testing": 0,
     "tierstore.tiers": 1,
     "tierstore.config": 2,
-    "tierstore.manifest": 3, "tierstore.activity": 3,
+    "tierstore.manifest": 3, "tierstore.activity": 3, "tierstore.commits": 3,
     "tierstore.catalog": 4, "tierstore.audit": 4,
     "tierstore.dcp": 5, "tierstore.promote": 5,
     "tierstore.cli": 6, "tierstore": 6,

@@ -1,4 +1,5 @@
-"""latest_committed and the catalog: decided by markers, newest by step then commit time."""
+"""latest_committed and the catalog: decided by markers; newest is commit order (the commit log),
+never the step in the id or a clock."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import Catalog, TieredWriter, latest_committed
-from tierstore.catalog import newest_first
+from tierstore.commits import read_log
 from tierstore.config import Config
-from tierstore.ids import marker_path, step_of
+from tierstore.ids import marker_path, newest_first, step_of
+from tierstore.manifest import read_manifest
 from tierstore.tiers import make_tier
 
 
@@ -21,10 +23,8 @@ def test_step_parsing() -> None:
 
 
 def test_newest_first_rule() -> None:
-    ordered = newest_first(
-        [("step_10", 5.0), ("step_9", 9.0), ("final", 100.0), ("best", 50.0), ("step_10b", 1.0)]
-    )
-    assert ordered == ["step_10", "step_10b", "step_9", "final", "best"]
+    ordered = newest_first([("step_10", 2), ("step_9", 5), ("final", 4), ("legacy", None)])
+    assert ordered == ["step_9", "final", "step_10", "legacy"], "commit order; unlogged last"
 
 
 def _save(config: Config, checkpoint_id: str, tier: str | None = None) -> None:
@@ -41,7 +41,7 @@ def test_latest_across_tiers_and_none_when_empty(make_config: Callable[..., Conf
     _save(config, "step_000100")
     _save(config, "step_000300", tier="s3")
     _save(config, "step_000200", tier="local")
-    assert latest_committed(config) == "step_000300"
+    assert latest_committed(config) == "step_000200", "committed last: the newest"
     scanned = Catalog(config).scan()
     assert scanned.keys() == {"step_000100", "step_000200", "step_000300"}
     assert set(scanned["step_000300"]) == {"s3"}
@@ -64,3 +64,49 @@ def test_corrupt_newest_marker_is_skipped(make_config: Callable[..., Config]) ->
     tier = make_tier(config.tiers[0], namespace=None, node=0)
     tier.publish(marker_path("step_000002"), b"garbage", create_only=False)
     assert latest_committed(config) == "step_000001"
+
+
+def seqs(config: Config) -> dict[str, int | None]:
+    held: dict[str, int | None] = {}
+    for tier in config.make_tiers(node=0):
+        for checkpoint_id in Catalog(config).scan():
+            if tier.exists(marker_path(checkpoint_id)):
+                held[checkpoint_id] = read_manifest(tier, checkpoint_id).seq
+    return held
+
+
+def test_ids_whose_last_number_is_not_the_step_order_as_committed(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory")
+    names = ["step100_20240601", "ckpt-000500-v1", "step100_bf16", "final"]
+    for name in names:
+        _save(config, name)
+    assert [e.checkpoint_id for e in Catalog(config).listings()] == names[::-1]
+    assert latest_committed(config) == "final"
+
+
+def test_a_rollback_makes_the_new_saves_newest(make_config: Callable[..., Config]) -> None:
+    config = make_config("memory")
+    for step in (100, 200, 300):
+        _save(config, f"step_{step:06d}")
+    _save(config, "step_000110")  # resumed from step 100 after a loss spike; 200, 300 abandoned
+    assert latest_committed(config) == "step_000110"
+    assert seqs(config) == {"step_000100": 1, "step_000200": 2, "step_000300": 3, "step_000110": 4}
+
+
+def test_tier_saves_and_a_wiped_first_tier_keep_the_sequence_growing(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", "s3")
+    memory, s3 = config.make_tiers(node=0)
+    _save(config, "step_000001")
+    _save(config, "step_000002", tier="s3")
+    _save(config, "step_000003")
+    memory.delete_tree("")  # the node was replaced: its host memory is empty
+    _save(config, "step_000004")
+    held = seqs(config)  # newer than everything that survived (step 3 went with the memory)
+    assert held.keys() == {"step_000002", "step_000004"}
+    assert (held["step_000004"] or 0) > (held["step_000002"] or 0) == 2
+    assert [e.seq for e in read_log(s3)] == [2]
+    assert latest_committed(config) == "step_000004"

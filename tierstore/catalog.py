@@ -1,9 +1,10 @@
 """What is committed where, decided by markers (never by directories), and which checkpoint is newest.
 
-**Newest** is defined as: the highest *step*, the last run of digits in the id (``step_000200`` -> 200,
-``run3-epoch2-step1500`` -> 1500); between equal steps, the later commit (the marker's time). Ids
-without digits sort before every id with a step, by commit time among themselves. Name checkpoints with
-their step and the order is what you expect.
+**Newest** is commit order: the sequence number each commit takes (:mod:`tierstore.commits`), read
+from the commit logs of every tier in one listing each. Never the step in the id, never a clock:
+after a rollback the new saves are newer than the abandoned higher steps, and ``final`` or
+``step100_20240601`` order as committed. The step stays metadata, for display and ``keep_every``.
+Copies from before the commit log (tierstore 0.1.0) are ordered by the ``seq`` in their marker.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tierstore.commits import read_log
 from tierstore.config import Config, as_config
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.manifest import Manifest, read_manifest
@@ -31,16 +33,6 @@ def marker_times(tier: Tier) -> dict[str, float]:
         for child, info in tier.find_in_children(MARKER_NAME).items()
         if is_checkpoint_id(child)
     }
-
-
-def next_sequence(tier: Tier) -> int:
-    """The ``seq`` of the next commit in ``tier``: one more than its newest readable marker's."""
-    for checkpoint_id in newest_first(marker_times(tier).items()):
-        try:
-            return (read_manifest(tier, checkpoint_id).seq or 0) + 1
-        except Exception as exc:  # noqa: BLE001 - a damaged marker: look at the next newest
-            logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, tier.name, exc)
-    return 1
 
 
 @dataclass(frozen=True)
@@ -85,6 +77,33 @@ class Catalog:
                 merged.setdefault(checkpoint_id, {})[tier.name] = mtime
         return merged
 
+    def sequences(self, scanned: dict[str, dict[str, float]]) -> dict[str, int | None]:
+        """``{id: its commit sequence}`` for the scanned ids: the highest logged for that id in a
+        tier holding its marker; for unlogged (older) copies, the ``seq`` in the marker."""
+        with ThreadPoolExecutor(len(self.tiers)) as pool:
+            logs = dict(
+                zip((t.name for t in self.tiers), pool.map(read_log, self.tiers), strict=True)
+            )
+        found: dict[str, int | None] = {}
+        for tier_name, log in logs.items():
+            for entry in log:
+                if tier_name in scanned.get(entry.checkpoint_id, {}):
+                    found[entry.checkpoint_id] = max(found.get(entry.checkpoint_id) or 0, entry.seq)
+        by_name = {t.name: t for t in self.tiers}
+        for checkpoint_id in scanned.keys() - found.keys():
+            found[checkpoint_id] = None
+            for tier_name in scanned[checkpoint_id]:
+                try:
+                    found[checkpoint_id] = read_manifest(by_name[tier_name], checkpoint_id).seq
+                    break
+                except Exception:  # noqa: BLE001, S112 - a bad marker: another tier may do
+                    continue
+        return found
+
+    def newest_first(self, scanned: dict[str, dict[str, float]]) -> list[str]:
+        """The scanned ids, newest first (see the module docstring)."""
+        return newest_first(self.sequences(scanned).items())
+
     def latest(self) -> str | None:
         """The newest id with a valid marker in any tier, or None."""
         return next(self.candidates(), None)
@@ -92,7 +111,7 @@ class Catalog:
     def candidates(self) -> Iterator[str]:
         """Ids with a valid marker in some tier, newest first (markers read lazily, as needed)."""
         scanned = self.scan()
-        order = newest_first((i, min(t.values())) for i, t in scanned.items())
+        order = self.newest_first(scanned)
         by_name = {t.name: t for t in self.tiers}
         for checkpoint_id in order:
             for tier_name in scanned[checkpoint_id]:
@@ -120,7 +139,7 @@ class Catalog:
         with ThreadPoolExecutor(16) as pool:
             manifests = dict(zip(jobs, pool.map(load, jobs), strict=True))
         listings = []
-        for checkpoint_id in newest_first((i, min(t.values())) for i, t in scanned.items()):
+        for checkpoint_id in self.newest_first(scanned):
             held = [n for n in by_name if manifests.get((checkpoint_id, n)) is not None]
             if not held:
                 continue

@@ -230,14 +230,49 @@ def parse_activity_path(path: str) -> tuple[str, str, str | None] | None:
     return parts[0], parts[1], generation
 
 
-def newest_first(ids_with_times: Iterable[tuple[str, float]]) -> list[str]:
-    """Order ids newest first: highest step (the id's last number), then later commit time.
+COMMITS_DIR = f"{INTERNAL_DIR}/commits"
+"""Tier-relative directory of the commit log (see commits.py)."""
 
-    Ids without a number sort before every id with one, by commit time among themselves.
+
+def commit_entry_path(seq: int, checkpoint_id: str, generation: str) -> str:
+    """Tier-relative path of the commit-log entry ``seq`` (``<seq>~<id>~<generation>``)."""
+    return f"{COMMITS_DIR}/{seq:012d}~{checkpoint_id}~{generation}"
+
+
+def parse_commit_entry(path: str) -> tuple[int, str, str] | None:
+    """``(seq, checkpoint id, generation)`` of a commit-log entry's path, else None."""
+    parts = path.rsplit("/", 1)[-1].split("~")
+    if len(parts) != 3 or not parts[0].isdigit():
+        return None
+    if not (is_checkpoint_id(parts[1]) and is_generation(parts[2])):
+        return None
+    return int(parts[0]), parts[1], parts[2]
+
+
+def is_newer_commit(
+    seq: int | None, generation: str, other_seq: int | None, other_generation: str
+) -> bool:
+    """True when the commit ``(seq, generation)`` is newer than the other one.
+
+    By sequence when both have one; between copies from before the commit log, by generation
+    (time-ordered names from one writer: the best that is known about them).
     """
+    if seq is not None and other_seq is not None:
+        return seq > other_seq
+    return generation > other_generation
 
-    def key(item: tuple[str, float]) -> tuple[int, int, float]:
-        step = step_of(item[0])
-        return (0, 0, item[1]) if step is None else (1, step, item[1])
 
-    return [i for i, _ in sorted(ids_with_times, key=key, reverse=True)]
+def newest_first(ids_with_seq: Iterable[tuple[str, int | None]]) -> list[str]:
+    """Order ids newest first: by commit sequence (higher is newer), never by name or clock.
+
+    An id without a sequence (None) sorts after every id with one; ties (only possible between
+    unrelated namespaces' legacy markers) are broken by id, for a stable order.
+    """
+    return [
+        i
+        for i, _ in sorted(
+            ids_with_seq,
+            key=lambda item: (item[1] is not None, item[1] or 0, item[0]),
+            reverse=True,
+        )
+    ]

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierstore.activity import Activity, hold, is_busy, live
-from tierstore.catalog import next_sequence
 from tierstore.checksum import crc32c
+from tierstore.commits import claim
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.rank_files import RankFileWriter
@@ -317,7 +317,11 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stop_writing()
         self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation)
         weakref.finalize(self, self._writing.release)  # a failed save's record ends with its writer
-        self._seq = next_sequence(self.tier)
+        # The commit's place in commit order (what "newest" means): the next number after the
+        # highest any tier has logged, claimed create-only in the target.
+        tiers = [self.tier, *(t for t in self.config.make_tiers(node=self.node)
+                              if t.name != self.tier.name)]  # fmt: skip
+        self._seq = claim(self.tier, tiers, self._checkpoint_id, self._generation)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         multi_node = len({r.node for r in self._reports}) > 1
         return [

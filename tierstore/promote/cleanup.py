@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass
 
 from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
+from tierstore.commits import read_log
 from tierstore.ids import (
+    COMMITS_DIR,
     MARKER_NAME,
     PARTS_DIR,
     RANK0_PART,
@@ -58,10 +60,38 @@ def find_leftovers(
                              f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
     if tier.capabilities.staging_files:
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
+    found += _orphan_log_entries(tier, seen, at_work, stale_after=stale_after, now=now)
     for record in records:
         if record.age >= 2 * ACTIVITY_TTL:  # not refreshed for two lifetimes: its holder is gone
             found.append(Cleanup(tier.name, "file", record.path,
                                  f"{record.kind} record of a holder that is gone"))  # fmt: skip
+    return found
+
+
+def _orphan_log_entries(
+    tier: Tier,
+    seen: dict[str, SeenCopy],
+    at_work: list[ActivityInfo],
+    *,
+    stale_after: float,
+    now: float,
+) -> list[Cleanup]:
+    """Commit-log entries of commits that never happened here (a failed save) or were replaced.
+
+    The tier's highest entry always stays: it is the high-water mark of the sequence.
+    """
+    ages = {info.path: now - info.mtime for info in tier.find(COMMITS_DIR)}
+    log = read_log(tier)
+    found: list[Cleanup] = []
+    for entry in log[:-1]:
+        known = seen.get(entry.checkpoint_id)
+        if known is not None and known.copy.generation == entry.generation:
+            continue
+        if is_busy(at_work, entry.checkpoint_id, entry.generation):
+            continue
+        if ages.get(entry.path, 0.0) >= stale_after:
+            found.append(Cleanup(tier.name, "file", entry.path,
+                                 "commit-log entry of a commit that is not here"))  # fmt: skip
     return found
 
 

@@ -25,11 +25,13 @@ import time
 from dataclasses import dataclass
 
 from tierstore.activity import held, is_busy, live
+from tierstore.commits import LogEntry, forget, record
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,
     intent_path,
+    is_newer_commit,
     node_part_path,
     rank_part_path,
 )
@@ -91,18 +93,22 @@ def publish_committed(target: Tier, manifest: Manifest, *, node: int | None = No
         )
     try:
         publish_manifest(target, manifest, create_only=True)
-        return True
     except FileExistsError:
         existing = read_manifest(target, manifest.checkpoint_id)
         if existing.generation == manifest.generation:
-            return False
-        if existing.generation > manifest.generation:
+            return False  # another promoter committed it
+        if not is_newer_commit(
+            manifest.seq, manifest.generation, existing.seq, existing.generation
+        ):
             return False  # the target already has a newer generation
         publish_manifest(target, manifest, create_only=False)
+        forget(target, manifest.checkpoint_id, existing.generation)
         readers = [r for r in live(target) if r.kind == "read"]
         if not is_busy(readers, manifest.checkpoint_id, existing.generation):  # else: cleanup's
             target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
-        return True
+    if manifest.seq is not None:  # the copy keeps its place in commit order in this tier too
+        record(target, LogEntry(manifest.seq, manifest.checkpoint_id, manifest.generation))
+    return True
 
 
 def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:

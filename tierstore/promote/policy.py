@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tierstore.config import Config
-from tierstore.ids import newest_first
+from tierstore.ids import is_newer_commit, newest_first
 from tierstore.tiers import TierConfig
 
 
@@ -77,11 +77,25 @@ def is_selected(copy: Copy, every: int) -> bool:
     return copy.seq is not None and copy.seq % every == 0
 
 
+def is_newer(copy: Copy, other: Copy) -> bool:
+    """True when ``copy`` is a newer commit than ``other`` (see :func:`tierstore.ids.is_newer_commit`)."""
+    return is_newer_commit(copy.seq, copy.generation, other.seq, other.generation)
+
+
+def _newest_per_id(copies: Iterable[Copy]) -> dict[str, Copy]:
+    """One copy per id: its newest generation among ``copies``."""
+    by_id: dict[str, Copy] = {}
+    for copy in copies:
+        known = by_id.get(copy.checkpoint_id)
+        if known is None or is_newer(copy, known):
+            by_id[copy.checkpoint_id] = copy
+    return by_id
+
+
 def _ordered(copies: Iterable[Copy]) -> list[Copy]:
-    by_id = {c.checkpoint_id: c for c in copies}
-    return [
-        by_id[i] for i in newest_first((c.checkpoint_id, c.committed_at) for c in by_id.values())
-    ]
+    """The newest generation of each id, newest commit first (commit order, never names)."""
+    by_id = _newest_per_id(copies)
+    return [by_id[i] for i in newest_first((c.checkpoint_id, c.seq) for c in by_id.values())]
 
 
 def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
@@ -107,11 +121,18 @@ def promotions(config: Config, held: Holdings) -> list[Promotion]:
     names = [t.name for t in config.tiers]
     planned: list[Promotion] = []
     for index in range(1, len(names)):
-        arriving_above = {c.checkpoint_id for c in _missing_in(config, held, index - 1)}
+        arriving_above = {
+            (c.checkpoint_id, c.generation) for c in _missing_in(config, held, index - 1)
+        }
         for copy in _missing_in(config, held, index):
-            if copy.checkpoint_id in arriving_above:
+            if (copy.checkpoint_id, copy.generation) in arriving_above:
                 continue  # it reaches this tier from the one right above, once it is there
-            sources = [n for n in names[:index] if copy.checkpoint_id in held.get(n, {})]
+            sources = [  # only a tier holding this very generation may be copied from
+                n
+                for n in names[:index]
+                if (held_there := held.get(n, {}).get(copy.checkpoint_id)) is not None
+                and held_there.generation == copy.generation
+            ]
             planned.append(Promotion(copy.checkpoint_id, sources[-1], names[index]))
     return planned
 
@@ -119,15 +140,21 @@ def promotions(config: Config, held: Holdings) -> list[Promotion]:
 def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
     """Copies held above tier ``index`` that belong in it but are not there yet (newest first).
 
-    A checkpoint belongs in a tier when it is selected by the tier's ``every`` and the tier's retention
-    would keep it: nothing is promoted only to be deleted at once.
+    A copy is identified by id **and generation**: an id held here at an older generation (it was
+    overwritten above) is missing its newer one, which must replace it whatever ``every`` says, or
+    this tier would serve stale data once the tiers above let go. Otherwise a checkpoint belongs in
+    a tier when it is selected by the tier's ``every`` and the tier's retention would keep it:
+    nothing is promoted only to be deleted at once.
     """
     names = [t.name for t in config.tiers]
     here = held.get(names[index], {})
     every = every_for(config, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     candidates = [
-        c for c in _ordered(above) if c.checkpoint_id not in here and is_selected(c, every)
+        c
+        for c in _ordered(above)
+        if (c.checkpoint_id not in here and is_selected(c, every))
+        or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
     ]
     kept = kept_by_rules(config.tiers[index], [*here.values(), *candidates])
     return [c for c in candidates if c.checkpoint_id in kept]

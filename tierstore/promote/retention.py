@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from tierstore.commits import forget
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import PARTS_DIR, generation_dir, marker_path
 from tierstore.manifest import read_manifest
@@ -45,6 +46,7 @@ def delete_copy(tier: Tier, checkpoint_id: str, generation: str | None = None) -
         if f"/{PARTS_DIR}/" in info.path:
             tier.delete(info.path)
     tier.delete_tree(directory)
+    forget(tier, checkpoint_id, generation)
     tier.remove_if_empty(checkpoint_id)  # unless another generation (an overwrite) is there
 
 
