@@ -10,11 +10,13 @@ the tier it works on, ``.tierstore/activity/<kind>~<id>~<generation>~<token>.jso
 * ``read``: every reading rank, from before the restore chooses its tier until its data is read.
 
 A record lives while its holder refreshes it: :data:`HEARTBEAT` rewrites every held record each
-``ACTIVITY_TTL / 4`` seconds, and a record whose last write is older than :data:`ACTIVITY_TTL` is the
-leftover of a holder that died (cleanup removes it). Liveness is judged from the tier's own clock
-(the record's modification time against the listing), never from a pid, so a sidecar in another PID
-namespace, container or node judges the same way. Holding a record costs one small write per
-refresh; losing one (the tier briefly unreachable) is logged, and the next refresh retries.
+``ttl / 4`` seconds (``promote.activity_ttl`` in the YAML, 60 s by default), and a record whose last
+write is older than ``ttl`` is the leftover of a holder that died (cleanup removes it after twice
+that). Liveness compares the record's modification time, as the tier reports it, with this host's
+clock, never a pid: a sidecar in another PID namespace, container or node judges the same way.
+Clocks of the hosts sharing a tier must agree to well within ``ttl`` (NTP does). Holding a record
+costs one small write per refresh; a failed refresh (the tier briefly unreachable) is logged, and
+the next one retries.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 ACTIVITY_TTL = 60.0
-"""Seconds a record stays live without a refresh (a holder refreshes it four times as often)."""
+"""Default seconds a record stays live without a refresh (a holder refreshes it four times as often)."""
 KINDS = ("write", "promote", "read")
 
 
@@ -53,7 +55,9 @@ class ActivityInfo:
 class Activity:
     """One held record; :meth:`release` it (or use :func:`held`)."""
 
-    def __init__(self, tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> None:
+    def __init__(
+        self, tier: Tier, kind: str, checkpoint_id: str, generation: str | None, ttl: float
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"activity kind must be one of {KINDS}, got {kind!r}")
         self.tier, self.kind = tier, kind
@@ -64,9 +68,12 @@ class Activity:
              "checkpoint_id": checkpoint_id, "generation": generation, "since": time.time()}
         ).encode()  # fmt: skip
         self.released = False
+        self.interval = ttl / 4
+        self.due = 0.0
 
     def refresh(self) -> None:
-        """(Re)write the record: it is live for another :data:`ACTIVITY_TTL` seconds."""
+        """(Re)write the record: it is live for another ``ttl`` seconds."""
+        self.due = time.monotonic() + self.interval
         self.tier.write_bytes(self.path, self.body)
 
     def release(self) -> None:
@@ -82,22 +89,26 @@ class Activity:
                            self.tier.name, exc)  # fmt: skip
 
 
-def hold(tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> Activity:
+def hold(
+    tier: Tier, kind: str, checkpoint_id: str, generation: str | None, *, ttl: float = ACTIVITY_TTL
+) -> Activity:
     """Publish a record and keep it live until :meth:`Activity.release`.
 
     Raises what the tier raises when the first write fails: work that cannot announce itself must
     not start, since cleanup could then remove it.
     """
-    activity = Activity(tier, kind, checkpoint_id, generation)
+    activity = Activity(tier, kind, checkpoint_id, generation, ttl)
     activity.refresh()
     HEARTBEAT.keep(activity)
     return activity
 
 
 @contextlib.contextmanager
-def held(tier: Tier, kind: str, checkpoint_id: str, generation: str | None) -> Iterator[Activity]:
+def held(
+    tier: Tier, kind: str, checkpoint_id: str, generation: str | None, *, ttl: float = ACTIVITY_TTL
+) -> Iterator[Activity]:
     """:func:`hold` for the duration of the block."""
-    activity = hold(tier, kind, checkpoint_id, generation)
+    activity = hold(tier, kind, checkpoint_id, generation, ttl=ttl)
     try:
         yield activity
     finally:
@@ -116,9 +127,9 @@ def activities(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
     return found
 
 
-def live(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
-    """The records of holders still at work (refreshed within :data:`ACTIVITY_TTL`)."""
-    return [a for a in activities(tier, now=now) if a.age < ACTIVITY_TTL]
+def live(tier: Tier, *, ttl: float = ACTIVITY_TTL, now: float | None = None) -> list[ActivityInfo]:
+    """The records of holders still at work (refreshed within ``ttl`` seconds)."""
+    return [a for a in activities(tier, now=now) if a.age < ttl]
 
 
 def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | None) -> bool:
@@ -136,8 +147,8 @@ def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | N
 class Heartbeat:
     """Refreshes every held record of this process from one daemon thread."""
 
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
         self._held: set[Activity] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -161,11 +172,11 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            time.sleep(self.interval)
+            time.sleep(self.tick)
             with self._lock:
                 current = list(self._held)
             for activity in current:
-                if activity.released:
+                if activity.released or time.monotonic() < activity.due:
                     continue
                 try:
                     activity.refresh()
@@ -174,5 +185,5 @@ class Heartbeat:
                                    activity.path, activity.tier.name, exc)  # fmt: skip
 
 
-HEARTBEAT = Heartbeat(ACTIVITY_TTL / 4)
+HEARTBEAT = Heartbeat(0.25)
 """This process's refresher (process-wide by nature: it outlives any one writer or reader)."""

@@ -160,7 +160,7 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     for deletion in deletions:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{verb} {deletion.checkpoint_id} from {deletion.tier}: {deletion.reason}")
-    for cleanup in promoter.collect_garbage(found, dry_run=args.dry_run):
+    for cleanup in promoter.collect_garbage(dry_run=args.dry_run):
         verb = "would remove" if args.dry_run else "removed"
         print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")
     if not deletions:

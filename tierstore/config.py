@@ -49,6 +49,18 @@ class PromoteConfig(StrictModel):
         description="Age after which uncommitted leftovers and multipart uploads are removed.",
     )
     workers: int = Field(4, ge=1, le=64, description="Files copied in parallel.")
+    activity_ttl: Duration = Field(
+        60.0,
+        description="A save, promotion or restore at work refreshes its activity record 4x as often;"
+        " cleanup treats a record not refreshed for this long as left by a holder that is gone.",
+    )
+
+    @field_validator("activity_ttl")
+    @classmethod
+    def _ttl_allows_a_refresh(cls, value: float) -> float:
+        if value < 1.0:
+            raise ValueError(f"expected at least 1s, got {value}")
+        return value
 
 
 class Config(StrictModel):

@@ -25,6 +25,7 @@ from tierstore.dcp.gate import GateView
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, generation_dir
 from tierstore.manifest import read_manifest
+from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
 
 
@@ -138,3 +139,48 @@ def test_a_restore_in_progress_keeps_the_generation_it_reads(
     ]
     assert loaded(config, "latest") == 2.0
     assert_audit_clean(config)
+
+
+def cleanup_loop(config: Config, stop: threading.Event, cleaned: list[str]) -> None:
+    while not stop.is_set():
+        cleaned += [c.path for c in Promoter(config).run_once().cleaned]
+
+
+@pytest.mark.parametrize(("kind", "mib"), [("local", 512), ("s3", 300)])
+def test_cleanup_looping_through_a_save_never_touches_its_writes(
+    kind: str, mib: int, make_config: Callable[..., Config]
+) -> None:
+    """Temp files and multipart uploads of a save being written look idle to nothing but time."""
+    config = make_config(kind, promote={"stale_after": 0})
+    stop, cleaned = threading.Event(), []  # type: ignore[var-annotated]
+    loop = threading.Thread(target=cleanup_loop, args=(config, stop, cleaned))
+    loop.start()
+    try:
+        state = {"w": torch.ones(mib * 2**20 // 4), "step": 1}
+        dcp.save(state, storage_writer=TieredWriter(config), checkpoint_id="step_000001")
+    finally:
+        stop.set()
+        loop.join()
+    assert cleaned == []
+    assert_audit_clean(config)
+
+
+def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("local", tiers={"local": {"keep": 1}}, promote={"stale_after": 0})
+    (local,) = config.make_tiers(node=0)
+    dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="step_000001")
+    chosen = read_manifest(local, "step_000001")
+    dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="step_000002")
+    promoter = Promoter(config)
+    planned = promoter.planned_deletions(promoter.catalog())  # retention decides: keep 1 ...
+    assert [d.checkpoint_id for d in planned] == ["step_000001"]
+    with held(local, "read", "step_000001", chosen.generation):  # ... then a restore chooses it
+        assert delete_copies(promoter.by_name, planned) == planned  # the copy is gone ...
+        assert not local.exists(checkpoint_file("step_000001", "commit.json"))
+        for entry in chosen.files:  # ... but not the data the reader is reading
+            assert local.exists(checkpoint_file("step_000001", entry.path)), entry.path
+    assert [c.path for c in promoter.run_once().cleaned if c.kind == "tree"] == [
+        generation_dir("step_000001", chosen.generation)
+    ], "once the reader is done, cleanup removes it"

@@ -148,7 +148,8 @@ def faulty_config(tmp_path: Path, server: FaultyS3, **s3: Any) -> Path:
     spec = {"name": "s3", "type": "s3", "url": f"s3://{server.bucket}/ckpt", "endpoint_url": server.endpoint,
             "part_size": "5MiB", "concurrency": 2, "max_attempts": 4, **s3}  # fmt: skip
     body = {"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")}, spec],
-            "promote": {"grace_period": 1, "interval": "200ms", "stale_after": 0}}  # fmt: skip
+            "promote": {"grace_period": 1, "interval": "200ms", "stale_after": 0,
+                        "activity_ttl": 1}}  # fmt: skip
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -225,6 +226,15 @@ def test_kill_9_mid_upload_then_restart(tmp_path: Path, faulty_s3: FaultyS3) -> 
     )
     assert done.returncode == 0, done.stderr
     assert_complete(config, "s3", "step_0001")
+    # The killed promoters' uploads belong to work announced by activity records: cleanup waits
+    # until those are stale (activity_ttl: 1 s here) and the uploads idle as long, then aborts them.
+    leftovers = subprocess.run(
+        cli(path, "gc", "--dry-run"), check=True, capture_output=True, text=True
+    )
+    assert "multipart upload" not in leftovers.stdout, (
+        "the killed promoters' records are still fresh"
+    )
+    time.sleep(2.5)
     subprocess.run(cli(path, "gc"), check=True, capture_output=True)  # stale_after: 0
     assert isinstance(s3, S3Tier) and open_uploads(s3) == []
 

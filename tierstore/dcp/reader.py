@@ -128,7 +128,9 @@ class TieredReader(StorageReader):
         """
         for tier in self.tiers():
             try:
-                self._reading[tier.name] = hold(tier, "read", checkpoint_id, None)
+                self._reading[tier.name] = hold(
+                    tier, "read", checkpoint_id, None, ttl=self.config.promote.activity_ttl
+                )
             except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
                 logger.warning("could not announce the restore of %s in %s: %s",
                                checkpoint_id, tier.name, exc)  # fmt: skip

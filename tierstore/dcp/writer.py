@@ -315,7 +315,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         # Announced before any rank writes: cleanup leaves an in-flight generation alone, however
         # invisible its parts (temp files, multipart uploads, a straggler rank) or old its files.
         self._stop_writing()
-        self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation)
+        self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation,
+                             ttl=self.config.promote.activity_ttl)  # fmt: skip
         weakref.finalize(self, self._writing.release)  # a failed save's record ends with its writer
         # The commit's place in commit order (what "newest" means): the next number after the
         # highest any tier has logged, claimed create-only in the target.
@@ -466,7 +467,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         second writer on the same id), and is left to cleanup, which knows who is at work. Not
         while a restore is reading the id: cleanup removes it once the reader is done.
         """
-        if is_busy([a for a in live(self.tier) if a.kind == "read"], ckpt, replaced):
+        ttl = self.config.promote.activity_ttl
+        if is_busy([a for a in live(self.tier, ttl=ttl) if a.kind == "read"], ckpt, replaced):
             return
         _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, replaced)))
 

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
+from tierstore.activity import ActivityInfo, activities, is_busy
 from tierstore.commits import read_log
 from tierstore.ids import (
     COMMITS_DIR,
@@ -29,8 +29,8 @@ from tierstore.ids import (
     writer_staging_dir,
 )
 from tierstore.owners import owner_is_alive, owner_is_gone
-from tierstore.promote.discovery import SeenCopy
-from tierstore.tiers import IncompleteWrite, Tier
+from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
+from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +47,29 @@ class Cleanup:
 
 
 def find_leftovers(
-    tier: Tier, seen: dict[str, SeenCopy], *, stale_after: float, now: float | None = None
+    tier: Tier, *, stale_after: float, activity_ttl: float, now: float | None = None
 ) -> list[Cleanup]:
-    """Everything in ``tier`` that cleanup would remove now, with the reason."""
+    """Everything in ``tier`` that cleanup would remove now, with the reason.
+
+    The order of the look matters. Files are listed first, activity records second, markers last
+    and fresh (no cache): a save that starts after the file listing has no files in it; one that
+    started before holds its record before writing anything, and keeps it until its marker is
+    published, so each listed generation is either named by a live record or by a marker read
+    after it, or truly abandoned.
+    """
     now = time.time() if now is None else now
+    files = tier.find("")
+    incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
-    at_work = [r for r in records if r.age < ACTIVITY_TTL]
-    found = _uncommitted_generations(tier, seen, at_work, stale_after=stale_after, now=now)
-    for write in tier.incomplete_writes(idle_for=stale_after, now=now):
+    at_work = [r for r in records if r.age < activity_ttl]
+    seen = discover(tier, MarkerCache())
+    found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
+    for write in incomplete:
+        # Never a write of work in progress, however idle it looks (a slow part upload).
+        owner = split_generation_path(write.path)
+        checkpoint_id = owner[0] if owner else write.path.split("/", 1)[0]
+        if is_busy(at_work, checkpoint_id, owner[1] if owner else None):
+            continue
         idle = now - write.last_activity
         found.append(Cleanup(tier.name, "incomplete", write.path,
                              f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
@@ -62,7 +77,7 @@ def find_leftovers(
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, seen, at_work, stale_after=stale_after, now=now)
     for record in records:
-        if record.age >= 2 * ACTIVITY_TTL:  # not refreshed for two lifetimes: its holder is gone
+        if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
             found.append(Cleanup(tier.name, "file", record.path,
                                  f"{record.kind} record of a holder that is gone"))  # fmt: skip
     return found
@@ -117,6 +132,7 @@ def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cl
 
 def _uncommitted_generations(
     tier: Tier,
+    files: list[FileInfo],
     seen: dict[str, SeenCopy],
     at_work: list[ActivityInfo],
     *,
@@ -127,7 +143,7 @@ def _uncommitted_generations(
     with_parts: set[tuple[str, str]] = set()
     coordinators: set[tuple[str, str]] = set()
     marked: set[str] = set()
-    for info in tier.find(""):
+    for info in files:
         split = split_generation_path(info.path)
         if split is None:
             owner, _, name = info.path.partition("/")

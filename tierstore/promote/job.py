@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tierstore.activity import held, is_busy, live
+from tierstore.activity import ACTIVITY_TTL, held, is_busy, live
 from tierstore.commits import LogEntry, forget, record
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
@@ -144,10 +144,12 @@ class PromotionJob:
         workers: int,
         stopping: threading.Event,
         cancel: threading.Event,
+        activity_ttl: float = ACTIVITY_TTL,
     ) -> None:
         self.source, self.target, self.found = source, target, found
         self.node, self.durable, self.workers = node, durable, workers
         self.stopping, self.cancel = stopping, cancel
+        self.activity_ttl = activity_ttl
         self.checkpoint_id = found.copy.checkpoint_id
         self.generation = found.copy.generation
 
@@ -168,7 +170,9 @@ class PromotionJob:
         A ``promote`` activity record in the target covers the whole job: cleanup on any node
         leaves the generation alone while it is being copied, however idle its files look.
         """
-        with held(self.target, "promote", self.checkpoint_id, self.generation):
+        with held(
+            self.target, "promote", self.checkpoint_id, self.generation, ttl=self.activity_ttl
+        ):
             return self._run()
 
     def _run(self) -> Outcome:

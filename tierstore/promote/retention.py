@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from tierstore.activity import is_busy, live
 from tierstore.commits import forget
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import PARTS_DIR, generation_dir, marker_path
@@ -40,6 +41,10 @@ def delete_copy(tier: Tier, checkpoint_id: str, generation: str | None = None) -
     if committed is None or committed == generation:
         tier.delete(marker_path(checkpoint_id))
     if not generation:
+        return
+    # Asked again now that the marker is gone (no new reader can choose this copy): a restore that
+    # chose it before keeps its data; cleanup removes it once that reader is done.
+    if is_busy([r for r in live(tier) if r.kind == "read"], checkpoint_id, generation):
         return
     directory = generation_dir(checkpoint_id, generation)
     for info in tier.find(directory):

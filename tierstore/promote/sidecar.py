@@ -148,7 +148,7 @@ class Promoter:
         if not self.stopping.is_set():
             report.deleted = self.apply_retention(found)
             if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
-                report.cleaned = self.collect_garbage(found, dry_run=False)
+                report.cleaned = self.collect_garbage(dry_run=False)
                 self._last_gc = time.time()
         self._update_durable_age(found)
         self.metrics.last_pass.set_to_current_time()
@@ -175,6 +175,7 @@ class Promoter:
         job = PromotionJob(
             source, target, found, node=self.node, durable=target is self.tiers[-1],
             workers=self.config.promote.workers, stopping=self.stopping, cancel=self.cancel,
+            activity_ttl=self.config.promote.activity_ttl,
         )  # fmt: skip
         started = time.monotonic()
         try:
@@ -209,7 +210,8 @@ class Promoter:
         in_use: set[str] = set()
         for tier in self.tiers:
             try:
-                in_use |= {record.checkpoint_id for record in live(tier)}
+                ttl = self.config.promote.activity_ttl
+                in_use |= {record.checkpoint_id for record in live(tier, ttl=ttl)}
             except (TierstoreError, OSError) as exc:
                 logger.warning(
                     "cannot read activity records in %s (%s): no deletion this pass", tier.name, exc
@@ -236,17 +238,21 @@ class Promoter:
 
         return delete_copies(self.by_name, planned, on_deleted=deleted)
 
-    def collect_garbage(
-        self, found: dict[str, dict[str, SeenCopy]], *, dry_run: bool
-    ) -> list[Cleanup]:
-        """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node owns."""
+    def collect_garbage(self, *, dry_run: bool) -> list[Cleanup]:
+        """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node owns.
+
+        Each tier is looked at afresh (see :func:`~tierstore.promote.cleanup.find_leftovers`): a
+        catalog read earlier in the pass would not know of commits made since.
+        """
         cleanups: list[Cleanup] = []
         for tier in self.tiers:
             if not self._owns(tier):
                 continue
             try:
                 leftovers = find_leftovers(
-                    tier, found.get(tier.name, {}), stale_after=self.config.promote.stale_after
+                    tier,
+                    stale_after=self.config.promote.stale_after,
+                    activity_ttl=self.config.promote.activity_ttl,
                 )
             except (TierstoreError, OSError) as exc:
                 logger.warning("gc of %s skipped: %s", tier.name, exc)
