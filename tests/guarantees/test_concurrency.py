@@ -184,3 +184,42 @@ def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(
     assert [c.path for c in promoter.run_once().cleaned if c.kind == "tree"] == [
         generation_dir("step_000001", chosen.generation)
     ], "once the reader is done, cleanup removes it"
+
+
+def test_two_saves_of_one_id_into_two_tiers_never_both_commit(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", "s3")
+    memory, _s3 = config.make_tiers(node=0)
+    with ThreadPoolExecutor(1) as pool:
+        first, first_done = paused_save(pool, config, "step_000005", 5.0)
+        dcp.save(state_of(6.0), storage_writer=TieredWriter(config, tier="s3"),
+                 checkpoint_id="step_000005")  # fmt: skip
+        first.go.set()
+        with pytest.raises(BaseException, match="step_000005"):
+            first_done.result()
+    assert not memory.exists(checkpoint_file("step_000005", "commit.json"))
+    assert loaded(config, "step_000005") == 6.0
+    assert_audit_clean(config)
+
+
+def test_the_last_overwrite_to_commit_reaches_every_tier(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", "s3")
+    memory, s3 = config.make_tiers(node=0)
+    dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="latest")
+    Promoter(config).run_once()
+    with ThreadPoolExecutor(1) as pool:
+        zombie, zombie_done = paused_save(pool, config, "latest", 2.0, overwrite=True)
+        dcp.save(state_of(3.0), storage_writer=TieredWriter(config, overwrite=True),
+                 checkpoint_id="latest")  # fmt: skip
+        Promoter(config).run_once()  # 3.0 reaches S3
+        zombie.go.set()
+        zombie_done.result()  # 2.0 commits last
+    Promoter(config).run_once()
+    generations = {t.name: read_manifest(t, "latest").generation for t in (memory, s3)}
+    assert generations["memory"] == generations["s3"], "every tier holds the last commit"
+    memory.delete_tree("latest")  # the fast copy is lost: S3 serves the same content
+    assert loaded(config, "latest") == 2.0
+    assert_audit_clean(config)

@@ -43,7 +43,7 @@ from torch.futures import Future
 
 from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.checksum import crc32c
-from tierstore.commits import claim
+from tierstore.commits import claim, read_log
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.rank_files import RankFileWriter
@@ -163,6 +163,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stager: Stager | None = None
         self._pending: Pending | None = None
         self._writing: Activity | None = None
+        self._tiers: list[Tier] | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -190,6 +191,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_writing"] = None  # held by the process that plans the save
+        state["_tiers"] = None
         state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
@@ -292,10 +294,17 @@ class TieredWriter(StorageWriter, AsyncStager):
         if is_coordinator and not self.overwrite:
             self._refuse_committed_id(self._checkpoint_id)
 
-    def _refuse_committed_id(self, checkpoint_id: str) -> None:
+    def _all_tiers(self) -> list[Tier]:
+        """Every configured tier as seen from this node, the target first (built once)."""
+        if self._tiers is None:
+            others = self.config.make_tiers(node=self.node)
+            self._tiers = [self.tier, *(t for t in others if t.name != self.tier.name)]
+        return self._tiers
+
+    def _refuse_committed_id(self, checkpoint_id: str, tiers: list[Tier] | None = None) -> None:
         """An id committed in *any* tier is taken: saving it again without ``overwrite`` would let
         two different contents carry one id (the lower tiers would keep the older one)."""
-        for tier in self.config.make_tiers(node=self.node):
+        for tier in self._all_tiers() if tiers is None else tiers:
             if tier.exists(marker_path(checkpoint_id)):
                 raise CheckpointExistsError(
                     f"checkpoint {checkpoint_id!r} is already committed in tier"
@@ -320,9 +329,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         weakref.finalize(self, self._writing.release)  # a failed save's record ends with its writer
         # The commit's place in commit order (what "newest" means): the next number after the
         # highest any tier has logged, claimed create-only in the target.
-        tiers = [self.tier, *(t for t in self.config.make_tiers(node=self.node)
-                              if t.name != self.tier.name)]  # fmt: skip
-        self._seq = claim(self.tier, tiers, self._checkpoint_id, self._generation)
+        self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         multi_node = len({r.node for r in self._reports}) > 1
         return [
@@ -405,9 +412,12 @@ class TieredWriter(StorageWriter, AsyncStager):
             world_size=len(results),
             files=tuple(sorted(files, key=lambda f: f.path)),
             timings=self._timings(time.time()),
-            seq=self._seq,
+            seq=self._seq_at_commit(ckpt, gen),
         )
         self._recheck(manifest)
+        others = [t for t in self._all_tiers() if t.name != self.tier.name]
+        if not self.overwrite:
+            self._refuse_committed_id(ckpt, others)  # one id, one content: again, just before
         replaced = self._committed_generation(ckpt) if self.overwrite else None
         try:
             publish_manifest(self.tier, manifest, create_only=not self.overwrite)
@@ -417,6 +427,8 @@ class TieredWriter(StorageWriter, AsyncStager):
                 f"checkpoint {ckpt!r} was committed in tier {self.tier.describe()} by another"
                 " writer while this save was running; this save was discarded"
             ) from None
+        if not self.overwrite:
+            self._withdraw_if_committed_elsewhere(ckpt, gen, others)
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )
@@ -436,6 +448,32 @@ class TieredWriter(StorageWriter, AsyncStager):
                 f"checkpoint {manifest.checkpoint_id!r} not committed in tier"
                 f" {self.tier.describe()}: files vanished before the marker: {'; '.join(problems)}"
             )
+
+    def _seq_at_commit(self, ckpt: str, gen: str) -> int:
+        """The sequence number the marker carries: the one claimed when the save was planned,
+        unless another commit of this id has taken a higher one since (two overwrites racing, a
+        zombie job's late save): then a new one, so that commit order is the order of commits."""
+        if self.overwrite and any(
+            e.checkpoint_id == ckpt and e.seq > self._seq
+            for tier in self._all_tiers()
+            for e in read_log(tier)
+        ):
+            self._seq = claim(self.tier, self._all_tiers(), ckpt, gen)
+        return self._seq
+
+    def _withdraw_if_committed_elsewhere(self, ckpt: str, gen: str, others: list[Tier]) -> None:
+        """Two saves of one id without ``overwrite`` into different tiers may both pass the checks
+        before either publishes. Each looks again after publishing; one that finds another commit
+        withdraws its own (marker first), so that never both succeed (at worst, neither does)."""
+        for tier in others:
+            if tier.exists(marker_path(ckpt)):
+                if self._committed_generation(ckpt) == gen:
+                    _quietly(lambda: self.tier.delete(marker_path(ckpt)))
+                _quietly(lambda: self.tier.delete_tree(generation_dir(ckpt, gen)))
+                raise CheckpointExistsError(
+                    f"checkpoint {ckpt!r} was committed in tier {tier.describe()} while this save"
+                    f" to {self.tier.describe()} was running; this save was withdrawn"
+                )
 
     def _committed_generation(self, ckpt: str) -> str | None:
         """The generation the marker about to be replaced names (None: none, or unreadable)."""
