@@ -119,6 +119,9 @@ class PartRecord:
     seq: int | None = None
     world_size: int = 1
     written_at: float = field(default_factory=time.time)
+    node_ranks: tuple[int, ...] = ()
+    """Every rank of the writing node (rank records): the node's part is complete when a record
+    exists for each. Empty in records from before this field: they are taken as complete."""
 
     def to_json(self) -> bytes:
         """Serialize (CRCs as hex)."""
@@ -139,6 +142,7 @@ class PartRecord:
                 seq=None if body.get("seq") is None else int(body["seq"]),
                 world_size=int(body.get("world_size", 1)),
                 written_at=float(body.get("written_at", 0.0)),
+                node_ranks=tuple(int(r) for r in body.get("node_ranks", ())),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed part record ({exc})") from None

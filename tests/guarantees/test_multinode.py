@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,54 @@ def test_latest_is_the_newest_checkpoint_this_job_can_restore(
     run_ranks(save_on_two_nodes, 2, tmp_path, config, 2)  # step 2: host memory of both nodes only
     run_ranks(restart_on_two_nodes, 2, tmp_path, config)
     assert latest_committed(config, node=0) == "step_0001", "nor can a one-process job on node 0"
+
+
+class HoldRank:
+    """A commit gate that holds one rank until a file appears (a straggler, paused for real)."""
+
+    def __init__(self, rank: int, release: str, reached: str) -> None:
+        self.rank, self.release, self.reached = rank, release, reached
+
+    def __call__(self, view: Any) -> str | None:
+        if view.rank == self.rank:
+            Path(self.reached).touch()
+            deadline = time.monotonic() + 120
+            while not Path(self.release).exists():
+                assert time.monotonic() < deadline, "never released"
+                time.sleep(0.05)
+        return None
+
+
+def save_two_ranks_per_node(rank: int, world: int, config: Config, gate: HoldRank) -> None:
+    node = rank // 2  # ranks 0, 1 on node 0; ranks 2, 3 on node 1
+    mine = {k: v for i, (k, v) in enumerate(tensors(4).items()) if i % world == rank}
+    writer = TieredWriter(config, node=node, commit_gate=gate)
+    dcp.save({"model": mine}, storage_writer=writer, checkpoint_id="step_0004")
+
+
+def test_a_node_part_is_promoted_only_once_every_rank_of_the_node_wrote(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    config = make_config("memory", "s3")
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
+    gate = HoldRank(3, str(tmp_path / "release"), str(tmp_path / "reached"))
+    saving = threading.Thread(
+        target=run_ranks, args=(save_two_ranks_per_node, 4, tmp_path, config, gate)
+    )
+    saving.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(gate.reached).exists():
+            assert time.monotonic() < deadline, "rank 3 never reached its gate"
+            time.sleep(0.05)
+        promote(path, node=1)  # rank 2 is done, rank 3 (same node) is still writing
+    finally:
+        Path(gate.release).touch()
+        saving.join()
+    promote(path, node=1)
+    promote(path, node=0)
+    s3 = make_tier(config.tier("s3"), namespace=None, node=0)
+    manifest = read_manifest(s3, "step_0004")
+    assert sorted({f.rank for f in manifest.files if f.rank is not None}) == [0, 1, 2, 3]
+    assert copy_problems(s3, manifest, verify=True) == []

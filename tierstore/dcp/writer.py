@@ -101,6 +101,8 @@ class RankAssignment:
     seq: int
     world_size: int
     multi_node: bool
+    node_ranks: tuple[int, ...] = ()
+    """Every rank on this rank's node: its node's part is complete once all of them have written."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,15 +334,17 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         multi_node = len({r.node for r in self._reports}) > 1
+        nodes = [r.node for r in self._reports]
         return [
             dataclasses.replace(
                 plan,
                 storage_data=RankAssignment(
-                    self._generation, rank, self._seq, len(plans), multi_node
+                    self._generation, rank, self._seq, len(plans), multi_node,
+                    tuple(r for r, n in enumerate(nodes) if rank < len(nodes) and n == nodes[rank]),
                 ),
             )
             for rank, plan in enumerate(plans)
-        ]
+        ]  # fmt: skip
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items; the future completes only when they are durable in the tier."""
@@ -364,7 +368,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             if self.tier.node_local and assignment.multi_node:
                 # Other nodes' promoters never see the coordinator's marker: tell them here.
                 record = PartRecord(ckpt, gen, self.node, (rank,), tuple(out.files), assignment.seq,
-                                    assignment.world_size)  # fmt: skip
+                                    assignment.world_size, node_ranks=assignment.node_ranks)  # fmt: skip
                 files.out.written.append(rank_part_path(ckpt, gen, rank))
                 self.tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
         except BaseException:

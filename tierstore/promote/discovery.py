@@ -116,6 +116,9 @@ def discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         records = tuple(sorted(generations[newest], key=lambda r: r.ranks))
         if any(0 in record.ranks for record in records):
             continue  # the coordinator's node without a marker: that save never committed
+        written = {rank for record in records for rank in record.ranks}
+        if not set(records[0].node_ranks) <= written:
+            continue  # some of this node's ranks are still writing: the part is not complete
         first = records[0]
         copy = Copy(
             checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest, partial=True
