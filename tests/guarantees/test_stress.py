@@ -125,20 +125,9 @@ def test_two_nodes_two_ranks_each_with_promoters_running(
     )  # fmt: skip
     path = tmp_path / "nodes.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
+    command = [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node"]
     promoters = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tierstore.cli",
-                "--config",
-                str(path),
-                "--node",
-                str(node),
-                "promote",
-            ],
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        subprocess.Popen([*command, str(node), "promote"], stderr=subprocess.DEVNULL)
         for node in (0, 1)
     ]
     try:
