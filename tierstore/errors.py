@@ -37,7 +37,12 @@ class IntegrityError(TierstoreError):
 
 
 class TierUnavailableError(TierstoreError):
-    """A tier cannot be reached or used: unreachable endpoint, missing bucket, unwritable path."""
+    """A tier cannot be reached or used: unreachable endpoint, missing bucket, unwritable path,
+    disk full. ``tier`` is the name of the tier that refused (None when unknown)."""
+
+    def __init__(self, message: str, *, tier: str | None = None) -> None:
+        super().__init__(message)
+        self.tier = tier
 
 
 class CommitVetoedError(TierstoreError):

@@ -131,3 +131,18 @@ def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
     assert young == [], "within stale_after it may still commit elsewhere: kept for promotion"
     old = retention(cfg, {"t0": part}, now=1000.0 + cfg.promote.stale_after + 1)
     assert ids(old) == ["step_0001@t0"], "a failed save's part is released (beyond keep)"
+
+
+def test_a_refusing_middle_tier_is_routed_around_but_the_durable_tier_is_waited_for() -> None:
+    cfg = config({"keep": 1}, {"type": "local"}, {"type": "s3"})
+    held = {"t0": copies(1, 2)}
+    assert ids(promotions(cfg, held)) == ["step_0001@t1", "step_0002@t1"], "t2 waits for t1"
+    routed = promotions(cfg, held, frozenset({"t1"}))
+    assert ids(routed) == ["step_0001@t1", "step_0001@t2", "step_0002@t1", "step_0002@t2"]
+    assert all(p.source == "t0" for p in routed), "copied from the nearest tier above holding it"
+    held_after = {"t0": copies(1, 2), "t2": copies(1, 2)}
+    assert ids(retention(cfg, held_after)) == [], "t0 keeps step 1 for t1 while t1 is healthy"
+    assert ids(retention(cfg, held_after, unavailable=frozenset({"t1"}))) == ["step_0001@t0"]
+    assert ids(retention(cfg, {"t0": copies(1, 2)}, unavailable=frozenset({"t2"}))) == [], (
+        "nothing leaves host memory while the durable tier refuses it"
+    )

@@ -37,6 +37,12 @@ class PromoterMetrics:
         self.backlog = Gauge(
             "tierstore_promotion_backlog", "Promotions waiting to be done", ["tier"], registry=r
         )
+        self.unavailable = Gauge(
+            "tierstore_tier_unavailable",
+            "1 while a tier refuses writes (full, read-only, failing): promotion routes around it",
+            ["tier"],
+            registry=r,
+        )
         self.deleted = Counter(
             "tierstore_deleted_checkpoints",
             "Checkpoints deleted by retention",

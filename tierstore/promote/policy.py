@@ -116,13 +116,32 @@ def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
     return kept
 
 
-def promotions(config: Config, held: Holdings) -> list[Promotion]:
-    """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most)."""
+def routed_around(config: Config, unavailable: frozenset[str]) -> frozenset[str]:
+    """The refusing tiers that promotion routes around: every one but the last (durable) tier.
+
+    Skipping a full or failed middle tier costs it copies; skipping the durable tier would let the
+    tiers above drop checkpoints that are nowhere durable, so that one is waited for instead.
+    """
+    return unavailable - {config.tiers[-1].name}
+
+
+def promotions(
+    config: Config, held: Holdings, unavailable: frozenset[str] = frozenset()
+) -> list[Promotion]:
+    """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most).
+
+    ``unavailable`` names tiers that refuse writes: copies into them are still planned (they are
+    retried every pass), but the tiers below no longer wait for them; they copy from the nearest
+    tier above that holds the checkpoint.
+    """
     names = [t.name for t in config.tiers]
+    skipped = routed_around(config, unavailable)
     planned: list[Promotion] = []
     for index in range(1, len(names)):
         arriving_above = {
-            (c.checkpoint_id, c.generation) for c in _missing_in(config, held, index - 1)
+            (c.checkpoint_id, c.generation)
+            for c in _missing_in(config, held, index - 1)
+            if names[index - 1] not in skipped
         }
         for copy in _missing_in(config, held, index):
             if (copy.checkpoint_id, copy.generation) in arriving_above:
@@ -133,7 +152,8 @@ def promotions(config: Config, held: Holdings) -> list[Promotion]:
                 if (held_there := held.get(n, {}).get(copy.checkpoint_id)) is not None
                 and held_there.generation == copy.generation
             ]
-            planned.append(Promotion(copy.checkpoint_id, sources[-1], names[index]))
+            healthy = [n for n in sources if n not in unavailable] or sources
+            planned.append(Promotion(copy.checkpoint_id, healthy[-1], names[index]))
     return planned
 
 
@@ -166,8 +186,12 @@ def retention(
     in_use: frozenset[str] = frozenset(),
     *,
     now: float | None = None,
+    unavailable: frozenset[str] = frozenset(),
 ) -> list[Deletion]:
     """Every copy that retention deletes now, with the rule that made the decision.
+
+    A copy still missing below is kept for it, except in a middle tier that refuses writes
+    (``unavailable``, see :func:`routed_around`): the tiers above must not fill up waiting for it.
 
     A node's part of a save whose commit it cannot see (``partial``) waits for promotion only for
     ``promote.stale_after``: a save that failed on another node never commits, and must not hold
@@ -179,9 +203,11 @@ def retention(
     kept = {
         n: kept_by_rules(config.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)
     }
+    skipped = routed_around(config, unavailable)
     pending = {
         (n, c.checkpoint_id)
         for j in range(1, len(names))
+        if names[j] not in skipped
         for c in _missing_in(config, held, j)
         for n in names[:j]
         if not (c.partial and now - c.committed_at >= stale)

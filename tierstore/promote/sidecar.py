@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from tierstore.activity import live
 from tierstore.config import Config
-from tierstore.errors import TierstoreError
+from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.promote.job import PromotionJob
@@ -73,6 +73,8 @@ class Promoter:
         self.cancel = threading.Event()
         self.cache = MarkerCache()
         self._last_gc = 0.0
+        self.unavailable: set[str] = set()
+        """Tiers whose last promotion failed because they refuse writes (retried every pass)."""
         for tier in self.tiers:
             tier.observe_retries(self._count_retry(tier.name))
 
@@ -158,13 +160,27 @@ class Promoter:
         return {name: {i: s.copy for i, s in seen.items()} for name, seen in found.items()}
 
     def _plan(self, found: dict[str, dict[str, SeenCopy]]) -> list[Promotion]:
-        planned = promotions(self.config, self._copies(found))
+        planned = promotions(self.config, self._copies(found), frozenset(self.unavailable))
         mine = []
         for promotion in planned:
             source = self.by_name[promotion.source]
             if source.node_local or self.node == COORDINATOR_NODE:
                 mine.append(promotion)
         return mine
+
+    def _set_unavailable(self, tier_name: str, error: str | None) -> None:
+        """Record that a tier refuses writes (``error``) or takes them again (None)."""
+        was = tier_name in self.unavailable
+        if error is not None:
+            self.unavailable.add(tier_name)
+            if not was:
+                event("tier_unavailable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s refuses writes, promotion routes around it: %s",
+                             tier_name, error)  # fmt: skip
+        elif was:
+            self.unavailable.discard(tier_name)
+            event("tier_available", tier=tier_name)
+        self.metrics.unavailable.labels(tier_name).set(1 if tier_name in self.unavailable else 0)
 
     def _set_backlog(self, planned: list[Promotion]) -> None:
         for tier in self.tiers[1:]:
@@ -186,6 +202,8 @@ class Promoter:
         except (TierstoreError, OSError) as exc:
             self.metrics.failures.labels(target.name).inc()
             report.failed.append((promotion, str(exc)))
+            if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
+                self._set_unavailable(target.name, str(exc))
             event("promotion_failed", checkpoint=promotion.checkpoint_id, source=source.name,
                   target=target.name, error=str(exc).replace("\n", "; "))  # fmt: skip
             logger.error(
@@ -193,6 +211,7 @@ class Promoter:
             )
             return
         seconds = time.monotonic() - started
+        self._set_unavailable(target.name, None)
         self.metrics.bytes_promoted.labels(target.name).inc(outcome.copied)
         if outcome.committed:
             self.metrics.checkpoints_promoted.labels(target.name).inc()
@@ -217,7 +236,10 @@ class Promoter:
                     "cannot read activity records in %s (%s): no deletion this pass", tier.name, exc
                 )
                 return []
-        decided = retention(self.config, self._copies(found), frozenset(in_use))
+        decided = retention(
+            self.config, self._copies(found), frozenset(in_use),
+            unavailable=frozenset(self.unavailable),
+        )  # fmt: skip
         return [d for d in decided if self._owns(self.by_name[d.tier])]
 
     def _owns(self, tier: Tier) -> bool:

@@ -97,7 +97,9 @@ class PosixTier(Tier):
 
     def _unavailable(self, exc: OSError, action: str, path: str) -> TierUnavailableError:
         reason = exc.strerror or str(exc)
-        return TierUnavailableError(f"tier {self.describe()}: cannot {action} {path!r}: {reason}")
+        return TierUnavailableError(
+            f"tier {self.describe()}: cannot {action} {path!r}: {reason}", tier=self.name
+        )
 
     @contextmanager
     def open_write(self, path: str) -> Iterator[WriteStream]:

@@ -163,7 +163,7 @@ class S3Tier(Tier):
             raise
 
     def _unavailable(self, what: str, reason: str) -> TierUnavailableError:
-        return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}")
+        return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}", tier=self.name)
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[WriteStream]:
