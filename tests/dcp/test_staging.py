@@ -27,6 +27,7 @@ from tierstore import (
 from tierstore.cli import main
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
+from tierstore.dcp.layout import has_nonfinite
 from tierstore.ids import staging_dir
 from tierstore.interval import advise, daly, young
 from tierstore.manifest import read_manifest
@@ -297,3 +298,31 @@ def test_back_to_back_saves_never_share_a_buffer_in_use(make_config: Callable[..
         future.result()
     assert_loaded(config, "step_0011", first)
     assert_loaded(config, "step_0012", second)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_check_finite_also_sees_sparse_tensors(
+    layout: str, make_config: Callable[..., Config]
+) -> None:
+    config = make_config("local", check_finite=True)
+    values = torch.tensor([[0.0, 1.0], [float("nan"), 2.0]])
+    bad = values.to_sparse() if layout == "sparse_coo" else values.to_sparse_csr()
+    with pytest.raises(BaseException, match=r"tensor 'odd' holds NaN or Inf"):
+        dcp.save({"odd": bad}, storage_writer=TieredWriter(config), checkpoint_id="step_0001")
+    assert latest_committed(config) is None
+
+
+def test_quantized_and_nested_tensors_cannot_carry_poison_into_a_checkpoint(
+    make_config: Callable[..., Config],
+) -> None:
+    """Quantizing maps NaN/Inf to finite integers, so a quantized tensor holds none; nested tensors
+    are refused by DCP's own planner before any byte is written."""
+    quantized = torch.quantize_per_tensor(
+        torch.tensor([1.0, float("inf"), float("nan")]), 0.1, 0, torch.qint8
+    )
+    assert not has_nonfinite(quantized)
+    config = make_config("local", check_finite=True)
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.tensor([float("inf")])])
+    with pytest.raises(BaseException, match="NestedTensorImpl"):
+        dcp.save({"odd": nested}, storage_writer=TieredWriter(config), checkpoint_id="step_0001")
+    assert latest_committed(config) is None

@@ -120,3 +120,19 @@ def test_shared_memory_slabs_travel_to_the_checkpoint_process_without_a_copy(tmp
         ForkingPickler(buffer).dump(tensor)
         assert len(buffer.getvalue()) < 4096, "pickled by file descriptor, not by value"
         slab.release()
+
+
+def test_dcp_plans_tensors_through_the_checkpoint_protocol_staged_shards_speak() -> None:
+    """StagedShard stands in for a DTensor by answering DCP's checkpoint protocol: the planner must
+    still ask objects for ``__create_write_items__`` and the lookup for ``__get_tensor_shard__``."""
+    import inspect
+
+    from torch.distributed.checkpoint import planner_helpers, utils
+    from torch.distributed.tensor import DTensor
+
+    assert "__create_write_items__" in inspect.getsource(planner_helpers._create_write_items)
+    assert "__get_tensor_shard__" in inspect.getsource(utils.find_tensor_shard)
+    assert all(
+        hasattr(DTensor, name)
+        for name in ("__create_write_items__", "__create_chunk_list__", "__get_tensor_shard__")
+    )

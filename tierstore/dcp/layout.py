@@ -185,6 +185,21 @@ def feed_tensor(
         sink.feed(view[start * item : stop * item])
 
 
+def has_nonfinite(tensor: torch.Tensor) -> bool:
+    """NaN or Inf anywhere in a tensor of any layout (dense, sparse, quantized, nested)."""
+    if not is_checked_dtype(tensor.dtype) and not tensor.is_quantized:
+        return False
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    elif tensor.is_nested:
+        return any(has_nonfinite(part) for part in tensor.unbind())
+    elif tensor.layout == torch.sparse_coo:
+        tensor = tensor.coalesce().values()
+    elif tensor.layout != torch.strided:  # CSR, CSC, BSR, BSC: their stored values
+        tensor = tensor.values()
+    return not bool(torch.isfinite(tensor.detach()).all())
+
+
 def encode_fallback(tensor: torch.Tensor) -> bytes:
     """``torch.save`` bytes for tensors that are not dense (sparse, quantized, nested)."""
     buffer = io.BytesIO()

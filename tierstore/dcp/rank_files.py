@@ -30,12 +30,14 @@ from tierstore.dcp.layout import (
     dtype_name,
     encode_fallback,
     feed_tensor,
+    has_nonfinite,
     header,
     is_raw_encodable,
     raw_view,
     view_of,
 )
 from tierstore.dcp.staging import SlabInfo
+from tierstore.errors import NonFiniteTensorError
 from tierstore.ids import checkpoint_file, data_file
 from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
@@ -110,6 +112,8 @@ class RankFileWriter:
             elif is_raw_encodable(data):
                 loose.append((item, data))
             else:
+                if self.check_finite and has_nonfinite(data):  # sparse, quantized, nested
+                    raise NonFiniteTensorError(f"tensor {item.index.fqn!r} holds NaN or Inf")
                 blobs.append((item, memoryview(encode_fallback(data)), "torch"))
         if staged:
             self._write_slab(staged)

@@ -13,6 +13,7 @@ old listing, but does not re-read a marker that has not changed.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from tierstore.catalog import marker_times
@@ -43,18 +44,28 @@ class SeenCopy:
 
 @dataclass
 class MarkerCache:
-    """Parsed markers keyed by (tier, id), valid while the listing shows the same mtime."""
+    """Parsed markers keyed by (tier, id), valid while the listing shows the same mtime.
+
+    Stores with a coarse clock (S3 and some filesystems: 1 s) give a marker replaced within the same
+    second the same mtime, so a marker modified within the last :data:`SETTLE` seconds is always
+    read again; only a marker that has settled is trusted from the cache.
+    """
 
     entries: dict[tuple[str, str], tuple[float, Manifest]] = field(default_factory=dict)
 
     def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
+        """The marker's manifest, from the cache when it cannot have changed since."""
         key = (tier.name, checkpoint_id)
         cached = self.entries.get(key)
-        if cached is not None and cached[0] == mtime:
+        if cached is not None and cached[0] == mtime and time.time() - mtime > SETTLE:
             return cached[1]
         manifest = read_manifest(tier, checkpoint_id)
         self.entries[key] = (mtime, manifest)
         return manifest
+
+
+SETTLE = 2.0
+"""Seconds after its mtime before a marker is trusted from the cache (mtimes may be whole seconds)."""
 
 
 def copy_of(manifest: Manifest) -> Copy:
