@@ -362,6 +362,7 @@ def phase_s3(bench: Bench, state: Any) -> None:
 
 def phase_catalog(bench: Bench) -> None:
     from tierstore.checksum import crc32c
+    from tierstore.commits import LogEntry, record
     from tierstore.manifest import FileEntry, Manifest, publish_manifest
 
     print("catalog", flush=True)
@@ -376,6 +377,7 @@ def phase_catalog(bench: Bench) -> None:
         for tier in tiers:
             tier.write_bytes(f"{checkpoint_id}/{entry.path}", blob)
             publish_manifest(tier, manifest, create_only=False)
+            record(tier, LogEntry(index, checkpoint_id, generation))  # as every commit logs it
     assert latest_committed(config) == "step_00100000"
     bench.record(
         "latest_committed, 1000 checkpoints x 4 tiers",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tierstore.commits import read_log
+from tierstore.commits import LogEntry, read_log
 from tierstore.config import Config, as_config
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.manifest import Manifest, read_manifest
@@ -33,6 +33,22 @@ def marker_times(tier: Tier) -> dict[str, float]:
         for child, info in tier.find_in_children(MARKER_NAME).items()
         if is_checkpoint_id(child)
     }
+
+
+def _committed_seq(tier: Tier, checkpoint_id: str, entries: list[LogEntry]) -> int | None:
+    """The logged sequence number of the generation ``tier``'s marker names.
+
+    One entry is the commit itself. Several (an overwrite, or one that failed after claiming its
+    number) need the marker to say which generation is committed: a failed overwrite's number must
+    not make the id look newer than it is.
+    """
+    if len(entries) == 1:
+        return entries[0].seq
+    try:
+        generation = read_manifest(tier, checkpoint_id).generation
+    except Exception:  # noqa: BLE001 - an unreadable marker: the copy is not counted
+        return None
+    return max((e.seq for e in entries if e.generation == generation), default=None)
 
 
 @dataclass(frozen=True)
@@ -84,12 +100,17 @@ class Catalog:
             logs = dict(
                 zip((t.name for t in self.tiers), pool.map(read_log, self.tiers), strict=True)
             )
+        by_name = {t.name: t for t in self.tiers}
         found: dict[str, int | None] = {}
         for tier_name, log in logs.items():
+            per_id: dict[str, list[LogEntry]] = {}
             for entry in log:
                 if tier_name in scanned.get(entry.checkpoint_id, {}):
-                    found[entry.checkpoint_id] = max(found.get(entry.checkpoint_id) or 0, entry.seq)
-        by_name = {t.name: t for t in self.tiers}
+                    per_id.setdefault(entry.checkpoint_id, []).append(entry)
+            for checkpoint_id, entries in per_id.items():
+                seq = _committed_seq(by_name[tier_name], checkpoint_id, entries)
+                if seq is not None:
+                    found[checkpoint_id] = max(found.get(checkpoint_id) or 0, seq)
         for checkpoint_id in scanned.keys() - found.keys():
             found[checkpoint_id] = None
             for tier_name in scanned[checkpoint_id]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tierstore import TieredReader, TieredWriter
+from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.activity import held
 from tierstore.audit import audit_all
 from tierstore.config import Config
@@ -223,3 +223,39 @@ def test_the_last_overwrite_to_commit_reaches_every_tier(
     memory.delete_tree("latest")  # the fast copy is lost: S3 serves the same content
     assert loaded(config, "latest") == 2.0
     assert_audit_clean(config)
+
+
+def test_a_failed_overwrite_does_not_make_its_id_the_newest(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", promote={"stale_after": 0})
+    dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="x")
+    dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="y")
+    vetoed = TieredWriter(config, overwrite=True, commit_gate=lambda _view: "loss spike")
+    with pytest.raises(BaseException, match="loss spike"):
+        dcp.save(state_of(3.0), storage_writer=vetoed, checkpoint_id="x")
+    del vetoed
+    assert latest_committed(config) == "y", "the vetoed overwrite claimed a number, nothing more"
+    Promoter(config).run_once()
+    assert latest_committed(config) == "y"
+
+
+def test_commit_order_is_the_order_commits_happened(make_config: Callable[..., Config]) -> None:
+    config = make_config("memory")
+    with ThreadPoolExecutor(1) as pool:
+        late, late_done = paused_save(pool, config, "a", 1.0)  # planned first ...
+        dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="b")
+        late.go.set()
+        late_done.result()  # ... committed last
+    assert latest_committed(config) == "a"
+
+
+def test_a_restore_never_serves_an_older_generation_from_a_faster_tier(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory", "s3")
+    dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="x")
+    Promoter(config).run_once()
+    dcp.save(state_of(2.0), storage_writer=TieredWriter(config, tier="s3", overwrite=True),
+             checkpoint_id="x")  # fmt: skip
+    assert loaded(config, "x") == 2.0, "memory still holds the overwritten generation"

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
+from tierstore.ids import is_newer_commit
 from tierstore.manifest import Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
 
@@ -74,6 +75,32 @@ def _check_share(
     return problems
 
 
+def _keep_only_the_newest_commit(
+    tiers: list[Tier], manifests: dict[int, Manifest], reasons: dict[int, list[str]]
+) -> None:
+    """Drop the copies of an older generation than the newest committed in any tier.
+
+    An overwrite may commit in a lower tier (``tier=``) while a faster one still holds the previous
+    generation: restoring the faster copy would serve stale data. Never: only the newest counts.
+    """
+    if not manifests:
+        return
+    newest = max(
+        manifests.values(),
+        key=lambda m: (m.seq is not None, m.seq or 0, m.generation),
+    )
+    for index in list(manifests):
+        manifest = manifests[index]
+        if manifest.generation != newest.generation and not is_newer_commit(
+            manifest.seq, manifest.generation, newest.seq, newest.generation
+        ):
+            del manifests[index]
+            reasons[index] = [
+                f"holds generation {manifest.generation} (seq {manifest.seq}), older than"
+                f" {newest.generation} (seq {newest.seq}) committed in another tier"
+            ]
+
+
 def choose_copy(
     tiers: list[Tier],
     checkpoint_id: str,
@@ -101,6 +128,7 @@ def choose_copy(
             reasons[index] = [reason or "no commit marker"]
         else:
             manifests[index] = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
+    _keep_only_the_newest_commit(tiers, manifests, reasons)
     for index, reason in (excluded or {}).items():
         manifests.pop(index, None)
         reasons[index] = [reason]

@@ -43,7 +43,7 @@ from torch.futures import Future
 
 from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.checksum import crc32c
-from tierstore.commits import claim, read_log
+from tierstore.commits import claim, highest
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.rank_files import RankFileWriter
@@ -455,13 +455,12 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def _seq_at_commit(self, ckpt: str, gen: str) -> int:
         """The sequence number the marker carries: the one claimed when the save was planned,
-        unless another commit of this id has taken a higher one since (two overwrites racing, a
-        zombie job's late save): then a new one, so that commit order is the order of commits."""
-        if self.overwrite and any(
-            e.checkpoint_id == ckpt and e.seq > self._seq
-            for tier in self._all_tiers()
-            for e in read_log(tier)
-        ):
+        unless another save has taken a higher one since (a save that started later but committed
+        first, a zombie job's late overwrite): then a new one, so that commit order is the order
+        in which commits happened. A multi-node save in a node-local tier keeps its first number:
+        the other nodes' part records carry it, and their promoters act on it."""
+        multi_node = self.tier.node_local and len({r.node for r in self._reports}) > 1
+        if not multi_node and highest(self._all_tiers()) > self._seq:
             self._seq = claim(self.tier, self._all_tiers(), ckpt, gen)
         return self._seq
 
