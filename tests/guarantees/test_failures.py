@@ -33,6 +33,7 @@ from tierstore.dcp.gate import GateView
 from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.ids import marker_path
 from tierstore.manifest import read_manifest
+from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import Tier, make_tier
 
 
@@ -136,7 +137,7 @@ def test_damaged_copy_falls_back_to_the_next_tier(
 ) -> None:
     config = make_config("memory", "local", verify_on_load=verify)
     trainer = save(config, "step_000005")
-    save(config, "step_000005", tier="local", overwrite=True)  # the same bytes, a second tier
+    Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config, 0)
     manifest = read_manifest(fast, "step_000005")
     data = next(f for f in manifest.files if f.rank == 0)
@@ -164,7 +165,7 @@ def test_damaged_copy_falls_back_to_the_next_tier(
 def test_flipped_bit_is_caught_only_with_verification(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "local")
     save(config, "step_000005")
-    save(config, "step_000005", tier="local", overwrite=True)  # the same bytes, a second tier
+    Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config)
     data = next(f for f in read_manifest(fast, "step_000005").files if f.rank == 0)
     path = Path(fast.local_path(f"step_000005/{data.path}"))
@@ -264,7 +265,7 @@ def test_tampered_metadata_is_refused_and_the_next_tier_used(
 ) -> None:
     config = make_config("memory", "local")
     trainer = save(config, "step_000003")
-    save(config, "step_000003", tier="local", overwrite=True)  # the same bytes, a second tier
+    Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config)
     meta = next(f for f in read_manifest(fast, "step_000003").files if f.rank is None)
     path = Path(fast.local_path(f"step_000003/{meta.path}"))

@@ -16,18 +16,21 @@ import os
 import time
 from dataclasses import dataclass
 
-from tierstore.activity import ActivityInfo, activities, is_busy
+from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.commits import read_log
+from tierstore.errors import IntegrityError
 from tierstore.ids import (
     COMMITS_DIR,
     MARKER_NAME,
     PARTS_DIR,
     RANK0_PART,
     generation_dir,
+    parts_dir,
     split_generation_path,
     staging_dir,
     writer_staging_dir,
 )
+from tierstore.manifest import read_manifest
 from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
@@ -179,9 +182,12 @@ def _uncommitted_generations(
     return found
 
 
-def remove(tier: Tier, cleanup: Cleanup) -> None:
-    """Carry out one cleanup."""
-    if cleanup.kind == "tree":
+def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) -> None:
+    """Carry out one cleanup (an uncommitted generation: see :func:`remove_generation`)."""
+    split = split_generation_path(f"{cleanup.path}/x")
+    if cleanup.kind == "tree" and split is not None:
+        remove_generation(tier, split[0], split[1], activity_ttl=activity_ttl)
+    elif cleanup.kind == "tree":
         tier.delete_tree(cleanup.path)
     elif cleanup.kind == "incomplete" and cleanup.write is not None:
         tier.discard_incomplete(cleanup.write)
@@ -189,4 +195,30 @@ def remove(tier: Tier, cleanup: Cleanup) -> None:
         tier.delete(cleanup.path)
 
 
-__all__ = ["Cleanup", "find_leftovers", "remove"]
+def remove_generation(
+    tier: Tier, checkpoint_id: str, generation: str, *, activity_ttl: float = ACTIVITY_TTL
+) -> bool:
+    """Remove an uncommitted generation, unless someone commits it meanwhile; True if removed.
+
+    In a job-wide tier another node's promoter may publish a marker over files that were already
+    there when cleanup looked (the last node's part completes a multi-node promotion). So: first
+    its part records go, which a promoter needs in order to publish; then, with those gone, the
+    tier is asked again for a marker naming the generation and for work in progress on it; only
+    if there is neither does the data go. A promoter that starts later finds no records to
+    publish from and copies its part again; one that was already at work holds a record.
+    """
+    tier.delete_tree(parts_dir(checkpoint_id, generation))
+    busy = is_busy([r for r in activities(tier) if r.age < activity_ttl], checkpoint_id, generation)
+    try:
+        committed = read_manifest(tier, checkpoint_id).generation == generation
+    except FileNotFoundError:
+        committed = False
+    except IntegrityError:
+        committed = True  # an unreadable marker might name it: not ours to judge
+    if busy or committed:
+        return False
+    tier.delete_tree(generation_dir(checkpoint_id, generation))
+    return True
+
+
+__all__ = ["Cleanup", "find_leftovers", "remove", "remove_generation"]

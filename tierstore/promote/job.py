@@ -32,6 +32,7 @@ from tierstore.ids import (
     generation_dir,
     intent_path,
     is_newer_commit,
+    marker_path,
     node_part_path,
     rank_part_path,
 )
@@ -106,6 +107,13 @@ def publish_committed(target: Tier, manifest: Manifest, *, node: int | None = No
         readers = [r for r in live(target) if r.kind == "read"]
         if not is_busy(readers, manifest.checkpoint_id, existing.generation):  # else: cleanup's
             target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
+    problems = copy_problems(target, manifest, verify=False, entries=here)
+    if problems:  # cleanup on another node removed files that pre-existed this job: withdraw
+        target.delete(marker_path(manifest.checkpoint_id))
+        raise IntegrityError(
+            f"{manifest.checkpoint_id}: marker withdrawn from tier {target.describe()}: files"
+            f" removed while it was published: {'; '.join(problems)}"
+        )
     if manifest.seq is not None:  # the copy keeps its place in commit order in this tier too
         record(target, LogEntry(manifest.seq, manifest.checkpoint_id, manifest.generation))
     return True

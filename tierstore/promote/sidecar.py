@@ -282,7 +282,7 @@ class Promoter:
             for cleanup in leftovers:
                 if not dry_run:
                     try:
-                        remove(tier, cleanup)
+                        remove(tier, cleanup, activity_ttl=self.config.promote.activity_ttl)
                     except (TierstoreError, OSError) as exc:
                         logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
                         continue
