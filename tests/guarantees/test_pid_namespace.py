@@ -25,6 +25,17 @@ def unshare_works() -> bool:
     return probe.returncode == 0
 
 
+def gc_in_its_own_pid_namespace(config_file: Path) -> subprocess.CompletedProcess[str]:
+    """``tierstore gc`` as a sidecar container runs it: in a PID namespace of its own."""
+    gc = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-m", "tierstore.cli", "--config",
+         str(config_file), "gc"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert gc.returncode == 0, gc.stderr
+    return gc
+
+
 @pytest.mark.skipif(not unshare_works(), reason="needs unshare(1) with CAP_SYS_ADMIN (root)")
 def test_cleanup_in_another_pid_namespace_keeps_a_live_writers_buffers(
     tmp_path: Path, make_config: Callable[..., Config]
@@ -40,12 +51,7 @@ def test_cleanup_in_another_pid_namespace_keeps_a_live_writers_buffers(
     before = sorted(p.name for p in staging.rglob("*"))
     assert any(name.startswith("slab-") for name in before), "the spare buffer is staged here"
 
-    gc = subprocess.run(
-        ["unshare", "--pid", "--fork", sys.executable, "-m", "tierstore.cli", "--config", str(path),
-         "gc"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert gc.returncode == 0, gc.stderr
+    gc = gc_in_its_own_pid_namespace(path)
     assert sorted(p.name for p in staging.rglob("*")) == before, gc.stdout
 
     dcp.async_save(state, storage_writer=writer, checkpoint_id="step_000002").result()
@@ -80,11 +86,6 @@ def test_cleanup_in_another_pid_namespace_removes_a_killed_writers_buffers(
     (memory,) = config.make_tiers(node=0)
     staging = Path(memory.local_path(".tierstore/staging") or "")
     assert list(staging.iterdir()), "the killed writer left its staging directory"
-    gc = subprocess.run(
-        ["unshare", "--pid", "--fork", sys.executable, "-m", "tierstore.cli", "--config", str(path),
-         "gc"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert gc.returncode == 0, gc.stderr
+    gc = gc_in_its_own_pid_namespace(path)
     assert list(staging.iterdir()) == [], gc.stdout
     assert "staging buffers of a writer process that is gone" in gc.stdout
