@@ -16,6 +16,7 @@ from tests.training import Trainer
 from tierstore import TieredWriter
 from tierstore.config import Config
 from tierstore.ids import marker_path
+from tierstore.manifest import read_manifest
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
 from tierstore.tiers.s3.tier import S3Tier
@@ -181,3 +182,28 @@ def test_s3_marker_is_put_after_every_data_object(
     assert completed[-1].endswith("step_000001/commit.json")
     assert any(key.endswith(".metadata") for key in completed[:-1])
     assert any(key.endswith(".distcp") for key in completed[:-1])
+
+
+def test_cleanup_removes_part_records_before_data_and_keeps_a_generation_committed_meanwhile(
+    make_config: Callable[..., Config], tier_events: list[tuple[str, str]]
+) -> None:
+    from tierstore.ids import generation_dir, node_part_path, parts_dir
+    from tierstore.promote.cleanup import remove_generation
+
+    config = make_config("shared")
+    tier = make_tier(config.tiers[0], namespace=None, node=0)
+    gen = "g0000000000100000000"
+    tier.write_bytes(f"ckpt/{gen}/r00001-0.distcp", b"node 1's part")
+    tier.write_bytes(node_part_path("ckpt", gen, 1), b"{}")
+    tier_events.clear()
+    assert remove_generation(tier, "ckpt", gen)
+    deletions = [path for kind, path in tier_events if kind == "delete"]
+    assert deletions == [parts_dir("ckpt", gen), generation_dir("ckpt", gen)], (
+        "a promoter needs the part records to publish: they go first"
+    )
+
+    _save(config, "step_000001")  # a committed generation is never removed by cleanup
+    committed = read_manifest(tier, "step_000001").generation
+    assert not remove_generation(tier, "step_000001", committed)
+    assert read_manifest(tier, "step_000001").generation == committed
+    assert tier.exists(f"step_000001/{committed}/.metadata")
