@@ -165,6 +165,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stager: Stager | None = None
         self._pending: Pending | None = None
         self._writing: Activity | None = None
+        self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._tiers: list[Tier] | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
@@ -192,7 +193,7 @@ class TieredWriter(StorageWriter, AsyncStager):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
-        state["_writing"] = None  # held by the process that plans the save
+        state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
         state["_tiers"] = None
         state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
@@ -328,7 +329,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stop_writing()
         self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation,
                              ttl=self.config.promote.activity_ttl)  # fmt: skip
-        weakref.finalize(self, self._writing.release)  # a failed save's record ends with its writer
+        # A failed save's record ends with its writer (one finaliser at a time: see _stop_writing).
+        self._writing_ends = weakref.finalize(self, self._writing.release)
         # The commit's place in commit order (what "newest" means): the next number after the
         # highest any tier has logged, claimed create-only in the target.
         self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation)
@@ -486,6 +488,9 @@ class TieredWriter(StorageWriter, AsyncStager):
             return None
 
     def _stop_writing(self) -> None:
+        if self._writing_ends is not None:
+            self._writing_ends.detach()  # a writer reused for many saves keeps none of the old ones
+            self._writing_ends = None
         if self._writing is not None:
             self._writing.release()
             self._writing = None
