@@ -1,0 +1,1 @@
+"""The pieces of ``examples/train_gpt.py``: the model, the resumable data, and the training state."""

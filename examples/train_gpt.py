@@ -1,0 +1,314 @@
+"""Train a small character-level GPT on Shakespeare, checkpointing through tierstore; resume exactly.
+
+Launch with torchrun (gloo on CPU, nccl when CUDA is present)::
+
+    torchrun --nproc-per-node 2 examples/train_gpt.py --config tierstore.yaml --run-dir runs/a
+
+Every ``--save-every`` steps, on a step all ranks agree on, it saves the whole training state (one
+``Stateful``: model, AdamW, LR schedule, progress, per-rank RNG states) with
+``dcp.async_save(..., storage_writer=TieredWriter(cfg))``; the previous save is waited for first. A
+commit gate refuses non-finite or runaway losses. Rank 0 appends every step's loss to
+``RUN_DIR/loss.jsonl``. On start it resumes from ``latest_committed(cfg)`` (or ``--resume-from ID``,
+a rollback), and continues as if nothing had happened: same samples, same random streams.
+
+On SIGTERM or SIGUSR1 (a pre-emption notice) in any rank it saves at the next step, waits for the
+commit, and exits 0. ``drill_entry`` is the step function for ``tierstore drill``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `gpt` when loaded by path
+
+from gpt.data import CharCorpus
+from gpt.model import CharGPT, ModelShape, next_char_loss
+from gpt.state import ResumePlanner, TrainState, seed_everything
+
+from tierstore import LossBandGate, TieredReader, TieredWriter, latest_committed, load_config
+
+logger = logging.getLogger("train_gpt")
+DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The example's flags (``tierstore drill`` passes the same ones to :func:`drill_entry`)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="tierstore YAML configuration")
+    parser.add_argument("--run-dir", type=Path, default=Path("run"), help="loss log and notes")
+    parser.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="training text (ASCII)")
+    parser.add_argument("--steps", type=int, default=1000, help="length of the LR schedule")
+    parser.add_argument("--stop-after", type=int, default=None, help="stop (and save) at this step")
+    parser.add_argument("--save-every", type=int, default=50, help="save every N steps")
+    parser.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples per forward/backward")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--resume-from", default=None, metavar="ID",
+                        help="roll back to this checkpoint instead of the latest")  # fmt: skip
+    parser.add_argument("--async-mode", choices=("thread", "process"), default="thread")
+    parser.add_argument("--loss-band", type=float, default=3.0,
+                        help="veto a save whose loss exceeds N x its running average")  # fmt: skip
+    return parser
+
+
+def checkpoint_id(step: int) -> str:
+    """The id of the checkpoint taken after ``step`` optimizer steps."""
+    return f"step_{step:08d}"
+
+
+class Trainer:
+    """One rank's model, data and state, and the step function shared by training and the drill."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        per_rank, rest = divmod(args.global_batch, self.world)
+        if rest or per_rank % args.micro_batch:
+            raise SystemExit(
+                f"--global-batch {args.global_batch} must split into {self.world} ranks x whole"
+                f" micro-batches of {args.micro_batch}"
+            )
+        self.per_rank, self.accumulate = per_rank, per_rank // args.micro_batch
+        self.device = torch.device(
+            f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+        )
+        seed_everything(args.seed)  # the same initial weights on every rank
+        self.corpus = CharCorpus(args.text, ModelShape(1).context, args.seed)
+        model = CharGPT(ModelShape(vocab=len(self.corpus.alphabet))).to(self.device)
+        self.model = DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
+        self.state = TrainState(model, optimizer, scheduler, self.rank, args.seed)
+        seed_everything(args.seed + 1 + self.rank)  # each rank its own dropout stream
+
+    def _lr_factor(self, step: int) -> float:
+        warmup, total = max(1, self.args.warmup), max(self.args.steps, self.args.warmup + 1)
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
+
+    def step(self) -> float:
+        """One optimizer step over the next global batch; returns its mean loss (every rank)."""
+        state, model = self.state, self.model
+        first = state.progress.samples_seen + self.rank * self.per_rank
+        state.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for micro in range(self.accumulate):
+            inputs, targets = self.corpus.batch(first + micro * self.args.micro_batch,
+                                                self.args.micro_batch)  # fmt: skip
+            last = micro == self.accumulate - 1
+            with contextlib.nullcontext() if last else model.no_sync():
+                logits = model(inputs.to(self.device))  # through DDP: its gradient hooks
+                loss = next_char_loss(logits, targets.to(self.device)) / self.accumulate
+                loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        state.optimizer.step()
+        state.scheduler.step()
+        dist.all_reduce(total)
+        mean = float(total) / self.world
+        state.progress.record(mean, self.args.global_batch)
+        return mean
+
+    def load(self, reader: TieredReader, checkpoint: str) -> None:
+        """Restore the whole state from ``checkpoint`` (collective)."""
+        dcp.load({"train": self.state}, storage_reader=reader, checkpoint_id=checkpoint,
+                 planner=ResumePlanner())  # fmt: skip
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGUSR1 in this process; ranks agree on it with one all-reduce per step."""
+
+    def __init__(self) -> None:
+        self.local = False
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        logger.warning("rank %d: %s received: saving at the next step, then exiting",
+                       dist.get_rank(), signal.Signals(signum).name)  # fmt: skip
+        self.local = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """True on every rank when any rank was asked to stop (collective)."""
+        flag = torch.tensor([1 if self.local else 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+class LossLog:
+    """Rank 0's record of every step: one JSON object per line, flushed as written."""
+
+    def __init__(self, run_dir: Path, attempt: str) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(run_dir / "loss.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.attempt = attempt
+
+    def write(self, **fields: Any) -> None:
+        """Append one record (``repr`` of a float round-trips, so losses compare bit for bit)."""
+        self.file.write(json.dumps({**fields, "attempt": self.attempt}) + "\n")
+        self.file.flush()
+
+
+def setup_distributed() -> None:
+    """Join torchrun's group (gloo on CPU, nccl with CUDA); alone, make a group of one."""
+    if "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Deterministic kernels on one thread per rank: a resumed run repeats the losses bit for bit.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    # DCP's async save needs a CPU backend next to nccl.
+    dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+
+
+def resume(trainer: Trainer, config_path: str, requested: str | None) -> tuple[str | None, str]:
+    """Load ``requested`` (a rollback) or the newest restorable checkpoint; return (id, tier)."""
+    config = load_config(config_path)
+    checkpoint = requested or latest_committed(config)
+    if checkpoint is None:
+        return None, "-"
+    reader = TieredReader(config)
+    trainer.load(reader, checkpoint)
+    return checkpoint, reader.chosen_tier or "-"
+
+
+def train(args: argparse.Namespace) -> int:
+    """The training loop: resume, step, log, save on agreed steps, exit cleanly on a stop request."""
+    setup_distributed()
+    trainer = Trainer(args)
+    stop = StopRequest()
+    attempt = uuid.uuid4().hex[:8]
+    log = LossLog(args.run_dir, attempt) if trainer.rank == 0 else None
+    started = time.monotonic()
+    resumed_from, tier = resume(trainer, args.config, args.resume_from)
+    progress = trainer.state.progress
+    if log:
+        log.write(event="start", resumed_from=resumed_from, tier=tier, step=progress.step,
+                  samples_seen=progress.samples_seen, world_size=trainer.world,
+                  restore_s=round(time.monotonic() - started, 3))  # fmt: skip
+    # A resumed run is the timeline from now on: an id it reaches again (left by an abandoned
+    # timeline after a rollback, or a save this job could not restore) is replaced by a new
+    # generation, and the old one stays loadable until the new one commits.
+    writer = TieredWriter(args.config, overwrite=True, check_finite=True,
+                          commit_gate=LossBandGate(band=args.loss_band))  # fmt: skip
+    saver = Saver(writer, args.async_mode, log)
+    if args.resume_from:
+        # Commit the rollback point again, now the newest: a crash before the next save must resume
+        # this timeline, not the abandoned one.
+        saver.save(trainer.state, progress.step)
+    stop_at = args.stop_after or args.steps
+    while progress.step < stop_at:
+        loss = trainer.step()
+        if log:
+            log.write(event="step", step=progress.step, loss=loss,
+                      samples_seen=progress.samples_seen, world_size=trainer.world)  # fmt: skip
+        stopping = stop.agreed(trainer.device)
+        if stopping or progress.step % args.save_every == 0 or progress.step == stop_at:
+            saver.save(trainer.state, progress.step)
+        if stopping:
+            break
+    saver.wait()
+    if log:
+        log.write(event="stop", step=progress.step, preempted=stop.local)
+    writer.close()
+    dist.destroy_process_group()
+    return 0
+
+
+class Saver:
+    """One async save in flight at a time: the next waits for the previous to commit.
+
+    The save's collectives run on a group of their own: on the training group they would interleave
+    with DDP's all-reduces from the training thread, and both would hang.
+    """
+
+    def __init__(self, writer: TieredWriter, mode: str, log: LossLog | None) -> None:
+        self.writer, self.log = writer, log
+        self.group = dist.new_group(backend="gloo")
+        self.mode = (
+            AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        )
+        self.pending: tuple[str, Future[Any]] | None = None
+
+    def save(self, state: TrainState, step: int) -> None:
+        """Start saving ``state`` as :func:`checkpoint_id` of ``step``, after the previous save."""
+        self.wait()
+        future = dcp.async_save({"train": state}, storage_writer=self.writer,
+                                checkpoint_id=checkpoint_id(step), process_group=self.group,
+                                async_checkpointer_type=self.mode)  # fmt: skip
+        self.pending = (checkpoint_id(step), future)
+
+    def wait(self) -> None:
+        """Block until the save in flight committed; a vetoed save is logged, not fatal."""
+        if self.pending is None:
+            return
+        checkpoint, future = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            logger.error("save of %s failed: %s", checkpoint, exc)
+            if self.log:
+                self.log.write(event="save_failed", checkpoint=checkpoint, error=str(exc)[:500])
+            return
+        if self.log:
+            self.log.write(event="committed", checkpoint=checkpoint)
+
+
+def drill_entry(ctx: Any) -> Iterator[tuple[int, float]]:
+    """``tierstore drill --entry examples/train_gpt.py:drill_entry -- <training flags>``.
+
+    Builds the same model and data as training (from the flags after ``--``), restores the drill's
+    checkpoint through ``ctx.reader`` inside ``ctx.restoring()``, and yields (step, loss) for
+    ``ctx.steps`` steps.
+    """
+    args = build_parser().parse_args(list(ctx.argv))
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    trainer = Trainer(args)
+    with ctx.restoring():
+        trainer.load(ctx.reader, ctx.checkpoint_id)
+    for _ in range(ctx.steps):
+        loss = trainer.step()
+        yield trainer.state.progress.step, loss
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the flags and train."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return train(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
