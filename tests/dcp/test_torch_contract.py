@@ -136,3 +136,13 @@ def test_dcp_plans_tensors_through_the_checkpoint_protocol_staged_shards_speak()
         hasattr(DTensor, name)
         for name in ("__create_write_items__", "__create_chunk_list__", "__get_tensor_shard__")
     )
+
+
+def test_filesystem_readers_storage_record_is_what_the_export_writes() -> None:
+    # tierstore.dcp.torch_files builds these for FileSystemReader: a private torch class.
+    import dataclasses
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    fields = [f.name for f in dataclasses.fields(_StorageInfo)]
+    assert fields == ["relative_path", "offset", "length", "transform_descriptors"]
