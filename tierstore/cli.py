@@ -1,8 +1,12 @@
-"""The ``tierstore`` command: ``ls``, ``verify [--all]``, ``promote``, ``gc``, ``advise``.
+"""The ``tierstore`` command: ``ls``, ``verify [--all]``, ``restore``, ``promote``, ``gc``, ``advise``.
 
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
-``verify`` exits with 1 when a stored file does not match its marker.
+``verify`` and ``restore`` exit with 1 when a stored file does not match its marker.
+
+``restore ID --to DIR [--tier NAME] [--json]`` writes a committed checkpoint, from the fastest tier
+holding a usable copy (or the tier named), as a plain DCP directory that torch's own
+``FileSystemReader`` loads. It imports torch only when it runs: the other commands never load it.
 """
 
 from __future__ import annotations
@@ -141,6 +145,27 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if any(not a.ok for a in audits) else 0
 
 
+def cmd_restore(config: Config, args: argparse.Namespace) -> int:
+    """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
+    from tierstore.dcp.export import export_checkpoint  # loads torch: only for this command
+
+    try:
+        report = export_checkpoint(
+            config, args.checkpoint_id, args.to, tier=args.tier, node=args.node
+        )
+    except IntegrityError as exc:
+        print(f"tierstore: error: {exc}".replace("\n", "; "), file=sys.stderr)
+        return EXIT_MISMATCH
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        print(
+            f"restored {report.checkpoint_id} from {report.tier} to {report.destination}:"
+            f" {report.files} files, {human_bytes(report.bytes)} in {report.seconds:.2f} s"
+        )
+    return 0
+
+
 def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
@@ -231,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     verify.add_argument("--json", action="store_true", help="with --all: print JSON objects")
     verify.set_defaults(run=cmd_verify)
+    restore = commands.add_parser(
+        "restore", help="write a committed checkpoint as a plain DCP directory (torch's reader)"
+    )
+    restore.add_argument("checkpoint_id", metavar="ID")
+    restore.add_argument("--to", required=True, metavar="DIR", help="new (or empty) directory")
+    restore.add_argument(
+        "--tier", default=None, metavar="NAME", help="only this tier (default: the fastest usable)"
+    )
+    restore.add_argument("--json", action="store_true", help="print a JSON summary")
+    restore.set_defaults(run=cmd_restore)
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     promote.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
