@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -192,3 +193,33 @@ def test_restore_of_a_corrupt_copy_exits_1(config_file: Path, tmp_path: Path) ->
     assert done.returncode == 1
     assert f"tier memory: step_000001/{entry.path}: CRC32C" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ls_watch_lists_again_until_interrupted(config_file: Path) -> None:
+    save(config_file, "step_000001")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
+         "--interval", "100ms", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watch.stdout is not None
+        lines = [
+            watch.stdout.readline() for _ in range(6)
+        ]  # three listings, each after a time line
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, err
+    assert [line.startswith("-- ") for line in lines] == [True, False] * 3
+    assert all([e["id"] for e in json.loads(line)] == ["step_000001"] for line in lines[1::2])
+    assert "Traceback" not in err
+    done = subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
+         "--interval", "0"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "expected a positive interval" in done.stderr

@@ -1,4 +1,6 @@
-"""The ``tierstore`` command: ``ls``, ``verify [--all]``, ``restore``, ``promote``, ``gc``, ``advise``.
+"""The ``tierstore`` command: list, verify, export, promote and clean up checkpoints.
+
+Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``promote``, ``gc``, ``advise``.
 
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
@@ -31,6 +33,7 @@ from tierstore.interval import advise
 from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promote.sidecar import Promoter
 from tierstore.topology import current_node
+from tierstore.units import parse_duration
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -67,10 +70,24 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
 
 
 def cmd_ls(config: Config, args: argparse.Namespace) -> int:
-    """List committed checkpoints, newest first."""
+    """List committed checkpoints, newest first (``--watch``: again every interval until ^C)."""
+    if not args.watch:
+        return _print_listing(config, args)
+    try:
+        while True:
+            print(f"-- {time.strftime('%Y-%m-%d %H:%M:%S')} --")
+            _print_listing(config, args)
+            sys.stdout.flush()  # a pipe or a log file sees each listing as it is made
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # the way a watch ends: not an error
+        return 0
+
+
+def _print_listing(config: Config, args: argparse.Namespace) -> int:
     listings = Catalog(config, node=args.node).listings()
-    if args.json:
-        print(json.dumps([entry.as_dict() for entry in listings], indent=1))
+    if args.json:  # one line per listing when watching, so each refresh is one JSON document
+        indent = None if args.watch else 1
+        print(json.dumps([entry.as_dict() for entry in listings], indent=indent))
         return 0
     if not listings:
         print("no committed checkpoints")
@@ -224,6 +241,16 @@ def cmd_advise(config: Config, args: argparse.Namespace) -> int:
 Command = Callable[[Config, argparse.Namespace], int]
 
 
+def _interval(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive interval, got {text!r}")
+    return seconds
+
+
 def _node_list(text: str) -> list[int]:
     try:
         nodes = [int(part) for part in text.split(",") if part.strip()]
@@ -246,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
+    ls.add_argument("--watch", action="store_true", help="list again every interval until ^C")
+    ls.add_argument("--interval", type=_interval, default=2.0, metavar="S",
+                    help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)")  # fmt: skip
     ls.set_defaults(run=cmd_ls)
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
     verify.add_argument("checkpoint_id", metavar="ID", nargs="?")
