@@ -267,10 +267,12 @@ def _convert_file(
     none); return the size written."""
     path = checkpoint_file(checkpoint_id, entry.path)
     target = TorchDataFile(out, entry.path.rsplit("/", 1)[-1]) if items else None
+    scratch = bytearray(max((location.length for location in items), default=0))
     try:
         with VerifiedReader(tier, path, entry) as source:
             for location in sorted(items, key=lambda item: item.offset):
-                data = source.read(location.offset, location.length)
+                data = memoryview(scratch)[: location.length]  # written out before the next read
+                source.read_into(location.offset, data)
                 info = _append(target, location, data, where=f"tier {tier.name}: {path}")
                 storage.update(dict.fromkeys(items[location], info))
             source.finish()
@@ -282,7 +284,7 @@ def _convert_file(
 
 
 def _append(
-    target: TorchDataFile | None, location: ItemLocation, data: bytearray, *, where: str
+    target: TorchDataFile | None, location: ItemLocation, data: memoryview, *, where: str
 ) -> _StorageInfo:
     assert target is not None
     if location.encoding == "raw":

@@ -62,7 +62,7 @@ class VerifiedReader:
         self._pending = memoryview(chunk)
         return True
 
-    def _consume(self, length: int, out: bytearray | None) -> None:
+    def _consume(self, length: int, out: memoryview | None) -> None:
         done = 0
         while done < length:
             if not self._pending and not self._refill():
@@ -77,17 +77,19 @@ class VerifiedReader:
             done += take
             self._position += take
 
-    def read(self, offset: int, length: int) -> bytearray:
-        """The ``length`` bytes at ``offset``; offsets must not go backwards."""
+    def read_into(self, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with the ``len(out)`` bytes at ``offset``; offsets must not go backwards.
+
+        The caller supplies (and reuses) the buffer: filling fresh memory for every item costs
+        more than the copy itself.
+        """
         if offset < self._position:
             raise IntegrityError(
                 f"{self._where()}: item at byte {offset} overlaps the one before (read up to"
                 f" {self._position})"
             )
         self._consume(offset - self._position, None)
-        out = bytearray(length)
-        self._consume(length, out)
-        return out
+        self._consume(len(out), out)
 
     def finish(self) -> int:
         """Read the rest and compare size and CRC32C with the marker; return the size."""
