@@ -22,9 +22,8 @@ from tests.guarantees.test_multinode import save_on_two_nodes, tensors
 from tests.guarantees.test_multirank import GLOBAL, save_world2
 from tests.training import Trainer, assert_same, fresh_target
 from tests.workers import run_ranks
-from tierstore import TieredWriter
+from tierstore import TieredWriter, export_checkpoint
 from tierstore.config import Config
-from tierstore.dcp.export import export_checkpoint
 from tierstore.errors import CheckpointNotFoundError, ConfigError, IntegrityError
 from tierstore.manifest import read_manifest
 from tierstore.promote.sidecar import Promoter
