@@ -1,8 +1,9 @@
-"""The ``tierstore`` command: ls (table and JSON), verify (exit 1 on mismatch), one-line errors."""
+"""The ``tierstore`` command: ls (table and JSON), verify (exit 1 on mismatch), restore, one-line errors."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,13 +13,15 @@ from typing import Any
 import pytest
 import torch.distributed.checkpoint as dcp
 import yaml
+from torch.distributed.checkpoint import FileSystemReader
 
-from tests.training import Trainer
+from tests.training import Trainer, assert_same, fresh_target
 from tierstore import TieredWriter
 from tierstore.cli import main
 from tierstore.config import load_config
 from tierstore.ids import marker_path
 from tierstore.manifest import read_manifest
+from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
 
 
@@ -130,3 +133,93 @@ def test_unreachable_s3_endpoint_is_one_clear_line(tmp_path: Path) -> None:
         and "cannot reach http://127.0.0.1:9" in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def restore(config_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tierstore restore`` in its own process, as a person would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "restore", *args],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+
+
+def test_restore_json_summary_and_tier_choice(config_file: Path, tmp_path: Path) -> None:
+    save(config_file, "step_000001")
+    Promoter(load_config(config_file)).run_once()  # the same generation in local and s3 too
+    done = restore(config_file, "step_000001", "--to", str(tmp_path / "fast"), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["id"], summary["tier"]) == ("step_000001", "memory")
+    exported = list((tmp_path / "fast").iterdir())
+    assert summary["files"] == len(exported) and summary["bytes"] == sum(
+        p.stat().st_size for p in exported
+    )
+    assert summary["seconds"] >= 0
+    done = restore(config_file, "step_000001", "--to", str(tmp_path / "slow"), "--tier", "s3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"restored step_000001 from s3 to {tmp_path / 'slow'}: ")
+    expected = Trainer(seed=0)
+    expected.train(1)
+    target, state = fresh_target()
+    dcp.load(state, storage_reader=FileSystemReader(tmp_path / "slow"))
+    target.restore(state)
+    assert_same(expected.state(), target.state())
+
+
+def test_restore_errors_name_the_id_and_the_tiers(config_file: Path, tmp_path: Path) -> None:
+    done = restore(config_file, "step_000404", "--to", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("tierstore: error: no tier holds a usable committed copy of"
+                                  " checkpoint 'step_000404'")  # fmt: skip
+    assert all(f"{name} (" in done.stderr for name in ("memory", "local", "s3"))
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+    done = restore(config_file, "../etc", "--to", str(tmp_path / "out"))
+    assert done.returncode == 2 and "checkpoint id '../etc'" in done.stderr
+    save(config_file, "step_000001")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("x")
+    done = restore(config_file, "step_000001", "--to", str(tmp_path / "taken"))
+    assert done.returncode == 2 and "exists and is not empty" in done.stderr
+
+
+def test_restore_of_a_corrupt_copy_exits_1(config_file: Path, tmp_path: Path) -> None:
+    save(config_file, "step_000001")
+    ram = make_tier(load_config(config_file).tiers[0], namespace="run", node=0)
+    entry = next(f for f in read_manifest(ram, "step_000001").files if f.rank == 0)
+    raw = bytearray(ram.read_bytes(f"step_000001/{entry.path}"))
+    raw[-1] ^= 0x01
+    ram.write_bytes(f"step_000001/{entry.path}", bytes(raw))
+    done = restore(config_file, "step_000001", "--to", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert f"tier memory: step_000001/{entry.path}: CRC32C" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ls_watch_lists_again_until_interrupted(config_file: Path) -> None:
+    save(config_file, "step_000001")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
+         "--interval", "100ms", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watch.stdout is not None
+        lines = [
+            watch.stdout.readline() for _ in range(6)
+        ]  # three listings, each after a time line
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, err
+    assert [line.startswith("-- ") for line in lines] == [True, False] * 3
+    assert all([e["id"] for e in json.loads(line)] == ["step_000001"] for line in lines[1::2])
+    assert "Traceback" not in err
+    done = subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
+         "--interval", "0"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "expected a positive interval" in done.stderr

@@ -32,6 +32,7 @@ from tierstore.errors import (
 from tierstore.version import __version__
 
 if TYPE_CHECKING:
+    from tierstore.dcp.export import ExportReport, export_checkpoint
     from tierstore.dcp.gate import GateView, LossBandGate
     from tierstore.dcp.latest import latest_committed
     from tierstore.dcp.reader import TieredReader
@@ -44,6 +45,8 @@ _LAZY = {
     "GateView": "tierstore.dcp.gate",
     "LossBandGate": "tierstore.dcp.gate",
     "latest_committed": "tierstore.dcp.latest",
+    "export_checkpoint": "tierstore.dcp.export",
+    "ExportReport": "tierstore.dcp.export",
 }
 
 
@@ -61,6 +64,7 @@ __all__ = [
     "CommitVetoedError",
     "Config",
     "ConfigError",
+    "ExportReport",
     "GateView",
     "IntegrityError",
     "InvalidCheckpointIdError",
@@ -71,6 +75,7 @@ __all__ = [
     "TieredWriter",
     "TierstoreError",
     "__version__",
+    "export_checkpoint",
     "latest_committed",
     "load_config",
 ]

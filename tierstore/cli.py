@@ -1,8 +1,14 @@
-"""The ``tierstore`` command: ``ls``, ``verify [--all]``, ``promote``, ``gc``, ``advise``.
+"""The ``tierstore`` command: list, verify, export, promote and clean up checkpoints.
+
+Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``promote``, ``gc``, ``advise``.
 
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
-``verify`` exits with 1 when a stored file does not match its marker.
+``verify`` and ``restore`` exit with 1 when a stored file does not match its marker.
+
+``restore ID --to DIR [--tier NAME] [--json]`` writes a committed checkpoint, from the fastest tier
+holding a usable copy (or the tier named), as a plain DCP directory that torch's own
+``FileSystemReader`` loads. It imports torch only when it runs: the other commands never load it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tierstore.interval import advise
 from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promote.sidecar import Promoter
 from tierstore.topology import current_node
+from tierstore.units import parse_duration
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -63,10 +70,24 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
 
 
 def cmd_ls(config: Config, args: argparse.Namespace) -> int:
-    """List committed checkpoints, newest first."""
+    """List committed checkpoints, newest first (``--watch``: again every interval until ^C)."""
+    if not args.watch:
+        return _print_listing(config, args)
+    try:
+        while True:
+            print(f"-- {time.strftime('%Y-%m-%d %H:%M:%S')} --")
+            _print_listing(config, args)
+            sys.stdout.flush()  # a pipe or a log file sees each listing as it is made
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # the way a watch ends: not an error
+        return 0
+
+
+def _print_listing(config: Config, args: argparse.Namespace) -> int:
     listings = Catalog(config, node=args.node).listings()
-    if args.json:
-        print(json.dumps([entry.as_dict() for entry in listings], indent=1))
+    if args.json:  # one line per listing when watching, so each refresh is one JSON document
+        indent = None if args.watch else 1
+        print(json.dumps([entry.as_dict() for entry in listings], indent=indent))
         return 0
     if not listings:
         print("no committed checkpoints")
@@ -141,6 +162,27 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if any(not a.ok for a in audits) else 0
 
 
+def cmd_restore(config: Config, args: argparse.Namespace) -> int:
+    """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
+    from tierstore.dcp.export import export_checkpoint  # loads torch: only for this command
+
+    try:
+        report = export_checkpoint(
+            config, args.checkpoint_id, args.to, tier=args.tier, node=args.node
+        )
+    except IntegrityError as exc:
+        print(f"tierstore: error: {exc}".replace("\n", "; "), file=sys.stderr)
+        return EXIT_MISMATCH
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        print(
+            f"restored {report.checkpoint_id} from {report.tier} to {report.destination}:"
+            f" {report.files} files, {human_bytes(report.bytes)} in {report.seconds:.2f} s"
+        )
+    return 0
+
+
 def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
@@ -199,6 +241,16 @@ def cmd_advise(config: Config, args: argparse.Namespace) -> int:
 Command = Callable[[Config, argparse.Namespace], int]
 
 
+def _interval(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive interval, got {text!r}")
+    return seconds
+
+
 def _node_list(text: str) -> list[int]:
     try:
         nodes = [int(part) for part in text.split(",") if part.strip()]
@@ -221,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
+    ls.add_argument("--watch", action="store_true", help="list again every interval until ^C")
+    ls.add_argument("--interval", type=_interval, default=2.0, metavar="S",
+                    help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)")  # fmt: skip
     ls.set_defaults(run=cmd_ls)
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
     verify.add_argument("checkpoint_id", metavar="ID", nargs="?")
@@ -231,6 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     verify.add_argument("--json", action="store_true", help="with --all: print JSON objects")
     verify.set_defaults(run=cmd_verify)
+    restore = commands.add_parser(
+        "restore", help="write a committed checkpoint as a plain DCP directory (torch's reader)"
+    )
+    restore.add_argument("checkpoint_id", metavar="ID")
+    restore.add_argument("--to", required=True, metavar="DIR", help="new (or empty) directory")
+    restore.add_argument(
+        "--tier", default=None, metavar="NAME", help="only this tier (default: the fastest usable)"
+    )
+    restore.add_argument("--json", action="store_true", help="print a JSON summary")
+    restore.set_defaults(run=cmd_restore)
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     promote.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")

@@ -233,10 +233,19 @@ def copy_problems(
         except FileNotFoundError:
             problems.append(f"{path}: missing")
             continue
-        if size != entry.size:
-            problems.append(f"{path}: {size} bytes, marker says {entry.size}")
-        elif verify:
-            _, actual = file_crc32c(tier, path)
-            if actual != entry.crc32c:
-                problems.append(f"{path}: CRC32C {actual:08x}, marker says {entry.crc32c:08x}")
+        problem = entry_problem(path, entry, size)
+        if problem is None and verify:
+            problem = entry_problem(path, entry, *file_crc32c(tier, path))
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def entry_problem(path: str, entry: FileEntry, size: int, crc: int | None = None) -> str | None:
+    """Why a stored file of ``size`` bytes (and CRC32C ``crc``, when known) does not match its
+    marker ``entry``, as one line naming ``path`` and what was expected; None when it matches."""
+    if size != entry.size:
+        return f"{path}: {size} bytes, marker says {entry.size}"
+    if crc is not None and crc != entry.crc32c:
+        return f"{path}: CRC32C {crc:08x}, marker says {entry.crc32c:08x}"
+    return None

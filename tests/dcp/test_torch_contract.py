@@ -3,6 +3,7 @@ tests fail loudly (rather than checkpoints failing quietly); see the torch pin i
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -136,3 +138,9 @@ def test_dcp_plans_tensors_through_the_checkpoint_protocol_staged_shards_speak()
         hasattr(DTensor, name)
         for name in ("__create_write_items__", "__create_chunk_list__", "__get_tensor_shard__")
     )
+
+
+def test_filesystem_readers_storage_record_is_what_the_export_writes() -> None:
+    # tierstore.dcp.torch_files builds these for FileSystemReader: a private torch class.
+    fields = [f.name for f in dataclasses.fields(_StorageInfo)]
+    assert fields == ["relative_path", "offset", "length", "transform_descriptors"]

@@ -44,7 +44,7 @@ from tierstore.ids import (
     is_metadata_file,
     validate_checkpoint_id,
 )
-from tierstore.manifest import Manifest
+from tierstore.manifest import Manifest, entry_problem
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -196,8 +196,7 @@ class TieredReader(StorageReader):
         if rank == 0:
             try:
                 blob = tier.read_bytes(path)
-                if len(blob) != entry.size or crc32c(blob) != entry.crc32c:
-                    blob = f"{path}: does not match its commit marker (size or CRC32C)"
+                blob = entry_problem(path, entry, len(blob), crc32c(blob)) or blob
             except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
                 blob = f"{path}: {exc}"
         return broadcast_object(blob, self.process_group), where

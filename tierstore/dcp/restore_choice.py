@@ -62,9 +62,13 @@ def _check_share(
         tier = tiers[index]
         holders = set(manifest.nodes)
         if tier.node_local and (len(holders) != 1 or set(rank_nodes) != holders):
+            elsewhere = sorted(
+                {f.rank for f in manifest.files if f.node not in rank_nodes and f.rank is not None}
+            )
+            missing = f" (rank(s) {elsewhere} saved on other nodes)" if elsewhere else ""
             problems[index] = [
                 f"its files are on node(s) {sorted(holders)} but ranks run on node(s)"
-                f" {sorted(set(rank_nodes))}; a node-local copy serves only its own node"
+                f" {sorted(set(rank_nodes))}; a node-local copy serves only its own node{missing}"
             ]
             continue
         share = [f for position, f in enumerate(manifest.files) if position % world == rank]

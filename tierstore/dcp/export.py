@@ -1,0 +1,294 @@
+"""``export_checkpoint``: a committed checkpoint as a plain DCP directory for torch's own reader.
+
+The result loads with ``dcp.load(state, storage_reader=FileSystemReader(DIR))``, with no tierstore
+installed. The copy comes from the fastest tier holding a usable committed copy, chosen as a restore
+chooses it (:func:`~tierstore.dcp.restore_choice.choose_copy`, for this process alone: a node-local
+copy counts only when this node holds every rank's files), or from the one tier named.
+
+tierstore's data files hold raw tensor bytes at aligned offsets (:class:`ItemLocation`); torch's hold
+``torch.save`` records (:mod:`tierstore.dcp.torch_files`). So the export converts, one file and one
+item at a time, never the whole checkpoint in memory: each source file is read once, front to back,
+and checked against its marker's size and CRC32C as it streams (:mod:`tierstore.dcp.verified_read`);
+each item is re-encoded into a data file of the same name; ``.metadata`` is DCP's metadata with
+torch's storage records in place of tierstore's.
+
+Everything is written into a temporary sibling of the destination, fsynced, and renamed into place
+last, so the destination either holds a complete checkpoint or does not exist; on any error the
+temporary directory is removed. While it reads, the export holds a ``read`` activity record in the
+source tier, so cleanup and retention leave the copy alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+
+from tierstore.activity import Activity, hold
+from tierstore.checksum import crc32c
+from tierstore.config import Config, as_config
+from tierstore.dcp.layout import ItemLocation, decode_tensor
+from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.safe_pickle import load_metadata
+from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
+from tierstore.dcp.verified_read import VerifiedReader
+from tierstore.errors import IntegrityError
+from tierstore.ids import checkpoint_file, is_metadata_file, validate_checkpoint_id
+from tierstore.manifest import FileEntry, Manifest, entry_problem
+from tierstore.tiers import Tier
+from tierstore.topology import current_node
+
+logger = logging.getLogger(__name__)
+Items = dict[ItemLocation, list[MetadataIndex]]
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What :func:`export_checkpoint` wrote: ``files`` and ``bytes`` in ``destination``, from
+    ``tier``'s copy (``generation``) of ``checkpoint_id``, ``items`` DCP items, in ``seconds``."""
+
+    checkpoint_id: str
+    tier: str
+    generation: str
+    destination: str
+    files: int
+    bytes: int
+    items: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``id``, ``tier``, ``generation``, ``to``, ``files``, ``bytes``,
+        ``items``, ``seconds``."""
+        return {
+            "id": self.checkpoint_id,
+            "tier": self.tier,
+            "generation": self.generation,
+            "to": self.destination,
+            "files": self.files,
+            "bytes": self.bytes,
+            "items": self.items,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def export_checkpoint(
+    config: Config | str | os.PathLike[str],
+    checkpoint_id: str,
+    dest: str | os.PathLike[str],
+    *,
+    tier: str | None = None,
+    node: int | None = None,
+) -> ExportReport:
+    """Write committed checkpoint ``checkpoint_id`` to the new directory ``dest`` in torch's format.
+
+    Args:
+        config: a loaded :class:`~tierstore.config.Config` or the path of a YAML file.
+        checkpoint_id: the checkpoint to export.
+        dest: the directory to create; it may exist only as an empty directory. Its parent is
+            created if missing.
+        tier: export from this tier only (default: the fastest with a usable committed copy).
+        node: this process's node index for node-local tiers (default: :func:`current_node`).
+
+    Raises:
+        InvalidCheckpointIdError: ``checkpoint_id`` is not a valid id.
+        ConfigError: ``tier`` names no configured tier.
+        FileExistsError: ``dest`` exists and is not an empty directory.
+        CheckpointNotFoundError: no tier searched holds a usable committed copy; the message lists
+            every tier and why.
+        IntegrityError: a source file does not match its marker (names tier, file, expected and
+            actual size or CRC32C). Nothing is left at ``dest``.
+    """
+    started = time.monotonic()
+    config = as_config(config)
+    checkpoint_id = validate_checkpoint_id(checkpoint_id)
+    destination = Path(os.path.abspath(dest))
+    _check_destination(destination)
+    node = current_node(node)
+    if tier is not None:
+        config.tier(tier)  # ConfigError naming the known tiers
+    tiers = config.make_tiers(node=node)
+    excluded = {} if tier is None else {
+        i: f"not the tier asked for ({tier})" for i, t in enumerate(tiers) if t.name != tier
+    }  # fmt: skip
+    reading = _announce(
+        [t for i, t in enumerate(tiers) if i not in excluded],
+        checkpoint_id,
+        config.promote.activity_ttl,
+    )
+    try:
+        choice = choose_copy(
+            tiers,
+            checkpoint_id,
+            node=node,
+            verify=False,  # sizes only here: the conversion verifies every byte it reads
+            excluded=excluded,
+            collective=False,
+        )
+        source = tiers[choice.tier_index]
+        for name in [n for n in reading if n != source.name]:
+            reading.pop(name).release()
+        files, size, items = _export_into(source, choice.manifest, destination)
+    finally:
+        for activity in reading.values():
+            activity.release()
+    report = ExportReport(
+        checkpoint_id=checkpoint_id,
+        tier=source.name,
+        generation=choice.manifest.generation,
+        destination=str(destination),
+        files=files,
+        bytes=size,
+        items=items,
+        seconds=time.monotonic() - started,
+    )
+    logger.info("exported %s from %s to %s: %d files, %d bytes",
+                checkpoint_id, source.name, destination, files, size)  # fmt: skip
+    return report
+
+
+def _check_destination(destination: Path) -> None:
+    if destination.is_symlink():
+        raise FileExistsError(f"{destination}: is a symbolic link; name a new directory")
+    if destination.exists():
+        if not destination.is_dir():
+            raise FileExistsError(f"{destination}: exists and is not a directory")
+        if any(destination.iterdir()):
+            raise FileExistsError(
+                f"{destination}: exists and is not empty; export writes only a new or empty"
+                " directory (remove it, or choose another)"
+            )
+
+
+def _announce(tiers: list[Tier], checkpoint_id: str, ttl: float) -> dict[str, Activity]:
+    """Hold a ``read`` record in every candidate tier before choosing, as a restore does."""
+    reading: dict[str, Activity] = {}
+    for tier in tiers:
+        try:
+            reading[tier.name] = hold(tier, "read", checkpoint_id, None, ttl=ttl)
+        except Exception as exc:  # noqa: BLE001 - the choice says whether the tier is usable
+            logger.warning("could not announce the export of %s in %s: %s",
+                           checkpoint_id, tier.name, exc)  # fmt: skip
+    return reading
+
+
+def _export_into(tier: Tier, manifest: Manifest, destination: Path) -> tuple[int, int, int]:
+    """Convert into a temporary sibling, then rename it to ``destination``: (files, bytes, items)."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    temporary = destination.parent / f".{destination.name}.export-{uuid.uuid4().hex[:8]}"
+    temporary.mkdir()
+    try:
+        result = _convert(tier, manifest, temporary, destination)
+        fsync_dir(temporary)
+        try:
+            os.rename(temporary, destination)  # replaces an empty directory; never a full one
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise FileExistsError(
+                    f"{destination}: became non-empty during the export; nothing was written there"
+                ) from None
+            raise
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    fsync_dir(destination.parent)
+    return result
+
+
+def _convert(tier: Tier, manifest: Manifest, out: Path, destination: Path) -> tuple[int, int, int]:
+    metadata_entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
+    if metadata_entry is None:
+        raise IntegrityError(
+            f"tier {tier.name}: the marker of {manifest.checkpoint_id} names no .metadata file"
+        )
+    metadata = _read_metadata(tier, manifest.checkpoint_id, metadata_entry)
+    per_file: dict[str, Items] = defaultdict(lambda: defaultdict(list))
+    for index, location in (metadata.storage_data or {}).items():
+        if not isinstance(location, ItemLocation):
+            raise IntegrityError(f"tier {tier.name}: {index.fqn}: not a tierstore item location")
+        per_file[location.path][location].append(index)
+    data_files = [f for f in manifest.files if f is not metadata_entry]
+    unknown = sorted(set(per_file) - {f.path for f in data_files})
+    if unknown:
+        raise IntegrityError(
+            f"tier {tier.name}: .metadata of {manifest.checkpoint_id} names files its marker does"
+            f" not: {', '.join(unknown)}"
+        )
+    storage: dict[MetadataIndex, _StorageInfo] = {}
+    files, size = 0, 0
+    for entry in sorted(data_files, key=lambda f: f.path):
+        items = per_file.get(entry.path, {})
+        written = _convert_file(
+            tier, manifest.checkpoint_id, entry, items, out=out, storage=storage
+        )
+        if written is not None:
+            files, size = files + 1, size + written
+    metadata.storage_data = storage
+    metadata.storage_meta = dataclasses.replace(
+        metadata.storage_meta or StorageMeta(), checkpoint_id=str(destination), load_id=None
+    )
+    size += write_metadata(out, metadata)
+    return files + 1, size, len(storage)
+
+
+def _read_metadata(tier: Tier, checkpoint_id: str, entry: FileEntry) -> Metadata:
+    """DCP's metadata of the copy, checked against the marker, unpickled with an allowlist."""
+    path = checkpoint_file(checkpoint_id, entry.path)
+    blob = tier.read_bytes(path)
+    problem = entry_problem(path, entry, len(blob), crc32c(blob))
+    if problem is not None:
+        raise IntegrityError(f"tier {tier.name}: {problem}")
+    metadata = load_metadata(blob, where=f"tier {tier.name}: {path}")
+    if not isinstance(metadata, Metadata):
+        raise IntegrityError(f"tier {tier.name}: {path}: not DCP metadata")
+    return metadata
+
+
+def _convert_file(
+    tier: Tier,
+    checkpoint_id: str,
+    entry: FileEntry,
+    items: Items,
+    *,
+    out: Path,
+    storage: dict[MetadataIndex, _StorageInfo],
+) -> int | None:
+    """Verify one source file and write its items to a file of the same name (none if it has
+    none); return the size written."""
+    path = checkpoint_file(checkpoint_id, entry.path)
+    target = TorchDataFile(out, entry.path.rsplit("/", 1)[-1]) if items else None
+    scratch = bytearray(max((location.length for location in items), default=0))
+    try:
+        with VerifiedReader(tier, path, entry) as source:
+            for location in sorted(items, key=lambda item: item.offset):
+                data = memoryview(scratch)[: location.length]  # written out before the next read
+                source.read_into(location.offset, data)
+                info = _append(target, location, data, where=f"tier {tier.name}: {path}")
+                storage.update(dict.fromkeys(items[location], info))
+            source.finish()
+    except BaseException:
+        if target is not None:
+            target.discard()
+        raise
+    return None if target is None else target.close()
+
+
+def _append(
+    target: TorchDataFile | None, location: ItemLocation, data: memoryview, *, where: str
+) -> _StorageInfo:
+    assert target is not None
+    if location.encoding == "raw":
+        return target.add_tensor(decode_tensor(data, location))
+    if location.encoding in ("bytes", "torch"):
+        return target.add_bytes(data)  # a byte item, or a tensor already in torch.save form
+    raise IntegrityError(f"{where}: unknown item encoding {location.encoding!r}")
