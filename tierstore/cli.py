@@ -147,7 +147,9 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         port = promoter.serve(args.metrics_port, args.metrics_addr)
         logging.getLogger(__name__).info(
-            "metrics on http://%s:%d/metrics, probes at /healthz and /readyz", args.metrics_addr, port
+            "metrics on http://%s:%d/metrics, probes at /healthz and /readyz",
+            args.metrics_addr,
+            port,
         )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: promoter.request_stop())
