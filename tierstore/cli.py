@@ -187,8 +187,12 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
     if args.metrics_port is not None:
-        port = promoter.metrics.serve(args.metrics_port, args.metrics_addr)
-        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_addr, port)
+        port = promoter.serve(args.metrics_port, args.metrics_addr)
+        logging.getLogger(__name__).info(
+            "metrics on http://%s:%d/metrics, probes at /healthz and /readyz",
+            args.metrics_addr,
+            port,
+        )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: promoter.request_stop())
     return promoter.run(once=args.once)
@@ -298,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     restore.set_defaults(run=cmd_restore)
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
-    promote.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    promote.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="serve Prometheus /metrics and the /healthz, /readyz probes",
+    )  # fmt: skip
     promote.add_argument(
         "--metrics-addr", default="127.0.0.1", help="address to serve on (0.0.0.0: other hosts too)"
     )

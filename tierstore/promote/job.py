@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierstore.activity import ACTIVITY_TTL, held, is_busy, live
@@ -153,8 +154,11 @@ class PromotionJob:
         stopping: threading.Event,
         cancel: threading.Event,
         activity_ttl: float = ACTIVITY_TTL,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.source, self.target, self.found = source, target, found
+        self.heartbeat = heartbeat
+        """Called for every chunk copied: a long copy is progress, not a hung promoter."""
         self.node, self.durable, self.workers = node, durable, workers
         self.stopping, self.cancel = stopping, cancel
         self.activity_ttl = activity_ttl
@@ -190,10 +194,16 @@ class PromotionJob:
             return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
         label = f"{self.checkpoint_id} {self.source.name}->{self.target.name}"
         progress = TransferProgress(label, sum(e.size for e in entries))
+
+        def copied_chunk(count: int) -> None:
+            progress.update(count)
+            if self.heartbeat is not None:
+                self.heartbeat()
+
         try:
             copied = copy_files(
                 self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
-                stopping=self.stopping, cancel=self.cancel, progress=progress.update,
+                stopping=self.stopping, cancel=self.cancel, progress=copied_chunk,
             )  # fmt: skip
         except IntegrityError:
             # The source is damaged: this will not get better by retrying. Remove what was copied.

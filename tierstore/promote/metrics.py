@@ -1,11 +1,14 @@
 """Prometheus metrics of the promoter (``tierstore promote --metrics-port N``).
 
-One registry per promoter, no module-level state. Served over HTTP at ``/metrics``.
+One registry per promoter, no module-level state. Served over HTTP at ``/metrics`` (by
+:mod:`tierstore.promote.endpoint`, beside the ``/healthz`` and ``/readyz`` probes).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tierstore.promote.endpoint import serve
 
 
 class PromoterMetrics:
@@ -60,6 +63,7 @@ class PromoterMetrics:
         )  # fmt: skip
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on ``addr:port`` (port 0 picks a free one); return the port."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(server.server_port)
+        """Serve ``/metrics`` on ``addr:port`` (port 0 picks a free one); return the port.
+
+        Metrics only: :meth:`tierstore.promote.sidecar.Promoter.serve` adds the probes."""
+        return int(serve(self.registry, None, port, addr).server_port)

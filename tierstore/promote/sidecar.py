@@ -5,7 +5,9 @@ nodes' writes raise no events), plan promotions and retention with :mod:`tiersto
 :mod:`tierstore.promote.job`: verified data first, marker last), delete what retention no longer keeps
 (marker first, then data), and now and then clean up uncommitted leftovers (:mod:`tierstore.promote.cleanup`).
 
-It keeps working when the trainer crashes. ``SIGTERM`` lets the files in flight finish within
+It keeps working when the trainer crashes. ``--metrics-port`` serves ``/metrics`` and the probes
+``/healthz`` (the loop still makes progress) and ``/readyz`` (a pass has finished): see
+:mod:`tierstore.promote.health`. ``SIGTERM`` lets the files in flight finish within
 ``promote.grace_period``, then abandons them (no marker over partial data) and exits 0. Killed with
 ``kill -9``, a restart finishes or redoes the work; a rerun after success changes nothing.
 
@@ -26,6 +28,8 @@ from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
+from tierstore.promote.endpoint import serve
+from tierstore.promote.health import PromoterHealth, stall_bound
 from tierstore.promote.job import PromotionJob
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, retention
@@ -67,6 +71,7 @@ class Promoter:
         self.config = config
         self.node = current_node(node)
         self.metrics = metrics or PromoterMetrics()
+        self.health = PromoterHealth(stall_bound(config.promote.interval))
         self.tiers = config.make_tiers(node=self.node)
         self.by_name = {t.name: t for t in self.tiers}
         self.stopping = threading.Event()
@@ -86,6 +91,11 @@ class Promoter:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` from a daemon thread
+        (port 0 picks a free one); return the port. Raises :class:`OSError` if it cannot bind."""
+        return int(serve(self.metrics.registry, self.health, port, addr).server_port)
+
     def request_stop(self) -> None:
         """Stop starting work; abandon what is still in flight after the grace period."""
         if self.stopping.is_set():
@@ -101,6 +111,7 @@ class Promoter:
             try:
                 report = self.run_once()
             except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
+                self.health.pass_failed(str(exc))
                 logger.error(
                     "promoter pass failed, retrying in %.0f s: %s",
                     self.config.promote.interval,
@@ -134,8 +145,10 @@ class Promoter:
         """Promote until nothing is left to do at this moment, then retention and (if due) gc."""
         report = PassReport()
         attempted: set[Promotion] = set()
+        self.health.beat()
         for _round in range(len(self.tiers)):  # each round moves checkpoints one tier further
             found = self.catalog()
+            self.health.beat()
             planned = [p for p in self._plan(found) if p not in attempted]
             self._set_backlog(planned)
             if not planned or self.stopping.is_set():
@@ -154,6 +167,7 @@ class Promoter:
                 self._last_gc = time.time()
         self._update_durable_age(found)
         self.metrics.last_pass.set_to_current_time()
+        self.health.pass_finished()
         return report
 
     def _copies(self, found: dict[str, dict[str, SeenCopy]]) -> dict[str, dict[str, Copy]]:
@@ -191,7 +205,7 @@ class Promoter:
         job = PromotionJob(
             source, target, found, node=self.node, durable=target is self.tiers[-1],
             workers=self.config.promote.workers, stopping=self.stopping, cancel=self.cancel,
-            activity_ttl=self.config.promote.activity_ttl,
+            activity_ttl=self.config.promote.activity_ttl, heartbeat=self.health.beat,
         )  # fmt: skip
         started = time.monotonic()
         try:

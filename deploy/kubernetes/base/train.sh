@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The trainer container's entry point (PID 1), mounted from the ConfigMap at /etc/tierstore/train.sh.
+#
+# Why a script and not torchrun itself as PID 1: after the trainer exits this container drains the
+# final save (`tierstore promote --once`) before the pod goes away. The kubelet's SIGTERM reaches PID 1
+# only, so the script forwards it to torchrun, which forwards it to its workers (torchrun handles
+# SIGTERM by default); the workers save at the next step all ranks agree on, wait for the commit and
+# exit 0. --shutdown-timeout is how long torchrun lets them do so before SIGKILL (default 30 s).
+# Budget, all inside the pod's terminationGracePeriodSeconds (600 s): up to 300 s for the save, then
+# the drain, then the promoter sidecar's own promote.grace_period (30 s) after this container exits.
+set -uo pipefail
+
+CONFIG=/etc/tierstore/tierstore.yaml
+
+torchrun \
+  --nnodes "${NNODES}" --nproc-per-node "${NPROC_PER_NODE}" \
+  --node-rank "${TIERSTORE_NODE}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" \
+  --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout 300 \
+  /opt/tierstore/examples/train_gpt.py \
+  --config "${CONFIG}" --run-dir "${RUN_DIR}" --steps "${STEPS}" --save-every "${SAVE_EVERY}" &
+trainer=$!
+
+forwarded=0
+# shellcheck disable=SC2329  # invoked by the trap
+forward() {
+  # Once: a second SIGTERM would interrupt torchrun's own graceful shutdown of its workers.
+  if [ "${forwarded}" = 0 ]; then
+    forwarded=1
+    kill -TERM "${trainer}" 2>/dev/null || true
+  fi
+}
+trap forward TERM INT
+
+status=0
+while true; do
+  wait "${trainer}"
+  status=$?
+  kill -0 "${trainer}" 2>/dev/null || break  # wait was interrupted by the trap: wait again
+done
+
+# Promote what the last save left in host memory and on the NVMe before the pod (and its memory-backed
+# emptyDir) is gone. The sidecar may be promoting the same checkpoint: promotion is idempotent and two
+# promoters cannot both commit it. --node defaults to $TIERSTORE_NODE.
+tierstore --config "${CONFIG}" promote --once || echo "train.sh: final promotion failed (exit $?)" >&2
+exit "${status}"

@@ -1,0 +1,86 @@
+"""What the deploy files must agree with: tierstore's CLI, the example trainer's flags, the config."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+
+from tests.deploy.tools import DEPLOY, ROOT
+from tierstore.cli import build_parser
+from tierstore.config import Config, load_config
+
+CONFIG = DEPLOY / "tierstore.yaml"
+TRAIN_GPT = ROOT / "examples" / "train_gpt.py"
+TRAINER_FLAGS = {"--config", "--run-dir", "--steps", "--save-every"}
+"""examples/train_gpt.py's documented flags (used until the script exists; then its argparse)."""
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - what a promoter others scrape must bind
+"""``--metrics-addr`` wherever another pod or host scrapes the promoter."""
+DRILL_FLAGS = {"--tier", "--world-size", "--entry", "--loss-log", "--steps"}
+"""``tierstore drill``'s flags as the deploy files use them: parsed by the CLI once it has ``drill``."""
+
+
+def config() -> Config:
+    """deploy/tierstore.yaml, validated by tierstore itself (paths are those of the target hosts)."""
+    return load_config(CONFIG, check_paths=False)
+
+
+def parse_tierstore(args: list[str]) -> argparse.Namespace:
+    """``tierstore ARGS`` as the CLI parses them (argparse exits on a mistake: turn it into a
+    failure naming the command)."""
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit as exc:
+        raise AssertionError(f"tierstore does not accept: {' '.join(args)}") from exc
+
+
+def has_drill_command() -> bool:
+    """True once ``tierstore drill`` exists: the drill's flags are then parse-checked too."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return "drill" in sub.choices
+
+
+def trainer_flags() -> set[str]:
+    """The flags examples/train_gpt.py accepts: read from its argparse calls when it exists."""
+    if not TRAIN_GPT.exists():
+        return TRAINER_FLAGS
+    flags: set[str] = set()
+    for node in ast.walk(ast.parse(TRAIN_GPT.read_text(), str(TRAIN_GPT))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags |= {
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+            }
+    return flags
+
+
+def check_trainer_args(args: list[str], config_path: str) -> None:
+    """``train_gpt.py ARGS``: known flags only, ``--config`` is ``config_path``, ``--run-dir`` given."""
+    flags = [a.split("=")[0] for a in args if a.startswith("--")]
+    unknown = set(flags) - trainer_flags()
+    assert not unknown, f"train_gpt.py has no {sorted(unknown)} (it has {sorted(trainer_flags())})"
+    assert "--run-dir" in flags
+    assert args[args.index("--config") + 1] == config_path
+
+
+def check_torchrun_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """torchrun's own parser (the pinned torch) on ``args``; returns it and the script's args."""
+    from torch.distributed.run import get_args_parser
+
+    try:
+        parsed = get_args_parser().parse_args(args)
+    except SystemExit as exc:
+        raise AssertionError(f"torchrun does not accept: {' '.join(args)}") from exc
+    return parsed, list(parsed.training_script_args)
+
+
+def node_local_prefixes() -> dict[str, str]:
+    """Each node-local tier's directory above ``{node}``: the mount that must hold it."""
+    prefixes = {}
+    for tier in config().tiers:
+        path = getattr(tier, "path", None)
+        if path is not None and tier.type in ("memory", "local"):
+            prefixes[tier.type] = str(Path(path.split("{node}")[0]))
+    return prefixes

@@ -1,0 +1,29 @@
+"""Where the deploy tests find their tools: pip-installed validators always, system tools if present."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def pip_tool(name: str) -> str:
+    """A tool installed by ``pip install -e '.[dev]'`` (next to this Python, or on PATH). Never
+    skipped: a missing one is a broken set-up, so the test fails."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is missing: `make test` installs it with the dev extra (pyproject.toml)"
+    return found
+
+
+def system_tool(name: str, why: str) -> str:
+    """A tool the system may lack (kubectl, systemd-analyze): the test skips, naming it."""
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed: {why} not checked")
+    return found
