@@ -16,7 +16,9 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -56,13 +58,13 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> flo
     return loss.item()
 
 
-def state_of(model: nn.Module, optimizer: torch.optim.Optimizer, step_no: int) -> dict[str, object]:
+def state_of(model: nn.Module, optimizer: torch.optim.Optimizer, step_no: int) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": model_sd, "optim": optim_sd, "step": step_no}
 
 
 def write_config(work: Path, endpoint: str) -> Path:
-    import boto3
+    import boto3  # type: ignore[import-untyped]
 
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="demo-checkpoints")
     ram = f"/dev/shm/tierstore-demo-{os.getpid()}"
@@ -118,6 +120,7 @@ def run(work: Path, endpoint: str) -> None:
         )  # fmt: skip
         with torch.no_grad():  # e.g. an evaluation pass overlaps the save
             model(torch.randn(32, 256))
+        assert isinstance(future, Future)  # THREAD mode without a stager returns a Future
         future.result()
         print(f"   step 40: loss {loss:.4f}, committed step_000040 in ram")
     saved = {k: v.clone() for k, v in model.state_dict().items()}

@@ -104,10 +104,11 @@ class Trainer:
         seed_everything(args.seed + 1 + self.rank)  # each rank its own dropout stream
 
     def _lr_factor(self, step: int) -> float:
-        warmup, total = max(1, self.args.warmup), max(self.args.steps, self.args.warmup + 1)
+        warmup: int = max(1, self.args.warmup)
+        total: int = max(self.args.steps, warmup + 1)
         if step < warmup:
             return (step + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
 
     def step(self) -> float:
         """One optimizer step over the next global batch; returns its mean loss (every rank)."""
@@ -263,6 +264,7 @@ class Saver:
         future = dcp.async_save({"train": state}, storage_writer=self.writer,
                                 checkpoint_id=checkpoint_id(step), process_group=self.group,
                                 async_checkpointer_type=self.mode)  # fmt: skip
+        assert isinstance(future, Future)  # no async_stager given: DCP returns a plain Future
         self.pending = (checkpoint_id(step), future)
 
     def wait(self) -> None:

@@ -1,6 +1,6 @@
 """The ``tierstore`` command: list, verify, export, promote and clean up checkpoints.
 
-Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``promote``, ``gc``, ``advise``.
+Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``drill``, ``promote``, ``gc``, ``advise``.
 
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
@@ -8,7 +8,9 @@ people; ``--json`` is for machines. Errors print one line, ``tierstore: error: .
 
 ``restore ID --to DIR [--tier NAME] [--json]`` writes a committed checkpoint, from the fastest tier
 holding a usable copy (or the tier named), as a plain DCP directory that torch's own
-``FileSystemReader`` loads. It imports torch only when it runs: the other commands never load it.
+``FileSystemReader`` loads. ``drill`` restores the newest checkpoint of a tier in a separate job
+and trains a few steps from it (:mod:`tierstore.dcp.drill`); it exits 1 when the drill fails. Both
+import torch only when they run: the other commands never load it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 from tierstore.audit import audit_all
 from tierstore.catalog import Catalog
@@ -183,6 +187,45 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drill(config: Config, args: argparse.Namespace) -> int:
+    """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
+    from tierstore.dcp.drill import run_drill  # loads torch: only for this command
+
+    entry_args = list(args.entry_args)
+    if entry_args[:1] == ["--"]:
+        entry_args = entry_args[1:]
+    report = run_drill(
+        config, entry=args.entry, loss_log=args.loss_log, world_size=args.world_size,
+        steps=args.steps, tier=args.tier, checkpoint_id=args.checkpoint, argv=entry_args,
+        tolerance=args.tolerance, timeout_s=args.timeout, node=current_node(args.node),
+    )  # fmt: skip
+    lines = report.prometheus()
+    if args.prom_file:
+        write_text_atomically(args.prom_file, "\n".join(lines) + "\n")
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        verdict = "PASS" if report.passed else "FAIL"
+        rto = "-" if report.rto_s is None else f"{report.rto_s:.2f} s"
+        restore = "-" if report.restore_s is None else f"{report.restore_s:.2f} s"
+        read = ", ".join(f"{t} {human_bytes(n)}" for t, n in report.bytes_read.items()) or "-"
+        print(f"drill {verdict}: {report.checkpoint_id} from {report.tier} at world size"
+              f" {report.world_size}: {report.reason}")  # fmt: skip
+        print(f"  restore {restore}, RTO {rto}, read {read}")
+        for step, loss, logged in zip(report.steps, report.losses, report.logged, strict=True):
+            print(f"  step {step}: loss {loss!r} logged {logged!r}")
+        print(lines[0])
+    return 0 if report.passed else EXIT_MISMATCH
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """Write ``path`` through a temporary file and a rename (a scraper never sees half a file)."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
 def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
@@ -267,6 +310,64 @@ def _node_list(text: str) -> list[int]:
     return nodes
 
 
+def add_drill_parser(commands: Any) -> None:
+    """``tierstore drill``: its flags, then ``--`` and the step function's own arguments."""
+    drill = commands.add_parser(
+        "drill", help="restore the newest checkpoint of a tier in a new job, train, compare losses"
+    )
+    drill.add_argument(
+        "--entry",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="step function (module:function or path/to/file.py:function)",
+    )
+    drill.add_argument(
+        "--loss-log",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the training job's JSON-lines loss log (step, loss)",
+    )
+    drill.add_argument(
+        "--tier",
+        default=None,
+        metavar="NAME",
+        help="restore from this tier (default: the last, most durable one)",
+    )
+    drill.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="ID",
+        help="this checkpoint (default: the newest in the tier)",
+    )
+    drill.add_argument("--world-size", type=int, default=1, help="processes in the drill job")
+    drill.add_argument("--steps", type=int, default=3, help="training steps after the restore")
+    drill.add_argument(
+        "--tolerance", type=float, default=1e-4, help="largest relative loss difference that passes"
+    )
+    drill.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="fail when the drill job runs longer",
+    )
+    drill.add_argument(
+        "--prom-file",
+        default=None,
+        metavar="FILE",
+        help="also write the Prometheus lines here (textfile collector)",
+    )
+    drill.add_argument("--json", action="store_true", help="print the report as JSON")
+    drill.add_argument(
+        "entry_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- ARGS",
+        help="arguments for the step function (after --)",
+    )
+    drill.set_defaults(run=cmd_drill)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands register themselves here)."""
     parser = argparse.ArgumentParser(prog="tierstore", description=__doc__.splitlines()[0])
@@ -300,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restore.add_argument("--json", action="store_true", help="print a JSON summary")
     restore.set_defaults(run=cmd_restore)
+    add_drill_parser(commands)
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     promote.add_argument(

@@ -44,7 +44,8 @@ class Block(nn.Module):
         p = self.dropout if self.training else 0.0
         attended = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, width))
-        return x + self.mlp(self.norm2(x))
+        mixed: torch.Tensor = x + self.mlp(self.norm2(x))
+        return mixed
 
 
 class CharGPT(nn.Module):
@@ -61,7 +62,8 @@ class CharGPT(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         where = torch.arange(tokens.size(1), device=tokens.device)
         x = self.tokens(tokens) + self.positions(where)
-        return self.head(self.norm(self.blocks(x)))
+        logits: torch.Tensor = self.head(self.norm(self.blocks(x)))
+        return logits
 
 
 def next_char_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import ctypes
 import io
 import logging
 import os
+import threading
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,8 @@ class TieredReader(StorageReader):
         self._tier: Tier | None = None
         self._storage: dict[Any, ItemLocation] = {}
         self._reading: dict[str, Activity] = {}
+        self._bytes_read = 0
+        self._count_lock = threading.Lock()
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -99,6 +102,15 @@ class TieredReader(StorageReader):
     def chosen_tier(self) -> str | None:
         """The name of the tier the last load read from (None before a load)."""
         return self._tier.name if self._tier else None
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this reader read from storage (``.metadata`` and data), over all its loads."""
+        return self._bytes_read
+
+    def _count(self, size: int) -> None:
+        with self._count_lock:  # read_data reads on several threads
+            self._bytes_read += size
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -196,6 +208,7 @@ class TieredReader(StorageReader):
         if rank == 0:
             try:
                 blob = tier.read_bytes(path)
+                self._count(len(blob))
                 blob = entry_problem(path, entry, len(blob), crc32c(blob)) or blob
             except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
                 blob = f"{path}: {exc}"
@@ -262,6 +275,7 @@ class TieredReader(StorageReader):
             ):
                 continue
             data = self._tier.read_range(full, location.offset, location.length)
+            self._count(len(data))
             self._deliver(item, location, bytearray(data), planner)
 
     def _deliver(
@@ -301,6 +315,7 @@ class TieredReader(StorageReader):
 
         with ThreadPoolExecutor(_READ_WORKERS * 2, thread_name_prefix="tierstore-get") as pool:
             list(pool.map(fetch, range(0, size, chunk)))
+        self._count(size)
         view = memoryview(whole)
         for item, location in requests:
             self._deliver(
@@ -332,6 +347,7 @@ class TieredReader(StorageReader):
         if location.length:
             buffer = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())
             tier.read_into(full, location.offset, memoryview(buffer).cast("B"))
+            self._count(location.length)
         planner.commit_tensor(item, target)
         return True
 
