@@ -45,6 +45,7 @@ from tierstore.catalog import Catalog
 from tierstore.config import Config
 from tierstore.dcp.reader import TieredReader
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
+from tierstore.ids import validate_checkpoint_id
 
 DrillEntry = Callable[["DrillContext"], Iterable[tuple[int, float]]]
 
@@ -228,7 +229,11 @@ def run_drill(
     logged = read_loss_log(loss_log)
     resolve_entry(entry)  # a typo fails here, not in every rank
     started = time.time()
-    checkpoint = checkpoint_id or newest_in_tier(config, tier_name, node=node)
+    checkpoint = (
+        validate_checkpoint_id(checkpoint_id)
+        if checkpoint_id is not None
+        else newest_in_tier(config, tier_name, node=node)
+    )
     only = config.model_copy(update={"tiers": (config.tier(tier_name),)})
     report = DrillReport(
         checkpoint, tier_name, world_size, False, "", tolerance, started_at=started
