@@ -16,8 +16,8 @@ TRAINER_FLAGS = {"--config", "--run-dir", "--steps", "--save-every"}
 """examples/train_gpt.py's documented flags (used until the script exists; then its argparse)."""
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - what a promoter others scrape must bind
 """``--metrics-addr`` wherever another pod or host scrapes the promoter."""
-DRILL_FLAGS = {"--tier", "--world-size", "--entry", "--loss-log", "--steps"}
-"""``tierstore drill``'s flags as the deploy files use them: parsed by the CLI once it has ``drill``."""
+DRILL_FLAGS = {"--tier", "--world-size", "--entry", "--loss-log", "--steps", "--tolerance"}
+"""``tierstore drill``'s own flags as the deploy files use them (the step function's follow ``--``)."""
 
 
 def config() -> Config:
@@ -32,13 +32,6 @@ def parse_tierstore(args: list[str]) -> argparse.Namespace:
         return build_parser().parse_args(args)
     except SystemExit as exc:
         raise AssertionError(f"tierstore does not accept: {' '.join(args)}") from exc
-
-
-def has_drill_command() -> bool:
-    """True once ``tierstore drill`` exists: the drill's flags are then parse-checked too."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return "drill" in sub.choices
 
 
 def trainer_flags() -> set[str]:

@@ -18,9 +18,9 @@ from tests.deploy.contract import (
     check_torchrun_args,
     check_trainer_args,
     config,
-    has_drill_command,
     node_local_prefixes,
     parse_tierstore,
+    trainer_flags,
 )
 from tests.deploy.tools import DEPLOY, pip_tool, system_tool
 
@@ -213,10 +213,18 @@ def test_the_restore_drill_cronjob_uses_the_mounted_config_and_the_drill_flags()
     command = drill["command"]
     assert command[0] == "tierstore"
     assert command[command.index("--config") + 1] == config_mount(drill)
-    at = command.index("drill")
-    assert {a for a in command[at + 1 :] if a.startswith("--")} == DRILL_FLAGS
-    if has_drill_command():
-        parse_tierstore(command[1:])
+    at, split = command.index("drill"), command.index("--")
+    assert {a for a in command[at + 1 : split] if a.startswith("--")} == DRILL_FLAGS
+    parse_tierstore(command[1:])
+    # The step function gets the training job's own flags: the same config and LR schedule.
+    entry_args = command[split + 1 :]
+    assert entry_args[entry_args.index("--config") + 1] == config_mount(drill)
+    flags = [a for a in entry_args if a.startswith("--")]
+    assert not set(flags) - trainer_flags(), f"train_gpt.py has no {flags}"
+    (job,) = [d for d in base_docs() if d["kind"] == "Job"]
+    trainer_env = {e["name"]: e.get("value") for c in job["spec"]["template"]["spec"]["containers"]
+                   for e in c.get("env", [])}  # fmt: skip
+    assert entry_args[entry_args.index("--steps") + 1] == trainer_env["STEPS"]
     (patch,) = load(folder / "job-run-dir.yaml")
     (trainer,) = patch["spec"]["template"]["spec"]["containers"]
     run_dir = {e["name"]: e["value"] for e in trainer["env"]}["RUN_DIR"]
