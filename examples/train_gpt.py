@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import time
@@ -33,17 +32,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import gpt.stop  # before torch: notes SIGTERM/SIGUSR1 from now on (see gpt/stop.py)
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-from torch.nn.parallel import DistributedDataParallel
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `gpt` when loaded by path
-
 from gpt.data import CharCorpus
 from gpt.model import CharGPT, ModelShape, next_char_loss
 from gpt.state import ResumePlanner, TrainState, seed_everything
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.nn.parallel import DistributedDataParallel
 
 from tierstore import LossBandGate, TieredReader, TieredWriter, latest_committed, load_config
 
@@ -130,7 +127,7 @@ class Trainer:
         state.scheduler.step()
         dist.all_reduce(total)
         mean = float(total) / self.world
-        state.progress.record(mean, self.args.global_batch)
+        state.progress.record(mean, self.args.global_batch, self.args.loss_band)
         return mean
 
     def load(self, reader: TieredReader, checkpoint: str) -> None:
@@ -140,23 +137,20 @@ class Trainer:
 
 
 class StopRequest:
-    """Set by SIGTERM/SIGUSR1 in this process; ranks agree on it with one all-reduce per step."""
+    """SIGTERM/SIGUSR1 in any rank's process (noted since start-up); ranks agree with one all-reduce."""
 
     def __init__(self) -> None:
-        self.local = False
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(signum, self._note)
-
-    def _note(self, signum: int, _frame: object) -> None:
-        logger.warning("rank %d: %s received: saving at the next step, then exiting",
-                       dist.get_rank(), signal.Signals(signum).name)  # fmt: skip
-        self.local = True
+        self.agreed_once = False
 
     def agreed(self, device: torch.device) -> bool:
         """True on every rank when any rank was asked to stop (collective)."""
-        flag = torch.tensor([1 if self.local else 0], device=device)
+        if gpt.stop.received and not self.agreed_once:
+            logger.warning("rank %d: %s received: saving at this step, then exiting",
+                           dist.get_rank(), gpt.stop.received[0])  # fmt: skip
+        flag = torch.tensor([1 if gpt.stop.received else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        self.agreed_once = bool(flag.item())
+        return self.agreed_once
 
 
 class LossLog:
@@ -221,9 +215,12 @@ def train(args: argparse.Namespace) -> int:
                           commit_gate=LossBandGate(band=args.loss_band))  # fmt: skip
     saver = Saver(writer, args.async_mode, log)
     if args.resume_from:
-        # Commit the rollback point again, now the newest: a crash before the next save must resume
-        # this timeline, not the abandoned one.
-        saver.save(trainer.state, progress.step)
+        # Commit the rollback point again, now the newest, straight into the last (durable) tier: a
+        # crash before the next save, even one that loses the faster tiers, must resume this
+        # timeline and never the abandoned one, whose later checkpoints sit in those tiers.
+        durable = TieredWriter(args.config, tier=load_config(args.config).tiers[-1].name,
+                               overwrite=True)  # fmt: skip
+        saver.save(trainer.state, progress.step, final=True, writer=durable)
     stop_at = args.stop_after or args.steps
     while progress.step < stop_at:
         loss = trainer.step()
@@ -231,13 +228,14 @@ def train(args: argparse.Namespace) -> int:
             log.write(event="step", step=progress.step, loss=loss,
                       samples_seen=progress.samples_seen, world_size=trainer.world)  # fmt: skip
         stopping = stop.agreed(trainer.device)
-        if stopping or progress.step % args.save_every == 0 or progress.step == stop_at:
-            saver.save(trainer.state, progress.step)
+        final = stopping or progress.step == stop_at
+        if final or progress.step % args.save_every == 0:
+            saver.save(trainer.state, progress.step, final=final)
         if stopping:
             break
     saver.wait()
     if log:
-        log.write(event="stop", step=progress.step, preempted=stop.local)
+        log.write(event="stop", step=progress.step, preempted=stop.agreed_once)
     writer.close()
     dist.destroy_process_group()
     return 0
@@ -258,9 +256,27 @@ class Saver:
         )
         self.pending: tuple[str, Future[Any]] | None = None
 
-    def save(self, state: TrainState, step: int) -> None:
-        """Start saving ``state`` as :func:`checkpoint_id` of ``step``, after the previous save."""
+    def save(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        final: bool = False,
+        writer: TieredWriter | None = None,
+    ) -> None:
+        """Save ``state`` as :func:`checkpoint_id` of ``step``, after the previous save.
+
+        A ``final`` save (the last before exiting) is synchronous, on this thread: a pre-emption
+        signal sent to the whole process group kills DCP's checkpoint process in PROCESS mode, and
+        the last save must not depend on it.
+        """
         self.wait()
+        if final:
+            self.pending = (checkpoint_id(step), _done_or_failed(lambda: dcp.save(
+                {"train": state}, storage_writer=writer or self.writer,
+                checkpoint_id=checkpoint_id(step), process_group=self.group)))  # fmt: skip
+            self.wait()
+            return
         future = dcp.async_save({"train": state}, storage_writer=self.writer,
                                 checkpoint_id=checkpoint_id(step), process_group=self.group,
                                 async_checkpointer_type=self.mode)  # fmt: skip
@@ -284,6 +300,18 @@ class Saver:
             return
         if self.log:
             self.log.write(event="committed", checkpoint=checkpoint)
+
+
+def _done_or_failed(run: Any) -> Future[Any]:
+    """Run ``run()`` now; its outcome as a completed future (so one code path logs both kinds)."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(run())
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        future.set_exception(exc)
+    return future
 
 
 def drill_entry(ctx: Any) -> Iterator[tuple[int, float]]:

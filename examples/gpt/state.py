@@ -11,6 +11,7 @@ ranks write the same name.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +38,20 @@ class Progress:
     loss: float = float("nan")
     loss_avg: float = 0.0
 
-    def record(self, loss: float, batch: int) -> None:
-        """Count one step of ``batch`` global samples whose mean loss was ``loss``."""
+    def record(self, loss: float, batch: int, band: float) -> None:
+        """Count one step of ``batch`` global samples whose mean loss was ``loss``.
+
+        The running average (what the commit gate compares with) takes in only losses within
+        ``band`` x itself: a runaway loss must not drag the average up until it looks normal and the
+        gate lets it be committed.
+        """
         self.step += 1
         self.samples_seen += batch
         self.loss = loss
-        self.loss_avg = loss if self.loss_avg == 0.0 else EMA * self.loss_avg + (1 - EMA) * loss
+        if self.loss_avg == 0.0:
+            self.loss_avg = loss if math.isfinite(loss) else 0.0
+        elif math.isfinite(loss) and loss <= band * self.loss_avg:
+            self.loss_avg = EMA * self.loss_avg + (1 - EMA) * loss
 
 
 def rng_snapshot() -> dict[str, Any]:
