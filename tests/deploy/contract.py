@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from pathlib import Path
 
 from tests.deploy.tools import DEPLOY, ROOT
@@ -56,6 +57,20 @@ def check_trainer_args(args: list[str], config_path: str) -> None:
     assert not unknown, f"train_gpt.py has no {sorted(unknown)} (it has {sorted(trainer_flags())})"
     assert "--run-dir" in flags
     assert args[args.index("--config") + 1] == config_path
+
+
+def check_batch_fits(args: list[str], world_size: int) -> None:
+    """The trainer's global batch splits into ``world_size`` ranks x whole micro-batches (else
+    train_gpt.py refuses to start on every node)."""
+    sys.path.insert(0, str(TRAIN_GPT.parent))
+    from train_gpt import build_parser  # the example's own parser: its defaults count too
+
+    parsed = build_parser().parse_args(args)
+    per_rank, rest = divmod(parsed.global_batch, world_size)
+    assert not rest and per_rank % parsed.micro_batch == 0, (
+        f"--global-batch {parsed.global_batch} does not split into {world_size} ranks x"
+        f" micro-batches of {parsed.micro_batch}"
+    )
 
 
 def check_torchrun_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:

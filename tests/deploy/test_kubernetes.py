@@ -15,6 +15,7 @@ from tests.deploy import shell
 from tests.deploy.contract import (
     ALL_INTERFACES,
     DRILL_FLAGS,
+    check_batch_fits,
     check_torchrun_args,
     check_trainer_args,
     config,
@@ -188,6 +189,7 @@ def test_the_trainer_runs_train_gpt_with_its_documented_flags() -> None:
     assert parsed.training_script == "/opt/tierstore/examples/train_gpt.py"
     assert parsed.node_rank == int(variables["TIERSTORE_NODE"])  # GROUP_RANK = TIERSTORE_NODE
     check_trainer_args(trainer_args, config_mount(container("trainer")))
+    check_batch_fits(trainer_args, int(parsed.nnodes) * int(parsed.nproc_per_node))
     # The final save drains inside the grace period: the save, then the sidecar's own grace.
     grace = pod()["terminationGracePeriodSeconds"]
     assert parsed.shutdown_timeout + config().promote.grace_period < grace
@@ -224,7 +226,9 @@ def test_the_restore_drill_cronjob_uses_the_mounted_config_and_the_drill_flags()
     (job,) = [d for d in base_docs() if d["kind"] == "Job"]
     trainer_env = {e["name"]: e.get("value") for c in job["spec"]["template"]["spec"]["containers"]
                    for e in c.get("env", [])}  # fmt: skip
-    assert entry_args[entry_args.index("--steps") + 1] == trainer_env["STEPS"]
+    for flag, variable in (("--steps", "STEPS"), ("--global-batch", "GLOBAL_BATCH"),
+                           ("--micro-batch", "MICRO_BATCH")):  # fmt: skip
+        assert entry_args[entry_args.index(flag) + 1] == trainer_env[variable], flag
     (patch,) = load(folder / "job-run-dir.yaml")
     (trainer,) = patch["spec"]["template"]["spec"]["containers"]
     run_dir = {e["name"]: e["value"] for e in trainer["env"]}["RUN_DIR"]

@@ -8,6 +8,7 @@ import subprocess
 from tests.deploy import shell
 from tests.deploy.contract import (
     ALL_INTERFACES,
+    check_batch_fits,
     check_torchrun_args,
     check_trainer_args,
     config,
@@ -62,6 +63,7 @@ def test_torchrun_runs_the_trainer_on_the_nodes_own_rank() -> None:
     parsed, trainer_args = check_torchrun_args(torchrun)
     assert parsed.node_rank == 5 and parsed.nnodes == "2"
     check_trainer_args(trainer_args, "/submit/deploy/tierstore.yaml")
+    check_batch_fits(trainer_args, int(directives()["nodes"]) * int(parsed.nproc_per_node))
 
 
 def test_the_preemption_signal_reaches_the_workers_and_leaves_time_to_drain() -> None:

@@ -17,7 +17,8 @@ torchrun \
   --node-rank "${TIERSTORE_NODE}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" \
   --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout 300 \
   /opt/tierstore/examples/train_gpt.py \
-  --config "${CONFIG}" --run-dir "${RUN_DIR}" --steps "${STEPS}" --save-every "${SAVE_EVERY}" &
+  --config "${CONFIG}" --run-dir "${RUN_DIR}" --steps "${STEPS}" --save-every "${SAVE_EVERY}" \
+  --global-batch "${GLOBAL_BATCH}" --micro-batch "${MICRO_BATCH}" &
 trainer=$!
 
 forwarded=0
