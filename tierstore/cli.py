@@ -170,6 +170,8 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
     from tierstore.dcp.export import export_checkpoint  # loads torch: only for this command
 
+    # A stopped export (timeout, job kill) must clean up its temporary directory like any failure.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         report = export_checkpoint(
             config, args.checkpoint_id, args.to, tier=args.tier, node=args.node
@@ -187,9 +189,15 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
     from tierstore.dcp.drill import run_drill  # loads torch: only for this command
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
 
     entry_args = list(args.entry_args)
     if entry_args[:1] == ["--"]:

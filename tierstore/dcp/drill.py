@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import math
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from tierstore.dcp.reader import TieredReader
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 
+logger = logging.getLogger(__name__)
 DrillEntry = Callable[["DrillContext"], Iterable[tuple[int, float]]]
 
 
@@ -117,12 +119,30 @@ class DrillReport:
         return lines
 
 
-def newest_in_tier(config: Config, tier: str, *, node: int) -> str:
-    """The newest checkpoint with a committed copy in ``tier`` (commit order)."""
+def newest_in_tier(
+    config: Config, tier: str, *, node: int, logged: dict[int, float], steps: int
+) -> str:
+    """The newest checkpoint committed in ``tier`` (commit order) that the loss log can judge.
+
+    A checkpoint whose id names step ``s`` needs the log to hold steps ``s+1 .. s+steps``: the newest
+    checkpoint of a finished or pre-empted run has no logged future yet, and is skipped (with a log
+    line) for the newest one that has. Ids without a step number are taken as they come.
+    """
     only = config.model_copy(update={"tiers": (config.tier(tier),)})
-    for listing in Catalog(only, node=node).listings():
-        return listing.checkpoint_id
-    raise CheckpointNotFoundError(f"tier {tier}: no committed checkpoint to drill")
+    listings = Catalog(only, node=node).listings()
+    if not listings:
+        raise CheckpointNotFoundError(f"tier {tier}: no committed checkpoint to drill")
+    for listing in listings:
+        if listing.step is None or all(
+            s in logged for s in range(listing.step + 1, listing.step + steps + 1)
+        ):
+            return listing.checkpoint_id
+        logger.info("drill: skipping %s: the loss log has no steps after %d yet",
+                    listing.checkpoint_id, listing.step)  # fmt: skip
+    raise CheckpointNotFoundError(
+        f"tier {tier}: no committed checkpoint has its next {steps} steps in the loss log (newest:"
+        f" {listings[0].checkpoint_id}); train further, or name one with --checkpoint"
+    )
 
 
 def read_loss_log(path: Path) -> dict[int, float]:
@@ -189,13 +209,18 @@ def _rank_main(rank: int, job: _Job) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"file://{job.workdir}/rendezvous",
                                 rank=rank, world_size=job.world_size)  # fmt: skip
-        reader = TieredReader(job.config, node=job.node)
+        # A drill proves the bytes too: every file's CRC32C is checked, whatever verify_on_load says.
+        reader = TieredReader(job.config, node=job.node, verify=True)
         ctx = DrillContext(job.checkpoint_id, rank, job.world_size, job.steps, job.argv, reader)
         results = [(int(s), float(v)) for s, v in resolve_entry(job.entry)(ctx)]
         if ctx.restore_s is None:
             raise TierstoreError("the entry never restored inside ctx.restoring()")
         if reader.chosen_tier is None:
             raise TierstoreError("the entry restored without ctx.reader")
+        if reader.checkpoint_id != job.checkpoint_id:
+            raise TierstoreError(
+                f"the entry restored {reader.checkpoint_id}, not the drill's {job.checkpoint_id}"
+            )
         outcome = {"results": results, "restore_s": ctx.restore_s, "restored_at": ctx.restored_at,
                    "tier": reader.chosen_tier, "bytes_read": reader.bytes_read}  # fmt: skip
     except BaseException as exc:  # noqa: BLE001 - reported to the drill, which decides
@@ -225,6 +250,10 @@ def run_drill(
     of the checkpoint or of the step function, only for bad arguments."""
     if world_size < 1 or steps < 1:
         raise TierstoreError("drill: --world-size and --steps must be at least 1")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise TierstoreError(f"drill: --tolerance {tolerance}: expected a finite number >= 0")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise TierstoreError(f"drill: --timeout {timeout_s}: expected a number of seconds > 0")
     tier_name = config.tier(tier).name if tier else config.tiers[-1].name
     logged = read_loss_log(loss_log)
     resolve_entry(entry)  # a typo fails here, not in every rank
@@ -232,7 +261,7 @@ def run_drill(
     checkpoint = (
         validate_checkpoint_id(checkpoint_id)
         if checkpoint_id is not None
-        else newest_in_tier(config, tier_name, node=node)
+        else newest_in_tier(config, tier_name, node=node, logged=logged, steps=steps)
     )
     only = config.model_copy(update={"tiers": (config.tier(tier_name),)})
     report = DrillReport(
