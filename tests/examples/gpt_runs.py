@@ -42,10 +42,10 @@ class Run:
         document = {"namespace": "gpt", "tiers": tiers, "promote": {"every": 1}}
         self.config.write_text(yaml.safe_dump(document))
 
-    def command(self, nproc: int, *flags: str) -> list[str]:
+    def command(self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", str(TRAIN), "--config", str(self.config),
+            f"--nproc-per-node={nproc}", *launcher, str(TRAIN), "--config", str(self.config),
             "--run-dir", str(self.run_dir), *SCHEDULE, *flags,
         ]  # fmt: skip
 
@@ -57,9 +57,11 @@ class Run:
             f"training failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         )
 
-    def start(self, nproc: int, *flags: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         """Start training in the background (torchrun and its workers)."""
-        return subprocess.Popen(self.command(nproc, *flags), env=_env(),
+        return subprocess.Popen(self.command(nproc, *flags, launcher=launcher), env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def kill_9(self) -> None:
@@ -110,3 +112,24 @@ def _env() -> dict[str, str]:
     env.pop("TIERSTORE_NODE", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+def two_tiers(root: Path) -> list[dict[str, Any]]:
+    """A memory tier per simulated node, and a local-disk tier below it."""
+    return [
+        {"name": "ram", "type": "memory", "path": str(root / "ram" / "{node}"), "keep": 3},
+        {"name": "local", "type": "local", "path": str(root / "local"), "keep": 6},
+    ]
+
+
+def new_run(root: Path) -> Run:
+    """A run with :func:`two_tiers` under ``root``."""
+    run = Run(root)
+    run.write_config(two_tiers(root))
+    return run
+
+
+def promote_once(run: Run) -> None:
+    """One promoter pass, as the sidecar would make."""
+    subprocess.run([sys.executable, "-m", "tierstore.cli", "--config", str(run.config),
+                    "promote", "--once"], check=True, capture_output=True, env=_env())  # fmt: skip

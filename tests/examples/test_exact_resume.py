@@ -9,46 +9,14 @@ rank), except across a world-size change, where they must stay within the measur
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.examples.gpt_runs import Run, wait_for
+from tests.examples.gpt_runs import new_run, promote_once, wait_for
 from tierstore.ids import marker_path
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def tiers(root: Path) -> list[dict[str, object]]:
-    """A memory tier per simulated node, and a local-disk tier below it."""
-    return [
-        {"name": "ram", "type": "memory", "path": str(root / "ram" / "{node}"), "keep": 3},
-        {"name": "local", "type": "local", "path": str(root / "local"), "keep": 6},
-    ]
-
-
-def new_run(root: Path) -> Run:
-    run = Run(root)
-    run.write_config(tiers(root))
-    return run
-
-
-def promote_once(run: Run) -> None:
-    """One promoter pass, as the sidecar would make."""
-    subprocess.run([sys.executable, "-m", "tierstore.cli", "--config", str(run.config),
-                    "promote", "--once"], check=True, capture_output=True)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """Per-step losses of 16 uninterrupted steps on 2 ranks."""
-    run = new_run(tmp_path_factory.mktemp("reference"))
-    run.train(2, "--stop-after", "16")
-    losses = run.losses()
-    assert sorted(losses) == list(range(1, 17))
-    return losses
 
 
 def test_killed_and_resumed_run_repeats_the_losses_bit_for_bit(
@@ -133,3 +101,19 @@ def test_resume_at_a_smaller_world_size_stays_in_the_noise_band(
     assert worst <= 1.5 * band, f"resumed at 1 rank: off by {worst}, band {band}"
     # A run that restarted from scratch instead would be far outside it.
     assert abs(alone.losses()[1] - reference[9]) > 10 * band
+
+
+def test_after_a_rollback_losing_the_fast_tier_never_brings_back_the_abandoned_timeline(
+    tmp_path: Path, reference: dict[int, float]
+) -> None:
+    run = new_run(tmp_path)
+    run.train(2, "--stop-after", "16")
+    promote_once(run)  # the abandoned timeline's steps 12 and 16 now sit in the local tier too
+
+    run.train(2, "--resume-from", "step_00000008", "--stop-after", "10")  # step 10: memory only
+    shutil.rmtree(tmp_path / "ram")  # the node is replaced before any promotion
+
+    run.train(2, "--stop-after", "12")
+    resumed = run.starts()[-1]
+    assert (resumed["resumed_from"], resumed["tier"]) == ("step_00000008", "local")
+    assert run.losses() == {s: reference[s] for s in range(9, 13)}
