@@ -116,6 +116,8 @@ def test_a_failing_step_function_fails_the_drill_naming_the_rank(trained: Run) -
         (["--entry", "nocolon"], "expected module:function"),
         (["--entry", ENTRY, "--tier", "tape"], "no tier named 'tape'"),
         (["--entry", ENTRY, "--checkpoint", "../x"], "../x"),
+        (["--entry", ENTRY, "--tolerance", "nan"], "--tolerance nan"),
+        (["--entry", ENTRY, "--timeout", "0"], "--timeout 0"),
     ],
 )
 def test_bad_drill_arguments_are_clear_errors(trained: Run, flags: list[str], message: str) -> None:
@@ -127,3 +129,36 @@ def test_bad_drill_arguments_are_clear_errors(trained: Run, flags: list[str], me
 def test_a_missing_loss_log_is_a_clear_error(trained: Run, tmp_path: Path) -> None:
     done = tierstore(trained, "drill", "--entry", ENTRY, "--loss-log", str(tmp_path / "none.jsonl"))
     assert done.returncode == 2 and "none.jsonl" in done.stderr
+
+
+def test_drill_fails_a_checkpoint_with_a_corrupted_byte(trained: Run) -> None:
+    generation = next((trained.root / "ram" / "0" / "gpt" / "step_00000008").glob("g*"))
+    data = generation / "r00000-0.distcp"
+    with open(data, "r+b") as handle:
+        handle.seek(64)  # the first tensor's first byte
+        byte = handle.read(1)
+        handle.seek(64)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+    code, report = drill(trained, "--tier", "ram", "--checkpoint", "step_00000008",
+                         "--world-size", "2")  # fmt: skip
+
+    assert code == 1 and not report["passed"]
+    assert "r00000-0.distcp" in report["reason"], report["reason"]
+
+
+def test_drill_fails_when_the_entry_restores_another_checkpoint(trained: Run) -> None:
+    entry = f"{REPO / 'tests' / 'examples' / 'other_id_entry.py'}:restores_step_4"
+    done = tierstore(trained, "drill", "--entry", entry, "--checkpoint", "step_00000012",
+                     "--loss-log", str(trained.run_dir / "loss.jsonl"), "--json", "--",
+                     "--config", str(trained.config), "--steps", "200")  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.returncode == 1
+    assert "restored step_00000004, not the drill's step_00000012" in report["reason"]
+
+
+def test_by_default_the_drill_takes_the_newest_checkpoint_the_log_can_judge(trained: Run) -> None:
+    # The memory tier's newest is step 20, the last logged step: nothing to compare after it.
+    code, report = drill(trained, "--tier", "ram", "--world-size", "2")
+    assert code == 0, report["reason"]
+    assert report["checkpoint_id"] == "step_00000016" and report["steps"] == [17, 18, 19]
