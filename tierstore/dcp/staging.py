@@ -2,7 +2,8 @@
 
 ``TieredWriter.stage()`` (DCP's ``AsyncStager``) runs on the trainer's thread: it lays the state's tensors
 out in one buffer (64-byte aligned, after a 64-byte header), copies them in, and returns a state dict of
-views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns.
+views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns. With
+``overlap=True`` the same copy runs on a background thread instead (:mod:`tierstore.dcp.overlap`).
 
 The buffer is a *slab*:
 
