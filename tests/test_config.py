@@ -162,3 +162,18 @@ def test_config_pickles(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, VALID))
     assert pickle.loads(pickle.dumps(config)) == config
     assert os.fspath(config.origin).endswith("tierstore.yaml")
+
+
+@pytest.mark.parametrize(
+    ("staging", "expected"),
+    [("{overlap: perhaps}", "staging.overlap: expected true or false"),
+     ("{overlap: true, copy: later}", "staging.copy: unknown key 'copy'")],
+)  # fmt: skip
+def test_staging_overlap_is_off_by_default_and_validated(
+    tmp_path: Path, staging: str, expected: str
+) -> None:
+    tiers = "tiers:\n  - {name: a, type: memory, path: '%(tmp)s/shm'}\n"
+    assert load_config(write(tmp_path, tiers)).staging.overlap is False
+    assert load_config(write(tmp_path, tiers + "staging: {overlap: true}\n")).staging.overlap
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, tiers + f"staging: {staging}\n"))

@@ -63,6 +63,16 @@ class PromoteConfig(StrictModel):
         return value
 
 
+class StagingConfig(StrictModel):
+    """How ``dcp.async_save`` stages the state (see docs/usage.md, "Overlapped saves")."""
+
+    overlap: bool = Field(
+        False,
+        description="Copy the state on a background thread: async_save returns an AsyncSaveResponse"
+        " at once, and the trainer waits on its staging_completion before modifying the state.",
+    )
+
+
 class Config(StrictModel):
     """A validated, immutable tierstore configuration (see :func:`load_config`)."""
 
@@ -72,6 +82,7 @@ class Config(StrictModel):
         min_length=1, description="Fastest first; each entry's `type` names a registered tier type."
     )
     promote: PromoteConfig = PromoteConfig()
+    staging: StagingConfig = StagingConfig()
     verify_on_load: bool = Field(False, description="Check CRC32C of every file read on load.")
     check_finite: bool = Field(False, description="Refuse to commit NaN/Inf floating tensors.")
     origin: str = Field("<memory>", description="The file this configuration came from.")

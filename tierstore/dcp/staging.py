@@ -2,7 +2,8 @@
 
 ``TieredWriter.stage()`` (DCP's ``AsyncStager``) runs on the trainer's thread: it lays the state's tensors
 out in one buffer (64-byte aligned, after a 64-byte header), copies them in, and returns a state dict of
-views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns.
+views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns. With
+``overlap=True`` the same copy runs on a background thread instead (:mod:`tierstore.dcp.overlap`).
 
 The buffer is a *slab*:
 
@@ -45,6 +46,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
+from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staged_shard import StagedShard
 from tierstore.owners import LOCK_NAME, hold_owner_lock
 
@@ -80,11 +82,18 @@ class Slab:
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                if preallocate:  # in the background: allocate the pages now, not on first touch
+                # In the background, allocate the pages now: a full tmpfs then fails here with
+                # ENOSPC, not later with SIGBUS on first touch. On the trainer's thread the copy
+                # itself faults the pages in, which is cheaper.
+                if preallocate:
                     os.posix_fallocate(fd, 0, nbytes)
-                else:  # on the trainer's thread: the copy itself faults the pages in, cheaper
+                else:
                     os.ftruncate(fd, nbytes)
                 self.storage = storage_class._new_shared_fd_cpu(fd, nbytes)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # a full tier keeps no empty slab file
+                raise
             finally:
                 os.close(fd)  # the storage keeps its own duplicate
         self.pinned = False
@@ -242,6 +251,8 @@ class Stager:
         self._lock = threading.Lock()
         self.pending: Pending | None = None
         """The last save that staged into these buffers, until it is known to be over."""
+        self.queue = StagingQueue()
+        """Overlapped staging jobs, run one at a time in call order."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory, self._lock_fd)
 
@@ -268,7 +279,7 @@ class Stager:
         self._preparing = threading.Thread(target=prepare, name="tierstore-spare", daemon=True)
         self._preparing.start()
 
-    def _acquire(self, nbytes: int) -> tuple[Slab, float]:
+    def _acquire(self, nbytes: int, *, preallocate: bool) -> tuple[Slab, float]:
         """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
         waited = 0.0
         if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
@@ -288,7 +299,7 @@ class Stager:
             else:
                 if spare is not None:
                     spare.release()
-                self.slab = self._new_slab(nbytes)
+                self.slab = self._new_slab(nbytes, preallocate=preallocate)
         return self.slab, waited
 
     def prepare(self, state: Any) -> None:
@@ -316,7 +327,30 @@ class Stager:
             self._preparing.join()
 
     def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
-        """Copy ``state``'s tensors into a slab; return the staged state, the slab, spare wait."""
+        """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait.
+
+        Runs on the caller's thread, after any overlapped staging still in progress here.
+        """
+        self.queue.wait_until_idle()
+        return self._stage(state, preallocate=False)
+
+    def stage_in_background(
+        self, state: Any, finish: Callable[[Any, SlabInfo, float], Any]
+    ) -> StagingFuture:
+        """Like :meth:`stage`, on a background thread (see :mod:`tierstore.dcp.overlap`).
+
+        ``finish(staged, slab, waited)`` runs on that thread once the copy is done; the future holds
+        what it returns, or the exception staging raised. The caller must not modify ``state``
+        until the future has resolved.
+        """
+        return self.queue.submit(lambda: finish(*self._stage(state, preallocate=True)))
+
+    def wait_until_idle(self) -> None:
+        """Wait for overlapped staging in progress, then for the save that last staged here."""
+        self.queue.wait_until_idle()
+        self.wait_for_previous_save()
+
+    def _stage(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo, float]:
         offsets, nbytes = _layout(state)
         waited, over = self.wait_for_previous_save()
         if not over and self.slab is not None:
@@ -324,7 +358,7 @@ class Stager:
             self.slab = None  # still in use: never written again; its save releases it
         if self.directory is not None and os.path.isdir(self.directory):
             os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
-        slab, spare_wait = self._acquire(nbytes)
+        slab, spare_wait = self._acquire(nbytes, preallocate=preallocate)
         waited += spare_wait
         token = uuid.uuid4().bytes
         header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
@@ -357,6 +391,7 @@ class Stager:
 
     def close(self) -> None:
         """Release every slab this stager still owns."""
+        self.queue.wait_until_idle()
         if self._preparing is not None:
             self._preparing.join()
         for slab in (self.slab, self.spare):

@@ -3,7 +3,8 @@
 Call order (torch.distributed.checkpoint 2.13, see ``StorageWriter``):
 
 0. all ranks, ``async_save`` only: :meth:`TieredWriter.stage` copies the state into reusable buffers
-   (:mod:`tierstore.dcp.staging`) on the trainer's thread; everything below runs in the background.
+   (:mod:`tierstore.dcp.staging`) on the trainer's thread, or with ``overlap=True`` on a background
+   thread (:mod:`tierstore.dcp.overlap`); everything below runs in the background, after the copy.
 1. all ranks: :meth:`~TieredWriter.reset` (only when ``dcp.save`` gets a ``checkpoint_id``), then
    :meth:`~TieredWriter.set_up_storage_writer`. The coordinator refuses an id already committed in the
    target tier unless ``overwrite=True``.
@@ -46,6 +47,7 @@ from tierstore.checksum import crc32c
 from tierstore.commits import claim, highest
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
+from tierstore.dcp.overlap import StagingFuture
 from tierstore.dcp.rank_files import RankFileWriter
 from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, Stager
 from tierstore.errors import (
@@ -126,6 +128,9 @@ class TieredWriter(StorageWriter, AsyncStager):
             (a string) vetoes the commit (see :mod:`tierstore.dcp.gate`). Must be picklable for
             ``AsyncCheckpointerType.PROCESS``.
         check_finite: refuse to commit NaN/Inf in floating tensors (default: the config's).
+        overlap: stage in the background (default: the config's ``staging.overlap``): ``async_save``
+            then returns an ``AsyncSaveResponse`` at once; the trainer must not modify the state
+            until its ``staging_completion`` has resolved.
 
     Raises (through DCP, which wraps them in ``CheckpointException``):
         :class:`~tierstore.errors.CheckpointExistsError`, :class:`~tierstore.errors.CommitVetoedError`,
@@ -142,6 +147,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         node: int | None = None,
         commit_gate: CommitGate | None = None,
         check_finite: bool | None = None,
+        overlap: bool | None = None,
     ) -> None:
         super().__init__()
         self.config = as_config(config)
@@ -150,6 +156,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.node = current_node(node)
         self.commit_gate = commit_gate
         self.check_finite = self.config.check_finite if check_finite is None else check_finite
+        self.overlap = self.config.staging.overlap if overlap is None else overlap
         self._checkpoint_id = (
             None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         )
@@ -205,18 +212,37 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     # -- AsyncStager ------------------------------------------------------------------------------
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | StagingFuture:
         """Copy ``state_dict`` into reusable host buffers: the trainer's stall (see :mod:`staging`).
 
         Called by ``dcp.async_save`` on the trainer's thread. Waits first if the previous save from
         this writer is still persisting. Returns views into the buffers, isolated from later updates.
+
+        With ``overlap=True`` it returns at once a future of those views: the wait and the copy run
+        on a background thread, and the state must not be modified until the future resolves
+        (``AsyncSaveResponse.staging_completion``). A staging failure fails that future, hence both
+        of the response's futures.
         """
         started_wall, started = time.time(), time.perf_counter()
         stager = self._stager_for_this_process()
-        staged: dict[str, Any]
-        staged, self._slab, waited = stager.stage(state_dict)
+        record = functools.partial(self._record_staged, stager, (started_wall, started))
+        if not self.overlap:
+            return record(*stager.stage(state_dict))
+        # record() runs on the staging thread before the future resolves, so DCP's save thread
+        # (which waits for the future) sees this save's slab, report and pending; the previous
+        # save from this writer is over by then (the back-pressure wait comes first).
+        return stager.stage_in_background(state_dict, record)
+
+    def _record_staged(
+        self, stager: Stager, started: tuple[float, float],
+        staged: dict[str, Any], slab: SlabInfo, waited: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Record a finished copy for the save that carries it; returns the staged state."""
+        started_wall, started_at = started
+        self._slab = slab
         self._pending = stager.pending  # the save's thread reports in through this
-        stall = time.perf_counter() - started
+        # With overlap, the time until staging_completion: the most the trainer can have waited.
+        stall = time.perf_counter() - started_at
         if waited > 0.01:
             logger.warning(
                 "async save waited %.3f s for the previous save to tier %s to finish persisting"
@@ -256,11 +282,17 @@ class TieredWriter(StorageWriter, AsyncStager):
         return self._stager
 
     def synchronize_staging(self) -> None:
-        """Nothing to do: :meth:`stage` has finished copying when it returns."""
+        """Wait for overlapped staging in progress (``staging_completion`` says the same).
+
+        Without ``overlap`` there is nothing to wait for: :meth:`stage` has finished copying when it
+        returns. DCP itself never calls this (see ``_synchronize_after_execute``).
+        """
+        if self._stager is not None:
+            self._stager.queue.wait_until_idle()
 
     def close(self) -> None:
         """Release this process's staging buffers for the tier (after the last save completed)."""
-        self._stager_for_this_process().wait_for_previous_save()
+        self._stager_for_this_process().wait_until_idle()
         stager = STAGERS.discard(self._stager_key())
         if stager is not None:
             stager.close()

@@ -1,0 +1,85 @@
+"""Overlapped staging: the copy into the slab runs on a background thread, one save after another.
+
+With ``TieredWriter(..., overlap=True)``, ``stage()`` returns a :class:`StagingFuture` at once, and torch's
+``dcp.async_save`` (2.13) then returns an ``AsyncSaveResponse``: ``staging_completion`` resolves when the
+copy is done (the trainer may modify its tensors again), ``upload_completion`` when the checkpoint is
+committed. DCP's background thread or process waits on the future before it plans the save.
+
+Saves are staged strictly in the order their ``stage()`` calls were made (a :class:`StagingQueue` per
+stager): each job starts only when the previous one has finished, so the back-pressure rule of
+:mod:`tierstore.dcp.staging` (a save waits for the previous save from the same buffers) is applied on the
+job's thread, never on the trainer's, and commits keep the order of the calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, wait
+from typing import Any
+
+from tierstore.errors import TierstoreError
+
+
+class StagingFuture(Future[Any]):
+    """The staged state dict, once copied; raises what the staging raised.
+
+    torch 2.13's ``async_save`` asks ``done()`` once, right after starting the upload, and reports a
+    staging future that is *already* done as a success, even when it failed (it never looks at the
+    exception). A failure that lands before that check would otherwise resolve ``staging_completion``
+    normally. So a failed future answers ``done() == False``: torch then attaches its callback, which
+    runs at once and passes the exception on. ``result()``/``exception()`` are unaffected.
+    (Pinned by ``tests/dcp/test_overlap_contract.py``.)
+    """
+
+    def done(self) -> bool:
+        """True when the staging finished *successfully* or was cancelled (see the class doc)."""
+        if not super().done():
+            return False
+        return self.cancelled() or self.exception(timeout=0) is None
+
+
+class StagingQueue:
+    """Runs staging jobs one at a time, in submission order, each on its own daemon thread.
+
+    Daemon threads (not a pool): a job blocked on a save that never ends must not hold the
+    interpreter at exit. A job's failure is its future's; the next job runs regardless.
+    """
+
+    def __init__(self, name: str = "tierstore-stage") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._last: Future[Any] | None = None
+
+    def submit(self, job: Callable[[], Any]) -> StagingFuture:
+        """Run ``job`` after every job submitted before it has finished; returns its future."""
+        future = StagingFuture()
+        with self._lock:
+            previous, self._last = self._last, future
+
+        def run() -> None:
+            if previous is not None:
+                _wait(previous)
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(job())
+            except Exception as exc:  # noqa: BLE001 - handed to the trainer through the future
+                future.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception: it would hang
+                future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
+
+        threading.Thread(target=run, name=self._name, daemon=True).start()
+        return future
+
+    def wait_until_idle(self) -> None:
+        """Block until every job submitted so far has finished (successfully or not)."""
+        with self._lock:
+            last = self._last
+        if last is not None:
+            _wait(last)
+
+
+def _wait(future: Future[Any]) -> None:
+    """Wait for ``future`` to finish, whatever its outcome (``StagingFuture.done`` may say no)."""
+    wait([future])
