@@ -7,6 +7,7 @@ boto3 exactly as a real store would be; each test gets its own bucket.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,3 +96,29 @@ def make_config(tier_specs: Callable[..., list[TierSpec]]) -> Callable[..., Any]
 def open_uploads(tier: Any) -> list[str]:
     """Paths of every incomplete write the tier reports, however recent (for assertions)."""
     return [w.path for w in tier.incomplete_writes(idle_for=0.0, now=float("inf"))]
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``mount_tmpfs("8m")``: a real, small tmpfs mounted for this test (root only, else a skip)."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def small_tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
+    """A 1 MiB tmpfs: a memory or middle tier that fills up (real ENOSPC)."""
+    return mount_tmpfs("1m")

@@ -4,11 +4,9 @@ around it to S3, says so (metric, log), lets the memory tier trim, and keeps ret
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -17,21 +15,6 @@ from tierstore.audit import audit_all
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs mounted for this test (root only)."""
-    mount = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def save(config: Config, checkpoint_id: str, value: float) -> None:

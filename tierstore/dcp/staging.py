@@ -48,12 +48,15 @@ from torch.distributed.tensor import DTensor
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staged_shard import StagedShard
+from tierstore.errors import TierUnavailableError
 from tierstore.owners import LOCK_NAME, hold_owner_lock
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault every page in with one call
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_ROOM = 64 * 2**20
+"""Free space, beyond twice a slab, below which slabs are allocated up front (see ``_tight``)."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
@@ -125,6 +128,24 @@ class Slab:
         if self.path is not None and not self.consumed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+def _tight(directory: str, nbytes: int) -> bool:
+    """Whether a slab of ``nbytes`` must be allocated up front in ``directory`` (a tmpfs).
+
+    A slab is a sparse file whose pages the copy faults in: if the tmpfs runs out under the copy,
+    the process dies of SIGBUS. So: not enough room at all is a clear error now; little room to
+    spare (another writer could take it) means allocating every page first, where a shortfall is a
+    clean ENOSPC; plenty of room keeps the cheaper path.
+    """
+    stats = os.statvfs(directory)
+    free = stats.f_bavail * stats.f_frsize
+    if free < nbytes:
+        raise TierUnavailableError(
+            f"{directory}: a staging buffer needs {nbytes} bytes, the memory tier has {free} free"
+            " (size host memory for keep x checkpoint + staging: see docs/configuration.md)"
+        )
+    return free < 2 * nbytes + _ROOM
 
 
 REGISTRATION_TIMEOUT = 120.0
@@ -261,6 +282,7 @@ class Stager:
         if self.directory is not None:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
+            preallocate = _tight(self.directory, nbytes) or preallocate  # raises if it cannot fit
         return Slab(nbytes, path, preallocate=preallocate)
 
     def _prepare_spare(self, nbytes: int) -> None:
