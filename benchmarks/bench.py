@@ -5,13 +5,15 @@
 Measures, on a synthetic transformer-shaped training state (parameters and AdamW moments, fp32):
 
 * limits: a copy into warm buffers; a plain write to tmpfs and to disk (with fsync); a plain read back;
-* torch: ``FileSystemWriter`` save, ``async_save`` stall with torch's default stager (steady state, and
-  the first save of a fresh process), ``FileSystemReader`` load, ``FsspecWriter``/``FsspecReader``
-  against an S3 server;
-* tierstore: the async stall (steady, and first save of a fresh process), the time to commit in the
-  memory tier, a save to a local tier, restores from memory, local and S3 tiers, a promotion to S3
-  next to boto3 uploading the same bytes to the same server, ``latest_committed`` and ``ls`` over
-  1,000 checkpoints in four tiers;
+* async saves (:mod:`benchmarks.stalls`), quiet and under a background load: torch's default stager
+  and torch's best (``DefaultStager`` with async staging, reused buffers) against tierstore's default
+  and overlapped modes: the time ``async_save`` takes to return, the stall (until the state may be
+  modified) and the time to commit;
+* torch: ``FileSystemWriter`` save, the stall of the first save of a fresh process,
+  ``FileSystemReader`` load, ``FsspecWriter``/``FsspecReader`` against an S3 server;
+* tierstore: the stall of the first save of a fresh process, a save to a local tier, restores from
+  memory, local and S3 tiers, a promotion to S3 next to boto3 uploading the same bytes to the same
+  server, ``latest_committed`` and ``ls`` over 1,000 checkpoints in four tiers;
 * a scale sweep (256 MiB to 2 GiB).
 
 S3 is moto's server on 127.0.0.1, started here; it, not the client, limits S3 throughput, so S3
@@ -41,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed.checkpoint as dcp
 
+from benchmarks.stalls import TARGETS as STALL_TARGETS
+from benchmarks.stalls import phase_stalls
 from benchmarks.workload import (
     Samples,
     model_state,
@@ -51,7 +55,6 @@ from benchmarks.workload import (
     repeat,
     state_bytes,
     tensors_of,
-    warm_copy,
     zeros_like_state,
 )
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
@@ -63,9 +66,7 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
-TARGETS = {
-    "stall / warm copy": ("<=", 1.5),
-    "stall / torch default stall": ("<=", 0.6),
+TARGETS = STALL_TARGETS | {
     "memory commit / plain tmpfs write (bandwidth)": (">=", 0.7),
     "local save / plain write+fsync (bandwidth)": (">=", 0.9),
     "restore from memory / plain tmpfs read (bandwidth)": (">=", 0.8),
@@ -73,6 +74,10 @@ TARGETS = {
     "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.9),
     "latest_committed, 1000 x 4 tiers (seconds)": ("<", 1.0),
 }
+
+
+PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "sweep", "goodput")
+"""The parts of a run, in the order they run (``--phases``)."""
 
 
 class Bench:
@@ -122,7 +127,7 @@ class Bench:
     def show(self, *names: str) -> None:
         for name in names:
             samples = self.results[name]
-            print(f"  {name:<56} {samples.median:8.3f} s  {samples.gib_s:7.2f} GiB/s", flush=True)
+            print(f"  {name:<68} {samples.median:8.3f} s  {samples.gib_s:7.2f} GiB/s", flush=True)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.shm, ignore_errors=True)
@@ -146,51 +151,6 @@ def async_stall(state: Any, writer: Any, checkpoint_id: str | None) -> float:
     stall = time.perf_counter() - started
     future.result()
     return stall
-
-
-def phase_saves(bench: Bench, state: Any) -> None:
-    """Rounds of: warm copy, torch async_save, plain tmpfs write, tierstore async_save."""
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    nbytes = state_bytes(state)
-    gap = bench.args.gap * max(1.0, nbytes / 2**30)
-    print(
-        f"async saves (rounds of: warm copy, torch, plain tmpfs write, tierstore; {gap:.1f} s apart)"
-    )
-    memory = bench.config("memory", namespace="async")
-    ram = make_tier(memory.tiers[0], namespace=memory.namespace, node=0)
-    writer = TieredWriter(memory)  # one writer, as in a training loop: its buffers are reused
-    copy = warm_copy(state)
-    plain = plain_write(state, str(bench.shm), fsync=False)
-    for index in range(bench.args.reps + 1):  # round 0 allocates everything: not counted
-        warm = timed(copy)
-        torch_dir = bench.shm / "torch-async"
-        torch_stall = async_stall(state, FileSystemWriter(str(torch_dir)), None)
-        shutil.rmtree(torch_dir)
-        write = timed(plain, remove_plain(str(bench.shm)))
-        stall = async_stall(state, writer, f"step_{index:06d}")
-        timings = read_manifest(ram, f"step_{index:06d}").timings
-        commit = float(timings["commit_s"] or 0)
-        if index:
-            delete_copy(ram, f"step_{index - 1:06d}")  # keep tmpfs use bounded
-            bench.sample("warm copy (reused buffers)", warm, nbytes)
-            bench.sample("torch async_save stall, default stager (steady)", torch_stall, nbytes)
-            bench.sample("plain write, tmpfs", write, nbytes)
-            bench.sample("tierstore async stall (steady)", stall, nbytes)
-            bench.sample("tierstore commit in memory tier (steady)", commit, nbytes)
-            bench.pair("stall / warm copy", stall / warm)
-            bench.pair("stall / torch default stall", stall / torch_stall)
-            bench.pair("memory commit / plain tmpfs write (bandwidth)", write / commit)
-            bench.extra.setdefault("tierstore wait_s (steady)", []).append(timings["wait_s"])
-        time.sleep(gap)
-    bench.show(
-        "warm copy (reused buffers)",
-        "plain write, tmpfs",
-        "torch async_save stall, default stager (steady)",
-        "tierstore async stall (steady)",
-        "tierstore commit in memory tier (steady)",
-    )
-    bench.extra["memory checkpoint"] = f"step_{bench.args.reps:06d}"
 
 
 def phase_disk(bench: Bench, state: Any) -> None:
@@ -476,14 +436,16 @@ def phase_sweep(bench: Bench) -> list[dict[str, Any]]:
 def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
     """Each ratio: the median of the ratios measured within rounds (both sides back to back)."""
     values = {name: statistics.median(found) for name, found in bench.pairs.items()}
-    values["latest_committed, 1000 x 4 tiers (seconds)"] = bench.results[
-        "latest_committed, 1000 checkpoints x 4 tiers"
-    ].median
+    if "latest_committed, 1000 checkpoints x 4 tiers" in bench.results:
+        values["latest_committed, 1000 x 4 tiers (seconds)"] = bench.results[
+            "latest_committed, 1000 checkpoints x 4 tiers"
+        ].median
     first = {name: s.median for name, s in bench.results.items() if "first save" in name}
-    values["first-save stall / torch first-save stall"] = (
-        first["tierstore async_save stall, first save of a fresh process"]
-        / first["torch async_save stall, first save of a fresh process"]
-    )
+    if first:
+        values["first-save stall / torch first-save stall"] = (
+            first["tierstore async_save stall, first save of a fresh process"]
+            / first["torch async_save stall, first save of a fresh process"]
+        )
     out = {}
     for name, value in values.items():
         if name in TARGETS:
@@ -505,6 +467,21 @@ def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
                 "rounds": bench.pairs.get(name),
             }
     return out
+
+
+def run_goodput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Run ``goodput.py`` in a fresh process; its figures, as it wrote them to ``out``."""
+    print("training-loop goodput (benchmarks/goodput.py)", flush=True)
+    script = Path(__file__).resolve().parent / "goodput.py"
+    # torch's checkpoint process (PROCESS mode) logs every request at INFO on stderr: keep it aside
+    with open(out / "goodput.log", "w") as log:
+        subprocess.run(
+            [sys.executable, str(script), "--size", args.goodput_size, "--reps",
+             str(args.goodput_reps), "--out", str(out)],
+            check=True, stderr=log,
+        )  # fmt: skip
+    found: dict[str, Any] = json.loads((out / "goodput.json").read_text())
+    return found
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -544,7 +521,24 @@ def main() -> None:
     parser.add_argument(
         "--first-save", choices=["torch", "tierstore", "tierstore-prepared"], help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--phases",
+        nargs="*",
+        choices=PHASES,
+        default=list(PHASES),
+        help="what to measure (default: everything; reads restores what stalls and disk saved,"
+        " s3 promotes what stalls saved)",
+    )
+    parser.add_argument(
+        "--goodput-size", default="256MiB", help="goodput.py's --size (smaller than alone: time)"
+    )
+    parser.add_argument("--goodput-reps", type=int, default=3, help="goodput.py's --reps")
     args = parser.parse_args()
+    chosen = set(args.phases)
+    if ("reads" in chosen and not {"stalls", "disk"} <= chosen) or (
+        "s3" in chosen and "stalls" not in chosen
+    ):
+        parser.error("--phases: reads needs stalls and disk, s3 needs stalls")
     if args.first_save:
         first_save(args.first_save, args.size, args.disk_dir)
         return
@@ -564,21 +558,30 @@ def main() -> None:
             count = len(list(tensors_of(state)))
             print(f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
                   f" median of {args.reps} (S3: {args.s3_reps})", flush=True)  # fmt: skip
-            phase_saves(bench, state)
-            phase_disk(bench, state)
-            phase_reads(bench, state)
-            phase_s3(bench, state)
+            phases = set(args.phases)
+            if "stalls" in phases:
+                phase_stalls(bench, state)
+            if "disk" in phases:
+                phase_disk(bench, state)
+            if "reads" in phases:
+                phase_reads(bench, state)
+            if "s3" in phases:
+                phase_s3(bench, state)
             del state
-            phase_first_saves(bench)
-            phase_catalog(bench)
-            rows = phase_sweep(bench) if args.sweep else []
+            if "first" in phases:
+                phase_first_saves(bench)
+            if "catalog" in phases:
+                phase_catalog(bench)
+            rows = phase_sweep(bench) if args.sweep and "sweep" in phases else []
         finally:
             bench.cleanup()
+    # in a process of its own: it starts a process group, and its model's threads must not linger here
+    goodput = run_goodput(args, out) if "goodput" in phases else None
     table = ratios(bench)
     print("\nratios (one run, this machine)")
     for name, row in table.items():
         verdict = {True: "met", False: "MISSED", None: ""}[row["met"]]
-        print(f"  {name:<56} {row['value']:8.3f}  {row['target']:>10}  {verdict}")
+        print(f"  {name:<68} {row['value']:8.3f}  {row['target']:>10}  {verdict}")
     report = {
         "machine": {
             "cores": os.cpu_count(),
@@ -590,6 +593,7 @@ def main() -> None:
         "extra": bench.extra,
         "ratios": table,
         "sweep": rows,
+        "goodput": goodput,
     }
     (out / "bench.json").write_text(json.dumps(report, indent=1))
     if rows:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 
 def render(report: dict[str, Any]) -> str:
     """Markdown: the figures (median, min-max, GiB/s), then the ratios against their targets."""
@@ -48,6 +50,10 @@ def render(report: dict[str, Any]) -> str:
                 f"| {row['size']} | {row['tensors']} | {row['stall_s']:.3f} s ({row['wait_s']:.3f} s)"
                 f" | {row['commit_s']:.3f} s | {row['local_save_s']:.3f} s | {row['files_per_rank']} |"
             )
+    if report.get("goodput"):
+        from benchmarks.goodput import markdown
+
+        lines += ["", markdown(report["goodput"])]
     return "\n".join(lines)
 
 
