@@ -42,6 +42,9 @@ from tierstore.ids import checkpoint_file, data_file
 from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
 
+_ADOPT_SHARE = 0.75
+"""Adopt (or write out) the staging slab whole when this rank writes at least this share of it."""
+
 
 @dataclass
 class RankOutput:
@@ -115,8 +118,16 @@ class RankFileWriter:
                 if self.check_finite and has_nonfinite(data):  # sparse, quantized, nested
                     raise NonFiniteTensorError(f"tensor {item.index.fqn!r} holds NaN or Inf")
                 blobs.append((item, memoryview(encode_fallback(data)), "torch"))
-        if staged:
+        staged_bytes = sum(t.numel() * t.element_size() for _, t in staged)
+        if staged and self.slab is not None and staged_bytes >= _ADOPT_SHARE * self.slab.nbytes:
             self._write_slab(staged)
+        elif staged:
+            # Most of the slab holds items DCP's planner gave to other ranks (a replicated model:
+            # each rank staged it all, one rank writes each item). Writing the slab as it is would
+            # store them N times over: this rank's items go into a compact file instead, and the
+            # slab stays the staging buffer for the next save.
+            self._write_file(self._rel(0), staged + loose, [])
+            loose = []
         elif loose:  # a plain dcp.save: the tensors stream into file 0
             self._write_file(self._rel(0), loose, [])
             loose = []

@@ -270,6 +270,7 @@ class Stager:
         self._preparing: threading.Thread | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
+        self._reused = False
         self.pending: Pending | None = None
         """The last save that staged into these buffers, until it is known to be over."""
         self.queue = StagingQueue()
@@ -304,6 +305,9 @@ class Stager:
     def _acquire(self, nbytes: int, *, preallocate: bool) -> tuple[Slab, float]:
         """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
         waited = 0.0
+        # A slab the last save did not adopt (its rank wrote a compact file instead, see
+        # rank_files) is simply used again: no spare is needed while that lasts.
+        self._reused = self.slab is not None and not self.slab.consumed
         if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
             self._retired.append(
                 self.slab
@@ -323,6 +327,14 @@ class Stager:
                     spare.release()
                 self.slab = self._new_slab(nbytes, preallocate=preallocate)
         return self.slab, waited
+
+    def _drop_spare(self) -> None:
+        if self._preparing is not None and self._preparing.is_alive():
+            return  # it is being made now; the next save decides again
+        with self._lock:
+            spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.release()
 
     def prepare(self, state: Any) -> None:
         """Allocate and map a slab for ``state`` in the background, ahead of the first save."""
@@ -404,7 +416,9 @@ class Stager:
         if self._retired:
             _retire(self._retired)
             self._retired = []
-        if slab.path is not None:
+        if slab.path is not None and self._reused:
+            self._drop_spare()  # this job's saves write compact files: the slab stays in use
+        elif slab.path is not None:
             self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one
         if slab.path is not None:  # its mtime says "in use" to gc, even after the rename
             os.utime(slab.path)
