@@ -196,7 +196,7 @@ def phase_stalls(bench: Bench, state: Any) -> None:
     finally:
         sides.close()
         source.unlink()
-        remove_plain(str(bench.shm))()
+        # plain.bin stays: the reads phase reads it back (and removes it); cleanup removes it too.
     bench.show(*[name for name in bench.results if _is_stall_figure(name)])
     bench.extra["memory checkpoint"] = sides.last_id
 
