@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial
 
 from tests.dcp.test_staging import assert_loaded, model_state, tier0
-from tests.guarantees.test_process_mode import dtensor_state
+from tests.guarantees.test_process_mode import assert_loads_dtensor_state, dtensor_state
 from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
@@ -268,17 +268,7 @@ def isolated_dtensor_saves(rank: int, world: int, config: Config, mode: str) -> 
     writer.close()
     dist.barrier()
     for step in (1, 2, 3):
-        target = dtensor_state(0)
-        dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=f"step_{step:06d}")
-        expected = dtensor_state(step)
-        for key in ("w", "b"):
-            assert torch.equal(
-                target["model"][key].full_tensor(), expected["model"][key].full_tensor()
-            )
-        assert torch.equal(target["model"]["plain"], expected["model"]["plain"])
-        exp_avg = target["optim"]["state"]["w"]["exp_avg"].full_tensor()
-        assert torch.equal(exp_avg, expected["optim"]["state"]["w"]["exp_avg"].full_tensor())
-        assert torch.equal(target["nested"]["lists"][0], expected["nested"]["lists"][0])
+        target = assert_loads_dtensor_state(config, step)
         assert (target["step"], target["name"]) == (step, f"run-{step}")
 
 

@@ -33,10 +33,14 @@ def test_a_forwarded_stop_signal_commits_the_next_step_and_the_restart_resumes_t
         run.kill_9()
 
     records = run.records()
-    assert not [r for r in records if r["event"] == "save_failed"], records
     (stopped,) = [r for r in records if r["event"] == "stop"]
     assert stopped["preempted"] is True and stopped["step"] < 200
     assert _committed(run, f"step_{stopped['step']:08d}")
+    # In PROCESS mode the signal also ends DCP's checkpoint process (see examples/gpt/stop.py): a
+    # periodic save it was writing may fail, never the final one, which commits a newer state.
+    failed = [r["checkpoint"] for r in records if r["event"] == "save_failed"]
+    assert all(c < f"step_{stopped['step']:08d}" for c in failed), failed
+    assert mode == "process" or not failed, failed
 
     run.train(2, "--stop-after", str(stopped["step"] + 3))
     resumed = run.starts()[-1]

@@ -39,6 +39,21 @@ def dtensor_state(step: int) -> dict[str, Any]:
     }
 
 
+def assert_loads_dtensor_state(config: Config, step: int) -> dict[str, Any]:
+    """Load ``step_<step>`` into a fresh :func:`dtensor_state` and compare every tensor bit for bit."""
+    target = dtensor_state(0)
+    dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=f"step_{step:06d}")
+    expected = dtensor_state(step)
+    for key in ("w", "b"):
+        assert torch.equal(target["model"][key].full_tensor(), expected["model"][key].full_tensor())
+    assert torch.equal(target["model"]["plain"], expected["model"]["plain"])
+    exp_avg = target["optim"]["state"]["w"]["exp_avg"].full_tensor()
+    assert torch.equal(exp_avg, expected["optim"]["state"]["w"]["exp_avg"].full_tensor())
+    assert torch.equal(target["nested"]["lists"][0], expected["nested"]["lists"][0])
+    assert torch.equal(target["nested"]["lists"][1]["deep"], expected["nested"]["lists"][1]["deep"])
+    return target
+
+
 def save_and_load_in_process_mode(rank: int, world: int, config: Config) -> None:
     writer = TieredWriter(config)
     for step in (1, 2):  # the second save reuses the first one's staging buffers
@@ -54,20 +69,7 @@ def save_and_load_in_process_mode(rank: int, world: int, config: Config) -> None
         future.result()
     writer.close()
     for step in (1, 2):
-        target = dtensor_state(0)
-        dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=f"step_{step:06d}")
-        expected = dtensor_state(step)
-        for key in ("w", "b"):
-            assert torch.equal(
-                target["model"][key].full_tensor(), expected["model"][key].full_tensor()
-            )
-        assert torch.equal(target["model"]["plain"], expected["model"]["plain"])
-        exp_avg = target["optim"]["state"]["w"]["exp_avg"].full_tensor()
-        assert torch.equal(exp_avg, expected["optim"]["state"]["w"]["exp_avg"].full_tensor())
-        assert torch.equal(target["nested"]["lists"][0], expected["nested"]["lists"][0])
-        assert torch.equal(
-            target["nested"]["lists"][1]["deep"], expected["nested"]["lists"][1]["deep"]
-        )
+        target = assert_loads_dtensor_state(config, step)
         assert (target["step"], target["lr"], target["name"]) == (step, 0.1 * step, f"run-{step}")
 
 
