@@ -9,6 +9,9 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     .tierstore/staging/<owner>/      a writer process's staging buffers (memory tiers)
     .tierstore/activity/<kind>~<id>~<gen>~<token>.json   a save, promotion or restore at work
                                      (see activity.py)
+    .tierstore/mirror/<id>/<gen>/... a partner node's files of that save, held as its peer mirror
+                                     (memory tiers with ``mirror``; see mirrors.py)
+    <id>/<gen>/mirror/node00001.json whether node 1's files of that save reached their mirror
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -276,3 +279,33 @@ def newest_first(ids_with_seq: Iterable[tuple[str, int | None]]) -> list[str]:
             reverse=True,
         )
     ]
+
+
+MIRROR_DIR = f"{INTERNAL_DIR}/mirror"
+"""Tier-relative directory of the peer mirrors a node holds for its partner (memory tiers)."""
+MIRROR_MARKER_PREFIX = "mirror-node"
+
+
+def mirror_id_dir(checkpoint_id: str) -> str:
+    """Tier-relative directory of every mirrored generation of ``checkpoint_id`` on this node."""
+    return f"{MIRROR_DIR}/{checkpoint_id}"
+
+
+def mirror_copy_path(checkpoint_id: str, rel: str) -> str:
+    """Tier-relative path of the mirror copy of a file a marker names (``<generation>/<name>``)."""
+    return f"{MIRROR_DIR}/{checkpoint_id}/{rel}"
+
+
+def mirror_marker_path(checkpoint_id: str, generation: str, owner_node: int) -> str:
+    """Tier-relative path of the mirror marker of ``owner_node``'s files of a generation."""
+    return f"{MIRROR_DIR}/{checkpoint_id}/{generation}/{MIRROR_MARKER_PREFIX}{owner_node:05d}.json"
+
+
+def mirror_commit_path(checkpoint_id: str, generation: str) -> str:
+    """Tier-relative path of the mirrored copy of a generation's commit marker."""
+    return f"{MIRROR_DIR}/{checkpoint_id}/{generation}/{MARKER_NAME}"
+
+
+def mirror_status_path(checkpoint_id: str, generation: str, owner_node: int) -> str:
+    """Tier-relative path of the record of whether ``owner_node``'s files reached their mirror."""
+    return f"{checkpoint_id}/{generation}/mirror/node{owner_node:05d}.json"

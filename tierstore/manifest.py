@@ -51,6 +51,9 @@ class Manifest:
     """Commit order within the namespace (1, 2, ...); drives ``every`` (:mod:`tierstore.promote.policy`)."""
     provenance: Mapping[str, Any] | None = None
     """Of a promoted copy: the tier it came from and when it was committed there (JSON ``source``)."""
+    topology: Mapping[str, Any] | None = None
+    """The saving job's nodes (``{"hosts": {node: host}, "mirror_stride": s}``) when the memory tier
+    mirrors: the peer placement is recomputed from it (:func:`tierstore.placement.place`)."""
 
     @property
     def step(self) -> int | None:
@@ -76,18 +79,18 @@ class Manifest:
         body = asdict(self)
         body["timings"] = dict(self.timings)
         body["source"] = body.pop("provenance")
-        return _dump(FORMAT, body, self.files)
+        return dump_record(FORMAT, body, self.files)
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and validate a marker; :class:`IntegrityError` naming ``where`` if it is malformed."""
         try:
-            body = _load(FORMAT, data)
+            body = load_record(FORMAT, data)
             checkpoint_id = str(body["checkpoint_id"])
             generation = str(body["generation"])
             if not is_generation(generation):
                 raise ValueError(f"bad generation {generation!r}")
-            files = tuple(_entry(checkpoint_id, generation, f) for f in body["files"])
+            files = tuple(file_entry(checkpoint_id, generation, f) for f in body["files"])
             return cls(
                 checkpoint_id=checkpoint_id,
                 generation=generation,
@@ -98,6 +101,7 @@ class Manifest:
                 timings={str(k): v for k, v in dict(body.get("timings") or {}).items()},
                 seq=None if body.get("seq") is None else int(body["seq"]),
                 provenance=body.get("source"),
+                topology=body.get("topology"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
@@ -125,20 +129,20 @@ class PartRecord:
 
     def to_json(self) -> bytes:
         """Serialize (CRCs as hex)."""
-        return _dump(PART_FORMAT, asdict(self), self.files)
+        return dump_record(PART_FORMAT, asdict(self), self.files)
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> PartRecord:
         """Parse and validate; :class:`IntegrityError` naming ``where`` if malformed."""
         try:
-            body = _load(PART_FORMAT, data)
+            body = load_record(PART_FORMAT, data)
             checkpoint_id, generation = str(body["checkpoint_id"]), str(body["generation"])
             return cls(
                 checkpoint_id=checkpoint_id,
                 generation=generation,
                 node=int(body["node"]),
                 ranks=tuple(int(r) for r in body["ranks"]),
-                files=tuple(_entry(checkpoint_id, generation, f) for f in body["files"]),
+                files=tuple(file_entry(checkpoint_id, generation, f) for f in body["files"]),
                 seq=None if body.get("seq") is None else int(body["seq"]),
                 world_size=int(body.get("world_size", 1)),
                 written_at=float(body.get("written_at", 0.0)),
@@ -151,19 +155,22 @@ class PartRecord:
 PART_FORMAT = "tierstore.part/1"
 
 
-def _dump(format_: str, body: dict[str, Any], files: tuple[FileEntry, ...]) -> bytes:
+def dump_record(format_: str, body: dict[str, Any], files: tuple[FileEntry, ...]) -> bytes:
+    """A record's JSON bytes: ``format`` first, file entries with CRCs as 8 hex digits."""
     body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in files]
     return json.dumps({"format": format_, **body}, indent=1, sort_keys=True).encode()
 
 
-def _load(format_: str, data: bytes) -> dict[str, Any]:
+def load_record(format_: str, data: bytes) -> dict[str, Any]:
+    """The body of a record's JSON bytes; ValueError unless it has format ``format_``."""
     body = json.loads(data)
     if not isinstance(body, dict) or body.get("format") != format_:
         raise ValueError(f"expected format {format_!r}")
     return body
 
 
-def _entry(checkpoint_id: str, generation: str, f: Mapping[str, Any]) -> FileEntry:
+def file_entry(checkpoint_id: str, generation: str, f: Mapping[str, Any]) -> FileEntry:
+    """One validated file entry of a record (its path must stay inside ``generation``)."""
     return FileEntry(
         path=_checked(checkpoint_id, generation, str(f["path"])),
         size=_non_negative(f["size"]),

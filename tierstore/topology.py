@@ -9,9 +9,12 @@ YAML file.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 _NODE_VARIABLES = ("TIERSTORE_NODE", "GROUP_RANK", "SLURM_NODEID")
+HOST_VARIABLE = "TIERSTORE_HOST"
+"""Overrides the host identity (tests and demos simulate several hosts on one machine)."""
 
 
 def current_node(explicit: int | None = None) -> int:
@@ -42,3 +45,18 @@ def is_distributed() -> bool:
     if dist is None:
         return False  # nobody imported it, so nobody initialised a process group
     return bool(dist.is_available() and dist.is_initialized())
+
+
+def current_host() -> str:
+    """What identifies the machine this process runs on: ``TIERSTORE_HOST`` if set, else the
+    hostname and the kernel's boot id (two containers on one host share the boot id, so a peer
+    mirror is never placed on the same physical machine by mistake)."""
+    override = os.environ.get(HOST_VARIABLE)
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"boot:{boot}" if boot != "?" else f"host:{socket.gethostname()}"

@@ -16,13 +16,13 @@ def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def broadcast_object(value: Any, group: dist.ProcessGroup | None = None) -> Any:
-    """Rank 0's ``value`` on every rank of ``group``."""
+def broadcast_object(value: Any, group: dist.ProcessGroup | None = None, src: int = 0) -> Any:
+    """Group rank ``src``'s ``value`` (rank 0's by default) on every rank of ``group``."""
     _, world = rank_and_world(group)
     if world == 1:
         return value
     box = [value]
-    dist.broadcast_object_list(box, group_src=0, group=group)
+    dist.broadcast_object_list(box, group_src=src, group=group)
     return box[0]
 
 

@@ -5,20 +5,27 @@ every rank, in one tier, checked the way a restore checks it (:mod:`tierstore.dc
 A checkpoint held only in node-local tiers of several nodes is not restorable by a multi-node job
 (without peer transfer a rank cannot read another node's memory or disk), so the answer is then the
 newest one complete in a job-wide tier (shared, S3), and a restart recipe built on it never fails.
+With a mirrored memory tier, every node also says which ids it holds (own or mirrored), and a
+memory-tier copy counts when every saved rank's files are held verified on some node of this job.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from tierstore.catalog import Catalog
+from tierstore.catalog import Catalog, marker_times
 from tierstore.config import Config, as_config
-from tierstore.dcp.collectives import broadcast_object, rank_and_world
+from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
+from tierstore.ids import newest_first
+from tierstore.manifest import read_manifest
+from tierstore.mirrors import mirrored_ids
+from tierstore.tiers import Tier
 from tierstore.topology import current_node, is_distributed
 
 logger = logging.getLogger(__name__)
@@ -48,7 +55,11 @@ def latest_committed(
     this_node = current_node(node)
     tiers = config.make_tiers(node=this_node)
     skipped: list[str] = []
-    candidates = Catalog(config, node=this_node).candidates() if rank == 0 else iter(())
+    mirrored = [t for t in tiers if t.mirror is not None]
+    if mirrored and distributed:
+        candidates = _with_peer_candidates(config, this_node, mirrored, group, rank)
+    else:
+        candidates = Catalog(config, node=this_node).candidates() if rank == 0 else iter(())
     while True:
         batch: tuple[list[str], str | None] = ([], None)
         if rank == 0:
@@ -73,3 +84,43 @@ def latest_committed(
                 logger.warning("latest restorable checkpoint is %s; newer but not restorable by"
                                " this job: %s", checkpoint_id, ", ".join(skipped))  # fmt: skip
             return checkpoint_id
+
+
+def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
+    """``{id: commit sequence}`` of what this node's mirrored tiers hold: own markers, mirrors."""
+    found: dict[str, int | None] = {}
+    for tier in tiers:
+        held = mirrored_ids(tier)
+        for checkpoint_id in marker_times(tier):
+            try:
+                held[checkpoint_id] = read_manifest(tier, checkpoint_id).seq
+            except Exception:  # noqa: BLE001, S112 - a bad marker is judged by the restore check
+                continue
+        for checkpoint_id, seq in held.items():
+            known = found.get(checkpoint_id)
+            found[checkpoint_id] = seq if known is None else max(known, seq or 0)
+    return found
+
+
+def _with_peer_candidates(
+    config: Config, node: int, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int
+) -> Iterator[str]:
+    """Rank 0's candidates merged with what every node holds in mirrored memory tiers: the
+    coordinator's node (and with it the only own marker) may be the one that was lost."""
+    try:
+        local: dict[str, int | None] | str = _node_ids(mirrored)
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the collective
+        local = f"{type(exc).__name__}: {exc}"
+    gathered = all_gather_object(local, group)
+    if rank != 0:
+        return iter(())
+    catalog = Catalog(config, node=node)
+    sequences = catalog.sequences(catalog.scan())
+    for held in gathered:
+        if isinstance(held, str):
+            logger.warning("latest: a node's memory tier could not be listed: %s", held)
+            continue
+        for checkpoint_id, seq in held.items():
+            known = sequences.get(checkpoint_id)
+            sequences[checkpoint_id] = seq if known is None else max(known, seq or 0)
+    return iter(newest_first(sequences.items()))

@@ -36,7 +36,11 @@ from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
 from tierstore.dcp.layout import ItemLocation, decode_tensor, to_dtype
-from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.mirror.groups import job_groups
+from tierstore.dcp.mirror.inventory import stored_path
+from tierstore.dcp.mirror.peer_read import fetch_missing
+from tierstore.dcp.mirror.transport import bytes_of
+from tierstore.dcp.restore_choice import Choice, choose_copy
 from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import (
@@ -92,6 +96,7 @@ class TieredReader(StorageReader):
         self._reading: dict[str, Activity] = {}
         self._bytes_read = 0
         self._count_lock = threading.Lock()
+        self._choice: Choice | None = None
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -128,7 +133,7 @@ class TieredReader(StorageReader):
         self._stop_reading()  # a previous load that failed before read_data
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
-        self._tier, self._storage = None, {}
+        self._tier, self._storage, self._choice = None, {}, None
 
     def _start_reading(self, checkpoint_id: str) -> None:
         """Announce the restore in every tier, before the tier is chosen.
@@ -158,6 +163,9 @@ class TieredReader(StorageReader):
             raise TierstoreError(
                 "no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader"
             )
+        mirrored = [t.mirror for t in self.tiers() if t.mirror is not None]
+        if mirrored:  # collective: every rank reads metadata; created once per job
+            job_groups(mirrored[0].timeout)
         self._start_reading(self._checkpoint_id)
         try:
             return self._choose_and_read_metadata(self._checkpoint_id)
@@ -178,6 +186,7 @@ class TieredReader(StorageReader):
                 excluded=excluded,
             )
             tier, manifest = tiers[choice.tier_index], choice.manifest
+            self._choice = choice
             blob, where = self._fetch_metadata(tier, manifest)
             if isinstance(blob, bytes):
                 break
@@ -204,15 +213,37 @@ class TieredReader(StorageReader):
         path = checkpoint_file(manifest.checkpoint_id, entry.path)
         where = f"tier {tier.name}: {path}"
         rank, _ = rank_and_world(self.process_group)
+        source = self._metadata_reader(entry.path)
         blob: bytes | str = b""
-        if rank == 0:
+        if rank == source:
             try:
+                path = self._stored(entry.path)
                 blob = tier.read_bytes(path)
                 self._count(len(blob))
                 blob = entry_problem(path, entry, len(blob), crc32c(blob)) or blob
             except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
                 blob = f"{path}: {exc}"
-        return broadcast_object(blob, self.process_group), where
+        return broadcast_object(blob, self.process_group, src=source), where
+
+    def _metadata_reader(self, rel: str) -> int:
+        """The rank that reads ``.metadata``: rank 0, or in a mirrored memory tier the first rank
+        on a node that holds it (own or mirrored; the coordinator's node may be gone)."""
+        choice = self._choice
+        if choice is None or choice.holdings is None:
+            return 0
+        return next(
+            r for r, node in enumerate(choice.rank_nodes) if rel in choice.holdings.get(node, {})
+        )
+
+    def _stored(self, rel: str) -> str:
+        """Tier-relative path of a file the marker names, as this node holds it."""
+        assert self._checkpoint_id is not None
+        choice = self._choice
+        if choice is None or choice.holdings is None:
+            return checkpoint_file(self._checkpoint_id, rel)
+        rank, _ = rank_and_world(self.process_group)
+        mine: dict[str, str] = choice.holdings.get(choice.rank_nodes[rank], {})
+        return stored_path(self._checkpoint_id, rel, mine.get(rel, "own"))
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -244,6 +275,7 @@ class TieredReader(StorageReader):
             key=lambda r: (r[1].path, r[1].offset),
         )
         try:
+            requests = self._serve_from_peers(requests, planner)
             if tier.capabilities.local_files:
                 tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
                 with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
@@ -264,12 +296,35 @@ class TieredReader(StorageReader):
         future.set_result(None)
         return future
 
+    def _serve_from_peers(
+        self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    ) -> list[tuple[ReadItem, ItemLocation]]:
+        """Mirrored memory tier: receive the files this node lacks from peers (a collective every
+        rank joins), load their items from memory; returns the requests left to read locally."""
+        choice, tier = self._choice, self._tier
+        if choice is None or choice.holdings is None or tier is None or tier.mirror is None:
+            return requests
+        groups = job_groups(tier.mirror.timeout)
+        if groups is None:
+            return requests
+        received = fetch_missing(
+            tier, choice.manifest, choice.holdings, choice.rank_nodes,
+            {location.path for _, location in requests},
+            group=groups.restore, timeout_s=tier.mirror.timeout,
+        )  # fmt: skip
+        for item, location in requests:
+            if location.path in received:
+                whole = bytes_of(received[location.path])
+                part = whole[location.offset : location.offset + location.length]
+                self._deliver(item, location, part, planner)
+        return [r for r in requests if r[1].path not in received]
+
     def _read_items(
         self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
     ) -> None:
         assert self._tier is not None and self._checkpoint_id is not None
         for item, location in requests:
-            full = checkpoint_file(self._checkpoint_id, location.path)
+            full = self._stored(location.path)
             if item.type != LoadItemType.BYTE_IO and self._read_in_place(
                 self._tier, full, item, location, planner
             ):

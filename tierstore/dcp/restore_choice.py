@@ -7,18 +7,23 @@ disagree. Every step runs on every rank even when something fails, so an error o
 the others waiting in a collective; errors are raised only after the last collective.
 
 A node-local tier's copy is usable only when all of its files sit on the node every rank runs on:
-without peer transfer, a rank cannot read another node's memory or disk.
+a rank cannot read another node's memory or disk. A **mirrored** memory tier is the exception: there
+every rank also probes its own node for markers (its own, and mirrored copies), the ranks take one
+inventory of which live node holds which file, own or mirrored (:mod:`tierstore.dcp.mirror.inventory`),
+and the copy is usable when every file is held verified on some node; the reader then moves the files a
+rank lacks from a node that holds them (:mod:`tierstore.dcp.mirror.peer_read`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
+from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit
 from tierstore.manifest import Manifest, copy_problems, read_manifest
@@ -33,6 +38,10 @@ class Choice:
 
     tier_index: int
     manifest: Manifest
+    holdings: inventory.Holdings | None = None
+    """For a mirrored memory tier: which live node holds which file (own or mirrored)."""
+    rank_nodes: list[int] = field(default_factory=list)
+    """The node of every rank, in rank order."""
 
 
 def _probe_markers(tiers: list[Tier], checkpoint_id: str) -> list[tuple[bytes | None, str | None]]:
@@ -56,10 +65,19 @@ def _check_share(
     world: int,
     rank_nodes: list[int],
     verify: bool,
-) -> dict[int, list[str]]:
+) -> tuple[dict[int, list[str]], dict[int, dict[str, str]]]:
+    """This rank's findings: problems per tier, and for mirrored tiers what its node holds."""
     problems: dict[int, list[str]] = {}
+    held: dict[int, dict[str, str]] = {}
     for index, manifest in manifests.items():
         tier = tiers[index]
+        if tier.mirror is not None:
+            share = inventory.node_share(manifest, rank, rank_nodes)
+            try:
+                held[index] = inventory.held_here(tier, manifest, share, verify=verify)
+            except Exception as exc:  # noqa: BLE001 - an unreadable node holds nothing
+                problems[index] = [f"node {rank_nodes[rank]} unreadable: {exc}"]
+            continue
         holders = set(manifest.nodes)
         if tier.node_local and (len(holders) != 1 or set(rank_nodes) != holders):
             elsewhere = sorted(
@@ -76,7 +94,39 @@ def _check_share(
             problems[index] = copy_problems(tier, manifest, verify=verify, entries=share)
         except Exception as exc:  # noqa: BLE001 - an unreachable tier is one more reason to skip it
             problems[index] = [f"unreachable: {exc}"]
-    return problems
+    return problems, held
+
+
+def _probe_mirrored(tiers: list[Tier], checkpoint_id: str) -> dict[int, list[bytes]]:
+    """Every rank: the markers its node holds for each mirrored tier (own and mirrored copies)."""
+    found: dict[int, list[bytes]] = {}
+    for index, tier in enumerate(tiers):
+        if tier.mirror is not None:
+            try:
+                found[index] = inventory.probe_node(tier, checkpoint_id)
+            except Exception as exc:  # noqa: BLE001 - a node that cannot be read holds nothing
+                logger.warning("restore of %s: cannot probe %s: %s", checkpoint_id, tier.name, exc)
+    return found
+
+
+def _newest_marker(
+    tier: Tier, blobs: list[bytes], reasons: list[str]
+) -> tuple[bytes | None, str | None]:
+    """The newest commit among markers found on any node (own or mirrored copies)."""
+    best: Manifest | None = None
+    for blob in set(blobs):
+        try:
+            manifest = Manifest.from_json(blob, where=f"tier {tier.name}")
+        except Exception as exc:  # noqa: BLE001 - one bad copy; others may do
+            reasons.append(str(exc))
+            continue
+        if best is None or is_newer_commit(
+            manifest.seq, manifest.generation, best.seq, best.generation
+        ):
+            best = manifest
+    if best is None:
+        return None, "; ".join(reasons) or "no commit marker on any node, own or mirrored"
+    return best.to_json(), None
 
 
 def _keep_only_the_newest_commit(
@@ -124,7 +174,16 @@ def choose_copy(
     rank, world = rank_and_world(group) if collective else (0, 1)
     found = _probe_markers(tiers, checkpoint_id) if rank == 0 else []
     found = broadcast_object(found, group) if collective else found
-    rank_nodes = all_gather_object(node, group) if collective else [node]
+    mine = (node, _probe_mirrored(tiers, checkpoint_id))
+    everyone = all_gather_object(mine, group) if collective else [mine]
+    rank_nodes = [n for n, _ in everyone]
+    for index, tier in enumerate(tiers):
+        if tier.mirror is not None:
+            blob, reason = found[index]
+            blobs = [blob] if blob is not None else []
+            blobs += [b for _, probes in everyone for b in probes.get(index, [])]
+            other = [] if reason in (None, "no commit marker") else [f"node of rank 0: {reason}"]
+            found[index] = _newest_marker(tier, blobs, other)
     manifests: dict[int, Manifest] = {}
     reasons: dict[int, list[str]] = {}
     for index, (blob, reason) in enumerate(found):
@@ -136,7 +195,7 @@ def choose_copy(
     for index, reason in (excluded or {}).items():
         manifests.pop(index, None)
         reasons[index] = [reason]
-    local: dict[int, list[str]] | Exception
+    local: tuple[dict[int, list[str]], dict[int, dict[str, str]]] | Exception
     try:
         local = _check_share(
             tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify
@@ -147,7 +206,12 @@ def choose_copy(
     for item in gathered:
         if isinstance(item, Exception):
             raise TierstoreError(f"checking checkpoint {checkpoint_id!r} failed: {item}") from item
-    findings: list[dict[int, list[str]]] = gathered
+    findings: list[dict[int, list[str]]] = [problems for problems, _ in gathered]
+    holdings: dict[int, inventory.Holdings] = {}
+    for index, manifest in manifests.items():
+        if tiers[index].mirror is not None:
+            holdings[index] = inventory.by_node([h.get(index, {}) for _, h in gathered], rank_nodes)
+            findings.append({index: inventory.unheld(manifest, holdings[index])})
     for index in manifests:
         issues = [p for item in findings for p in item.get(index, [])]
         if issues:
@@ -162,7 +226,7 @@ def choose_copy(
                         tiers[skipped].name,
                         "; ".join(reasons.get(skipped, ["?"])),
                     )
-            return Choice(index, manifests[index])
+            return Choice(index, manifests[index], holdings.get(index), rank_nodes)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
     raise CheckpointNotFoundError(
         f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"

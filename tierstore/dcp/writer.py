@@ -47,6 +47,8 @@ from tierstore.checksum import crc32c
 from tierstore.commits import claim, highest
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
+from tierstore.dcp.mirror.groups import job_groups
+from tierstore.dcp.mirror.rounds import Round, SavedShare, worker_for
 from tierstore.dcp.overlap import StagingFuture
 from tierstore.dcp.rank_files import RankFileWriter
 from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, Stager
@@ -77,7 +79,7 @@ from tierstore.manifest import (
 )
 from tierstore.owners import owner_dir_name
 from tierstore.tiers import Tier
-from tierstore.topology import current_node
+from tierstore.topology import current_host, current_node
 
 logger = logging.getLogger(__name__)
 FILES_KEY = "__tierstore_files__"
@@ -92,6 +94,7 @@ class RankReport:
     started_at: float
     stall_s: float | None = None
     wait_s: float | None = None
+    host: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +177,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._tiers: list[Tier] | None = None
+        self._round: Round | None = None
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -201,7 +205,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
-        state["_tiers"] = None
+        state["_tiers"] = state["_round"] = None
         state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
@@ -326,8 +330,27 @@ class TieredWriter(StorageWriter, AsyncStager):
             raise TierstoreError(
                 "no checkpoint id: pass checkpoint_id= to dcp.save/async_save or to TieredWriter"
             )
+        if self._mirrors():
+            # Collective (every rank sets up every save); created once, before anything can fail.
+            assert self.tier.mirror is not None
+            job_groups(self.tier.mirror.timeout)
         if is_coordinator and not self.overwrite:
             self._refuse_committed_id(self._checkpoint_id)
+
+    def _mirrors(self) -> bool:
+        """True when this save's files go to a partner node's memory too (see docs/mirror.md)."""
+        return self.tier.mirror is not None and dist.is_initialized() and dist.get_world_size() > 1
+
+    def wait_mirrored(self, timeout: float | None = None) -> bool:
+        """Wait until this process's peer-mirror exchanges of finished saves have ended (mirrored
+        or recorded as reduced redundancy); False if ``timeout`` seconds passed first.
+
+        In ``AsyncCheckpointerType.PROCESS`` mode the exchange runs in DCP's checkpoint process:
+        there, the mirror markers in the partner's memory tier are the evidence.
+        """
+        if self.tier.mirror is None:
+            return True
+        return worker_for(self.tier).wait_idle(timeout)
 
     def _all_tiers(self) -> list[Tier]:
         """Every configured tier as seen from this node, the target first (built once)."""
@@ -349,6 +372,7 @@ class TieredWriter(StorageWriter, AsyncStager):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Attach this rank's node and timings for the coordinator."""
         report = self._stage_report or RankReport(node=self.node, started_at=self._started_at)
+        report = dataclasses.replace(report, host=current_host())
         self._stage_report = None
         return dataclasses.replace(plan, storage_data=report)
 
@@ -383,6 +407,30 @@ class TieredWriter(StorageWriter, AsyncStager):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items; the future completes only when they are durable in the tier."""
         assignment = plan.storage_data
+        wrote: list[FileEntry] | None = None
+        try:
+            wrote, future = self._write_rank(plan, planner, assignment)
+        finally:
+            if self._mirrors():  # every rank hands over a round, even one whose write failed
+                self._hand_to_mirror(assignment, wrote)
+        return future
+
+    def _hand_to_mirror(self, assignment: object, files: list[FileEntry] | None) -> None:
+        assert self._checkpoint_id is not None and self.tier.mirror is not None
+        done = isinstance(assignment, RankAssignment) and files is not None
+        share = SavedShare(
+            self._checkpoint_id,
+            assignment.generation if isinstance(assignment, RankAssignment) else "",
+            assignment.seq if isinstance(assignment, RankAssignment) else -1,
+            self._rank, self.node, current_host(), tuple(files or ()), done, self._is_coordinator,
+        )  # fmt: skip
+        keep = self.config.tier(self.tier_name).keep
+        self._round = Round(share, self.tier, self.tier.mirror, keep)
+        worker_for(self.tier).submit(self._round)
+
+    def _write_rank(
+        self, plan: SavePlan, planner: SavePlanner, assignment: object
+    ) -> tuple[list[FileEntry], Future[list[WriteResult]]]:
         if not isinstance(assignment, RankAssignment):
             raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
         assert self._checkpoint_id is not None
@@ -415,21 +463,28 @@ class TieredWriter(StorageWriter, AsyncStager):
         ]
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
-        return future
+        return list(out.files), future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write ``.metadata``, re-check every file, then publish the marker last."""
         ckpt, gen = self._checkpoint_id, self._generation
         if ckpt is None or gen is None:
             raise TierstoreError("finish() called without a planned save")
+        mirror, self._round = self._round, None
         try:
-            self._commit(ckpt, gen, metadata, results)
+            manifest = self._commit(ckpt, gen, metadata, results)
+        except BaseException as exc:
+            if mirror is not None:
+                mirror.outcome.failed(f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self._stop_writing()
+        if mirror is not None:
+            mirror.outcome.committed(manifest.to_json())
 
     def _commit(
         self, ckpt: str, gen: str, metadata: Metadata, results: list[list[WriteResult]]
-    ) -> None:
+    ) -> Manifest:
         files: list[FileEntry] = []
         storage: dict[MetadataIndex, Any] = {}
         for rank_results in results:
@@ -450,6 +505,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             world_size=len(results),
             files=tuple(sorted(files, key=lambda f: f.path)),
             timings=self._timings(time.time()),
+            topology=self._topology(),
             seq=self._seq_at_commit(ckpt, gen),
         )
         self._recheck(manifest)
@@ -472,6 +528,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         )
         if replaced is not None and replaced != gen:
             self._remove_replaced_generation(ckpt, replaced)
+        return manifest
 
     def _recheck(self, manifest: Manifest) -> None:
         """Every file the marker will name is there at its size, or nothing is published.
@@ -526,6 +583,13 @@ class TieredWriter(StorageWriter, AsyncStager):
         if self._writing is not None:
             self._writing.release()
             self._writing = None
+
+    def _topology(self) -> dict[str, Any] | None:
+        """The saving job's nodes and hosts, recorded when the tier mirrors (placement input)."""
+        if self.tier.mirror is None:
+            return None
+        hosts = {str(r.node): r.host for r in self._reports}
+        return {"hosts": hosts, "mirror_stride": self.tier.mirror.stride}
 
     def _timings(self, committed_at: float) -> dict[str, float | None]:
         started = min((r.started_at for r in self._reports), default=self._started_at)

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field, field_validator
 
 from tierstore.ids import validate_checkpoint_id
+from tierstore.placement import MirrorConfig
 from tierstore.units import StrictModel
 
 ProgressCallback = Callable[[int], None]
@@ -107,6 +108,8 @@ class Tier(abc.ABC):
     """Human-readable location of the tier root (directory or ``s3://`` URL)."""
     capabilities: Capabilities = Capabilities()
     """What this tier can do (see :class:`Capabilities`)."""
+    mirror: MirrorConfig | None = None
+    """Peer mirroring of a node-local tier into a partner node's host memory (memory tiers)."""
 
     def describe(self) -> str:
         """``name (type, root)`` for messages."""

@@ -6,8 +6,11 @@ The fastest tier: a save's staging buffers are files in this directory, so stagi
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field, field_validator
+
+from tierstore.placement import MirrorConfig
 from tierstore.tiers.base import Capabilities
 from tierstore.tiers.posix import POSIX_CAPABILITIES, PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import register
@@ -18,6 +21,10 @@ class MemoryTier(PosixTier):
 
     capabilities = Capabilities(**{**POSIX_CAPABILITIES.__dict__, "staging_files": True})
 
+    def __init__(self, name: str, directory: str, *, mirror: MirrorConfig | None) -> None:
+        super().__init__(name, "memory", directory, node_local=True)
+        self.mirror = mirror
+
 
 @register
 class MemoryTierConfig(PosixTierConfig):
@@ -25,9 +32,19 @@ class MemoryTierConfig(PosixTierConfig):
 
     type: Literal["memory"]
     path: str = "/dev/shm/tierstore"
+    mirror: MirrorConfig | None = Field(
+        None,
+        description="Also hold every node's committed files in a partner node's host memory"
+        " (true, or a mapping with stride/timeout).",
+    )
     node_local: ClassVar[bool] = True
+
+    @field_validator("mirror", mode="before")
+    @classmethod
+    def _mirror_shorthand(cls, value: Any) -> Any:
+        return MirrorConfig.from_yaml(value)
 
     def build(self, *, namespace: str | None, node: int) -> MemoryTier:
         """The tier on ``node``."""
         directory = join_namespace(self.path_for(node), namespace)
-        return MemoryTier(self.name, "memory", directory, node_local=True)
+        return MemoryTier(self.name, directory, mirror=self.mirror)

@@ -1,0 +1,99 @@
+"""What each node holds of a checkpoint in a mirrored memory tier: its own files and its mirrors.
+
+Restore finds shards by the *saved rank* (by file), never by node number: node indices change across a
+restart (torchrun re-assigns them; a spare node joins). Each rank checks a share of its node's files,
+the ranks all-gather the findings (see :mod:`tierstore.dcp.restore_choice`), and every rank then knows
+which live node holds which file, own or mirrored, verified. Mirror copies are always checked against
+their CRC32C (a copy that was never read since it arrived is trusted no further than that); own copies
+are checked by size, and by CRC32C when the restore verifies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from tierstore.ids import checkpoint_file, marker_path, mirror_copy_path
+from tierstore.manifest import FileEntry, Manifest, entry_problem, file_crc32c
+from tierstore.mirrors import held_mirrors, mirrored_commits
+from tierstore.tiers import Tier
+
+OWN = "own"
+MIRROR = "mirror"
+Holdings = dict[int, dict[str, str]]
+"""Node -> {file path as the marker names it: ``own`` or ``mirror``}."""
+
+
+def probe_node(tier: Tier, checkpoint_id: str) -> list[bytes]:
+    """Every commit marker of ``checkpoint_id`` this node holds: its own, and mirrored copies."""
+    found: list[bytes] = []
+    with contextlib.suppress(FileNotFoundError):
+        found.append(tier.read_bytes(marker_path(checkpoint_id)))
+    return found + mirrored_commits(tier, checkpoint_id)
+
+
+def stored_path(checkpoint_id: str, rel: str, kind: str) -> str:
+    """Tier-relative path of a file held as ``kind`` (own or mirror)."""
+    return (
+        checkpoint_file(checkpoint_id, rel) if kind == OWN else mirror_copy_path(checkpoint_id, rel)
+    )
+
+
+def _matches(tier: Tier, path: str, entry: FileEntry, *, verify: bool) -> bool:
+    try:
+        size = tier.stat(path).size
+    except FileNotFoundError:
+        return False
+    if entry_problem(path, entry, size) is not None:
+        return False
+    return not verify or entry_problem(path, entry, *file_crc32c(tier, path)) is None
+
+
+def node_share(manifest: Manifest, rank: int, rank_nodes: list[int]) -> list[FileEntry]:
+    """The files this rank checks for its node (the node's ranks split the work)."""
+    mates = [r for r, node in enumerate(rank_nodes) if node == rank_nodes[rank]]
+    index = mates.index(rank)
+    return [f for position, f in enumerate(manifest.files) if position % len(mates) == index]
+
+
+def held_here(
+    tier: Tier, manifest: Manifest, entries: Iterable[FileEntry], *, verify: bool
+) -> dict[str, str]:
+    """Which of ``entries`` this node holds, verified: ``{path: own | mirror}``."""
+    ckpt = manifest.checkpoint_id
+    mirrored = {
+        (f.path, f.size, f.crc32c)
+        for m in held_mirrors(tier, ckpt)
+        if m.generation == manifest.generation
+        for f in m.files
+    }
+    held: dict[str, str] = {}
+    for entry in entries:
+        if _matches(tier, checkpoint_file(ckpt, entry.path), entry, verify=verify):
+            held[entry.path] = OWN
+        elif (entry.path, entry.size, entry.crc32c) in mirrored and _matches(
+            tier, mirror_copy_path(ckpt, entry.path), entry, verify=True
+        ):
+            held[entry.path] = MIRROR
+    return held
+
+
+def by_node(findings: list[dict[str, str]], rank_nodes: list[int]) -> Holdings:
+    """Merge every rank's findings into what each live node holds."""
+    merged: Holdings = {}
+    for rank, held in enumerate(findings):
+        merged.setdefault(rank_nodes[rank], {}).update(held)
+    return merged
+
+
+def unheld(manifest: Manifest, holdings: Holdings) -> list[str]:
+    """One line per file that no live node holds verified (empty: peer-restorable)."""
+    lines = []
+    for entry in manifest.files:
+        if not any(entry.path in held for held in holdings.values()):
+            who = "the coordinator" if entry.rank is None else f"rank {entry.rank}"
+            lines.append(
+                f"{checkpoint_file(manifest.checkpoint_id, entry.path)} (saved by {who}): no"
+                " verified copy, own or mirrored, on any node of this job"
+            )
+    return lines

@@ -1,0 +1,410 @@
+"""The mirror exchange: after each save, every node's memory-tier files go to its partner's memory.
+
+Every rank's ``write_data`` hands one *round* to this process's :class:`MirrorWorker` (also when its
+write failed), so every rank runs the same rounds in the same order on the job's mirror group
+(:mod:`tierstore.dcp.mirror.groups`), on a background thread: the trainer's stall does not grow, and a
+dead peer fails the round, never the trainer. A round:
+
+1. all ranks share what they wrote (all-gather); if any rank failed, or ranks disagree on the save,
+   the round ends for everyone (the same facts, the same decision);
+2. the placement (:func:`tierstore.placement.place`) says which node holds whose files; owner rank
+   ``i`` of a node sends to rank ``i mod n`` of its holder node;
+3. receivers check room and allocate their incoming files, and say so (all-gather): a holder that
+   cannot take a mirror fails that owner's mirror on both sides before a byte moves;
+4. the files move (point-to-point, chunked), each verified against the owner's CRC32C and renamed
+   into ``.tierstore/mirror/``;
+5. the coordinator waits for its commit (``finish``) and broadcasts the commit marker; it sends DCP's
+   ``.metadata`` to whoever holds the coordinator's node's mirror;
+6. ranks share their outcome (all-gather); the first rank of each holder node writes the copy of the
+   commit marker and then the **mirror marker, last**, for each complete owner (or removes what it
+   received, if the save did not commit), then drops that owner's older mirrors beyond the memory
+   tier's ``keep`` (double-buffered: the previous one goes only after the new one has its marker);
+   the first rank of each owner node records whether its files are mirrored.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from tierstore.checksum import crc32c
+from tierstore.dcp.mirror.groups import job_groups
+from tierstore.dcp.mirror.transport import (
+    IncomingFile,
+    check_room,
+    chunks,
+    local,
+    map_file,
+    post_recv,
+    post_send,
+    wait_all,
+)
+from tierstore.ids import (
+    checkpoint_file,
+    is_metadata_file,
+    mirror_commit_path,
+    mirror_copy_path,
+    mirror_id_dir,
+    mirror_marker_path,
+)
+from tierstore.manifest import FileEntry, Manifest
+from tierstore.mirrors import MirrorMarker, MirrorStatus, prune_mirrors, write_status
+from tierstore.placement import MirrorConfig, Placement, place
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SavedShare:
+    """What one rank wrote in a save, as every rank learns it at the start of a round."""
+
+    checkpoint_id: str
+    generation: str
+    seq: int
+    rank: int
+    node: int
+    host: str
+    files: tuple[FileEntry, ...]
+    wrote: bool
+    coordinator: bool
+
+
+class CommitOutcome:
+    """Set by the coordinator's ``finish``: the published marker's bytes, or why there is none."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.marker: bytes | None = None
+        self.reason = ""
+
+    def committed(self, marker: bytes) -> None:
+        """The save committed with this marker."""
+        self.marker = marker
+        self._event.set()
+
+    def failed(self, reason: str) -> None:
+        """The save did not commit."""
+        self.reason = reason
+        self._event.set()
+
+    def wait(self, timeout_s: float) -> tuple[bytes | None, str]:
+        """The marker, or None and why (also after ``timeout_s`` without an outcome)."""
+        if not self._event.wait(timeout_s):
+            return None, f"no commit outcome within {timeout_s:.0f}s"
+        return self.marker, self.reason
+
+
+@dataclass
+class Round:
+    """One save's mirror exchange, as seen from one rank."""
+
+    share: SavedShare
+    tier: Tier
+    mirror: MirrorConfig
+    keep: int | None
+    outcome: CommitOutcome = field(default_factory=CommitOutcome)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One file moving from its owner rank to a rank of the holder node."""
+
+    sender: int
+    receiver: int
+    entry: FileEntry
+    owner_node: int
+    first_tag: int
+
+
+def _ranks_by_node(shares: list[SavedShare]) -> dict[int, list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for share in shares:
+        nodes.setdefault(share.node, []).append(share.rank)
+    return {node: sorted(ranks) for node, ranks in nodes.items()}
+
+
+def plan_transfers(shares: list[SavedShare], placement: Placement) -> list[Transfer]:
+    """Every file move of a round, in one order on every rank, each with its own tags."""
+    by_node = _ranks_by_node(shares)
+    by_rank = {s.rank: s for s in shares}
+    transfers: list[Transfer] = []
+    tag = 1
+    for owner, holder in sorted(placement.holder_of.items()):
+        receivers = by_node[holder]
+        for index, rank in enumerate(by_node[owner]):
+            for entry in by_rank[rank].files:
+                receiver = receivers[index % len(receivers)]
+                transfers.append(Transfer(rank, receiver, entry, owner, tag))
+                tag += max(1, chunks(entry.size))
+    return transfers
+
+
+class MirrorWorker:
+    """One background thread per process that runs the mirror rounds in order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Round] = queue.Queue()
+        self._idle = threading.Condition()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, round_: Round) -> None:
+        """Queue a round (called from ``write_data`` on every rank)."""
+        with self._idle:
+            self._busy += 1
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="tierstore-mirror", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(round_)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued round has ended; False when ``timeout_s`` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            round_ = self._queue.get()
+            try:
+                run_round(round_)
+            except Exception:  # a mirror never fails the save or the trainer
+                logger.exception(
+                    "peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id
+                )
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+
+_workers: dict[str, MirrorWorker] = {}
+_workers_lock = threading.Lock()
+
+
+def worker_for(tier: Tier) -> MirrorWorker:
+    """This process's worker for the memory tier ``tier`` (one per tier root)."""
+    with _workers_lock:
+        return _workers.setdefault(tier.root, MirrorWorker())
+
+
+def _gather(value: Any, group: dist.ProcessGroup) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+@dataclass
+class _State:
+    """What every step of one round needs, the same on every rank except ``round_``."""
+
+    round_: Round
+    group: dist.ProcessGroup
+    shares: list[SavedShare]
+    placement: Placement
+    transfers: list[Transfer]
+    coordinator: int
+    failed: dict[int, str]
+    """Owner node -> why its mirror failed (shared facts: every rank fills it identically)."""
+
+    @property
+    def me(self) -> int:
+        return self.round_.share.rank
+
+    @property
+    def by_node(self) -> dict[int, list[int]]:
+        return _ranks_by_node(self.shares)
+
+    def node_of(self, rank: int) -> int:
+        return next(s.node for s in self.shares if s.rank == rank)
+
+
+def run_round(round_: Round) -> None:
+    """Run one round on this rank (see the module docstring); every rank calls it for each save."""
+    groups = job_groups(round_.mirror.timeout)
+    if groups is None:
+        return
+    shares: list[SavedShare] = _gather(round_.share, groups.mirror)
+    saves = {(s.checkpoint_id, s.generation) for s in shares}
+    if len(saves) != 1 or not all(s.wrote for s in shares):
+        if len(saves) != 1:
+            logger.error("peer mirror: ranks disagree on the save (%s); round skipped", saves)
+        return  # a failed save: nothing to mirror, and every rank knows it
+    hosts = {s.node: s.host for s in sorted(shares, key=lambda s: s.rank)}
+    placement = place(hosts, stride=round_.mirror.stride)
+    if round_.share.rank == 0:
+        for owner, why in placement.refused.items():
+            _warn_once(f"peer mirror: node {owner} has no mirror: {why}")
+    state = _State(
+        round_, groups.mirror, shares, placement, plan_transfers(shares, placement),
+        next(s.rank for s in shares if s.coordinator), dict(placement.refused),
+    )  # fmt: skip
+    incoming = _prepare_incoming(state)
+    error = _exchange(state, incoming)
+    manifest, metadata_error = _share_commit(state)
+    outcomes: list[str | None] = _gather(error or metadata_error, state.group)
+    _conclude(state, outcomes, manifest)
+
+
+def _prepare_incoming(state: _State) -> list[IncomingFile]:
+    """Check room and allocate this rank's incoming files; owners whose holder cannot take them
+    are marked failed on every rank before a byte moves."""
+    round_, ckpt = state.round_, state.round_.share.checkpoint_id
+    incoming: list[IncomingFile] = []
+    problem: str | None = None
+    mine = [t for t in state.transfers if t.receiver == state.me]
+    try:
+        check_room(round_.tier, mirror_id_dir(ckpt), sum(t.entry.size for t in mine))
+        for t in mine:
+            path = mirror_copy_path(ckpt, t.entry.path)
+            incoming.append(IncomingFile.allocate(round_.tier, path, t.entry.size, t.entry.crc32c))
+    except Exception as exc:  # noqa: BLE001 - shared with every rank below
+        problem = str(exc)
+        for file in incoming:
+            file.discard()
+        incoming = []
+    ready: list[str | None] = _gather(problem, state.group)
+    for t in state.transfers:
+        if ready[t.receiver] is not None:
+            state.failed.setdefault(t.owner_node, f"holder rank {t.receiver}: {ready[t.receiver]}")
+    return incoming
+
+
+def _exchange(state: _State, incoming: list[IncomingFile]) -> str | None:
+    """Move this rank's share of the files; the reason it failed, or None."""
+    round_, me = state.round_, state.me
+    live = [t for t in state.transfers if t.owner_node not in state.failed]
+    receiving = {f.path: f for f in incoming}
+    ckpt = round_.share.checkpoint_id
+    works: list[dist.Work] = []
+    kept: list[Any] = []  # mappings of sent files stay alive until their messages are out
+    try:
+        for t in live:
+            if t.receiver == me:
+                into = receiving[mirror_copy_path(ckpt, t.entry.path)].buffer
+                works += post_recv(into, t.sender, state.group, t.first_tag)
+            if t.sender == me:
+                data = map_file(
+                    local(round_.tier, checkpoint_file(ckpt, t.entry.path)), t.entry.size
+                )
+                kept.append(data)
+                works += post_send(data, t.receiver, state.group, t.first_tag)
+        wait_all(works, round_.mirror.timeout)
+        for t in live:
+            if t.receiver == me:
+                receiving.pop(mirror_copy_path(ckpt, t.entry.path)).publish()
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
+        logger.warning("peer mirror of %s: rank %d: %s", ckpt, me, exc)
+        return f"rank {me}: {exc}"
+    finally:
+        for file in receiving.values():
+            file.discard()
+
+
+def _share_commit(state: _State) -> tuple[Manifest | None, str | None]:
+    """The committed marker on every rank (None if the save did not commit), and DCP's metadata
+    sent to the holder of the coordinator's node. Returns the manifest and this rank's error."""
+    round_, me, coordinator = state.round_, state.me, state.coordinator
+    found: tuple[bytes | None, str] = (None, "")
+    if me == coordinator:
+        found = round_.outcome.wait(round_.mirror.timeout)
+    box = [found]
+    dist.broadcast_object_list(box, src=coordinator, group=state.group)
+    blob, reason = box[0]
+    if blob is None:
+        logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id, reason)
+        return None, None
+    manifest = Manifest.from_json(blob, where="the commit marker broadcast by the coordinator")
+    coordinator_node = state.node_of(coordinator)
+    holder = state.placement.holder_of.get(coordinator_node)
+    entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
+    if holder is None or coordinator_node in state.failed or entry is None:
+        return manifest, None
+    receiver = state.by_node[holder][0]
+    if me not in (coordinator, receiver):
+        return manifest, None
+    timeout, ckpt = round_.mirror.timeout, manifest.checkpoint_id
+    try:
+        if me == coordinator:
+            path = local(round_.tier, checkpoint_file(ckpt, entry.path))
+            wait_all(post_send(map_file(path, entry.size), receiver, state.group, 0), timeout)
+        else:
+            file = IncomingFile.allocate(
+                round_.tier, mirror_copy_path(ckpt, entry.path), entry.size, entry.crc32c
+            )
+            try:
+                wait_all(post_recv(file.buffer, coordinator, state.group, 0), timeout)
+                file.publish()
+            finally:
+                file.discard()
+        return manifest, None
+    except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
+        return manifest, f"rank {me}: .metadata: {exc}"
+
+
+def _conclude(state: _State, outcomes: list[str | None], manifest: Manifest | None) -> None:
+    """Mirror markers on holders, status records on owners, retention: by each node's first rank."""
+    round_, me, failed, by_node = state.round_, state.me, state.failed, state.by_node
+    tier, ckpt, gen = round_.tier, round_.share.checkpoint_id, round_.share.generation
+    coordinator_node = state.node_of(state.coordinator)
+    for owner, holder in sorted(state.placement.holder_of.items()):
+        moved = [t for t in state.transfers if t.owner_node == owner]
+        errors = [outcomes[r] for r in {t.receiver for t in moved} | {t.sender for t in moved}]
+        if owner == coordinator_node:
+            errors += [outcomes[r] for r in (by_node[holder][0], state.coordinator)]
+        if owner not in failed and any(errors):
+            failed[owner] = "; ".join(e for e in errors if e)
+        if me != by_node[holder][0]:
+            continue
+        if manifest is None or owner in failed:
+            _drop_received(tier, ckpt, gen, [t.entry for t in moved])
+            continue
+        blob = manifest.to_json()
+        tier.publish(mirror_commit_path(ckpt, gen), blob, create_only=False)
+        files = [t.entry for t in moved]
+        if owner == coordinator_node:
+            files += [f for f in manifest.files if is_metadata_file(f.path)]
+        marker = MirrorMarker(
+            ckpt, gen, owner, holder, tuple(by_node[owner]), tuple(files), manifest.seq,
+            crc32c(blob), dict(manifest.topology or {}),
+        )  # fmt: skip
+        tier.publish(mirror_marker_path(ckpt, gen, owner), marker.to_json(), create_only=False)
+        prune_mirrors(tier, owner, round_.keep)
+    mine = round_.share.node
+    if manifest is None or me != by_node[mine][0]:
+        return
+    holder_node = state.placement.holder_of.get(mine)
+    status = MirrorStatus(ckpt, gen, mine, holder_node, mine not in failed, failed.get(mine, ""))
+    write_status(tier, status)
+    if not status.mirrored and mine not in state.placement.refused:
+        logger.warning(
+            "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
+            ckpt, mine, status.reason,
+        )  # fmt: skip
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A condition of the job's shape (one node; partners on one host): said once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
+
+
+def _drop_received(tier: Tier, ckpt: str, gen: str, entries: list[FileEntry]) -> None:
+    for entry in entries:
+        tier.delete(mirror_copy_path(ckpt, entry.path))
+    tier.remove_if_empty(f"{mirror_id_dir(ckpt)}/{gen}")
+    tier.remove_if_empty(mirror_id_dir(ckpt))
