@@ -16,10 +16,11 @@ SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
 LAYERS = {
     "tierstore.errors": 0, "tierstore.version": 0, "tierstore.ids": 0, "tierstore.units": 0,
     "tierstore.checksum": 0, "tierstore.topology": 0, "tierstore.owners": 0,
-    "tierstore.interval": 0, "tierstore.testing": 0,
+    "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0,
     "tierstore.tiers": 1,
     "tierstore.config": 2,
     "tierstore.manifest": 3, "tierstore.activity": 3, "tierstore.commits": 3,
+    "tierstore.mirrors": 3,
     "tierstore.catalog": 4, "tierstore.audit": 4,
     "tierstore.dcp": 5, "tierstore.promote": 5,
     "tierstore.cli": 6, "tierstore": 6,

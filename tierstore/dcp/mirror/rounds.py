@@ -9,8 +9,8 @@ dead peer fails the round, never the trainer. A round:
    the round ends for everyone (the same facts, the same decision);
 2. the placement (:func:`tierstore.placement.place`) says which node holds whose files; owner rank
    ``i`` of a node sends to rank ``i mod n`` of its holder node;
-3. receivers check room and allocate their incoming files, and say so (all-gather): a holder that
-   cannot take a mirror fails that owner's mirror on both sides before a byte moves;
+3. receivers check room for their incoming files, and say so (all-gather): a holder that cannot
+   take a mirror fails that owner's mirror on both sides before a byte moves;
 4. the files move (point-to-point, chunked), each verified against the owner's CRC32C and renamed
    into ``.tierstore/mirror/``;
 5. the coordinator waits for its commit (``finish``) and broadcasts the commit marker; it sends DCP's
@@ -35,13 +35,12 @@ import torch.distributed as dist
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.transport import (
-    IncomingFile,
     check_room,
     chunks,
     local,
     map_file,
-    post_recv,
     post_send,
+    receive_file,
     wait_all,
 )
 from tierstore.ids import (
@@ -248,67 +247,79 @@ def run_round(round_: Round) -> None:
         round_, groups.mirror, shares, placement, plan_transfers(shares, placement),
         next(s.rank for s in shares if s.coordinator), dict(placement.refused),
     )  # fmt: skip
-    incoming = _prepare_incoming(state)
-    error = _exchange(state, incoming)
-    manifest, metadata_error = _share_commit(state)
-    outcomes: list[str | None] = _gather(error or metadata_error, state.group)
+    try:
+        _prepare_incoming(state)
+        error = _exchange(state)
+        manifest, metadata_error = _share_commit(state)
+        outcomes: list[str | None] = _gather(error or metadata_error, state.group)
+    except Exception as exc:  # noqa: BLE001 - a peer died or hung: reduced redundancy, recorded
+        _record_broken_round(state, exc)
+        return
     _conclude(state, outcomes, manifest)
 
 
-def _prepare_incoming(state: _State) -> list[IncomingFile]:
-    """Check room and allocate this rank's incoming files; owners whose holder cannot take them
-    are marked failed on every rank before a byte moves."""
+def _record_broken_round(state: _State, exc: Exception) -> None:
+    """A collective of the round failed (a peer died, or hung past the timeout): this node's first
+    rank records that its files have no mirror; the next save tries again."""
+    round_, node = state.round_, state.round_.share.node
+    reason = f"the mirror exchange failed: {type(exc).__name__}: {exc}"
+    logger.warning(
+        "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
+        round_.share.checkpoint_id, node, reason,
+    )  # fmt: skip
+    if state.me != state.by_node[node][0]:
+        return
+    status = MirrorStatus(
+        round_.share.checkpoint_id, round_.share.generation, node,
+        state.placement.holder_of.get(node), False, reason,
+    )  # fmt: skip
+    try:
+        write_status(round_.tier, status)
+    except Exception as error:  # noqa: BLE001 - the log line above already says it
+        logger.warning("could not record the mirror status: %s", error)
+
+
+def _prepare_incoming(state: _State) -> None:
+    """Check room for this rank's incoming files; owners whose holder cannot take them are marked
+    failed on every rank before a byte moves."""
     round_, ckpt = state.round_, state.round_.share.checkpoint_id
-    incoming: list[IncomingFile] = []
     problem: str | None = None
     mine = [t for t in state.transfers if t.receiver == state.me]
     try:
         check_room(round_.tier, mirror_id_dir(ckpt), sum(t.entry.size for t in mine))
-        for t in mine:
-            path = mirror_copy_path(ckpt, t.entry.path)
-            incoming.append(IncomingFile.allocate(round_.tier, path, t.entry.size, t.entry.crc32c))
     except Exception as exc:  # noqa: BLE001 - shared with every rank below
         problem = str(exc)
-        for file in incoming:
-            file.discard()
-        incoming = []
     ready: list[str | None] = _gather(problem, state.group)
     for t in state.transfers:
         if ready[t.receiver] is not None:
             state.failed.setdefault(t.owner_node, f"holder rank {t.receiver}: {ready[t.receiver]}")
-    return incoming
 
 
-def _exchange(state: _State, incoming: list[IncomingFile]) -> str | None:
-    """Move this rank's share of the files; the reason it failed, or None."""
+def _exchange(state: _State) -> str | None:
+    """Move this rank's share of the files: every send is posted first, then the files to receive
+    are taken one after the other. Returns the reason it failed, or None."""
     round_, me = state.round_, state.me
     live = [t for t in state.transfers if t.owner_node not in state.failed]
-    receiving = {f.path: f for f in incoming}
-    ckpt = round_.share.checkpoint_id
+    ckpt, timeout = round_.share.checkpoint_id, round_.mirror.timeout
     works: list[dist.Work] = []
     kept: list[Any] = []  # mappings of sent files stay alive until their messages are out
     try:
         for t in live:
-            if t.receiver == me:
-                into = receiving[mirror_copy_path(ckpt, t.entry.path)].buffer
-                works += post_recv(into, t.sender, state.group, t.first_tag)
             if t.sender == me:
                 data = map_file(
                     local(round_.tier, checkpoint_file(ckpt, t.entry.path)), t.entry.size
                 )
                 kept.append(data)
                 works += post_send(data, t.receiver, state.group, t.first_tag)
-        wait_all(works, round_.mirror.timeout)
         for t in live:
             if t.receiver == me:
-                receiving.pop(mirror_copy_path(ckpt, t.entry.path)).publish()
+                receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry, t.sender,
+                             state.group, first_tag=t.first_tag, timeout_s=timeout)  # fmt: skip
+        wait_all(works, timeout)
         return None
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
         logger.warning("peer mirror of %s: rank %d: %s", ckpt, me, exc)
         return f"rank {me}: {exc}"
-    finally:
-        for file in receiving.values():
-            file.discard()
 
 
 def _share_commit(state: _State) -> tuple[Manifest | None, str | None]:
@@ -339,14 +350,8 @@ def _share_commit(state: _State) -> tuple[Manifest | None, str | None]:
             path = local(round_.tier, checkpoint_file(ckpt, entry.path))
             wait_all(post_send(map_file(path, entry.size), receiver, state.group, 0), timeout)
         else:
-            file = IncomingFile.allocate(
-                round_.tier, mirror_copy_path(ckpt, entry.path), entry.size, entry.crc32c
-            )
-            try:
-                wait_all(post_recv(file.buffer, coordinator, state.group, 0), timeout)
-                file.publish()
-            finally:
-                file.discard()
+            receive_file(round_.tier, mirror_copy_path(ckpt, entry.path), entry, coordinator,
+                         state.group, first_tag=0, timeout_s=timeout)  # fmt: skip
         return manifest, None
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
         return manifest, f"rank {me}: .metadata: {exc}"

@@ -1,20 +1,17 @@
-"""Moving whole checkpoint files between ranks over a gloo group, without extra copies.
+"""Moving whole checkpoint files between ranks over a gloo group.
 
-A sent file is memory-mapped read-only and handed to gloo chunk by chunk; a received file is
-allocated up front in the receiving tier (``fallocate``: a full tmpfs is a clean ENOSPC naming the
-tier, path and bytes, never a SIGBUS on a page fault later), mapped, and received straight into the
-mapping. Each chunk travels under its own tag, so both sides only need to agree on a schedule. Every
-received file is checked against its CRC32C before it gets its real name.
+A sent file is memory-mapped and handed to gloo chunk by chunk (no copy). A received file arrives
+chunk by chunk in two rotating buffers and goes through the tier's durable write, so a receiver's
+memory stays bounded and a full tmpfs is a clean ENOSPC naming the tier and path, never a SIGBUS.
+Each chunk travels under its own tag, so both sides only need to agree on a schedule. Every received
+file is checked against its CRC32C before it gets its real name.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
-import errno
 import os
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +19,8 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
+from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
-from tierstore.tiers.durable import fsync_dir, make_dirs_durable, temp_name_for
 
 CHUNK = 64 * 2**20
 """Bytes per gloo message: large enough for full loopback speed, small enough to pipeline."""
@@ -92,68 +89,54 @@ def wait_all(works: list[dist.Work], timeout_s: float) -> None:
         work.wait(timeout)
 
 
-@dataclass
-class IncomingFile:
-    """A file being received into a tier: a hidden temp file, allocated and mapped."""
+def receive_file(
+    tier: Tier,
+    path: str,
+    entry: FileEntry,
+    src: int,
+    group: dist.ProcessGroup,
+    *,
+    first_tag: int,
+    timeout_s: float,
+) -> None:
+    """Receive a file sent by :func:`post_send` into ``path`` of ``tier``, durably, checked.
 
-    tier: Tier
-    path: str
-    """Tier-relative final path."""
-    size: int
-    crc: int
-    temp: Path
-    buffer: torch.Tensor
-
-    @classmethod
-    def allocate(cls, tier: Tier, path: str, size: int, crc: int) -> IncomingFile:
-        """Create and allocate the temp file; :class:`TierUnavailableError` when it cannot fit."""
-        final = Path(local(tier, path))
-        make_dirs_durable(final.parent)
-        temp = temp_name_for(final, uuid.uuid4().hex[:12])
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            if size:
-                os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            os.close(fd)
-            temp.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierUnavailableError(
-                    f"tier {tier.describe()}: no room for {path!r}: it needs {size} bytes"
-                    f" ({free_bytes(final.parent)} free)",
-                    tier=tier.name,
-                ) from None
-            raise
-        os.close(fd)
-        buffer = (
-            torch.from_file(str(temp), shared=True, size=size, dtype=torch.uint8)
-            if size
-            else torch.empty(0, dtype=torch.uint8)
-        )
-        return cls(tier, path, size, crc, temp, buffer)
-
-    def publish(self) -> None:
-        """Check the received bytes against the owner's CRC32C, then rename into place."""
-        got = crc32c(bytes_of(self.buffer))
-        if got != self.crc:
+    Chunks arrive in two rotating buffers and are written through the tier's own durable write
+    (temp file, fsync, rename), so memory stays bounded, a full tier is a clean ENOSPC
+    (:class:`~tierstore.errors.TierUnavailableError`), and a file whose CRC32C differs from the
+    owner's marker never gets its name.
+    """
+    count = chunks(entry.size)
+    buffers = [torch.empty(min(CHUNK, entry.size), dtype=torch.uint8) for _ in range(min(2, count))]
+    value = 0
+    with tier.open_write(path) as stream:
+        pending = _recv_chunk(buffers, 0, entry.size, src, group, first_tag=first_tag)
+        for index in range(count):
+            assert pending is not None
+            wait_all([pending], timeout_s)
+            data = buffers[index % 2][: min(CHUNK, entry.size - index * CHUNK)]
+            pending = _recv_chunk(buffers, index + 1, entry.size, src, group, first_tag=first_tag)
+            view = bytes_of(data)
+            value = crc32c(view, value)
+            stream.write(view)
+        if value != entry.crc32c:
             raise IntegrityError(
-                f"tier {self.tier.name}: {self.path}: received CRC32C {got:08x}, the owner's"
-                f" marker says {self.crc:08x}"
+                f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker says"
+                f" {entry.crc32c:08x}"
             )
-        self.buffer = torch.empty(0, dtype=torch.uint8)  # unmap before the rename
-        fd = os.open(self.temp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # a no-op on tmpfs; the recipe holds on any filesystem
-        finally:
-            os.close(fd)
-        final = Path(local(self.tier, self.path))
-        os.rename(self.temp, final)
-        fsync_dir(final.parent)
 
-    def discard(self) -> None:
-        """Drop a file that will not be published."""
-        self.buffer = torch.empty(0, dtype=torch.uint8)
-        self.temp.unlink(missing_ok=True)
+
+def _recv_chunk(
+    buffers: list[torch.Tensor], index: int, size: int, src: int, group: dist.ProcessGroup,
+    *, first_tag: int,
+) -> dist.Work | None:  # fmt: skip
+    start = index * CHUNK
+    if start >= size:
+        return None
+    into = buffers[index % 2][: min(CHUNK, size - start)]
+    work = dist.irecv(into, src=src, group=group, tag=first_tag + index)
+    assert work is not None
+    return work
 
 
 def free_bytes(directory: Path) -> int:
@@ -164,10 +147,9 @@ def free_bytes(directory: Path) -> int:
 
 def check_room(tier: Tier, directory: str, needed: int) -> None:
     """:class:`TierUnavailableError` naming the tier, path and bytes when ``needed`` bytes (plus a
-    margin) do not fit in ``directory``'s filesystem."""
+    margin) do not fit in the tier's filesystem (``directory`` is where they would go)."""
     where = Path(local(tier, directory))
-    make_dirs_durable(where)
-    free = free_bytes(where)
+    free = free_bytes(Path(local(tier, "")))
     if needed and free < needed + SPACE_MARGIN:
         raise TierUnavailableError(
             f"tier {tier.describe()}: {where}: a peer mirror needs {needed} bytes"

@@ -1,0 +1,134 @@
+"""Peer-mirrored host memory: a lost node's shards come back from its partner's memory.
+
+Real ranks (gloo on loopback), simulated nodes (one memory root and one host name per node). The lower
+tiers stay empty unless a test fills them: a restore that reads them would fail, which proves nothing
+slower than host memory was read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.mirror_jobs import (
+    load_and_check,
+    memory_root,
+    mirror_config,
+    mirror_markers,
+    save_steps,
+)
+from tests.workers import run_ranks
+from tierstore.ids import marker_path
+from tierstore.mirrors import MirrorMarker
+
+TWO_NODES = (0, 0, 1, 1)
+
+
+def status_of(root: Path, node: int, checkpoint_id: str) -> dict[str, object]:
+    """The owner's record of whether its files of ``checkpoint_id`` reached a mirror."""
+    (found,) = memory_root(root, node).glob(f"{checkpoint_id}/*/mirror/node{node:05d}.json")
+    return dict(json.loads(found.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("lost", "restart"),
+    [(1, TWO_NODES), (0, TWO_NODES), (1, (1, 1, 0, 0))],
+    ids=["node-1-lost", "coordinator-node-lost", "indices-swapped"],
+)
+def test_lost_node_restores_from_partner_memory(
+    lost: int, restart: tuple[int, ...], tmp_path: Path
+) -> None:
+    config = mirror_config(tmp_path)
+    run_ranks(save_steps, 4, tmp_path, config, TWO_NODES, (1, 2), "sync", tmp_path)
+    for node in (0, 1):
+        (marker,) = mirror_markers(tmp_path, 1 - node, "step_2")
+        held = MirrorMarker.from_json(marker.read_bytes(), where=str(marker))
+        assert (held.owner_node, held.holder_node) == (node, 1 - node)
+        assert held.ranks == ((0, 1) if node == 0 else (2, 3))
+        assert mirror_markers(tmp_path, 1 - node, "step_1") != [], "keep: 2 keeps both mirrors"
+        assert status_of(tmp_path, node, "step_2")["mirrored"] is True
+    assert (memory_root(tmp_path, 0) / marker_path("step_2")).exists()
+
+    shutil.rmtree(memory_root(tmp_path, lost))  # the node is replaced: its host memory is empty
+    run_ranks(load_and_check, 4, tmp_path, config, restart, 2, "memory", (0, 1, 2, 3))
+    assert list(tmp_path.glob("local/*/step_*")) == list(tmp_path.glob("shared/step_*")) == [], (
+        "the slower tiers never held a copy: nothing could have been read from them"
+    )
+
+
+def test_lost_part_and_its_mirror_fall_back_to_the_next_tier_on_every_rank(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path, lower=("shared",))
+    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
+    # The same checkpoint, committed in the shared tier too (as the promoter would leave it).
+    shared = mirror_config(tmp_path, lower=("shared",))
+    _promote_to_shared(tmp_path, shared)
+    shutil.rmtree(memory_root(tmp_path, 1))
+    shutil.rmtree(memory_root(tmp_path, 0) / ".tierstore" / "mirror")
+    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "shared", (0, 1))
+
+
+def _promote_to_shared(root: Path, config: object) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tierstore.config import Config
+
+    assert isinstance(config, Config)
+    path = root / "promote.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
+    for node in (1, 0):  # node 1's part first; node 0 (the marker's node) then commits
+        done = subprocess.run(
+            [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", str(node),
+             "promote", "--once"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert (root / "shared" / marker_path("step_1")).exists()
+
+
+def test_flipped_byte_in_a_mirror_copy_is_detected_and_skipped(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path, lower=("shared",))
+    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
+    _promote_to_shared(tmp_path, config)
+    (copy,) = memory_root(tmp_path, 0).glob(".tierstore/mirror/step_1/*/r00001-0.distcp")
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    copy.write_bytes(bytes(data))
+    # Node 1 intact: its own copy serves rank 1; the corrupt mirror is never used.
+    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "memory", (0, 1))
+    # Node 1 lost: the corrupt mirror is the only memory copy of rank 1's shard: skipped.
+    shutil.rmtree(memory_root(tmp_path, 1))
+    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "shared", (0, 1))
+
+
+def test_three_nodes_form_a_ring(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path)
+    run_ranks(save_steps, 3, tmp_path, config, (0, 1, 2), (1,), "sync", tmp_path)
+    holders = {}
+    for node in (0, 1, 2):
+        (marker,) = mirror_markers(tmp_path, node, "step_1")  # each holds exactly one
+        held = MirrorMarker.from_json(marker.read_bytes(), where=str(marker))
+        holders[held.owner_node] = held.holder_node
+    assert holders == {0: 1, 1: 2, 2: 0}
+    shutil.rmtree(memory_root(tmp_path, 2))
+    run_ranks(load_and_check, 3, tmp_path, config, (0, 1, 2), 1, "memory", (0, 1, 2))
+
+
+def test_world_size_2_to_1_reshards_from_a_mirror(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path)
+    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
+    shutil.rmtree(memory_root(tmp_path, 1))
+    run_ranks(load_and_check, 1, tmp_path, config, (0,), 1, "memory", (0, 1))
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_saves_mirror_in_thread_and_process_modes(mode: str, tmp_path: Path) -> None:
+    config = mirror_config(tmp_path)
+    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1, 2), mode, tmp_path)
+    shutil.rmtree(memory_root(tmp_path, 0))
+    run_ranks(load_and_check, 2, tmp_path, config, (1, 0), 2, "memory", (0, 1))

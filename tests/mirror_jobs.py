@@ -1,0 +1,127 @@
+"""Jobs for the peer-mirror tests: simulated nodes (one memory root per node, one host name per node),
+real ranks (``torch.multiprocessing``, gloo on loopback). Each function runs in a spawned rank."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from tierstore import TieredReader, TieredWriter, latest_committed
+from tierstore.config import Config, config_from_dict
+from tierstore.topology import HOST_VARIABLE
+
+
+def mirror_config(
+    root: Path, *, lower: Sequence[str] = ("local", "shared"), **mirror: Any
+) -> Config:
+    """A memory tier (``{node}`` paths, mirrored, keep 2) above node-local and job-wide tiers."""
+    tiers: list[dict[str, Any]] = [
+        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": 2,
+         "mirror": mirror or True},
+    ]  # fmt: skip
+    for kind in lower:
+        node = "/{node}" if kind == "local" else ""
+        tiers.append({"name": kind, "type": kind, "path": f"{root}/{kind}{node}"})
+    return config_from_dict({"tiers": tiers}, check_paths=False)
+
+
+def memory_root(root: Path, node: int) -> Path:
+    """A simulated node's memory tier (its host memory)."""
+    return root / "mem" / str(node)
+
+
+def mirror_markers(root: Path, node: int, checkpoint_id: str) -> list[Path]:
+    """The mirror markers ``node`` holds for ``checkpoint_id``."""
+    return sorted(memory_root(root, node).glob(f".tierstore/mirror/{checkpoint_id}/*/mirror-node*"))
+
+
+def shard_state(rank: int, step: int, size: int = 200_000) -> dict[str, Any]:
+    """Rank ``rank``'s state: its own shard, a tensor every rank holds (saved once), a step."""
+    generator = torch.Generator().manual_seed(step * 1000 + rank)
+    return {
+        "model": {
+            f"shard{rank}": torch.randn(size, generator=generator),
+            "replicated": torch.arange(1000, dtype=torch.float64) * step,
+        },
+        "step": step,
+    }
+
+
+def blank_state(ranks: Sequence[int], size: int = 200_000) -> dict[str, Any]:
+    """A state of zeros holding the shards of ``ranks`` (a resharded load may take several)."""
+    model = {f"shard{r}": torch.zeros(size) for r in ranks}
+    model["replicated"] = torch.zeros(1000, dtype=torch.float64)
+    return {"model": model, "step": -1}
+
+
+def become(node: int) -> None:
+    """This rank runs on simulated node ``node``, a host of its own."""
+    os.environ[HOST_VARIABLE] = f"sim-host-{node}"
+
+
+def save_steps(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, layout: Sequence[int], steps: Sequence[int],
+    mode: str, root: Path,
+) -> None:  # fmt: skip
+    """Save ``steps`` (``sync``, ``thread`` or ``process``), then wait until every node's mirror
+    of the last one has its marker."""
+    node = layout[rank]
+    become(node)
+    writer = TieredWriter(config, node=node)
+    for step in steps:
+        state = shard_state(rank, step)
+        if mode == "sync":
+            dcp.save(state, storage_writer=writer, checkpoint_id=f"step_{step}")
+            continue
+        kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        future = dcp.async_save(
+            state, storage_writer=writer, checkpoint_id=f"step_{step}", async_checkpointer_type=kind
+        )
+        for tensor in state["model"].values():
+            tensor.add_(1000.0)  # the trainer moves on: the checkpoint must not see this
+        future.result()
+    if rank == 0:
+        wait_for_mirrors(root, sorted(set(layout)), f"step_{steps[-1]}")
+    dist.barrier()
+    writer.close()
+
+
+def wait_for_mirrors(root: Path, nodes: list[int], checkpoint_id: str, timeout: float = 90) -> None:
+    """Until every node of a multi-node job holds one mirror marker of ``checkpoint_id``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(len(mirror_markers(root, n, checkpoint_id)) == 1 for n in nodes):
+            return
+        time.sleep(0.05)
+    held = {n: mirror_markers(root, n, checkpoint_id) for n in nodes}
+    raise AssertionError(f"mirrors of {checkpoint_id} not complete after {timeout}s: {held}")
+
+
+def load_and_check(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, layout: Sequence[int], step: int, tier: str,
+    saved_ranks: Sequence[int],
+) -> None:  # fmt: skip
+    """Restart on ``layout``: ``latest_committed`` names ``step``, and every rank loads the shards
+    its new rank needs (all of them at world size 1) bit-exact from ``tier``."""
+    node = layout[rank]
+    become(node)
+    checkpoint_id = latest_committed(config, node=node)
+    assert checkpoint_id == f"step_{step}", checkpoint_id
+    mine = list(saved_ranks) if world < len(saved_ranks) else [rank]
+    target = blank_state(mine)
+    reader = TieredReader(config, node=node)
+    dcp.load(target, storage_reader=reader, checkpoint_id=checkpoint_id)
+    assert reader.chosen_tier == tier, (reader.chosen_tier, tier)
+    for saved in mine:
+        expected = shard_state(saved, step)["model"][f"shard{saved}"]
+        assert torch.equal(target["model"][f"shard{saved}"], expected), f"shard{saved} differs"
+    assert torch.equal(target["model"]["replicated"], shard_state(0, step)["model"]["replicated"])
+    assert target["step"] == step
