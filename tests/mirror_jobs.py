@@ -125,3 +125,35 @@ def load_and_check(  # noqa: PLR0917 - torch.multiprocessing passes arguments by
         assert torch.equal(target["model"][f"shard{saved}"], expected), f"shard{saved} differs"
     assert torch.equal(target["model"]["replicated"], shard_state(0, step)["model"]["replicated"])
     assert target["step"] == step
+
+
+BIG = 48 * 2**20
+"""Elements of a shard big enough (192 MiB) that a mirror exchange lasts long enough to kill a peer."""
+
+
+def save_and_linger(rank: int, world: int, store: str, config: Config, root: Path) -> None:
+    """One rank of a job whose peer the test kills during the mirror exchange: save, wait for the
+    exchange to end (mirrored, or failed and recorded), say so, then wait to be killed."""
+    from tests.workers import init_group
+
+    init_group(rank, world, store)
+    become(rank)
+    writer = TieredWriter(config, node=rank)
+    try:
+        dcp.save(shard_state(rank, 1, BIG), storage_writer=writer, checkpoint_id="step_1")
+    except Exception as exc:  # noqa: BLE001 - the peer may die before DCP's last broadcast
+        (root / f"save-error{rank}").write_text(str(exc))
+    writer.wait_mirrored(120)
+    (root / f"exchange-ended{rank}").touch()
+    time.sleep(600)
+
+
+def save_once_on_hosts(
+    rank: int, world: int, config: Config, layout: Sequence[int], hosts: Sequence[str]
+) -> None:
+    """Save ``step_1`` once, rank ``r`` on node ``layout[r]`` of host ``hosts[r]``, and wait for
+    the exchange to end (however it ends)."""
+    os.environ[HOST_VARIABLE] = hosts[rank]
+    writer = TieredWriter(config, node=layout[rank])
+    dcp.save(shard_state(rank, 1), storage_writer=writer, checkpoint_id="step_1")
+    assert writer.wait_mirrored(60)

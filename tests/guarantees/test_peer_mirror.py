@@ -8,16 +8,23 @@ slower than host memory was read.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch.multiprocessing as mp
 
 from tests.mirror_jobs import (
     load_and_check,
     memory_root,
     mirror_config,
     mirror_markers,
+    save_and_linger,
+    save_once_on_hosts,
     save_steps,
 )
 from tests.workers import run_ranks
@@ -132,3 +139,70 @@ def test_async_saves_mirror_in_thread_and_process_modes(mode: str, tmp_path: Pat
     run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1, 2), mode, tmp_path)
     shutil.rmtree(memory_root(tmp_path, 0))
     run_ranks(load_and_check, 2, tmp_path, config, (1, 0), 2, "memory", (0, 1))
+
+
+def test_peer_killed_during_the_exchange_commits_without_a_mirror_then_the_next_save_mirrors(
+    tmp_path: Path,
+) -> None:
+    config = mirror_config(tmp_path, lower=(), timeout="10s")
+    store = str(tmp_path / "store")
+    context = mp.get_context("spawn")
+    ranks = [context.Process(target=save_and_linger, args=(r, 2, store, config, tmp_path))
+             for r in (0, 1)]  # fmt: skip
+    for process in ranks:
+        process.start()
+    try:
+        marker = memory_root(tmp_path, 0) / marker_path("step_1")
+        in_flight = "*/.tierstore/mirror/step_1/*/.*.tmp-*"
+        deadline = time.monotonic() + 120
+        while not (marker.exists() and list((tmp_path / "mem").glob(in_flight))):
+            assert time.monotonic() < deadline, "never saw the commit and a file in flight"
+            assert not mirror_markers(tmp_path, 0, "step_1"), "the exchange ended before the kill"
+            time.sleep(0.002)
+        os.kill(ranks[1].pid or 0, signal.SIGKILL)  # the peer dies mid-exchange
+        ended = tmp_path / "exchange-ended0"
+        while not ended.exists():
+            assert time.monotonic() < deadline + 60, "a dead peer hung the survivor's mirror"
+            time.sleep(0.05)
+    finally:
+        for process in ranks:
+            process.kill()
+            process.join()
+    assert marker.exists(), "the save committed"
+    assert mirror_markers(tmp_path, 0, "step_1") == mirror_markers(tmp_path, 1, "step_1") == []
+    status = status_of(tmp_path, 0, "step_1")
+    assert status["mirrored"] is False and "exchange failed" in str(status["reason"])
+
+    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (2,), "sync", tmp_path)  # the restarted job
+    assert status_of(tmp_path, 0, "step_2")["mirrored"] is True
+    assert (
+        len(mirror_markers(tmp_path, 0, "step_2"))
+        == len(mirror_markers(tmp_path, 1, "step_2"))
+        == 1
+    )
+
+
+def test_a_holder_without_room_fails_that_mirror_cleanly_and_the_save_commits(
+    tmp_path: Path, mount_tmpfs: Callable[[str], Path]
+) -> None:
+    (tmp_path / "mem").mkdir()
+    (tmp_path / "mem" / "1").symlink_to(mount_tmpfs("8m"))  # node 1's host memory is small
+    config = mirror_config(tmp_path, lower=())
+    hosts = ("sim-host-0", "sim-host-1")
+    run_ranks(save_once_on_hosts, 2, tmp_path, config, (0, 1), hosts)
+    assert (memory_root(tmp_path, 0) / marker_path("step_1")).exists()
+    refused = status_of(tmp_path, 0, "step_1")
+    assert refused["mirrored"] is False
+    assert "no room" in str(refused["reason"]) or "needs" in str(refused["reason"])
+    assert str(memory_root(tmp_path, 1)) in str(refused["reason"]), "names the path"
+    assert not list(memory_root(tmp_path, 1).glob(".tierstore/mirror/step_1/*/*.distcp"))
+    assert status_of(tmp_path, 1, "step_1")["mirrored"] is True, "node 0 had room for node 1's"
+
+
+def test_partners_on_one_host_are_refused(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path, lower=())
+    run_ranks(save_once_on_hosts, 2, tmp_path, config, (0, 1), ("same-box", "same-box"))
+    for node in (0, 1):
+        status = status_of(tmp_path, node, "step_1")
+        assert status["mirrored"] is False and "same host" in str(status["reason"])
+    assert not list((tmp_path / "mem").glob("*/.tierstore/mirror/*"))

@@ -1,0 +1,99 @@
+"""Mirror records at rest: the mirror marker, the owner's status, retention of a partner's mirrors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tierstore.config import config_from_dict
+from tierstore.errors import ConfigError, IntegrityError
+from tierstore.ids import mirror_commit_path, mirror_copy_path, mirror_marker_path
+from tierstore.manifest import FileEntry, Manifest
+from tierstore.mirrors import (
+    MirrorMarker,
+    MirrorStatus,
+    held_mirrors,
+    mirrored_ids,
+    prune_mirrors,
+    read_status,
+    write_status,
+)
+from tierstore.tiers import Tier
+
+
+def memory(tmp_path: Path, **mirror: object) -> Tier:
+    config = config_from_dict(
+        {
+            "tiers": [
+                {"name": "m", "type": "memory", "path": str(tmp_path), "mirror": mirror or True}
+            ]
+        }
+    )
+    return config.make_tier("m", node=0)
+
+
+def hold(tier: Tier, checkpoint_id: str, seq: int, owner: int = 1) -> MirrorMarker:
+    """Leave a complete mirror of ``owner``'s one file of ``checkpoint_id`` in ``tier``."""
+    gen = f"g{seq:011x}00000000"
+    entry = FileEntry(f"{gen}/r00001-0.distcp", 3, 0x12345678, 1, owner)
+    tier.publish(mirror_copy_path(checkpoint_id, entry.path), b"abc", create_only=False)
+    manifest = Manifest(checkpoint_id, gen, 2, (entry,), seq=seq)
+    tier.publish(mirror_commit_path(checkpoint_id, gen), manifest.to_json(), create_only=False)
+    marker = MirrorMarker(checkpoint_id, gen, owner, 0, (1,), (entry,), seq, 7, {"hosts": {}})
+    tier.publish(mirror_marker_path(checkpoint_id, gen, owner), marker.to_json(), create_only=False)
+    return marker
+
+
+def test_mirror_marker_round_trips(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    marker = hold(tier, "step_1", 1)
+    assert held_mirrors(tier, "step_1") == [marker]
+    assert mirrored_ids(tier) == {"step_1": 1}
+
+
+def test_a_malformed_mirror_marker_names_itself() -> None:
+    with pytest.raises(IntegrityError, match="where-it-was: malformed mirror marker"):
+        MirrorMarker.from_json(b'{"format": "tierstore.mirror/1"}', where="where-it-was")
+
+
+def test_retention_keeps_the_newest_mirrors_of_an_owner_and_no_other_owners(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    for seq in (1, 2, 3):
+        hold(tier, f"step_{seq}", seq)
+    hold(tier, "step_9", 9, owner=5)  # another owner's mirror is not this owner's to drop
+    assert sorted(prune_mirrors(tier, 1, keep=2)) == ["step_1"]
+    assert sorted(mirrored_ids(tier)) == ["step_2", "step_3", "step_9"]
+    assert not (tmp_path / ".tierstore" / "mirror" / "step_1").exists(), "files go with the marker"
+    assert prune_mirrors(tier, 1, keep=None) == [], "no keep: the memory tier keeps everything"
+
+
+def test_a_mirror_without_its_marker_does_not_count(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    marker = hold(tier, "step_1", 1)
+    tier.delete(mirror_marker_path("step_1", marker.generation, 1))
+    assert held_mirrors(tier, "step_1") == [] and mirrored_ids(tier) == {}
+
+
+def test_status_round_trips(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    status = MirrorStatus("step_1", "g00000000001aaaaaaaa", 0, 1, False, "peer died")
+    write_status(tier, status)
+    assert read_status(tier, "step_1", status.generation, 0) == status
+    assert read_status(tier, "step_1", status.generation, 1) is None
+
+
+def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
+    tier = memory(tmp_path, stride=2, timeout="30s")
+    assert tier.mirror is not None and (tier.mirror.stride, tier.mirror.timeout) == (2, 30.0)
+    base = {"name": "m", "type": "memory", "path": str(tmp_path)}
+    assert config_from_dict({"tiers": [{**base, "mirror": False}]}).tiers[0].mirror is None
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror\.stride: expected a value >= 1"):
+        config_from_dict({"tiers": [{**base, "mirror": {"stride": 0}}]})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror\.peers: unknown key 'peers'"):
+        config_from_dict({"tiers": [{**base, "mirror": {"peers": 2}}]})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: expected a mapping, got 'yes'"):
+        config_from_dict({"tiers": [{**base, "mirror": "yes"}]})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: unknown key"):
+        config_from_dict({"tiers": [{"name": "l", "type": "local", "path": str(tmp_path),
+                                     "mirror": True}]})  # fmt: skip
