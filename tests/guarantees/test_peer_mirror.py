@@ -30,6 +30,7 @@ from tests.mirror_jobs import (
 from tests.workers import run_ranks
 from tierstore.ids import marker_path
 from tierstore.mirrors import MirrorMarker
+from tierstore.promote.sidecar import Promoter
 
 TWO_NODES = (0, 0, 1, 1)
 
@@ -197,6 +198,13 @@ def test_a_holder_without_room_fails_that_mirror_cleanly_and_the_save_commits(
     assert str(memory_root(tmp_path, 1)) in str(refused["reason"]), "names the path"
     assert not list(memory_root(tmp_path, 1).glob(".tierstore/mirror/step_1/*/*.distcp"))
     assert status_of(tmp_path, 1, "step_1")["mirrored"] is True, "node 0 had room for node 1's"
+    for node, redundant in ((0, 0.0), (1, 1.0)):  # what each node's promoter exports
+        promoter = Promoter(config, node=node)
+        promoter.run_once()
+        gauge = promoter.metrics.registry.get_sample_value(
+            "tierstore_mirror_redundant", {"tier": "memory"}
+        )
+        assert gauge == redundant, (node, gauge)
 
 
 def test_partners_on_one_host_are_refused(tmp_path: Path) -> None:

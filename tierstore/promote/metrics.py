@@ -57,6 +57,13 @@ class PromoterMetrics:
             "Age of the newest checkpoint committed in the last (durable) tier: the recovery-point lag",
             registry=r,
         )
+        self.mirrored = Gauge(
+            "tierstore_mirror_redundant",
+            "1 when this node's files of the newest checkpoint in a mirrored memory tier are held"
+            " in a partner node's memory; 0 is reduced redundancy (the next save tries again)",
+            ["tier"],
+            registry=r,
+        )
         self.last_pass = Gauge(
             "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass",
             registry=r,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from tierstore.activity import live
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
+from tierstore.mirrors import read_status
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.promote.endpoint import serve
@@ -166,6 +167,7 @@ class Promoter:
                 report.cleaned = self.collect_garbage(dry_run=False)
                 self._last_gc = time.time()
         self._update_durable_age(found)
+        self._update_mirror_status(found)
         self.metrics.last_pass.set_to_current_time()
         self.health.pass_finished()
         return report
@@ -303,6 +305,22 @@ class Promoter:
                     event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
                 cleanups.append(cleanup)
         return cleanups
+
+    def _update_mirror_status(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """Whether this node's part of the newest checkpoint of each mirrored tier has a mirror
+        (the save's own record: :mod:`tierstore.mirrors`)."""
+        for tier in self.tiers:
+            seen = [s.copy for s in found.get(tier.name, {}).values()]
+            if tier.mirror is None or not seen:
+                continue
+            newest = max(seen, key=lambda c: (c.seq or 0, c.generation))
+            try:
+                status = read_status(tier, newest.checkpoint_id, newest.generation, self.node)
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot read the mirror status of %s: %s", newest.checkpoint_id, exc)
+                continue
+            if status is not None:
+                self.metrics.mirrored.labels(tier.name).set(1 if status.mirrored else 0)
 
     def _update_durable_age(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         durable = found.get(self.tiers[-1].name, {})
