@@ -20,11 +20,11 @@ from tierstore.topology import HOST_VARIABLE
 
 
 def mirror_config(
-    root: Path, *, lower: Sequence[str] = ("local", "shared"), **mirror: Any
+    root: Path, *, lower: Sequence[str] = ("local", "shared"), keep: int = 2, **mirror: Any
 ) -> Config:
-    """A memory tier (``{node}`` paths, mirrored, keep 2) above node-local and job-wide tiers."""
+    """A memory tier (``{node}`` paths, mirrored) above node-local and job-wide tiers."""
     tiers: list[dict[str, Any]] = [
-        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": 2,
+        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": keep,
          "mirror": mirror or True},
     ]  # fmt: skip
     for kind in lower:
@@ -148,12 +148,14 @@ def save_and_linger(rank: int, world: int, store: str, config: Config, root: Pat
     time.sleep(600)
 
 
-def save_once_on_hosts(
-    rank: int, world: int, config: Config, layout: Sequence[int], hosts: Sequence[str]
-) -> None:
-    """Save ``step_1`` once, rank ``r`` on node ``layout[r]`` of host ``hosts[r]``, and wait for
-    the exchange to end (however it ends)."""
+def save_on_hosts(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, layout: Sequence[int], hosts: Sequence[str],
+    sizes: Sequence[int] = (200_000,),
+) -> None:  # fmt: skip
+    """Save ``step_1``, ``step_2``, ... with shards of ``sizes``, rank ``r`` on node ``layout[r]``
+    of host ``hosts[r]``, each time waiting for the exchange to end (however it ends)."""
     os.environ[HOST_VARIABLE] = hosts[rank]
     writer = TieredWriter(config, node=layout[rank])
-    dcp.save(shard_state(rank, 1), storage_writer=writer, checkpoint_id="step_1")
-    assert writer.wait_mirrored(60)
+    for step, size in enumerate(sizes, start=1):
+        dcp.save(shard_state(rank, step, size), storage_writer=writer, checkpoint_id=f"step_{step}")
+        assert writer.wait_mirrored(60)

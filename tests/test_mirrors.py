@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tierstore.mirrors import (
     read_status,
     write_status,
 )
+from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.tiers import Tier
 
 
@@ -97,3 +99,19 @@ def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: unknown key"):
         config_from_dict({"tiers": [{"name": "l", "type": "local", "path": str(tmp_path),
                                      "mirror": True}]})  # fmt: skip
+
+
+def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    complete = hold(tier, "step_1", 1)
+    cut = hold(tier, "step_2", 2)
+    tier.delete(mirror_marker_path("step_2", cut.generation, 1))  # the exchange died before it
+    now = time.time()
+    fresh = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now)
+    assert [c.path for c in fresh if "mirror" in c.path] == [], "a recent exchange may be running"
+    later = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now + 601)
+    stale = [c for c in later if "mirror" in c.path]
+    assert [c.path for c in stale] == [f".tierstore/mirror/step_2/{cut.generation}"]
+    remove(tier, stale[0])
+    assert held_mirrors(tier, "step_1") == [complete]
+    assert not (tmp_path / ".tierstore" / "mirror" / "step_2" / cut.generation).exists()

@@ -24,7 +24,7 @@ from tests.mirror_jobs import (
     mirror_config,
     mirror_markers,
     save_and_linger,
-    save_once_on_hosts,
+    save_on_hosts,
     save_steps,
 )
 from tests.workers import run_ranks
@@ -183,21 +183,25 @@ def test_peer_killed_during_the_exchange_commits_without_a_mirror_then_the_next_
     )
 
 
-def test_a_holder_without_room_fails_that_mirror_cleanly_and_the_save_commits(
+def test_a_holder_without_room_fails_that_mirror_cleanly_the_save_commits_and_the_old_mirror_stays(
     tmp_path: Path, mount_tmpfs: Callable[[str], Path]
 ) -> None:
     (tmp_path / "mem").mkdir()
-    (tmp_path / "mem" / "1").symlink_to(mount_tmpfs("8m"))  # node 1's host memory is small
-    config = mirror_config(tmp_path, lower=())
+    (tmp_path / "mem" / "1").symlink_to(mount_tmpfs("24m"))  # node 1's host memory is small
+    config = mirror_config(tmp_path, lower=(), keep=1)
     hosts = ("sim-host-0", "sim-host-1")
-    run_ranks(save_once_on_hosts, 2, tmp_path, config, (0, 1), hosts)
-    assert (memory_root(tmp_path, 0) / marker_path("step_1")).exists()
-    refused = status_of(tmp_path, 0, "step_1")
-    assert refused["mirrored"] is False
-    assert "no room" in str(refused["reason"]) or "needs" in str(refused["reason"])
+    # step_1 fits everywhere; step_2's shards (8 MB each) leave node 1 no room for node 0's.
+    run_ranks(save_on_hosts, 2, tmp_path, config, (0, 1), hosts, (200_000, 2_000_000))
+    assert status_of(tmp_path, 0, "step_1")["mirrored"] is True
+    assert (memory_root(tmp_path, 0) / marker_path("step_2")).exists(), "the save committed"
+    refused = status_of(tmp_path, 0, "step_2")
+    assert refused["mirrored"] is False and "needs" in str(refused["reason"])
     assert str(memory_root(tmp_path, 1)) in str(refused["reason"]), "names the path"
-    assert not list(memory_root(tmp_path, 1).glob(".tierstore/mirror/step_1/*/*.distcp"))
-    assert status_of(tmp_path, 1, "step_1")["mirrored"] is True, "node 0 had room for node 1's"
+    assert not list(memory_root(tmp_path, 1).glob(".tierstore/mirror/step_2/*/*.distcp"))
+    # Double-buffered: with keep 1, node 0's previous mirror stays until a newer one is complete.
+    assert len(mirror_markers(tmp_path, 1, "step_1")) == 1
+    assert status_of(tmp_path, 1, "step_2")["mirrored"] is True, "node 0 had room for node 1's"
+    assert mirror_markers(tmp_path, 0, "step_1") == [], "node 1's older mirror was replaced"
     for node, redundant in ((0, 0.0), (1, 1.0)):  # what each node's promoter exports
         promoter = Promoter(config, node=node)
         promoter.run_once()
@@ -209,7 +213,7 @@ def test_a_holder_without_room_fails_that_mirror_cleanly_and_the_save_commits(
 
 def test_partners_on_one_host_are_refused(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=())
-    run_ranks(save_once_on_hosts, 2, tmp_path, config, (0, 1), ("same-box", "same-box"))
+    run_ranks(save_on_hosts, 2, tmp_path, config, (0, 1), ("same-box", "same-box"))
     for node in (0, 1):
         status = status_of(tmp_path, node, "step_1")
         assert status["mirrored"] is False and "same host" in str(status["reason"])

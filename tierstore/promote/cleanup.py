@@ -22,6 +22,8 @@ from tierstore.errors import IntegrityError
 from tierstore.ids import (
     COMMITS_DIR,
     MARKER_NAME,
+    MIRROR_DIR,
+    MIRROR_MARKER_PREFIX,
     PARTS_DIR,
     RANK0_PART,
     generation_dir,
@@ -78,6 +80,7 @@ def find_leftovers(
                              f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
     if tier.capabilities.staging_files:
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
+    found += _unfinished_mirrors(tier, files, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, seen, at_work, stale_after=stale_after, now=now)
     for record in records:
         if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
@@ -111,6 +114,28 @@ def _orphan_log_entries(
             found.append(Cleanup(tier.name, "file", entry.path,
                                  "commit-log entry of a commit that is not here"))  # fmt: skip
     return found
+
+
+def _unfinished_mirrors(
+    tier: Tier, files: list[FileInfo], *, stale_after: float, now: float
+) -> list[Cleanup]:
+    """Mirrored generations without a mirror marker (an exchange cut short by a dead process),
+    untouched for ``stale_after``: a mirror exists only where its marker is."""
+    newest: dict[str, float] = {}
+    marked: set[str] = set()
+    for info in files:
+        parts = info.path.split("/")
+        if info.path.startswith(f"{MIRROR_DIR}/") and len(parts) == 5:
+            directory = "/".join(parts[:4])
+            newest[directory] = max(newest.get(directory, 0.0), info.mtime)
+            if parts[4].startswith(MIRROR_MARKER_PREFIX):
+                marked.add(directory)
+    return [
+        Cleanup(tier.name, "tree", directory,
+                f"peer mirror without a mirror marker; untouched for {now - mtime:.0f}s")
+        for directory, mtime in sorted(newest.items())
+        if directory not in marked and now - mtime >= stale_after
+    ]  # fmt: skip
 
 
 def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
