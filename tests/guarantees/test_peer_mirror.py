@@ -11,12 +11,15 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
+import yaml
 
 from tests.mirror_jobs import (
     load_and_check,
@@ -41,52 +44,20 @@ def status_of(root: Path, node: int, checkpoint_id: str) -> dict[str, object]:
     return dict(json.loads(found.read_text()))
 
 
-@pytest.mark.parametrize(
-    ("lost", "restart"),
-    [(1, TWO_NODES), (0, TWO_NODES), (1, (1, 1, 0, 0))],
-    ids=["node-1-lost", "coordinator-node-lost", "indices-swapped"],
-)
-def test_lost_node_restores_from_partner_memory(
-    lost: int, restart: tuple[int, ...], tmp_path: Path
-) -> None:
-    config = mirror_config(tmp_path)
-    run_ranks(save_steps, 4, tmp_path, config, TWO_NODES, (1, 2), "sync", tmp_path)
-    for node in (0, 1):
-        (marker,) = mirror_markers(tmp_path, 1 - node, "step_2")
-        held = MirrorMarker.from_json(marker.read_bytes(), where=str(marker))
-        assert (held.owner_node, held.holder_node) == (node, 1 - node)
-        assert held.ranks == ((0, 1) if node == 0 else (2, 3))
-        assert mirror_markers(tmp_path, 1 - node, "step_1") != [], "keep: 2 keeps both mirrors"
-        assert status_of(tmp_path, node, "step_2")["mirrored"] is True
-    assert (memory_root(tmp_path, 0) / marker_path("step_2")).exists()
-
-    shutil.rmtree(memory_root(tmp_path, lost))  # the node is replaced: its host memory is empty
-    run_ranks(load_and_check, 4, tmp_path, config, restart, 2, "memory", (0, 1, 2, 3))
-    assert list(tmp_path.glob("local/*/step_*")) == list(tmp_path.glob("shared/step_*")) == [], (
-        "the slower tiers never held a copy: nothing could have been read from them"
-    )
+@pytest.fixture(scope="module")
+def saved_on_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 ranks on 2 nodes saved step_1 and step_2 (once per module; tests work on copies)."""
+    root = tmp_path_factory.mktemp("saved-4-ranks")
+    run_ranks(save_steps, 4, root, mirror_config(root), TWO_NODES, (1, 2), "sync", root)
+    return root
 
 
-def test_lost_part_and_its_mirror_fall_back_to_the_next_tier_on_every_rank(tmp_path: Path) -> None:
-    config = mirror_config(tmp_path, lower=("shared",))
-    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
-    # The same checkpoint, committed in the shared tier too (as the promoter would leave it).
-    shared = mirror_config(tmp_path, lower=("shared",))
-    _promote_to_shared(tmp_path, shared)
-    shutil.rmtree(memory_root(tmp_path, 1))
-    shutil.rmtree(memory_root(tmp_path, 0) / ".tierstore" / "mirror")
-    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "shared", (0, 1))
-
-
-def _promote_to_shared(root: Path, config: object) -> None:
-    import subprocess
-    import sys
-
-    import yaml
-
-    from tierstore.config import Config
-
-    assert isinstance(config, Config)
+@pytest.fixture(scope="module")
+def promoted_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 ranks on 2 nodes saved step_1, also promoted to the shared tier (as the promoter would)."""
+    root = tmp_path_factory.mktemp("saved-2-ranks")
+    config = mirror_config(root, lower=("shared",))
+    run_ranks(save_steps, 2, root, config, (0, 1), (1,), "sync", root)
     path = root / "promote.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     for node in (1, 0):  # node 1's part first; node 0 (the marker's node) then commits
@@ -97,21 +68,76 @@ def _promote_to_shared(root: Path, config: object) -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
     assert (root / "shared" / marker_path("step_1")).exists()
+    return root
 
 
-def test_flipped_byte_in_a_mirror_copy_is_detected_and_skipped(tmp_path: Path) -> None:
-    config = mirror_config(tmp_path, lower=("shared",))
-    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
-    _promote_to_shared(tmp_path, config)
-    (copy,) = memory_root(tmp_path, 0).glob(".tierstore/mirror/step_1/*/r00001-0.distcp")
+def copy_of(saved: Path, tmp_path: Path) -> Path:
+    """A private copy of a saved job's tiers (the files name no absolute path)."""
+    root = tmp_path / "job"
+    shutil.copytree(saved, root, symlinks=True, ignore=shutil.ignore_patterns("store-*"))
+    return root
+
+
+def test_every_node_holds_its_partners_mirror(saved_on_two_nodes: Path) -> None:
+    root = saved_on_two_nodes
+    for node in (0, 1):
+        (marker,) = mirror_markers(root, 1 - node, "step_2")
+        held = MirrorMarker.from_json(marker.read_bytes(), where=str(marker))
+        assert (held.owner_node, held.holder_node) == (node, 1 - node)
+        assert held.ranks == ((0, 1) if node == 0 else (2, 3))
+        assert mirror_markers(root, 1 - node, "step_1") != [], "keep: 2 keeps both mirrors"
+        assert status_of(root, node, "step_2")["mirrored"] is True
+    assert (memory_root(root, 0) / marker_path("step_2")).exists()
+    assert (memory_root(root, 1) / ".tierstore/mirror/step_2").is_dir(), "marker copy, .metadata"
+
+
+@pytest.mark.parametrize(
+    ("lost", "restart"),
+    [(1, TWO_NODES), (0, TWO_NODES), (1, (1, 1, 0, 0))],
+    ids=["node-1-lost", "coordinator-node-lost", "indices-swapped"],
+)
+def test_lost_node_restores_from_partner_memory(
+    lost: int, restart: tuple[int, ...], saved_on_two_nodes: Path, tmp_path: Path
+) -> None:
+    root = copy_of(saved_on_two_nodes, tmp_path)
+    shutil.rmtree(memory_root(root, lost))  # the node is replaced: its host memory is empty
+    run_ranks(load_and_check, 4, root, mirror_config(root), restart, 2, "memory", (0, 1, 2, 3))
+    assert list(root.glob("local/*/step_*")) == list(root.glob("shared/step_*")) == [], (
+        "the slower tiers never held a copy: nothing could have been read from them"
+    )
+
+
+def test_lost_part_and_its_mirror_fall_back_to_the_next_tier_on_every_rank(
+    promoted_two_nodes: Path, tmp_path: Path
+) -> None:
+    root = copy_of(promoted_two_nodes, tmp_path)
+    shutil.rmtree(memory_root(root, 1))
+    shutil.rmtree(memory_root(root, 0) / ".tierstore" / "mirror")
+    config = mirror_config(root, lower=("shared",))
+    run_ranks(load_and_check, 2, root, config, (0, 1), 1, "shared", (0, 1))
+
+
+def test_flipped_byte_in_a_mirror_copy_is_detected_and_skipped(
+    promoted_two_nodes: Path, tmp_path: Path
+) -> None:
+    root = copy_of(promoted_two_nodes, tmp_path)
+    config = mirror_config(root, lower=("shared",))
+    (copy,) = memory_root(root, 0).glob(".tierstore/mirror/step_1/*/r00001-0.distcp")
     data = bytearray(copy.read_bytes())
     data[len(data) // 2] ^= 0x01
     copy.write_bytes(bytes(data))
     # Node 1 intact: its own copy serves rank 1; the corrupt mirror is never used.
-    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "memory", (0, 1))
+    run_ranks(load_and_check, 2, root, config, (0, 1), 1, "memory", (0, 1))
     # Node 1 lost: the corrupt mirror is the only memory copy of rank 1's shard: skipped.
-    shutil.rmtree(memory_root(tmp_path, 1))
-    run_ranks(load_and_check, 2, tmp_path, config, (0, 1), 1, "shared", (0, 1))
+    shutil.rmtree(memory_root(root, 1))
+    run_ranks(load_and_check, 2, root, config, (0, 1), 1, "shared", (0, 1))
+
+
+def test_world_size_2_to_1_reshards_from_a_mirror(promoted_two_nodes: Path, tmp_path: Path) -> None:
+    root = copy_of(promoted_two_nodes, tmp_path)
+    shutil.rmtree(memory_root(root, 1))
+    config = mirror_config(root, lower=("shared",))
+    run_ranks(load_and_check, 1, root, config, (0,), 1, "memory", (0, 1))
 
 
 def test_three_nodes_form_a_ring(tmp_path: Path) -> None:
@@ -125,13 +151,6 @@ def test_three_nodes_form_a_ring(tmp_path: Path) -> None:
     assert holders == {0: 1, 1: 2, 2: 0}
     shutil.rmtree(memory_root(tmp_path, 2))
     run_ranks(load_and_check, 3, tmp_path, config, (0, 1, 2), 1, "memory", (0, 1, 2))
-
-
-def test_world_size_2_to_1_reshards_from_a_mirror(tmp_path: Path) -> None:
-    config = mirror_config(tmp_path)
-    run_ranks(save_steps, 2, tmp_path, config, (0, 1), (1,), "sync", tmp_path)
-    shutil.rmtree(memory_root(tmp_path, 1))
-    run_ranks(load_and_check, 1, tmp_path, config, (0,), 1, "memory", (0, 1))
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])

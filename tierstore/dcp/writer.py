@@ -295,7 +295,10 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._stager.queue.wait_until_idle()
 
     def close(self) -> None:
-        """Release this process's staging buffers for the tier (after the last save completed)."""
+        """Release this process's staging buffers for the tier (after the last save completed),
+        once this process's peer-mirror exchanges have ended (bounded by ``mirror.timeout``)."""
+        if self.tier.mirror is not None and not self.wait_mirrored(self.tier.mirror.timeout):
+            logger.warning("closing with a peer-mirror exchange still running (reduced redundancy)")
         self._stager_for_this_process().wait_until_idle()
         stager = STAGERS.discard(self._stager_key())
         if stager is not None:
