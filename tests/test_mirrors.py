@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tierstore.config import config_from_dict
+from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
 from tierstore.ids import mirror_commit_path, mirror_copy_path, mirror_marker_path
 from tierstore.manifest import FileEntry, Manifest
@@ -115,3 +116,20 @@ def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_p
     remove(tier, stale[0])
     assert held_mirrors(tier, "step_1") == [complete]
     assert not (tmp_path / ".tierstore" / "mirror" / "step_2" / cut.generation).exists()
+
+
+def test_an_unheld_file_names_where_its_mirror_belonged() -> None:
+    gen = "g00000000001aaaaaaaa"
+    files = (
+        FileEntry(f"{gen}/r00000-0.distcp", 3, 1, 0, 0),
+        FileEntry(f"{gen}/r00001-0.distcp", 3, 2, 1, 1),
+    )
+    topology = {"hosts": {"0": "a", "1": "b"}, "mirror_stride": 1}
+    manifest = Manifest("step_1", gen, 2, files, seq=1, topology=topology)
+    lines = unheld(manifest, {0: {files[0].path: "own"}})
+    assert len(lines) == 1
+    assert (
+        "r00001-0.distcp (saved by rank 1 on node 1; its mirror belongs on saving node 0)"
+        in lines[0]
+    )
+    assert Manifest.from_json(manifest.to_json(), where="x").topology == topology

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from tierstore.ids import checkpoint_file, marker_path, mirror_copy_path
 from tierstore.manifest import FileEntry, Manifest, entry_problem, file_crc32c
 from tierstore.mirrors import held_mirrors, mirrored_commits
+from tierstore.placement import place
 from tierstore.tiers import Tier
 
 OWN = "own"
@@ -86,14 +87,28 @@ def by_node(findings: list[dict[str, str]], rank_nodes: list[int]) -> Holdings:
     return merged
 
 
+def expected_holders(manifest: Manifest) -> dict[int, int]:
+    """Owner node -> the node that should hold its mirror, recomputed from the topology the commit
+    marker records (empty for a copy saved without mirroring)."""
+    topology = manifest.topology or {}
+    hosts = {int(node): str(host) for node, host in dict(topology.get("hosts") or {}).items()}
+    if not hosts:
+        return {}
+    return dict(place(hosts, stride=int(topology.get("mirror_stride", 1))).holder_of)
+
+
 def unheld(manifest: Manifest, holdings: Holdings) -> list[str]:
     """One line per file that no live node holds verified (empty: peer-restorable)."""
     lines = []
+    holders = expected_holders(manifest)
     for entry in manifest.files:
         if not any(entry.path in held for held in holdings.values()):
             who = "the coordinator" if entry.rank is None else f"rank {entry.rank}"
+            mirror = holders.get(entry.node)
+            where = f"; its mirror belongs on saving node {mirror}" if mirror is not None else ""
             lines.append(
-                f"{checkpoint_file(manifest.checkpoint_id, entry.path)} (saved by {who}): no"
-                " verified copy, own or mirrored, on any node of this job"
+                f"{checkpoint_file(manifest.checkpoint_id, entry.path)} (saved by {who} on node"
+                f" {entry.node}{where}): no verified copy, own or mirrored, in the memory of any"
+                " node of this job"
             )
     return lines
