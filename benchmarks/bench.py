@@ -14,6 +14,9 @@ Measures, on a synthetic transformer-shaped training state (parameters and AdamW
 * tierstore: the stall of the first save of a fresh process, a save to a local tier, restores from
   memory, local and S3 tiers, a promotion to S3 next to boto3 uploading the same bytes to the same
   server, ``latest_committed`` and ``ls`` over 1,000 checkpoints in four tiers;
+* peer mirror (:mod:`benchmarks.mirror`): two ranks on two simulated nodes, the mirror exchange
+  against plain gloo send/recv, the stall with and without mirroring, a lost node's restore from its
+  partner's memory against a shared disk tier and S3;
 * a scale sweep (256 MiB to 2 GiB).
 
 S3 is moto's server on 127.0.0.1, started here; it, not the client, limits S3 throughput, so S3
@@ -43,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed.checkpoint as dcp
 
+from benchmarks.mirror import TARGETS as MIRROR_TARGETS
+from benchmarks.mirror import phase_mirror
 from benchmarks.stalls import TARGETS as STALL_TARGETS
 from benchmarks.stalls import phase_stalls
 from benchmarks.workload import (
@@ -66,17 +71,21 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
-TARGETS = STALL_TARGETS | {
-    "memory commit / plain tmpfs write (bandwidth)": (">=", 0.7),
-    "local save / plain write+fsync (bandwidth)": (">=", 0.9),
-    "restore from memory / plain tmpfs read (bandwidth)": (">=", 0.8),
-    "restore from local / plain disk read (bandwidth)": (">=", 0.8),
-    "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.9),
-    "latest_committed, 1000 x 4 tiers (seconds)": ("<", 1.0),
-}
+TARGETS = (
+    STALL_TARGETS
+    | MIRROR_TARGETS
+    | {
+        "memory commit / plain tmpfs write (bandwidth)": (">=", 0.7),
+        "local save / plain write+fsync (bandwidth)": (">=", 0.9),
+        "restore from memory / plain tmpfs read (bandwidth)": (">=", 0.8),
+        "restore from local / plain disk read (bandwidth)": (">=", 0.8),
+        "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.9),
+        "latest_committed, 1000 x 4 tiers (seconds)": ("<", 1.0),
+    }
+)
 
 
-PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "sweep", "goodput")
+PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "mirror", "sweep", "goodput")
 """The parts of a run, in the order they run (``--phases``)."""
 
 
@@ -469,6 +478,23 @@ def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
     return out
 
 
+def run_with_state(bench: Bench, phases: set[str]) -> None:
+    """The phases that share one state of ``--size`` (built here, freed after them)."""
+    args = bench.args
+    state = model_state(parse_size(args.size))
+    count = len(list(tensors_of(state)))
+    print(f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
+          f" median of {args.reps} (S3: {args.s3_reps})", flush=True)  # fmt: skip
+    if "stalls" in phases:
+        phase_stalls(bench, state)
+    if "disk" in phases:
+        phase_disk(bench, state)
+    if "reads" in phases:
+        phase_reads(bench, state)
+    if "s3" in phases:
+        phase_s3(bench, state)
+
+
 def run_goodput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Run ``goodput.py`` in a fresh process; its figures, as it wrote them to ``out``."""
     print("training-loop goodput (benchmarks/goodput.py)", flush=True)
@@ -533,6 +559,9 @@ def main() -> None:
         "--goodput-size", default="256MiB", help="goodput.py's --size (smaller than alone: time)"
     )
     parser.add_argument("--goodput-reps", type=int, default=3, help="goodput.py's --reps")
+    parser.add_argument(
+        "--mirror-size", default="256MiB", help="state per rank of the peer-mirror phase (2 ranks)"
+    )
     args = parser.parse_args()
     chosen = set(args.phases)
     if ("reads" in chosen and not {"stalls", "disk"} <= chosen) or (
@@ -554,24 +583,15 @@ def main() -> None:
     with embedded_s3() as endpoint, quiet_warnings():
         bench = Bench(args, endpoint)
         try:
-            state = model_state(parse_size(args.size))
-            count = len(list(tensors_of(state)))
-            print(f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
-                  f" median of {args.reps} (S3: {args.s3_reps})", flush=True)  # fmt: skip
             phases = set(args.phases)
-            if "stalls" in phases:
-                phase_stalls(bench, state)
-            if "disk" in phases:
-                phase_disk(bench, state)
-            if "reads" in phases:
-                phase_reads(bench, state)
-            if "s3" in phases:
-                phase_s3(bench, state)
-            del state
+            if phases & {"stalls", "disk", "reads", "s3"}:
+                run_with_state(bench, phases)
             if "first" in phases:
                 phase_first_saves(bench)
             if "catalog" in phases:
                 phase_catalog(bench)
+            if "mirror" in phases:
+                phase_mirror(bench)
             rows = phase_sweep(bench) if args.sweep and "sweep" in phases else []
         finally:
             bench.cleanup()

@@ -13,32 +13,50 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def render(report: dict[str, Any]) -> str:
-    """Markdown: the figures (median, min-max, GiB/s), then the ratios against their targets."""
-    machine = report["machine"]
-    args = report["arguments"]
-    lines = [
-        f"One run of `make bench` on this machine ({machine['cores']} cores, {machine['platform']},"
-        f" torch {machine['torch']}); state {args['size']}, median of {args['reps']} rounds"
-        f" ({args['s3_reps']} for S3).",
-        "",
-        "| measurement | median | min - max | GiB/s |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for name, figure in report["results"].items():
+def figure_table(report: dict[str, Any], names: list[str]) -> list[str]:
+    """Markdown lines: the figures ``names`` (median, min-max, GiB/s)."""
+    lines = ["| measurement | median | min - max | GiB/s |", "| --- | ---: | ---: | ---: |"]
+    for name in names:
+        figure = report["results"][name]
         rate = f"{figure['gib_per_s']:.2f}" if figure["bytes"] else ""
         lines.append(
             f"| {name} | {figure['median_s']:.3f} s | {figure['min_s']:.3f} - {figure['max_s']:.3f} s"
             f" | {rate} |"
         )
-    lines += [
-        "",
+    return lines
+
+
+def ratio_table(report: dict[str, Any], names: list[str]) -> list[str]:
+    """Markdown lines: the ratios ``names`` against their targets."""
+    lines = [
         "| ratio (median of per-round ratios) | value | target | |",
         "| --- | ---: | ---: | --- |",
     ]
-    for name, ratio in report["ratios"].items():
+    for name in names:
+        ratio = report["ratios"][name]
         verdict = {True: "met", False: "missed", None: ""}[ratio["met"]]
         lines.append(f"| {name} | {ratio['value']:.3f} | {ratio['target']} | {verdict} |")
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    """Markdown: the figures (median, min-max, GiB/s), then the ratios against their targets; the
+    sweep, the peer-mirror phase and the goodput loop in tables of their own."""
+    machine = report["machine"]
+    args = report["arguments"]
+    mirror = report["extra"].get("mirror") or {}
+    apart = set(mirror.get("figures", [])) | set(mirror.get("ratios", []))
+    figures = [name for name in report["results"] if name not in apart]
+    ratios = [name for name in report["ratios"] if name not in apart]
+    lines = [
+        f"One run of `make bench` on this machine ({machine['cores']} cores, {machine['platform']},"
+        f" torch {machine['torch']}); state {args['size']}, median of {args['reps']} rounds"
+        f" ({args['s3_reps']} for S3).",
+    ]
+    if figures:
+        lines += ["", *figure_table(report, figures)]
+    if ratios:
+        lines += ["", *ratio_table(report, ratios)]
     if report.get("sweep"):
         lines += [
             "",
@@ -50,6 +68,10 @@ def render(report: dict[str, Any]) -> str:
                 f"| {row['size']} | {row['tensors']} | {row['stall_s']:.3f} s ({row['wait_s']:.3f} s)"
                 f" | {row['commit_s']:.3f} s | {row['local_save_s']:.3f} s | {row['files_per_rank']} |"
             )
+    if mirror:
+        from benchmarks.mirror import markdown as mirror_markdown
+
+        lines += ["", mirror_markdown(report)]
     if report.get("goodput"):
         from benchmarks.goodput import markdown
 
