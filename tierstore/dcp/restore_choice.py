@@ -84,9 +84,14 @@ def _check_share(
                 {f.rank for f in manifest.files if f.node not in rank_nodes and f.rank is not None}
             )
             missing = f" (rank(s) {elsewhere} saved on other nodes)" if elsewhere else ""
+            if len(holders) > 1:
+                why = f"its files are spread over nodes {sorted(holders)}"
+            else:
+                why = f"its files are on node {min(holders)} but ranks run on node(s)"
+                why += f" {sorted(set(rank_nodes))}"
             problems[index] = [
-                f"its files are on node(s) {sorted(holders)} but ranks run on node(s)"
-                f" {sorted(set(rank_nodes))}; a node-local copy serves only its own node{missing}"
+                f"{why}; a node-local copy serves only the ranks of its own node{missing}"
+                " (a mirrored memory tier serves every node: docs/mirror.md)"
             ]
             continue
         share = [f for position, f in enumerate(manifest.files) if position % world == rank]

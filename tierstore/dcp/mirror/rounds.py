@@ -24,7 +24,9 @@ dead peer fails the round, never the trainer. A round:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -57,6 +59,8 @@ from tierstore.placement import MirrorConfig, Placement, place
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
+_NICE = 10
+"""Priority of the exchange thread relative to the trainer's (higher is nicer)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,10 @@ class MirrorWorker:
             return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
 
     def _run(self) -> None:
+        # Background work yields the CPU to the trainer: on a busy node the next save's copy and
+        # the training step come first (Linux: the nice value is per thread).
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
         while True:
             round_ = self._queue.get()
             try:
