@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from tierstore import TieredReader, TieredWriter, latest_committed
@@ -159,3 +160,55 @@ def save_on_hosts(  # noqa: PLR0917 - torch.multiprocessing passes arguments by 
     for step, size in enumerate(sizes, start=1):
         dcp.save(shard_state(rank, step, size), storage_writer=writer, checkpoint_id=f"step_{step}")
         assert writer.wait_mirrored(60)
+
+
+SaveStep = tuple[str, int, int, dict[str, Any]]
+"""One save of a plan: checkpoint id, the step whose state it holds, shard size, writer kwargs."""
+
+
+def save_plan(
+    rank: int, world: int, config: Config, layout: Sequence[int], plan: Sequence[SaveStep],
+) -> None:  # fmt: skip
+    """Save each step of ``plan`` in turn, each time waiting for the exchange to end."""
+    node = layout[rank]
+    become(node)
+    for checkpoint_id, step, size, kwargs in plan:
+        writer = TieredWriter(config, node=node, **kwargs)
+        dcp.save(shard_state(rank, step, size), storage_writer=writer, checkpoint_id=checkpoint_id)
+        assert writer.wait_mirrored(60)
+        writer.close()
+    dist.barrier()
+
+
+def check_latest(
+    rank: int, world: int, config: Config, layout: Sequence[int], expected: str
+) -> None:
+    """Every rank of a job on ``layout`` finds ``expected`` as the checkpoint to resume from."""
+    node = layout[rank]
+    become(node)
+    found = latest_committed(config, node=node)
+    assert found == expected, f"rank {rank} on node {node}: latest is {found}, expected {expected}"
+
+
+def load_step(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, layout: Sequence[int], checkpoint_id: str,
+    expected: tuple[str, int] | None, size: int,
+) -> None:  # fmt: skip
+    """Load ``checkpoint_id`` (every saved rank's shard at world size 2): from tier ``expected[0]``
+    with the state of step ``expected[1]``, or (``expected`` None) not at all."""
+    node = layout[rank]
+    become(node)
+    target = blank_state([rank], size)
+    reader = TieredReader(config, node=node)
+    if expected is None:
+        try:
+            dcp.load(target, storage_reader=reader, checkpoint_id=checkpoint_id)
+        except CheckpointException as exc:  # DCP's wrapper of the reader's error
+            assert "no tier holds a usable committed copy" in str(exc), exc
+            return
+        raise AssertionError(f"loaded {checkpoint_id} from {reader.chosen_tier}: expected none")
+    dcp.load(target, storage_reader=reader, checkpoint_id=checkpoint_id)
+    tier, step = expected
+    assert reader.chosen_tier == tier, (reader.chosen_tier, tier)
+    wanted = shard_state(rank, step, size)["model"][f"shard{rank}"]
+    assert target["step"] == step and torch.equal(target["model"][f"shard{rank}"], wanted)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tierstore.activity import hold as hold_activity
+from tierstore.activity import live
 from tierstore.config import config_from_dict
 from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
@@ -60,15 +62,41 @@ def test_a_malformed_mirror_marker_names_itself() -> None:
         MirrorMarker.from_json(b'{"format": "tierstore.mirror/1"}', where="where-it-was")
 
 
-def test_retention_keeps_the_newest_mirrors_of_an_owner_and_no_other_owners(tmp_path: Path) -> None:
+def test_retention_keeps_the_keep_newest_ids_whoever_owns_them(tmp_path: Path) -> None:
     tier = memory(tmp_path)
     for seq in (1, 2, 3):
         hold(tier, f"step_{seq}", seq)
-    hold(tier, "step_9", 9, owner=5)  # another owner's mirror is not this owner's to drop
-    assert sorted(prune_mirrors(tier, 1, keep=2)) == ["step_1"]
-    assert sorted(mirrored_ids(tier)) == ["step_2", "step_3", "step_9"]
+    hold(tier, "step_0", 0, owner=5)  # the old partner of a node that left the job
+    assert prune_mirrors(tier, keep=None) == [], "no keep: the memory tier keeps everything"
+    removed = prune_mirrors(tier, keep=2)
+    assert sorted(r.split("/")[0] for r in removed) == ["step_0", "step_1"]
+    assert sorted(mirrored_ids(tier)) == ["step_2", "step_3"]
     assert not (tmp_path / ".tierstore" / "mirror" / "step_1").exists(), "files go with the marker"
-    assert prune_mirrors(tier, 1, keep=None) == [], "no keep: the memory tier keeps everything"
+
+
+def test_an_overwritten_generations_mirror_is_stale_and_never_takes_a_keep_slot(
+    tmp_path: Path,
+) -> None:
+    tier = memory(tmp_path)
+    hold(tier, "step_1", 1)
+    old = hold(tier, "step_2", 2)
+    new = hold(tier, "step_2", 3)  # step_2 overwritten: a newer generation
+    prune_mirrors(tier, keep=2)
+    assert [m.generation for m in held_mirrors(tier, "step_2")] == [new.generation]
+    assert old.generation != new.generation and mirrored_ids(tier) == {"step_1": 1, "step_2": 3}
+
+
+def test_retention_leaves_an_id_a_restore_is_reading(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    for seq in (1, 2):
+        hold(tier, f"step_{seq}", seq)
+    reading = hold_activity(tier, "read", "step_1", None, ttl=60)
+    try:
+        readers = [a for a in live(tier, ttl=60) if a.kind == "read"]
+        assert prune_mirrors(tier, keep=1, readers=readers) == []
+    finally:
+        reading.release()
+    assert [r.split("/")[0] for r in prune_mirrors(tier, keep=1)] == ["step_1"]
 
 
 def test_a_mirror_without_its_marker_does_not_count(tmp_path: Path) -> None:

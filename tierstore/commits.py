@@ -55,13 +55,16 @@ def highest(tiers: Iterable[Tier]) -> int:
     return max((e.seq for tier in tiers for e in read_log(tier)), default=0)
 
 
-def claim(target: Tier, tiers: Iterable[Tier], checkpoint_id: str, generation: str) -> int:
+def claim(
+    target: Tier, tiers: Iterable[Tier], checkpoint_id: str, generation: str, *, floor: int = 0
+) -> int:
     """Take the next sequence number for a commit of ``checkpoint_id``/``generation`` in ``target``.
 
-    ``tiers`` are all the tiers to learn the current highest number from (``target`` among them).
-    Raises ``RuntimeError`` if the numbers keep being taken by others (64 attempts).
+    ``tiers`` are all the tiers to learn the current highest number from (``target`` among them);
+    ``floor`` is the highest number known elsewhere (other nodes' node-local tiers, told by their
+    ranks). Raises ``RuntimeError`` if the numbers keep being taken by others (64 attempts).
     """
-    seq = highest(tiers)
+    seq = max(highest(tiers), floor)
     for _attempt in range(_CLAIM_ATTEMPTS):
         seq += 1
         try:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tierstore.activity import ActivityInfo, is_busy
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     MIRROR_DIR,
@@ -196,23 +197,34 @@ def remove_mirror(tier: Tier, checkpoint_id: str, generation: str, owner_node: i
     tier.remove_if_empty(mirror_id_dir(checkpoint_id))
 
 
-def prune_mirrors(tier: Tier, owner_node: int, keep: int | None) -> list[str]:
-    """Keep the ``keep`` newest mirrors of ``owner_node`` on this node (all when ``keep`` is None).
+def prune_mirrors(
+    tier: Tier, keep: int | None, *, readers: Sequence[ActivityInfo] = ()
+) -> list[str]:
+    """Retention of the mirrors this node holds (every owner's): ``keep`` as the memory tier's.
 
-    Called by the holder right after a new mirror marker: the previous mirror goes only once the
-    next one is complete (double-buffered). Returns the ids removed.
+    A mirror of an older generation of an id whose newer generation is mirrored here is stale (an
+    overwrite replaced it) and goes; of the rest, only the ``keep`` newest ids (commit order) stay,
+    whichever node owns them (a node that left the job leaves none behind). Called by a holder right
+    after it wrote a new mirror marker and by the promoter's retention, so the previous mirror goes
+    only once the next one is complete (double-buffered). Ids a live restore is reading (``readers``)
+    are left alone. Returns ``id/generation`` of each mirror removed.
     """
-    if keep is None:
-        return []
-    mine: list[tuple[int, str, MirrorMarker]] = []
+    held: list[MirrorMarker] = []
     for checkpoint_id in tier.list_dir(MIRROR_DIR):
         if is_checkpoint_id(checkpoint_id):
-            for marker in held_mirrors(tier, checkpoint_id):
-                if marker.owner_node == owner_node:
-                    mine.append((marker.seq or 0, marker.generation, marker))
-    mine.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    removed = []
-    for _seq, _gen, marker in mine[keep:]:
-        remove_mirror(tier, marker.checkpoint_id, marker.generation, owner_node)
-        removed.append(marker.checkpoint_id)
+            held += held_mirrors(tier, checkpoint_id)
+    newest: dict[str, tuple[int, str]] = {}
+    for marker in held:
+        order = (marker.seq or 0, marker.generation)
+        newest[marker.checkpoint_id] = max(newest.get(marker.checkpoint_id, order), order)
+    ranked = sorted(newest, key=lambda i: newest[i], reverse=True)
+    kept = set(ranked if keep is None else ranked[:keep])
+    removed: list[str] = []
+    for marker in held:
+        stale = (marker.seq or 0, marker.generation) < newest[marker.checkpoint_id]
+        if (stale or marker.checkpoint_id not in kept) and not is_busy(
+            list(readers), marker.checkpoint_id, None
+        ):
+            remove_mirror(tier, marker.checkpoint_id, marker.generation, marker.owner_node)
+            removed.append(f"{marker.checkpoint_id}/{marker.generation}")
     return removed

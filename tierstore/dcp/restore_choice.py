@@ -102,9 +102,9 @@ def _check_share(
     return problems, held
 
 
-def _probe_mirrored(tiers: list[Tier], checkpoint_id: str) -> dict[int, list[bytes]]:
-    """Every rank: the markers its node holds for each mirrored tier (own and mirrored copies)."""
-    found: dict[int, list[bytes]] = {}
+def _probe_mirrored(tiers: list[Tier], checkpoint_id: str) -> dict[int, inventory.NodeProbe]:
+    """Every rank: what its node holds for each mirrored tier (markers, own and mirrored; parts)."""
+    found: dict[int, inventory.NodeProbe] = {}
     for index, tier in enumerate(tiers):
         if tier.mirror is not None:
             try:
@@ -115,9 +115,10 @@ def _probe_mirrored(tiers: list[Tier], checkpoint_id: str) -> dict[int, list[byt
 
 
 def _newest_marker(
-    tier: Tier, blobs: list[bytes], reasons: list[str]
+    tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe]
 ) -> tuple[bytes | None, str | None]:
-    """The newest commit among markers found on any node (own or mirrored copies)."""
+    """The newest commit among markers found on any node (own or mirrored copies); none when a
+    live node wrote its part of a newer save of the id whose marker no live node holds."""
     best: Manifest | None = None
     for blob in set(blobs):
         try:
@@ -131,6 +132,13 @@ def _newest_marker(
             best = manifest
     if best is None:
         return None, "; ".join(reasons) or "no commit marker on any node, own or mirrored"
+    newer = inventory.newer_saves(best, probes)
+    if newer:
+        return None, (
+            f"the newest marker held in memory names generation {best.generation} (commit"
+            f" {best.seq}), but live nodes wrote their parts of a newer save of this id"
+            f" ({', '.join(newer)}) whose marker no live node holds: the memory copies may be stale"
+        )
     return best.to_json(), None
 
 
@@ -186,9 +194,10 @@ def choose_copy(
         if tier.mirror is not None:
             blob, reason = found[index]
             blobs = [blob] if blob is not None else []
-            blobs += [b for _, probes in everyone for b in probes.get(index, [])]
+            probes = [p[index] for _, p in everyone if index in p]
+            blobs += [b for probe in probes for b in probe.markers]
             other = [] if reason in (None, "no commit marker") else [f"node of rank 0: {reason}"]
-            found[index] = _newest_marker(tier, blobs, other)
+            found[index] = _newest_marker(tier, blobs, other, probes)
     manifests: dict[int, Manifest] = {}
     reasons: dict[int, list[str]] = {}
     for index, (blob, reason) in enumerate(found):

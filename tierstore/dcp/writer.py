@@ -44,7 +44,8 @@ from torch.futures import Future
 
 from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.checksum import crc32c
-from tierstore.commits import claim, highest
+from tierstore.commits import LogEntry, claim, highest
+from tierstore.commits import record as log_commit
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
@@ -77,6 +78,7 @@ from tierstore.manifest import (
     publish_manifest,
     read_manifest,
 )
+from tierstore.mirrors import mirrored_ids
 from tierstore.owners import owner_dir_name
 from tierstore.tiers import Tier
 from tierstore.topology import current_host, current_node
@@ -95,6 +97,9 @@ class RankReport:
     stall_s: float | None = None
     wait_s: float | None = None
     host: str = ""
+    highest_seq: int = 0
+    """The highest commit number this rank's node-local tiers know of (its node's commit log and
+    mirrored commits): the coordinator's node may be new to the job, or not the one it was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,9 +380,15 @@ class TieredWriter(StorageWriter, AsyncStager):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Attach this rank's node and timings for the coordinator."""
         report = self._stage_report or RankReport(node=self.node, started_at=self._started_at)
-        report = dataclasses.replace(report, host=current_host())
+        report = dataclasses.replace(report, host=current_host(), highest_seq=self._node_highest())
         self._stage_report = None
         return dataclasses.replace(plan, storage_data=report)
+
+    def _node_highest(self) -> int:
+        found = [highest(t for t in self._all_tiers() if t.node_local)]
+        if self.tier.mirror is not None:
+            found += [seq or 0 for seq in mirrored_ids(self.tier).values()]
+        return max(found)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator: choose this save's generation and tell every rank its file prefix."""
@@ -392,8 +403,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._writing_ends = weakref.finalize(self, self._writing.release)
         # The commit's place in commit order (what "newest" means): the next number after the
         # highest any tier has logged, claimed create-only in the target.
-        self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation)
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
+        floor = max((r.highest_seq for r in self._reports), default=0)
+        self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation,
+                          floor=floor)  # fmt: skip
         multi_node = len({r.node for r in self._reports}) > 1
         nodes = [r.node for r in self._reports]
         return [
@@ -428,7 +441,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._rank, self.node, current_host(), tuple(files or ()), done, self._is_coordinator,
         )  # fmt: skip
         keep = self.config.tier(self.tier_name).keep
-        self._round = Round(share, self.tier, self.tier.mirror, keep)
+        ttl = self.config.promote.activity_ttl
+        self._round = Round(share, self.tier, self.tier.mirror, keep, ttl)
         worker_for(self.tier).submit(self._round)
 
     def _write_rank(
@@ -456,6 +470,9 @@ class TieredWriter(StorageWriter, AsyncStager):
                                     assignment.world_size, node_ranks=assignment.node_ranks)  # fmt: skip
                 files.out.written.append(rank_part_path(ckpt, gen, rank))
                 self.tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
+                # Every node's log learns the number: whichever node coordinates next continues
+                # from it (the coordinator's node may be replaced, or swap places).
+                log_commit(self.tier, LogEntry(assignment.seq, ckpt, gen))
         except BaseException:
             for path in files.out.written:  # invisible without a marker, but leave no garbage
                 _quietly(functools.partial(self.tier.delete, path))

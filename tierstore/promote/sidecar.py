@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from tierstore.activity import live
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
-from tierstore.mirrors import read_status
+from tierstore.mirrors import prune_mirrors, read_status
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.promote.endpoint import serve
@@ -274,7 +274,25 @@ class Promoter:
             event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier,
                   reason=deletion.reason)  # fmt: skip
 
-        return delete_copies(self.by_name, planned, on_deleted=deleted)
+        done = delete_copies(self.by_name, planned, on_deleted=deleted)
+        self._prune_mirrors()
+        return done
+
+    def _prune_mirrors(self) -> None:
+        """Retention of the peer mirrors this node holds (a node that stopped receiving mirrors,
+        or whose partner left the job, keeps none beyond ``keep``)."""
+        for tier in self.tiers:
+            if tier.mirror is None:
+                continue
+            try:
+                readers = [a for a in live(tier, ttl=self.config.promote.activity_ttl)
+                           if a.kind == "read"]  # fmt: skip
+                for removed in prune_mirrors(
+                    tier, self.config.tier(tier.name).keep, readers=readers
+                ):
+                    event("mirror_deleted", tier=tier.name, mirror=removed)
+            except (TierstoreError, OSError) as exc:
+                logger.warning("retention of the mirrors in %s failed: %s", tier.name, exc)
 
     def collect_garbage(self, *, dry_run: bool) -> list[Cleanup]:
         """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node owns.

@@ -12,9 +12,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from tierstore.ids import checkpoint_file, marker_path, mirror_copy_path
-from tierstore.manifest import FileEntry, Manifest, entry_problem, file_crc32c
+from tierstore.errors import IntegrityError
+from tierstore.ids import (
+    checkpoint_file,
+    is_generation,
+    is_rank_part_name,
+    marker_path,
+    mirror_copy_path,
+    part_file,
+    parts_dir,
+)
+from tierstore.manifest import FileEntry, Manifest, PartRecord, entry_problem, file_crc32c
 from tierstore.mirrors import held_mirrors, mirrored_commits
 from tierstore.placement import place
 from tierstore.tiers import Tier
@@ -25,12 +35,51 @@ Holdings = dict[int, dict[str, str]]
 """Node -> {file path as the marker names it: ``own`` or ``mirror``}."""
 
 
-def probe_node(tier: Tier, checkpoint_id: str) -> list[bytes]:
-    """Every commit marker of ``checkpoint_id`` this node holds: its own, and mirrored copies."""
+@dataclass(frozen=True)
+class NodeProbe:
+    """What one node holds of a checkpoint id before any file is checked."""
+
+    markers: list[bytes]
+    """Every commit marker of the id on the node: its own, and mirrored copies."""
+    parts: list[tuple[str, int]]
+    """``(generation, commit number)`` of each save of the id whose files this node's ranks wrote
+    (their part records): evidence of a save whose marker may have been lost with another node."""
+
+
+def probe_node(tier: Tier, checkpoint_id: str) -> NodeProbe:
+    """See :class:`NodeProbe`."""
     found: list[bytes] = []
     with contextlib.suppress(FileNotFoundError):
         found.append(tier.read_bytes(marker_path(checkpoint_id)))
-    return found + mirrored_commits(tier, checkpoint_id)
+    parts: list[tuple[str, int]] = []
+    for generation in tier.list_dir(checkpoint_id):
+        if not is_generation(generation):
+            continue
+        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
+            if not is_rank_part_name(name):
+                continue
+            path = part_file(checkpoint_id, generation, name)
+            with contextlib.suppress(FileNotFoundError, IntegrityError):
+                record = PartRecord.from_json(tier.read_bytes(path), where=path)
+                if record.seq is not None:
+                    parts.append((generation, record.seq))
+                break  # one record per generation says the save happened here
+    return NodeProbe(found + mirrored_commits(tier, checkpoint_id), parts)
+
+
+def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
+    """Saves of the same id newer than ``manifest`` that some live node wrote its part of: their
+    commit marker may have been lost with another node, so the memory copies may be stale."""
+    if manifest.seq is None:
+        return []
+    return sorted(
+        {
+            f"generation {gen} (commit {seq})"
+            for probe in probes
+            for gen, seq in probe.parts
+            if gen != manifest.generation and seq > manifest.seq
+        }
+    )
 
 
 def stored_path(checkpoint_id: str, rel: str, kind: str) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tierstore.activity import live
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.transport import (
@@ -111,6 +112,8 @@ class Round:
     tier: Tier
     mirror: MirrorConfig
     keep: int | None
+    activity_ttl: float = 60.0
+    """How fresh a restore's ``read`` record must be for retention to leave its id alone."""
     outcome: CommitOutcome = field(default_factory=CommitOutcome)
 
 
@@ -240,7 +243,12 @@ def run_round(round_: Round) -> None:
     groups = job_groups(round_.mirror.timeout)
     if groups is None:
         return
-    shares: list[SavedShare] = _gather(round_.share, groups.mirror)
+    try:
+        shares: list[SavedShare] = _gather(round_.share, groups.mirror)
+    except Exception as exc:  # noqa: BLE001 - the group is broken (a peer died earlier)
+        if round_.share.wrote:
+            _record_unmirrored(round_, None, exc)
+        return
     saves = {(s.checkpoint_id, s.generation) for s in shares}
     if len(saves) != 1 or not all(s.wrote for s in shares):
         if len(saves) != 1:
@@ -257,9 +265,9 @@ def run_round(round_: Round) -> None:
     )  # fmt: skip
     try:
         _prepare_incoming(state)
-        error = _exchange(state)
-        manifest, metadata_error = _share_commit(state)
-        outcomes: list[str | None] = _gather(error or metadata_error, state.group)
+        errors = _exchange(state)
+        manifest = _share_commit(state, errors)
+        outcomes: list[dict[int, str]] = _gather(errors, state.group)
     except Exception as exc:  # noqa: BLE001 - a peer died or hung: reduced redundancy, recorded
         _record_broken_round(state, exc)
         return
@@ -269,18 +277,21 @@ def run_round(round_: Round) -> None:
 def _record_broken_round(state: _State, exc: Exception) -> None:
     """A collective of the round failed (a peer died, or hung past the timeout): this node's first
     rank records that its files have no mirror; the next save tries again."""
-    round_, node = state.round_, state.round_.share.node
+    node = state.round_.share.node
+    if state.me == state.by_node[node][0]:
+        _record_unmirrored(state.round_, state.placement.holder_of.get(node), exc)
+
+
+def _record_unmirrored(round_: Round, holder: int | None, exc: Exception) -> None:
+    node = round_.share.node
     reason = f"the mirror exchange failed: {type(exc).__name__}: {exc}"
     logger.warning(
         "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
         round_.share.checkpoint_id, node, reason,
     )  # fmt: skip
-    if state.me != state.by_node[node][0]:
-        return
     status = MirrorStatus(
-        round_.share.checkpoint_id, round_.share.generation, node,
-        state.placement.holder_of.get(node), False, reason,
-    )  # fmt: skip
+        round_.share.checkpoint_id, round_.share.generation, node, holder, False, reason
+    )
     try:
         write_status(round_.tier, status)
     except Exception as error:  # noqa: BLE001 - the log line above already says it
@@ -303,14 +314,15 @@ def _prepare_incoming(state: _State) -> None:
             state.failed.setdefault(t.owner_node, f"holder rank {t.receiver}: {ready[t.receiver]}")
 
 
-def _exchange(state: _State) -> str | None:
+def _exchange(state: _State) -> dict[int, str]:
     """Move this rank's share of the files: every send is posted first, then the files to receive
-    are taken one after the other. Returns the reason it failed, or None."""
+    are taken one after the other. Returns what failed, per owner node."""
     round_, me = state.round_, state.me
     live = [t for t in state.transfers if t.owner_node not in state.failed]
     ckpt, timeout = round_.share.checkpoint_id, round_.mirror.timeout
     works: list[dist.Work] = []
     kept: list[Any] = []  # mappings of sent files stay alive until their messages are out
+    errors: dict[int, str] = {}
     try:
         for t in live:
             if t.sender == me:
@@ -319,39 +331,46 @@ def _exchange(state: _State) -> str | None:
                 )
                 kept.append(data)
                 works += post_send(data, t.receiver, state.group, t.first_tag)
-        for t in live:
-            if t.receiver == me:
-                receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry, t.sender,
-                             state.group, first_tag=t.first_tag, timeout_s=timeout)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a file of this rank's own that cannot be sent
+        errors[round_.share.node] = f"rank {me}: sending: {exc}"
+    for t in live:
+        if t.receiver == me:
+            try:  # one file failing (a full tmpfs) must not leave the others unreceived
+                receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry,
+                             t.sender, state.group, first_tag=t.first_tag, timeout_s=timeout)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
+                errors.setdefault(t.owner_node, f"rank {me}: {t.entry.path}: {exc}")
+    try:
         wait_all(works, timeout)
-        return None
-    except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
-        logger.warning("peer mirror of %s: rank %d: %s", ckpt, me, exc)
-        return f"rank {me}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the holder failed: this node's mirror did
+        errors.setdefault(round_.share.node, f"rank {me}: sending: {exc}")
+    for owner, error in errors.items():
+        logger.warning("peer mirror of %s (node %d's files): %s", ckpt, owner, error)
+    return errors
 
 
-def _share_commit(state: _State) -> tuple[Manifest | None, str | None]:
+def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
     """The committed marker on every rank (None if the save did not commit), and DCP's metadata
-    sent to the holder of the coordinator's node. Returns the manifest and this rank's error."""
+    sent to the holder of the coordinator's node (a failure is added to ``errors``)."""
     round_, me, coordinator = state.round_, state.me, state.coordinator
     found: tuple[bytes | None, str] = (None, "")
-    if me == coordinator:
-        found = round_.outcome.wait(round_.mirror.timeout)
+    if me == coordinator:  # within half the timeout: the others wait in the broadcast meanwhile
+        found = round_.outcome.wait(round_.mirror.timeout / 2)
     box = [found]
     dist.broadcast_object_list(box, src=coordinator, group=state.group)
     blob, reason = box[0]
     if blob is None:
         logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id, reason)
-        return None, None
+        return None
     manifest = Manifest.from_json(blob, where="the commit marker broadcast by the coordinator")
     coordinator_node = state.node_of(coordinator)
     holder = state.placement.holder_of.get(coordinator_node)
     entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
     if holder is None or coordinator_node in state.failed or entry is None:
-        return manifest, None
+        return manifest
     receiver = state.by_node[holder][0]
     if me not in (coordinator, receiver):
-        return manifest, None
+        return manifest
     timeout, ckpt = round_.mirror.timeout, manifest.checkpoint_id
     try:
         if me == coordinator:
@@ -360,23 +379,21 @@ def _share_commit(state: _State) -> tuple[Manifest | None, str | None]:
         else:
             receive_file(round_.tier, mirror_copy_path(ckpt, entry.path), entry, coordinator,
                          state.group, first_tag=0, timeout_s=timeout)  # fmt: skip
-        return manifest, None
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
-        return manifest, f"rank {me}: .metadata: {exc}"
+        errors.setdefault(coordinator_node, f"rank {me}: .metadata: {exc}")
+    return manifest
 
 
-def _conclude(state: _State, outcomes: list[str | None], manifest: Manifest | None) -> None:
+def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest | None) -> None:
     """Mirror markers on holders, status records on owners, retention: by each node's first rank."""
     round_, me, failed, by_node = state.round_, state.me, state.failed, state.by_node
     tier, ckpt, gen = round_.tier, round_.share.checkpoint_id, round_.share.generation
     coordinator_node = state.node_of(state.coordinator)
     for owner, holder in sorted(state.placement.holder_of.items()):
         moved = [t for t in state.transfers if t.owner_node == owner]
-        errors = [outcomes[r] for r in {t.receiver for t in moved} | {t.sender for t in moved}]
-        if owner == coordinator_node:
-            errors += [outcomes[r] for r in (by_node[holder][0], state.coordinator)]
-        if owner not in failed and any(errors):
-            failed[owner] = "; ".join(e for e in errors if e)
+        errors = [e[owner] for e in outcomes if owner in e]
+        if owner not in failed and errors:
+            failed[owner] = "; ".join(errors)
         if me != by_node[holder][0]:
             continue
         if manifest is None or owner in failed:
@@ -392,7 +409,8 @@ def _conclude(state: _State, outcomes: list[str | None], manifest: Manifest | No
             crc32c(blob), dict(manifest.topology or {}),
         )  # fmt: skip
         tier.publish(mirror_marker_path(ckpt, gen, owner), marker.to_json(), create_only=False)
-        prune_mirrors(tier, owner, round_.keep)
+        readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
+        prune_mirrors(tier, round_.keep, readers=readers)
     mine = round_.share.node
     if manifest is None or me != by_node[mine][0]:
         return

@@ -9,9 +9,11 @@ file is checked against its CRC32C before it gets its real name.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -104,39 +106,70 @@ def receive_file(
     Chunks arrive in two rotating buffers and are written through the tier's own durable write
     (temp file, fsync, rename), so memory stays bounded, a full tier is a clean ENOSPC
     (:class:`~tierstore.errors.TierUnavailableError`), and a file whose CRC32C differs from the
-    owner's marker never gets its name.
+    owner's marker never gets its name. When writing fails, the rest of the file is still received
+    (and dropped): the sender's messages all complete, so the group stays usable for the next save.
     """
-    count = chunks(entry.size)
-    buffers = [torch.empty(min(CHUNK, entry.size), dtype=torch.uint8) for _ in range(min(2, count))]
-    value = 0
-    with tier.open_write(path) as stream:
-        pending = _recv_chunk(buffers, 0, entry.size, src, group, first_tag=first_tag)
-        for index in range(count):
-            assert pending is not None
-            wait_all([pending], timeout_s)
-            data = buffers[index % 2][: min(CHUNK, entry.size - index * CHUNK)]
-            pending = _recv_chunk(buffers, index + 1, entry.size, src, group, first_tag=first_tag)
-            view = bytes_of(data)
-            value = crc32c(view, value)
-            stream.write(view)
-        if value != entry.crc32c:
-            raise IntegrityError(
-                f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker says"
-                f" {entry.crc32c:08x}"
-            )
+    incoming = _Chunks(entry.size, src, group, first_tag, timeout_s)
+    try:
+        value = 0
+        with tier.open_write(path) as stream:
+            for view in incoming:
+                value = crc32c(view, value)
+                stream.write(view)
+            if value != entry.crc32c:
+                raise IntegrityError(
+                    f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker"
+                    f" says {entry.crc32c:08x}"
+                )
+    finally:
+        incoming.drain()
 
 
-def _recv_chunk(
-    buffers: list[torch.Tensor], index: int, size: int, src: int, group: dist.ProcessGroup,
-    *, first_tag: int,
-) -> dist.Work | None:  # fmt: skip
-    start = index * CHUNK
-    if start >= size:
-        return None
-    into = buffers[index % 2][: min(CHUNK, size - start)]
-    work = dist.irecv(into, src=src, group=group, tag=first_tag + index)
-    assert work is not None
-    return work
+class _Chunks:
+    """The chunks of one incoming file, in order, one receive always posted ahead."""
+
+    def __init__(
+        self, size: int, src: int, group: dist.ProcessGroup, first_tag: int, timeout_s: float
+    ) -> None:
+        self.size, self.src, self.group, self.first_tag = size, src, group, first_tag
+        self.timeout_s = timeout_s
+        count = chunks(size)
+        self.buffers = [
+            torch.empty(min(CHUNK, size), dtype=torch.uint8) for _ in range(min(2, count))
+        ]
+        self.next = 0
+        """The index of the next chunk to wait for."""
+        self.pending = self._post(0)
+        self.broken = False
+
+    def _post(self, index: int) -> dist.Work | None:
+        start = index * CHUNK
+        if start >= self.size:
+            return None
+        into = self.buffers[index % 2][: min(CHUNK, self.size - start)]
+        work = dist.irecv(into, src=self.src, group=self.group, tag=self.first_tag + index)
+        assert work is not None
+        return work
+
+    def __iter__(self) -> Iterator[memoryview]:
+        while self.pending is not None:
+            index = self.next
+            try:
+                wait_all([self.pending], self.timeout_s)
+            except Exception:
+                self.broken = True  # the peer or the group failed: nothing left to drain
+                raise
+            self.next += 1
+            self.pending = self._post(self.next)
+            yield bytes_of(self.buffers[index % 2][: min(CHUNK, self.size - index * CHUNK)])
+
+    def drain(self) -> None:
+        """Receive and drop whatever of the file has not been taken yet."""
+        if self.broken:
+            return
+        with contextlib.suppress(Exception):  # a peer that failed meanwhile: nothing to save
+            for _view in self:
+                pass
 
 
 def free_bytes(directory: Path) -> int:
