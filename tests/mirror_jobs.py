@@ -89,10 +89,13 @@ def save_steps(  # noqa: PLR0917 - torch.multiprocessing passes arguments by pos
         for tensor in state["model"].values():
             tensor.add_(1000.0)  # the trainer moves on: the checkpoint must not see this
         future.result()
-    if rank == 0:
-        wait_for_mirrors(root, sorted(set(layout)), f"step_{steps[-1]}")
-    dist.barrier()
+    # close() waits for the exchange, also in PROCESS mode, where it runs in DCP's checkpoint
+    # process: after it, every node's mirror of the last save is there.
     writer.close()
+    last = f"step_{steps[-1]}"
+    held = {n: mirror_markers(root, n, last) for n in sorted(set(layout))}
+    assert all(len(markers) == 1 for markers in held.values()), held
+    dist.barrier()
 
 
 def wait_for_mirrors(root: Path, nodes: list[int], checkpoint_id: str, timeout: float = 90) -> None:
@@ -212,3 +215,37 @@ def load_step(  # noqa: PLR0917 - torch.multiprocessing passes arguments by posi
     assert reader.chosen_tier == tier, (reader.chosen_tier, tier)
     wanted = shard_state(rank, step, size)["model"][f"shard{rank}"]
     assert target["step"] == step and torch.equal(target["model"][f"shard{rank}"], wanted)
+
+
+def veto_on_rank_0(view: Any) -> str | None:
+    """A commit gate that refuses on rank 0 only (the other ranks have written by then)."""
+    return "refused on rank 0" if view.rank == 0 else None
+
+
+def save_then_fail_an_overwrite(rank: int, world: int, config: Config, size: int) -> None:
+    """Save ``step_1`` (mirrored), then an overwrite of it that rank 0's gate vetoes."""
+    become(rank)
+    writer = TieredWriter(config, node=rank)
+    dcp.save(shard_state(rank, 1, size), storage_writer=writer, checkpoint_id="step_1")
+    vetoed = TieredWriter(config, node=rank, overwrite=True, commit_gate=veto_on_rank_0)
+    try:
+        dcp.save(shard_state(rank, 2, size), storage_writer=vetoed, checkpoint_id="step_1")
+    except CheckpointException as exc:
+        assert "refused on rank 0" in str(exc), exc
+    else:
+        raise AssertionError("the vetoed overwrite committed")
+    assert writer.wait_mirrored(60) and vetoed.wait_mirrored(60)
+    dist.barrier()
+
+
+def overwrite_back_to_back(rank: int, world: int, config: Config, size: int) -> None:
+    """A big save, then three small saves of one id, each replacing the last (``overwrite=True``):
+    their exchanges queue behind the big one's and find the generations they were to send
+    already replaced by the time they run."""
+    become(rank)
+    writer = TieredWriter(config, node=rank, overwrite=True)
+    dcp.save(shard_state(rank, 9, size), storage_writer=writer, checkpoint_id="big")
+    for step in (1, 2, 3):
+        dcp.save(shard_state(rank, step, 2000), storage_writer=writer, checkpoint_id="latest")
+    assert writer.wait_mirrored(120)
+    dist.barrier()

@@ -9,6 +9,7 @@ import pytest
 
 from tierstore.activity import hold as hold_activity
 from tierstore.activity import live
+from tierstore.checksum import crc32c
 from tierstore.config import config_from_dict
 from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
@@ -18,6 +19,7 @@ from tierstore.mirrors import (
     MirrorMarker,
     MirrorStatus,
     held_mirrors,
+    mirrored_commits,
     mirrored_ids,
     prune_mirrors,
     read_status,
@@ -43,9 +45,9 @@ def hold(tier: Tier, checkpoint_id: str, seq: int, owner: int = 1) -> MirrorMark
     gen = f"g{seq:011x}00000000"
     entry = FileEntry(f"{gen}/r00001-0.distcp", 3, 0x12345678, 1, owner)
     tier.publish(mirror_copy_path(checkpoint_id, entry.path), b"abc", create_only=False)
-    manifest = Manifest(checkpoint_id, gen, 2, (entry,), seq=seq)
-    tier.publish(mirror_commit_path(checkpoint_id, gen), manifest.to_json(), create_only=False)
-    marker = MirrorMarker(checkpoint_id, gen, owner, 0, (1,), (entry,), seq, 7, {"hosts": {}})
+    blob = Manifest(checkpoint_id, gen, 2, (entry,), seq=seq).to_json()
+    tier.publish(mirror_commit_path(checkpoint_id, gen), blob, create_only=False)
+    marker = MirrorMarker(checkpoint_id, gen, owner, 0, (1,), (entry,), seq, crc32c(blob), {})
     tier.publish(mirror_marker_path(checkpoint_id, gen, owner), marker.to_json(), create_only=False)
     return marker
 
@@ -125,6 +127,9 @@ def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
         config_from_dict({"tiers": [{**base, "mirror": {"peers": 2}}]})
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: expected a mapping, got 'yes'"):
         config_from_dict({"tiers": [{**base, "mirror": "yes"}]})
+    two = [{**base, "name": "a", "mirror": True}, {**base, "name": "b", "mirror": True}]
+    with pytest.raises(ConfigError, match=r"tiers: mirror is set on tiers \['a', 'b'\]"):
+        config_from_dict({"tiers": two})
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: unknown key"):
         config_from_dict({"tiers": [{"name": "l", "type": "local", "path": str(tmp_path),
                                      "mirror": True}]})  # fmt: skip
@@ -161,3 +166,11 @@ def test_an_unheld_file_names_where_its_mirror_belonged() -> None:
         in lines[0]
     )
     assert Manifest.from_json(manifest.to_json(), where="x").topology == topology
+
+
+def test_a_changed_copy_of_a_commit_marker_is_never_believed(tmp_path: Path) -> None:
+    tier = memory(tmp_path)
+    marker = hold(tier, "step_1", 1)
+    copy = tmp_path / mirror_commit_path("step_1", marker.generation)
+    copy.write_bytes(copy.read_bytes().replace(b'"seq": 1', b'"seq": 9'))  # a flipped digit
+    assert mirrored_commits(tier, "step_1") == [] and mirrored_ids(tier) == {}

@@ -116,6 +116,16 @@ class Config(StrictModel):
             seen.add(tier.name)
         return tiers
 
+    @field_validator("tiers")
+    @classmethod
+    def _one_mirror(cls, tiers: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
+        mirrored = [t.name for t in tiers if getattr(t, "mirror", None) is not None]
+        if len(mirrored) > 1:
+            raise ValueError(
+                f"mirror is set on tiers {mirrored}: expected at most one mirrored memory tier"
+            )
+        return tiers
+
     def tier(self, name: str) -> TierConfig:
         """The tier called ``name``; :class:`ConfigError` listing the known names otherwise."""
         for tier in self.tiers:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tierstore.activity import ActivityInfo, is_busy
+from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     MIRROR_DIR,
@@ -156,14 +157,24 @@ def held_mirrors(tier: Tier, checkpoint_id: str) -> list[MirrorMarker]:
 
 
 def mirrored_commits(tier: Tier, checkpoint_id: str) -> list[bytes]:
-    """The commit-marker copies this node holds for ``checkpoint_id`` (one per held generation
-    whose mirror marker is present: a copy without one belongs to an incomplete mirror)."""
+    """The commit-marker copies this node holds for ``checkpoint_id``: one per held generation
+    whose mirror marker is present and names the copy's CRC32C (a copy without a marker belongs to
+    an incomplete mirror; one whose bytes changed is skipped, with a warning)."""
+    expected: dict[str, set[int]] = {}
+    for marker in held_mirrors(tier, checkpoint_id):
+        expected.setdefault(marker.generation, set()).add(marker.manifest_crc32c)
     blobs: list[bytes] = []
-    for generation in sorted({m.generation for m in held_mirrors(tier, checkpoint_id)}):
+    for generation, crcs in sorted(expected.items()):
+        path = mirror_commit_path(checkpoint_id, generation)
         try:
-            blobs.append(tier.read_bytes(mirror_commit_path(checkpoint_id, generation)))
+            blob = tier.read_bytes(path)
         except FileNotFoundError:
             continue
+        if crc32c(blob) not in crcs:
+            logger.warning("ignoring %s in %s: CRC32C %08x, its mirror marker says %s", path,
+                           tier.name, crc32c(blob), ", ".join(f"{c:08x}" for c in crcs))  # fmt: skip
+            continue
+        blobs.append(blob)
     return blobs
 
 

@@ -140,6 +140,15 @@ def test_world_size_2_to_1_reshards_from_a_mirror(promoted_two_nodes: Path, tmp_
     run_ranks(load_and_check, 1, root, config, (0,), 1, "memory", (0, 1))
 
 
+def test_a_lone_process_on_the_surviving_node_resumes_from_its_mirrors(
+    promoted_two_nodes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = copy_of(promoted_two_nodes, tmp_path)
+    shutil.rmtree(memory_root(root, 0))  # the coordinator's node is lost
+    monkeypatch.setenv("TIERSTORE_HOST", "sim-host-1")  # this process, without torch.distributed
+    load_and_check(0, 1, mirror_config(root, lower=("shared",)), (1,), 1, "memory", (0, 1))
+
+
 def test_three_nodes_form_a_ring(tmp_path: Path) -> None:
     config = mirror_config(tmp_path)
     run_ranks(save_steps, 3, tmp_path, config, (0, 1, 2), (1,), "sync", tmp_path)

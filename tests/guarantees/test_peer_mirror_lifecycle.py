@@ -17,9 +17,13 @@ from tests.mirror_jobs import (
     memory_root,
     mirror_config,
     mirror_markers,
+    overwrite_back_to_back,
     save_plan,
+    save_then_fail_an_overwrite,
 )
 from tests.workers import run_ranks
+from tierstore.ids import marker_path
+from tierstore.manifest import Manifest
 from tierstore.promote.sidecar import Promoter
 
 SMALL = 20_000
@@ -112,3 +116,30 @@ def test_a_receive_that_fails_mid_file_does_not_stop_the_next_saves_from_mirrori
         assert mirrored(tmp_path, 0, checkpoint_id) is True
         assert mirrored(tmp_path, 1, checkpoint_id) is True
         assert len(mirror_markers(tmp_path, 1, checkpoint_id)) == 1
+
+
+def test_a_vetoed_overwrite_leaves_the_committed_checkpoint_restorable_from_memory(
+    tmp_path: Path,
+) -> None:
+    config = mirror_config(tmp_path, lower=())
+    run_ranks(save_then_fail_an_overwrite, 2, tmp_path, config, SMALL)
+    # The failed save never happened: no node keeps a part of it as evidence of a newer commit.
+    assert not list((tmp_path / "mem").glob("*/step_1/*/parts/*.json"))[2:], "only step_1's own"
+    run_ranks(check_latest, 2, tmp_path, config, (0, 1), "step_1")
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "step_1", ("memory", 1), SMALL)
+    shutil.rmtree(memory_root(tmp_path, 0))  # and from the mirror, once node 0 is lost
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "step_1", ("memory", 1), SMALL)
+
+
+def test_overwrites_back_to_back_keep_mirroring_the_newest_generation(tmp_path: Path) -> None:
+    config = mirror_config(tmp_path, lower=(), timeout="30s")
+    run_ranks(overwrite_back_to_back, 2, tmp_path, config, 4 * BIG)
+    committed = Manifest.from_json(
+        (memory_root(tmp_path, 0) / marker_path("latest")).read_bytes(), where="marker"
+    ).generation
+    for node in (0, 1):
+        (marker,) = mirror_markers(tmp_path, 1 - node, "latest")
+        assert marker.parent.name == committed, "the newest generation is mirrored, only it"
+        assert len(mirror_markers(tmp_path, 1 - node, "big")) == 1
+    shutil.rmtree(memory_root(tmp_path, 1))
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "latest", ("memory", 3), 2000)

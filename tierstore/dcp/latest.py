@@ -56,8 +56,8 @@ def latest_committed(
     tiers = config.make_tiers(node=this_node)
     skipped: list[str] = []
     mirrored = [t for t in tiers if t.mirror is not None]
-    if mirrored and distributed:
-        candidates = _with_peer_candidates(config, this_node, mirrored, group, rank)
+    if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
+        candidates = _with_peer_candidates(config, this_node, mirrored, group, rank, distributed)
     else:
         candidates = Catalog(config, node=this_node).candidates() if rank == 0 else iter(())
     while True:
@@ -102,16 +102,17 @@ def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
     return found
 
 
-def _with_peer_candidates(
-    config: Config, node: int, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int
-) -> Iterator[str]:
+def _with_peer_candidates(  # noqa: PLR0917 - one call site, all of it context
+    config: Config, node: int, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int,
+    collective: bool,
+) -> Iterator[str]:  # fmt: skip
     """Rank 0's candidates merged with what every node holds in mirrored memory tiers: the
     coordinator's node (and with it the only own marker) may be the one that was lost."""
     try:
         local: dict[str, int | None] | str = _node_ids(mirrored)
     except Exception as exc:  # noqa: BLE001 - every rank must reach the collective
         local = f"{type(exc).__name__}: {exc}"
-    gathered = all_gather_object(local, group)
+    gathered = all_gather_object(local, group) if collective else [local]
     if rank != 0:
         return iter(())
     catalog = Catalog(config, node=node)

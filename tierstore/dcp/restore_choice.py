@@ -137,7 +137,8 @@ def _newest_marker(
         return None, (
             f"the newest marker held in memory names generation {best.generation} (commit"
             f" {best.seq}), but live nodes wrote their parts of a newer save of this id"
-            f" ({', '.join(newer)}) whose marker no live node holds: the memory copies may be stale"
+            f" ({', '.join(newer)}) whose commit no live node can confirm (its marker is not"
+            " held by any): restoring the older contents under this id could undo that save"
         )
     return best.to_json(), None
 

@@ -33,6 +33,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -183,6 +184,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._tiers: list[Tier] | None = None
         self._round: Round | None = None
+        self._handovers: list[float] = []
+        """When saves were handed to DCP's checkpoint process (PROCESS mode), not yet waited for."""
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -211,6 +214,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
         state["_tiers"] = state["_round"] = None
+        state["_handovers"] = []
+        self._handovers.append(time.time())
         state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
@@ -353,12 +358,31 @@ class TieredWriter(StorageWriter, AsyncStager):
         """Wait until this process's peer-mirror exchanges of finished saves have ended (mirrored
         or recorded as reduced redundancy); False if ``timeout`` seconds passed first.
 
-        In ``AsyncCheckpointerType.PROCESS`` mode the exchange runs in DCP's checkpoint process:
-        there, the mirror markers in the partner's memory tier are the evidence.
+        In ``AsyncCheckpointerType.PROCESS`` mode the exchange runs in DCP's checkpoint process,
+        which ends with the trainer: this waits for the status record that every exchange leaves
+        on this node, one per save handed over (call it, or :meth:`close`, before exiting).
         """
-        if self.tier.mirror is None:
+        if self.tier.mirror is None or not self._mirrors():
             return True
-        return worker_for(self.tier).wait_idle(timeout)
+        worker = worker_for(self.tier)
+        if worker.submitted or not self._handovers:
+            return worker.wait_idle(timeout)
+        return self._wait_for_status_records(timeout)
+
+    def _wait_for_status_records(self, timeout: float | None) -> bool:
+        """PROCESS mode: the exchange ran in DCP's checkpoint process; each save's exchange ends
+        with this node's status record (:mod:`tierstore.mirrors`), so wait for one per save."""
+        since, expected = self._handovers[0] - 1.0, len(self._handovers)
+        root = Path(self.tier.local_path("") or ".")
+        pattern = f"*/*/mirror/node{self.node:05d}.json"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while deadline is None or time.monotonic() < deadline:
+            records = [p for p in root.glob(pattern) if _mtime(p) >= since]
+            if len(records) >= expected:
+                self._handovers.clear()
+                return True
+            time.sleep(0.05)
+        return False
 
     def _all_tiers(self) -> list[Tier]:
         """Every configured tier as seen from this node, the target first (built once)."""
@@ -495,12 +519,26 @@ class TieredWriter(StorageWriter, AsyncStager):
             manifest = self._commit(ckpt, gen, metadata, results)
         except BaseException as exc:
             if mirror is not None:
-                mirror.outcome.failed(f"{type(exc).__name__}: {exc}")
+                self._tell_mirror_of_failure(mirror, ckpt, gen, exc)
             raise
         finally:
             self._stop_writing()
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
+
+    def _tell_mirror_of_failure(
+        self, mirror: Round, ckpt: str, gen: str, exc: BaseException
+    ) -> None:
+        """A failed commit is final only if no marker names the generation (a publish can fail
+        after its rename): the exchange then removes the save's files on every node."""
+        try:
+            published = read_manifest(self.tier, ckpt)
+        except Exception:  # noqa: BLE001 - no marker, or none readable: not this generation's
+            published = None
+        if published is not None and published.generation == gen:
+            mirror.outcome.committed(published.to_json())
+        else:
+            mirror.outcome.failed(f"{type(exc).__name__}: {exc}")
 
     def _commit(
         self, ckpt: str, gen: str, metadata: Metadata, results: list[list[WriteResult]]
@@ -633,6 +671,13 @@ class TieredWriter(StorageWriter, AsyncStager):
         if is_busy([a for a in live(self.tier, ttl=ttl) if a.kind == "read"], ckpt, replaced):
             return
         _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, replaced)))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _quietly(action: Callable[[], object]) -> None:

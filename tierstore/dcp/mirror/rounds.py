@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from tierstore.activity import live
@@ -48,11 +49,14 @@ from tierstore.dcp.mirror.transport import (
 )
 from tierstore.ids import (
     checkpoint_file,
+    generation_dir,
     is_metadata_file,
     mirror_commit_path,
     mirror_copy_path,
     mirror_id_dir,
     mirror_marker_path,
+    parts_dir,
+    rank_part_path,
 )
 from tierstore.manifest import FileEntry, Manifest
 from tierstore.mirrors import MirrorMarker, MirrorStatus, prune_mirrors, write_status
@@ -60,6 +64,9 @@ from tierstore.placement import MirrorConfig, Placement, place
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
+_TAG_SPAN = 2**21
+"""Tags one round may use (one per 64 MiB chunk: 128 TiB)."""
+_TAG_ROUNDS = 500
 _NICE = 10
 """Priority of the exchange thread relative to the trainer's (higher is nicer)."""
 
@@ -93,15 +100,25 @@ class CommitOutcome:
         self._event.set()
 
     def failed(self, reason: str) -> None:
-        """The save did not commit."""
+        """The save did not commit, for certain (no marker names its generation)."""
         self.reason = reason
         self._event.set()
 
-    def wait(self, timeout_s: float) -> tuple[bytes | None, str]:
-        """The marker, or None and why (also after ``timeout_s`` without an outcome)."""
+    def wait(self, timeout_s: float) -> Verdict:
+        """The outcome; after ``timeout_s`` without one, unknown (neither committed nor failed)."""
         if not self._event.wait(timeout_s):
-            return None, f"no commit outcome within {timeout_s:.0f}s"
-        return self.marker, self.reason
+            return Verdict(None, f"no commit outcome within {timeout_s:.0f}s", failed=False)
+        return Verdict(self.marker, self.reason, failed=self.marker is None)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the coordinator tells every rank about the save after the files moved."""
+
+    marker: bytes | None
+    reason: str
+    failed: bool
+    """True only when the save certainly did not commit: its files may then be removed."""
 
 
 @dataclass
@@ -115,6 +132,8 @@ class Round:
     activity_ttl: float = 60.0
     """How fresh a restore's ``read`` record must be for retention to leave its id alone."""
     outcome: CommitOutcome = field(default_factory=CommitOutcome)
+    number: int = 0
+    """This process's count of rounds so far (the same on every rank: rounds run in one order)."""
 
 
 @dataclass(frozen=True)
@@ -135,12 +154,14 @@ def _ranks_by_node(shares: list[SavedShare]) -> dict[int, list[int]]:
     return {node: sorted(ranks) for node, ranks in nodes.items()}
 
 
-def plan_transfers(shares: list[SavedShare], placement: Placement) -> list[Transfer]:
+def plan_transfers(
+    shares: list[SavedShare], placement: Placement, first_tag: int = 1
+) -> list[Transfer]:
     """Every file move of a round, in one order on every rank, each with its own tags."""
     by_node = _ranks_by_node(shares)
     by_rank = {s.rank: s for s in shares}
     transfers: list[Transfer] = []
-    tag = 1
+    tag = first_tag
     for owner, holder in sorted(placement.holder_of.items()):
         receivers = by_node[holder]
         for index, rank in enumerate(by_node[owner]):
@@ -158,6 +179,7 @@ class MirrorWorker:
         self._queue: queue.Queue[Round] = queue.Queue()
         self._idle = threading.Condition()
         self._busy = 0
+        self._submitted = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -165,6 +187,8 @@ class MirrorWorker:
         """Queue a round (called from ``write_data`` on every rank)."""
         with self._idle:
             self._busy += 1
+            self._submitted += 1
+            round_.number = self._submitted
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -172,6 +196,11 @@ class MirrorWorker:
                 )
                 self._thread.start()
         self._queue.put(round_)
+
+    @property
+    def submitted(self) -> int:
+        """How many rounds this process has run or queued."""
+        return self._submitted
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued round has ended; False when ``timeout_s`` passed first."""
@@ -225,6 +254,9 @@ class _State:
     coordinator: int
     failed: dict[int, str]
     """Owner node -> why its mirror failed (shared facts: every rank fills it identically)."""
+    tag_base: int = 0
+    not_committed: str = ""
+    """Why the coordinator sent no marker (empty when it did)."""
 
     @property
     def me(self) -> int:
@@ -250,28 +282,38 @@ def run_round(round_: Round) -> None:
             _record_unmirrored(round_, None, exc)
         return
     saves = {(s.checkpoint_id, s.generation) for s in shares}
-    if len(saves) != 1 or not all(s.wrote for s in shares):
-        if len(saves) != 1:
-            logger.error("peer mirror: ranks disagree on the save (%s); round skipped", saves)
-        return  # a failed save: nothing to mirror, and every rank knows it
+    if len(saves) != 1:
+        logger.error("peer mirror: ranks disagree on the save (%s); round skipped", saves)
+        if round_.share.wrote:
+            _record_unmirrored(round_, None, RuntimeError(f"ranks disagree on the save: {saves}"))
+        return
+    if not all(s.wrote for s in shares):
+        _remove_failed_save(round_)  # DCP never commits a save a rank failed to write
+        if round_.share.rank == min(s.rank for s in shares if s.node == round_.share.node):
+            _record_unmirrored(
+                round_, None, RuntimeError("the save failed on a rank: not committed")
+            )
+        return
     hosts = {s.node: s.host for s in sorted(shares, key=lambda s: s.rank)}
     placement = place(hosts, stride=round_.mirror.stride)
     if round_.share.rank == 0:
         for owner, why in placement.refused.items():
             _warn_once(f"peer mirror: node {owner} has no mirror: {why}")
+    # Tags differ from round to round (rounds run in one order on every rank): a message of a round
+    # that failed can never be taken for one of the next.
+    base = (round_.number % _TAG_ROUNDS) * _TAG_SPAN
     state = _State(
-        round_, groups.mirror, shares, placement, plan_transfers(shares, placement),
-        next(s.rank for s in shares if s.coordinator), dict(placement.refused),
+        round_, groups.mirror, shares, placement, plan_transfers(shares, placement, base + 1),
+        next(s.rank for s in shares if s.coordinator), dict(placement.refused), base,
     )  # fmt: skip
     try:
         _prepare_incoming(state)
         errors = _exchange(state)
         manifest = _share_commit(state, errors)
         outcomes: list[dict[int, str]] = _gather(errors, state.group)
+        _conclude(state, outcomes, manifest)
     except Exception as exc:  # noqa: BLE001 - a peer died or hung: reduced redundancy, recorded
         _record_broken_round(state, exc)
-        return
-    _conclude(state, outcomes, manifest)
 
 
 def _record_broken_round(state: _State, exc: Exception) -> None:
@@ -323,16 +365,12 @@ def _exchange(state: _State) -> dict[int, str]:
     works: list[dist.Work] = []
     kept: list[Any] = []  # mappings of sent files stay alive until their messages are out
     errors: dict[int, str] = {}
-    try:
-        for t in live:
-            if t.sender == me:
-                data = map_file(
-                    local(round_.tier, checkpoint_file(ckpt, t.entry.path)), t.entry.size
-                )
-                kept.append(data)
-                works += post_send(data, t.receiver, state.group, t.first_tag)
-    except Exception as exc:  # noqa: BLE001 - a file of this rank's own that cannot be sent
-        errors[round_.share.node] = f"rank {me}: sending: {exc}"
+    for t in live:
+        if t.sender != me:
+            continue
+        data = _readable(round_.tier, ckpt, t.entry, errors, round_.share.node, me)
+        kept.append(data)
+        works += post_send(data, t.receiver, state.group, t.first_tag)
     for t in live:
         if t.receiver == me:
             try:  # one file failing (a full tmpfs) must not leave the others unreceived
@@ -349,20 +387,38 @@ def _exchange(state: _State) -> dict[int, str]:
     return errors
 
 
+def _readable(  # noqa: PLR0917 - a helper of the two senders above and below
+    tier: Tier, ckpt: str, entry: FileEntry, errors: dict[int, str], owner: int, me: int
+) -> torch.Tensor:
+    """The bytes of a file to send. One removed meanwhile (an overwrite replaced its generation,
+    retention dropped it) is sent as zeros: the receiver still expects every chunk, fails the
+    CRC32C check, and both sides go on in step (a missing message would leave the receiver waiting
+    and the group broken for every later save)."""
+    try:
+        return map_file(local(tier, checkpoint_file(ckpt, entry.path)), entry.size)
+    except Exception as exc:  # noqa: BLE001 - recorded as this owner's failure
+        errors.setdefault(owner, f"rank {me}: cannot send {entry.path}: {exc}")
+        return torch.zeros(entry.size, dtype=torch.uint8)
+
+
 def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
     """The committed marker on every rank (None if the save did not commit), and DCP's metadata
     sent to the holder of the coordinator's node (a failure is added to ``errors``)."""
     round_, me, coordinator = state.round_, state.me, state.coordinator
-    found: tuple[bytes | None, str] = (None, "")
+    found = Verdict(None, "", failed=False)
     if me == coordinator:  # within half the timeout: the others wait in the broadcast meanwhile
         found = round_.outcome.wait(round_.mirror.timeout / 2)
     box = [found]
     dist.broadcast_object_list(box, src=coordinator, group=state.group)
-    blob, reason = box[0]
-    if blob is None:
-        logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id, reason)
+    verdict: Verdict = box[0]
+    state.not_committed = verdict.reason
+    if verdict.marker is None:
+        logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id,
+                    verdict.reason)  # fmt: skip
+        if verdict.failed:
+            _remove_failed_save(round_)
         return None
-    manifest = Manifest.from_json(blob, where="the commit marker broadcast by the coordinator")
+    manifest = Manifest.from_json(verdict.marker, where="the commit marker the coordinator sent")
     coordinator_node = state.node_of(coordinator)
     holder = state.placement.holder_of.get(coordinator_node)
     entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
@@ -374,11 +430,11 @@ def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
     timeout, ckpt = round_.mirror.timeout, manifest.checkpoint_id
     try:
         if me == coordinator:
-            path = local(round_.tier, checkpoint_file(ckpt, entry.path))
-            wait_all(post_send(map_file(path, entry.size), receiver, state.group, 0), timeout)
+            data = _readable(round_.tier, ckpt, entry, errors, coordinator_node, me)
+            wait_all(post_send(data, receiver, state.group, state.tag_base), timeout)
         else:
             receive_file(round_.tier, mirror_copy_path(ckpt, entry.path), entry, coordinator,
-                         state.group, first_tag=0, timeout_s=timeout)  # fmt: skip
+                         state.group, first_tag=state.tag_base, timeout_s=timeout)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
         errors.setdefault(coordinator_node, f"rank {me}: .metadata: {exc}")
     return manifest
@@ -411,10 +467,14 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
         tier.publish(mirror_marker_path(ckpt, gen, owner), marker.to_json(), create_only=False)
         readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
         prune_mirrors(tier, round_.keep, readers=readers)
+    # Every holder's markers are down before any owner says it is mirrored.
+    _gather(None, state.group)
     mine = round_.share.node
-    if manifest is None or me != by_node[mine][0]:
+    if me != by_node[mine][0]:
         return
     holder_node = state.placement.holder_of.get(mine)
+    if manifest is None:
+        failed.setdefault(mine, f"the save did not commit: {state.not_committed}")
     status = MirrorStatus(ckpt, gen, mine, holder_node, mine not in failed, failed.get(mine, ""))
     write_status(tier, status)
     if not status.mirrored and mine not in state.placement.refused:
@@ -422,6 +482,19 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
             ckpt, mine, status.reason,
         )  # fmt: skip
+
+
+def _remove_failed_save(round_: Round) -> None:
+    """The save certainly did not commit: this rank removes what it wrote of it (its files and part
+    record), so that no node keeps evidence of a save that never happened (see ``newer_saves``)."""
+    share, tier = round_.share, round_.tier
+    if not share.wrote:
+        return  # a rank whose write failed removed its files itself
+    for entry in share.files:
+        tier.delete(checkpoint_file(share.checkpoint_id, entry.path))
+    tier.delete(rank_part_path(share.checkpoint_id, share.generation, share.rank))
+    tier.remove_if_empty(parts_dir(share.checkpoint_id, share.generation))
+    tier.remove_if_empty(generation_dir(share.checkpoint_id, share.generation))
 
 
 _warned: set[str] = set()
