@@ -9,6 +9,7 @@ and every file it names is present at the named size (and, when verifying, has t
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -16,10 +17,20 @@ from typing import Any
 
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
-from tierstore.ids import checked_file_path, checkpoint_file, is_generation, marker_path, step_of
+from tierstore.ids import (
+    checked_file_path,
+    checkpoint_file,
+    is_generation,
+    is_rank_part_name,
+    marker_path,
+    part_file,
+    parts_dir,
+    step_of,
+)
 from tierstore.tiers.base import Tier
 from tierstore.version import __version__
 
+logger = logging.getLogger(__name__)
 FORMAT = "tierstore.commit/1"
 
 
@@ -256,3 +267,24 @@ def entry_problem(path: str, entry: FileEntry, size: int, crc: int | None = None
     if crc is not None and crc != entry.crc32c:
         return f"{path}: CRC32C {crc:08x}, marker says {entry.crc32c:08x}"
     return None
+
+
+def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
+    """``{generation: [rank part records]}`` found under ``checkpoint_id`` in ``tier``."""
+    found: dict[str, list[PartRecord]] = {}
+    for generation in tier.list_dir(checkpoint_id):
+        if not is_generation(generation):
+            continue
+        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
+            if not is_rank_part_name(name):
+                continue
+            path = part_file(checkpoint_id, generation, name)
+            try:
+                record = PartRecord.from_json(
+                    tier.read_bytes(path), where=f"tier {tier.name}: {path}"
+                )
+            except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
+                logger.warning("ignoring part record: %s", exc)
+                continue
+            found.setdefault(generation, []).append(record)
+    return found

@@ -19,14 +19,10 @@ from dataclasses import dataclass, field
 from tierstore.catalog import marker_times
 from tierstore.ids import (
     is_checkpoint_id,
-    is_generation,
-    is_rank_part_name,
     marker_path,
-    part_file,
-    parts_dir,
     step_of,
 )
-from tierstore.manifest import Manifest, PartRecord, read_manifest
+from tierstore.manifest import Manifest, PartRecord, part_records, read_manifest
 from tierstore.promote.policy import Copy
 from tierstore.tiers import Tier
 
@@ -77,27 +73,6 @@ def copy_of(manifest: Manifest) -> Copy:
         manifest.committed_at,
         manifest.generation,
     )
-
-
-def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
-    """``{generation: [rank part records]}`` found under ``checkpoint_id`` in ``tier``."""
-    found: dict[str, list[PartRecord]] = {}
-    for generation in tier.list_dir(checkpoint_id):
-        if not is_generation(generation):
-            continue
-        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
-            if not is_rank_part_name(name):
-                continue
-            path = part_file(checkpoint_id, generation, name)
-            try:
-                record = PartRecord.from_json(
-                    tier.read_bytes(path), where=f"tier {tier.name}: {path}"
-                )
-            except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
-                logger.warning("ignoring part record: %s", exc)
-                continue
-            found.setdefault(generation, []).append(record)
-    return found
 
 
 def discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:

@@ -14,17 +14,12 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
-    is_generation,
-    is_rank_part_name,
     marker_path,
     mirror_copy_path,
-    part_file,
-    parts_dir,
 )
-from tierstore.manifest import FileEntry, Manifest, PartRecord, entry_problem, file_crc32c
+from tierstore.manifest import FileEntry, Manifest, entry_problem, file_crc32c, part_records
 from tierstore.mirrors import held_mirrors, mirrored_commits
 from tierstore.placement import place
 from tierstore.tiers import Tier
@@ -51,19 +46,11 @@ def probe_node(tier: Tier, checkpoint_id: str) -> NodeProbe:
     found: list[bytes] = []
     with contextlib.suppress(FileNotFoundError):
         found.append(tier.read_bytes(marker_path(checkpoint_id)))
-    parts: list[tuple[str, int]] = []
-    for generation in tier.list_dir(checkpoint_id):
-        if not is_generation(generation):
-            continue
-        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
-            if not is_rank_part_name(name):
-                continue
-            path = part_file(checkpoint_id, generation, name)
-            with contextlib.suppress(FileNotFoundError, IntegrityError):
-                record = PartRecord.from_json(tier.read_bytes(path), where=path)
-                if record.seq is not None:
-                    parts.append((generation, record.seq))
-                break  # one record per generation says the save happened here
+    parts = [
+        (generation, records[0].seq)
+        for generation, records in part_records(tier, checkpoint_id).items()
+        if records and records[0].seq is not None
+    ]
     return NodeProbe(found + mirrored_commits(tier, checkpoint_id), parts)
 
 

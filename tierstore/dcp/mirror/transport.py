@@ -63,12 +63,10 @@ def post_send(
 ) -> list[dist.Work]:
     """Start sending ``data`` to global rank ``dst``, one message per chunk, tags from
     ``first_tag``."""
-    works = []
-    for index, start in enumerate(range(0, data.numel(), CHUNK)):
-        work = dist.isend(data[start : start + CHUNK], dst=dst, group=group, tag=first_tag + index)
-        assert work is not None
-        works.append(work)
-    return works
+    return [
+        _posted(dist.isend(data[start : start + CHUNK], dst=dst, group=group, tag=first_tag + i))
+        for i, start in enumerate(range(0, data.numel(), CHUNK))
+    ]
 
 
 def post_recv(
@@ -76,12 +74,15 @@ def post_recv(
 ) -> list[dist.Work]:
     """Start receiving into ``into`` from global rank ``src`` (the mirror image of
     :func:`post_send`)."""
-    works = []
-    for index, start in enumerate(range(0, into.numel(), CHUNK)):
-        work = dist.irecv(into[start : start + CHUNK], src=src, group=group, tag=first_tag + index)
-        assert work is not None
-        works.append(work)
-    return works
+    return [
+        _posted(dist.irecv(into[start : start + CHUNK], src=src, group=group, tag=first_tag + i))
+        for i, start in enumerate(range(0, into.numel(), CHUNK))
+    ]
+
+
+def _posted(work: dist.Work | None) -> dist.Work:
+    assert work is not None, "this rank is not in the group"
+    return work
 
 
 def wait_all(works: list[dist.Work], timeout_s: float) -> None:
