@@ -95,6 +95,7 @@ def test_drill_fails_a_checkpoint_whose_optimizer_state_was_dropped(trained: Run
     code, report = drill(trained, "--checkpoint", "step_00000012-no-optim", "--world-size", "2")
 
     assert code == 1 and not report["passed"]
+    assert len(report["losses"]) >= 2, f"the drill stopped before two steps: {report['reason']}"
     # The first step's loss comes before any update: it still matches. The update then differs.
     assert report["losses"][0] == report["logged"][0]
     assert report["losses"][1] != report["logged"][1]
