@@ -27,6 +27,7 @@ from tierstore.mirrors import (
 )
 from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.tiers import Tier
+from tierstore.tiers.memory import MemoryTier
 
 
 def memory(tmp_path: Path, **mirror: object) -> Tier:
@@ -174,3 +175,31 @@ def test_a_changed_copy_of_a_commit_marker_is_never_believed(tmp_path: Path) -> 
     copy = tmp_path / mirror_commit_path("step_1", marker.generation)
     copy.write_bytes(copy.read_bytes().replace(b'"seq": 1', b'"seq": 9'))  # a flipped digit
     assert mirrored_commits(tier, "step_1") == [] and mirrored_ids(tier) == {}
+
+
+class _RecordingTier(MemoryTier):
+    """A real memory tier that notes each removal, in order (the ordering rule's witness)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("m", str(root), mirror=None)
+        self.removed: list[str] = []
+
+    def delete(self, path: str) -> None:
+        self.removed.append(path)
+        super().delete(path)
+
+    def delete_tree(self, path: str) -> None:
+        self.removed.append(f"{path}/")
+        super().delete_tree(path)
+
+
+def test_a_mirror_is_removed_marker_first_then_its_files(tmp_path: Path) -> None:
+    marker = hold(memory(tmp_path), "step_1", 1)
+    tier = _RecordingTier(tmp_path)
+    prune_mirrors(tier, keep=0)
+    gen = marker.generation
+    assert tier.removed[:2] == [
+        mirror_marker_path("step_1", gen, 1),
+        f".tierstore/mirror/step_1/{gen}/",
+    ], "a reader that sees the marker must find every file it names"
+    assert held_mirrors(memory(tmp_path), "step_1") == []
