@@ -13,7 +13,8 @@ Measures, on a synthetic transformer-shaped training state (parameters and AdamW
   ``FileSystemReader`` load, ``FsspecWriter``/``FsspecReader`` against an S3 server;
 * tierstore: the stall of the first save of a fresh process, a save to a local tier, restores from
   memory, local and S3 tiers, a promotion to S3 next to boto3 uploading the same bytes to the same
-  server, ``latest_committed`` and ``ls`` over 1,000 checkpoints in four tiers;
+  server, the restore from S3 next to boto3 downloading them, ``latest_committed`` and ``ls`` over
+  1,000 checkpoints in four tiers;
 * peer mirror (:mod:`benchmarks.mirror`): two ranks on two simulated nodes, the mirror exchange
   against plain gloo send/recv, the stall with and without mirroring, a lost node's restore from its
   partner's memory against a shared disk tier and S3;
@@ -79,7 +80,8 @@ TARGETS = (
         "local save / plain write+fsync (bandwidth)": (">=", 0.9),
         "restore from memory / plain tmpfs read (bandwidth)": (">=", 0.8),
         "restore from local / plain disk read (bandwidth)": (">=", 0.8),
-        "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.9),
+        "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.95),
+        "restore from s3 / best boto3 download (bandwidth)": (">=", 0.9),
         "latest_committed, 1000 x 4 tiers (seconds)": ("<", 1.0),
     }
 )
@@ -271,6 +273,15 @@ def phase_s3(bench: Bench, state: Any) -> None:
              for c in configs}  # fmt: skip
     best = min(trial, key=lambda c: trial[c])
     bench.extra["boto3 upload_file trial (concurrency: seconds)"] = trial
+    landing = bench.shm / "boto3-download.bin"  # into memory, as a restore lands in tensors
+
+    def download(concurrency: int) -> None:
+        bench.s3.download_file(bench.bucket, "boto3/try", str(landing), Config=configs[concurrency])
+
+    fetch_trial = {c: timed(lambda c=c: download(c), lambda: landing.unlink(missing_ok=True))
+                   for c in configs}  # fmt: skip
+    fetch_best = min(fetch_trial, key=lambda c: fetch_trial[c])
+    bench.extra["boto3 download_file trial (concurrency: seconds)"] = fetch_trial
     restored = zeros_like_state(state)
     os.environ["AWS_ENDPOINT_URL_S3"] = bench.endpoint  # FsspecWriter.reset drops storage options
 
@@ -296,6 +307,7 @@ def phase_s3(bench: Bench, state: Any) -> None:
                 restored, storage_reader=TieredReader(s3_only), checkpoint_id=checkpoint_id
             )
         )
+        fetched = timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True))
         fs_save = timed(
             lambda: dcp.save(
                 state, storage_writer=FsspecWriter(f"s3://{bench.bucket}/torch-fsspec")
@@ -312,11 +324,17 @@ def phase_s3(bench: Bench, state: Any) -> None:
         )
         bench.sample(f"boto3 upload_file, same bytes (concurrency {best})", theirs, biggest.size)
         bench.sample("tierstore restore from s3", back, nbytes)
+        bench.sample(f"boto3 download_file, same bytes (concurrency {fetch_best})", fetched,
+                     biggest.size)  # fmt: skip
         bench.sample("torch FsspecWriter save, s3", fs_save, nbytes)
         bench.sample("torch FsspecReader load, s3", fs_load, nbytes)
         bench.pair(
             "promotion to s3 / best boto3 upload (bandwidth)",
             (theirs / biggest.size) / (ours / data_bytes),
+        )
+        bench.pair(
+            "restore from s3 / best boto3 download (bandwidth)",
+            (fetched / biggest.size) / (back / nbytes),
         )
         bench.pair("restore from s3 / torch FsspecReader (bandwidth)", fs_load / back)
     bench.show(
@@ -324,9 +342,11 @@ def phase_s3(bench: Bench, state: Any) -> None:
         "tierstore promoter pass (discovery, promotion, retention, gc)",
         f"boto3 upload_file, same bytes (concurrency {best})",
         "tierstore restore from s3",
+        f"boto3 download_file, same bytes (concurrency {fetch_best})",
         "torch FsspecWriter save, s3",
         "torch FsspecReader load, s3",
     )
+    landing.unlink(missing_ok=True)
 
 
 def phase_catalog(bench: Bench) -> None:

@@ -51,6 +51,16 @@ def test_byte_ranges(tier: Tier) -> None:
     assert b"".join(tier.iter_chunks("r/data", chunk_size=1000)) == payload
 
 
+def test_read_into_past_the_end_or_of_a_missing_file_fails_cleanly(tier: Tier) -> None:
+    tier.write_bytes("r/short", b"x" * 100)
+    with pytest.raises(EOFError):
+        tier.read_into("r/short", 50, memoryview(bytearray(80)))  # runs 30 bytes past the end
+    with pytest.raises(EOFError):
+        tier.read_into("r/short", 100, memoryview(bytearray(10)))  # starts at the end
+    with pytest.raises(FileNotFoundError):
+        tier.read_into("r/missing", 0, memoryview(bytearray(10)))
+
+
 def test_missing_files_raise_file_not_found(tier: Tier) -> None:
     with pytest.raises(FileNotFoundError):
         tier.read_bytes("nope/missing")

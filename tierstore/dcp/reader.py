@@ -288,8 +288,11 @@ class TieredReader(StorageReader):
                 per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
                 for request in requests:
                     per_file[request[1].path].append(request)
+                # The sizes the marker records (checked when the copy was chosen): no HEAD each.
+                manifest = self._choice.manifest if self._choice is not None else None
+                sizes = {f.path: f.size for f in manifest.files} if manifest is not None else {}
                 for path, file_requests in per_file.items():
-                    self._read_object(path, file_requests, planner)
+                    self._read_object(path, file_requests, planner, sizes.get(path))
         finally:  # the data is in memory: cleanup and retention may act on this id again
             self._stop_reading()
         future: Future[None] = Future()
@@ -350,28 +353,31 @@ class TieredReader(StorageReader):
             _copy_into(planner, item, decode_tensor(data, location))
 
     def _read_object(
-        self, path: str, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+        self,
+        path: str,
+        requests: list[tuple[ReadItem, ItemLocation]],
+        planner: LoadPlanner,
+        size: int | None,
     ) -> None:
         """An object store: fetch the object (ranged GETs in parallel), then hand out its items."""
         assert self._tier is not None and self._checkpoint_id is not None
         tier, full = self._tier, checkpoint_file(self._checkpoint_id, path)
         needed = sum(location.length for _, location in requests)
-        size = tier.stat(full).size
+        size = tier.stat(full).size if size is None else size
         if needed <= _WHOLE_FILE_FRACTION * size:
             self._read_items(requests, planner)
             return
         whole = bytearray(size)
+        view = memoryview(whole)
         chunk = max(tier.capabilities.transfer_chunk, 2**20)
+        streams = max(2, tier.capabilities.transfer_streams)
 
         def fetch(offset: int) -> None:
-            whole[offset : offset + chunk] = tier.read_range(
-                full, offset, min(chunk, size - offset)
-            )
+            tier.read_into(full, offset, view[offset : offset + chunk])
 
-        with ThreadPoolExecutor(_READ_WORKERS * 2, thread_name_prefix="tierstore-get") as pool:
+        with ThreadPoolExecutor(streams, thread_name_prefix="tierstore-get") as pool:
             list(pool.map(fetch, range(0, size, chunk)))
         self._count(size)
-        view = memoryview(whole)
         for item, location in requests:
             self._deliver(
                 item, location, view[location.offset : location.offset + location.length], planner

@@ -77,6 +77,8 @@ class Capabilities:
             itself (``link``; ``If-None-Match: *``), not by a check-then-write.
         multipart: large objects are uploaded in parts assembled by the server.
         transfer_chunk: the size in which copies into or out of the tier are best made.
+        transfer_streams: how many chunks are best moved at once (an object store's requests in
+            flight).
     """
 
     local_files: bool = False
@@ -85,6 +87,7 @@ class Capabilities:
     create_only_publish: bool = False
     multipart: bool = False
     transfer_chunk: int = 8 * 2**20
+    transfer_streams: int = 1
 
 
 class WriteStream(Protocol):
