@@ -1,15 +1,16 @@
 """A real S3 endpoint that misbehaves on purpose: moto's server behind a fault-injecting WSGI layer.
 
 Faults are rules matched against each request (method, a substring of the path): answer with an HTTP
-error (503 SlowDown, 500 InternalError) instead of serving it, or serve it after a delay. Everything
-stays on 127.0.0.1.
+error (503 SlowDown, 500 InternalError) instead of serving it, serve it after a delay, or serve half
+of its body and close the connection (a response cut short). Everything stays on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ class Rule:
     times: int
     status: int = 0
     delay: float = 0.0
+    cut: bool = False
 
 
 class FaultInjector:
@@ -60,6 +62,12 @@ class FaultInjector:
         """Delay the next ``times`` matching requests by ``seconds``."""
         with self.lock:
             self.rules.append(Rule(method, path, times, delay=seconds))
+
+    def cut(self, times: int, *, method: str | None = None, path: str = "") -> None:
+        """Serve the next ``times`` matching requests with the full length announced but only half
+        of the body sent, then close the connection."""
+        with self.lock:
+            self.rules.append(Rule(method, path, times, cut=True))
 
     def _match(self, method: str, path: str) -> Rule | None:
         with self.lock:
@@ -93,7 +101,15 @@ class FaultInjector:
                 [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
             )
             return [body]
+        if rule is not None and rule.cut:
+            return _cut_short(b"".join(self.app(environ, start_response)), environ)
         return self.app(environ, start_response)
+
+
+def _cut_short(body: bytes, environ: dict[str, Any]) -> Iterator[bytes]:
+    yield body[: len(body) // 2]
+    # werkzeug would keep the connection open for the rest: close it, as a dropped server would.
+    environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
 
 
 class FaultyS3(ThreadedMotoServer):

@@ -175,7 +175,9 @@ def test_peer_killed_during_the_exchange_commits_without_a_mirror_then_the_next_
 ) -> None:
     config = mirror_config(tmp_path, lower=(), timeout="10s")
     store = str(tmp_path / "store")
-    context = mp.get_context("forkserver")  # preloaded by tests.workers
+    # Preloaded by tests.workers; these ranks run in the server's environment (they set their own
+    # host variable and need nothing of this test's).
+    context = mp.get_context("forkserver")
     ranks = [context.Process(target=save_and_linger, args=(r, 2, store, config, tmp_path))
              for r in (0, 1)]  # fmt: skip
     for process in ranks:

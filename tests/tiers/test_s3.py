@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -59,6 +61,40 @@ def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier
     tier.write_bytes("a/object", b"payload")
     assert tier.read_bytes("a/object") == b"payload"
     assert len(retried) == 2
+
+
+def test_a_ranged_read_cut_short_by_the_server_is_retried(
+    faulty: tuple[FaultyS3, S3Tier],
+) -> None:
+    server, tier = faulty
+    payload = os.urandom(3 * 2**20)
+    tier.write_bytes("a/object", payload)
+    retried: list[BaseException] = []
+    tier.observe_retries(retried.append)
+    server.faults.cut(1, method="GET", path="a/object")
+    out = bytearray(2**20 + 7)
+    tier.read_into("a/object", 2**20, memoryview(out))
+    assert bytes(out) == payload[2**20 : 2**21 + 7]
+    assert len(retried) == 1 and "cut short" in str(retried[0])
+
+
+def test_threads_asking_at_once_share_one_client(s3_endpoint: str, s3_bucket: str) -> None:
+    tier = s3_tier(s3_endpoint, s3_bucket)
+    together = threading.Barrier(8)
+
+    def first_use(_: int) -> object:
+        together.wait()
+        return tier.client
+
+    with ThreadPoolExecutor(8) as pool:
+        clients = list(pool.map(first_use, range(8)))
+    assert len({id(c) for c in clients}) == 1
+
+
+def test_reading_into_a_missing_object_names_it(s3_endpoint: str, s3_bucket: str) -> None:
+    tier = s3_tier(s3_endpoint, s3_bucket)
+    with pytest.raises(FileNotFoundError, match=f"s3://{s3_bucket}/p/no/such-object"):
+        tier.read_into("no/such-object", 0, memoryview(bytearray(10)))
 
 
 def test_create_only_publish_refuses_a_taken_name_and_accepts_its_own_retry(

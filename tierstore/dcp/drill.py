@@ -229,9 +229,11 @@ def _rank_main(rank: int, job: _Job) -> None:
         outcome = {"error": last[:2000]}
     finally:
         Path(job.workdir, f"rank{rank}.json").write_text(json.dumps(outcome))
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        _exit_reported()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            _exit_reported()
 
 
 def _exit_reported() -> NoReturn:

@@ -370,7 +370,7 @@ class TieredReader(StorageReader):
         whole = bytearray(size)
         view = memoryview(whole)
         chunk = max(tier.capabilities.transfer_chunk, 2**20)
-        streams = max(2, tier.capabilities.transfer_streams)
+        streams = max(1, tier.capabilities.transfer_streams)
 
         def fetch(offset: int) -> None:
             tier.read_into(full, offset, view[offset : offset + chunk])

@@ -87,7 +87,7 @@ class Capabilities:
     create_only_publish: bool = False
     multipart: bool = False
     transfer_chunk: int = 8 * 2**20
-    transfer_streams: int = 1
+    transfer_streams: int = 4
 
 
 class WriteStream(Protocol):
