@@ -3,6 +3,7 @@ back-pressure, the commit gates, and the per-save timings."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -95,20 +96,58 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(
     writer = TieredWriter(config)
     state = model_state(2)
     dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002").result()
-    assert writer._stager is not None and writer._stager.slab is not None
-    slab_path = writer._stager.slab.path
-    assert slab_path is not None and not os.path.exists(slab_path), "the slab became the checkpoint"
-    manifest = read_manifest(tier0(config), "step_0002")
+    stager = writer._stager
+    assert stager is not None and stager.slab is not None
+    assert stager.slab.private and stager.slab.path is None, (
+        "a first save copies into process memory"
+    )
+    stager.wait_until_prepared()
+    spare = stager.spare
+    assert spare is not None and spare.path is not None, "a tmpfs spare is ready for the next save"
+    spare_inode = os.stat(spare.path).st_ino
+    dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
+    assert stager.slab is spare and not os.path.exists(spare.path), "the slab became the checkpoint"
+    manifest = read_manifest(tier0(config), "step_0003")
     data = next(f for f in manifest.files if f.path.endswith("-0.distcp"))
     assert writer._slab is not None and data.size == writer._slab.nbytes
-    writer._stager._preparing.join()  # type: ignore[union-attr]
-    assert writer._stager.spare is not None, "a spare buffer is ready for the next save"
-    dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
+    data_path = tier0(config).local_path(f"step_0003/{data.path}")
+    assert os.stat(data_path).st_ino == spare_inode, "renamed into place, not copied"
     assert_loaded(config, "step_0002", state)
     assert_loaded(config, "step_0003", model_state(3))
     writer.close()
     staging = Path(tier0(config).local_path(staging_dir()))
     assert not list(staging.glob("*/slab-*.bin")), "close() releases unused buffers"
+
+
+def _resident_pages(address: int, nbytes: int) -> int:
+    """How many pages of the page-aligned interior of [address, address + nbytes) are in memory."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start, end = -(-address // page) * page, (address + nbytes) // page * page
+    vector = (ctypes.c_ubyte * ((end - start) // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(start, end - start, vector) == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vector)
+
+
+def test_a_first_save_gives_its_private_buffer_back_once_it_is_over(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config("memory")
+    writer = TieredWriter(config)
+    state = {"w": torch.randn(4 * 2**20)}  # 16 MiB
+    dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0001").result()
+    stager = writer._stager
+    assert stager is not None and stager.slab is not None and stager.slab.private
+    slab = stager.slab
+    deadline = time.monotonic() + 30
+    while _resident_pages(slab.storage.data_ptr(), slab.nbytes) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the worker gives the pages back after the save's thread ended
+    assert _resident_pages(slab.storage.data_ptr(), slab.nbytes) == 0
+    target = {"w": torch.zeros(4 * 2**20)}
+    dcp.load(target, storage_reader=TieredReader(config), checkpoint_id="step_0001")
+    assert torch.equal(target["w"], state["w"]), "the checkpoint was written before the pages went"
+    writer.close()
 
 
 def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> None:

@@ -15,12 +15,21 @@ The buffer is a *slab*:
   warm memory;
 * otherwise, anonymous shared memory, reused save after save.
 
+**The first save** into a memory tier (or the first after the state changed size, with no spare of that
+size ready) copies into ordinary process memory instead, and its background save writes that buffer
+into the tier. Fresh tmpfs pages cost about 1.4x as much to fault in as fresh private ones, and the
+first copy touches every page: this keeps the first stall at the cost of torch's own first save, which
+copies into fresh private memory. The private buffer's pages are given back as soon as that save is
+over; the spare prepared meanwhile makes every later save the zero-copy kind. ``prepare()`` removes even
+that first fault cost.
+
 Both kinds are shared memory with a file descriptor, so ``AsyncCheckpointerType.PROCESS`` hands them to
 DCP's checkpoint process without copying. With CUDA, slabs are page-locked (``cudaHostRegister``) so the
 device-to-host copy runs at full speed.
 
 **Memory bound.** At most two slabs per rank exist at once: the one being persisted (for a memory tier it
-then *is* the checkpoint, counted by the tier's ``keep``) and the spare. **Back-pressure.** A save that
+then *is* the checkpoint, counted by the tier's ``keep``; a first save's private buffer until its save
+is over) and the spare. **Back-pressure.** A save that
 starts while the previous save from the same writer is still persisting waits for it (the buffer, and
 DCP's writer object, are not shared between saves in flight); the wait is logged and recorded as
 ``wait_s`` in the marker, and is part of the stall.
@@ -38,6 +47,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +58,7 @@ from torch.distributed.tensor import DTensor
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staged_shard import StagedShard
+from tierstore.dcp.worker import BackgroundWorker
 from tierstore.errors import TierUnavailableError
 from tierstore.owners import LOCK_NAME, hold_owner_lock
 
@@ -72,16 +83,25 @@ class SlabInfo:
 
 
 class Slab:
-    """One staging buffer: shared memory (a tmpfs file or anonymous), optionally page-locked."""
+    """One staging buffer: shared memory (a tmpfs file or anonymous) or, for a memory tier's first
+    save, private memory (see the module docstring); optionally page-locked."""
 
-    def __init__(self, nbytes: int, path: str | None, *, preallocate: bool = False) -> None:
+    def __init__(
+        self, nbytes: int, path: str | None, *, preallocate: bool = False, private: bool = False
+    ) -> None:
         self.nbytes = nbytes
         self.path = path
+        self.private = private
         # torch's shared-memory storages (private API, pinned by tests/test_torch_contract.py) are
-        # passed to DCP's checkpoint process by file descriptor: no copy in PROCESS mode.
+        # passed to DCP's checkpoint process by file descriptor: no copy in PROCESS mode. (A private
+        # buffer is moved into shared memory by torch itself there, on DCP's thread.)
         storage_class: Any = torch.UntypedStorage
-        if path is None:
-            self.storage: torch.UntypedStorage = storage_class._new_shared(nbytes)
+        if private:
+            self.storage: torch.UntypedStorage = torch.empty(
+                nbytes, dtype=torch.uint8
+            ).untyped_storage()
+        elif path is None:
+            self.storage = storage_class._new_shared(nbytes)
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -110,10 +130,27 @@ class Slab:
             view = view_of(self.storage, 0, torch.uint8, (self.nbytes,))
             view[::_PAGE].zero_()  # older kernels: touch one byte per page
 
+    def drop_pages(self) -> None:
+        """Unmap the slab's pages without holding the GIL (ahead of dropping the slab).
+
+        A shared slab's pages stay in its tmpfs file or shared memory; a private slab's contents are
+        discarded, so call it only once no save reads the slab any more.
+        """
+        start = -(-self.storage.data_ptr() // _PAGE) * _PAGE  # private memory is not page-aligned
+        end = (self.storage.data_ptr() + self.nbytes) // _PAGE * _PAGE
+        if end > start:
+            _libc.madvise(start, end - start, _MADV_DONTNEED)
+
     @property
     def consumed(self) -> bool:
         """True when a save renamed this slab into a checkpoint: it must never be written again."""
         return self.path is not None and not os.path.exists(self.path)
+
+    @property
+    def spent(self) -> bool:
+        """True when no later save may copy into this slab: it became a checkpoint, or it is a first
+        save's private buffer (a memory tier's later saves use tmpfs slabs)."""
+        return self.private or self.consumed
 
     def tensor(self, offset: int, like: torch.Tensor) -> torch.Tensor:
         """A view of the slab at byte ``offset`` with ``like``'s dtype and shape (contiguous)."""
@@ -177,24 +214,6 @@ class Pending:
         if carrier is not None and carrier is not threading.current_thread():
             carrier.join()
         return True
-
-
-def _retire(slabs: list[Slab]) -> None:
-    """Drop slabs on a helper thread: unmapping a large mapping takes a while, not the trainer's."""
-    holder = list(slabs)
-    slabs.clear()
-
-    def drop() -> None:
-        while holder:
-            slab = holder.pop()
-            # Zap the page tables through ctypes, which lets go of the GIL; torch's own unmap
-            # (when the storage dies) holds it, and would pause the trainer's Python meanwhile.
-            # The pages belong to the tmpfs file: a shared mapping loses no data this way.
-            _libc.madvise(slab.storage.data_ptr(), slab.nbytes, _MADV_DONTNEED)
-            slab.release()
-            del slab
-
-    threading.Thread(target=drop, name="tierstore-unmap", daemon=True).start()
 
 
 def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -267,7 +286,9 @@ class Stager:
         self._lock_fd = hold_owner_lock(directory) if directory is not None else None
         self.slab: Slab | None = None
         self.spare: Slab | None = None
-        self._preparing: threading.Thread | None = None
+        # Spares are prepared and old slabs unmapped on one thread that outlives the saves.
+        self._worker = BackgroundWorker("tierstore-slabs")
+        self._preparing: Future[Any] | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
         self._reused = False
@@ -278,12 +299,16 @@ class Stager:
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory, self._lock_fd)
 
-    def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
+    def _new_slab(self, nbytes: int, *, preallocate: bool = False, private: bool = False) -> Slab:
+        """A new slab; ``private``: process memory for one save, if this stager stages into a
+        memory tier (its later saves then use the spare; see the module docstring)."""
         path = None
         if self.directory is not None:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
             preallocate = _tight(self.directory, nbytes) or preallocate  # raises if it cannot fit
+            if private:
+                return Slab(nbytes, None, private=True)
         return Slab(nbytes, path, preallocate=preallocate)
 
     def _prepare_spare(self, nbytes: int) -> None:
@@ -299,23 +324,49 @@ class Stager:
             if old is not None:
                 old.release()
 
-        self._preparing = threading.Thread(target=prepare, name="tierstore-spare", daemon=True)
-        self._preparing.start()
+        self._preparing = self._worker.submit(prepare)
+
+    def _retire(self) -> None:
+        """Drop the retired slabs on the worker: unmapping a large mapping takes a while."""
+        holder, self._retired = self._retired, []
+
+        def drop() -> None:
+            while holder:
+                slab = holder.pop()
+                # Zap the page tables through ctypes, which lets go of the GIL; torch's own unmap
+                # (when the storage dies) holds it, and would pause the trainer's Python meanwhile.
+                slab.drop_pages()
+                slab.release()
+                del slab
+
+        self._worker.submit(drop)
+
+    def _give_back_after(self, pending: Pending, slab: Slab) -> None:
+        """Once the save using ``slab`` (a private one) is over, return its pages to the system."""
+
+        def give_back() -> None:
+            if pending.wait():  # a save that never reported in may still read it: keep the pages
+                slab.drop_pages()
+
+        self._worker.submit(give_back)
+
+    def _spare_in_progress(self) -> bool:
+        return self._preparing is not None and not self._preparing.done()
 
     def _acquire(self, nbytes: int, *, preallocate: bool) -> tuple[Slab, float]:
         """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
         waited = 0.0
         # A slab the last save did not adopt (its rank wrote a compact file instead, see
         # rank_files) is simply used again: no spare is needed while that lasts.
-        self._reused = self.slab is not None and not self.slab.consumed
-        if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
+        self._reused = self.slab is not None and not self.slab.spent
+        if self.slab is not None and (self.slab.spent or self.slab.nbytes != nbytes):
             self._retired.append(
                 self.slab
             )  # unmapped after the copy: munmap slows a copy beside it
             self.slab = None
-        if self.slab is None and self._preparing is not None and self._preparing.is_alive():
+        if self.slab is None and self._preparing is not None:
             started = time.perf_counter()
-            self._preparing.join()
+            self._preparing.result()
             waited = time.perf_counter() - started
         if self.slab is None:
             with self._lock:
@@ -325,11 +376,12 @@ class Stager:
             else:
                 if spare is not None:
                     spare.release()
-                self.slab = self._new_slab(nbytes, preallocate=preallocate)
+                # No tmpfs slab ready (a first save): private memory faults in faster.
+                self.slab = self._new_slab(nbytes, preallocate=preallocate, private=True)
         return self.slab, waited
 
     def _drop_spare(self) -> None:
-        if self._preparing is not None and self._preparing.is_alive():
+        if self._spare_in_progress():
             return  # it is being made now; the next save decides again
         with self._lock:
             spare, self.spare = self.spare, None
@@ -358,7 +410,7 @@ class Stager:
     def wait_until_prepared(self) -> None:
         """Block until a background preparation (see :meth:`prepare`) has finished."""
         if self._preparing is not None:
-            self._preparing.join()
+            self._preparing.result()
 
     def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
         """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait.
@@ -414,26 +466,31 @@ class Stager:
         if copies_on_device:
             torch.cuda.synchronize()
         if self._retired:
-            _retire(self._retired)
-            self._retired = []
-        if slab.path is not None and self._reused:
+            self._retire()
+        self.pending = Pending()
+        if slab.private:
+            # The spare waits on the worker until this save is over, so that the checkpoint file it
+            # writes takes its room in the tier first (a tier with room for one fails the spare).
+            self._give_back_after(self.pending, slab)
+            self._prepare_spare(nbytes)
+        elif slab.path is not None and self._reused:
             self._drop_spare()  # this job's saves write compact files: the slab stays in use
         elif slab.path is not None:
             self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one
         if slab.path is not None:  # its mtime says "in use" to gc, even after the rename
             os.utime(slab.path)
-        self.pending = Pending()
         return staged, SlabInfo(nbytes, token, slab.path), waited
 
     def close(self) -> None:
         """Release every slab this stager still owns."""
         self.queue.wait_until_idle()
         if self._preparing is not None:
-            self._preparing.join()
+            self._preparing.result()
         for slab in (self.slab, self.spare):
             if slab is not None:
                 slab.release()
         self.slab = self.spare = None
+        self._worker.close()
 
 
 class StagerRegistry:
