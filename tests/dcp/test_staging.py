@@ -7,6 +7,8 @@ import ctypes
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,7 +132,7 @@ def _resident_pages(address: int, nbytes: int) -> int:
     return sum(v & 1 for v in vector)
 
 
-def test_a_first_save_gives_its_private_buffer_back_once_it_is_over(
+def test_a_first_saves_private_buffer_is_given_back_by_the_next_save(
     make_config: Callable[..., Config],
 ) -> None:
     config = make_config("memory")
@@ -139,15 +141,49 @@ def test_a_first_save_gives_its_private_buffer_back_once_it_is_over(
     dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0001").result()
     stager = writer._stager
     assert stager is not None and stager.slab is not None and stager.slab.private
-    slab = stager.slab
-    deadline = time.monotonic() + 30
-    while _resident_pages(slab.storage.data_ptr(), slab.nbytes) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the worker gives the pages back after the save's thread ended
+    slab = stager.slab  # held here, so that its address stays mapped for mincore
+    assert _resident_pages(slab.storage.data_ptr(), slab.nbytes) > 0
+    dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002").result()
+    assert stager.slab is not slab and stager.slab is not None and not stager.slab.private
+    stager.wait_until_prepared()  # the worker retires slabs before it prepares the next spare
     assert _resident_pages(slab.storage.data_ptr(), slab.nbytes) == 0
-    target = {"w": torch.zeros(4 * 2**20)}
-    dcp.load(target, storage_reader=TieredReader(config), checkpoint_id="step_0001")
-    assert torch.equal(target["w"], state["w"]), "the checkpoint was written before the pages went"
+    for checkpoint_id in ("step_0001", "step_0002"):
+        target = {"w": torch.zeros(4 * 2**20)}
+        dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id)
+        assert torch.equal(target["w"], state["w"]), checkpoint_id
     writer.close()
+
+
+_SYNC_AFTER_STAGE = """
+import sys, torch, torch.distributed.checkpoint as dcp
+from tierstore import TieredWriter
+from tierstore.config import config_from_dict
+config = config_from_dict({"tiers": [{"name": "ram", "type": "memory", "path": sys.argv[1]}]})
+writer = TieredWriter(config)
+for step in (1, 2, 3):
+    staged = writer.stage({"w": torch.full((2**20,), float(step))})
+    dcp.save(staged, storage_writer=writer, checkpoint_id=f"step_{step}")
+    print(f"step_{step} saved", flush=True)
+future = dcp.async_save({"w": torch.ones(2**20)}, storage_writer=writer, checkpoint_id="step_4")
+future.add_done_callback(lambda _: writer.close())  # runs on DCP's save thread
+future.result()
+print("closed from a callback", flush=True)
+"""
+
+
+def test_a_synchronous_save_of_staged_state_and_close_in_a_callback_never_hang(
+    tmp_path: Path,
+) -> None:
+    # The save then runs on the trainer's own thread, and close() on the save's thread: nothing
+    # in the stager may wait for the thread that is waiting.
+    done = subprocess.run(
+        [sys.executable, "-c", _SYNC_AFTER_STAGE, str(tmp_path / "ram")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:4] == [
+        "step_1 saved", "step_2 saved", "step_3 saved", "closed from a callback",
+    ], done.stdout  # fmt: skip
 
 
 def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> None:

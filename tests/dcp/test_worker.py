@@ -52,3 +52,20 @@ def test_close_ends_the_thread_after_queued_jobs_and_a_later_submit_starts_again
         time.sleep(0.01)
     assert worker.submit(lambda: "again").result(timeout=10) == "again"
     worker.close()
+
+
+def test_jobs_submitted_after_close_wait_for_the_closed_threads_jobs() -> None:
+    # Writers share a stager: one may close it while another still submits to it.
+    worker = BackgroundWorker("test-worker-handover")
+    gate = threading.Event()
+    order: list[str] = []
+    before = worker.submit(lambda: (gate.wait(10), order.append("before close")))
+    worker.close()
+    after = worker.submit(lambda: order.append("after close"))
+    time.sleep(0.2)
+    assert order == [], "a job submitted after close() ran beside the closed thread's job"
+    gate.set()
+    before.result(timeout=10)
+    after.result(timeout=10)
+    assert order == ["before close", "after close"]
+    worker.close()

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from tierstore.dcp.worker import BackgroundWorker
 from tierstore.errors import TierstoreError
 
 
@@ -41,23 +40,26 @@ class StagingFuture(Future[Any]):
 
 
 class StagingQueue:
-    """Runs staging jobs one at a time, in submission order, on one daemon thread (started once).
+    """Runs staging jobs one at a time, in submission order, each on its own daemon thread.
 
-    A daemon thread, not a pool: a job blocked on a save that never ends must not hold the
-    interpreter at exit. A job's failure is its future's; the next job runs regardless. Handing a
-    job to a running thread spares the trainer a thread start per save.
+    Daemon threads (not a pool): a job blocked on a save that never ends must not hold the
+    interpreter at exit. A job's failure is its future's; the next job runs regardless.
     """
 
     def __init__(self, name: str = "tierstore-stage") -> None:
-        self._worker = BackgroundWorker(name)
+        self._name = name
         self._lock = threading.Lock()
         self._last: Future[Any] | None = None
 
     def submit(self, job: Callable[[], Any]) -> StagingFuture:
         """Run ``job`` after every job submitted before it has finished; returns its future."""
         future = StagingFuture()
+        with self._lock:
+            previous, self._last = self._last, future
 
         def run() -> None:
+            if previous is not None:
+                _wait(previous)
             if not future.set_running_or_notify_cancel():
                 return
             try:
@@ -67,9 +69,7 @@ class StagingQueue:
             except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception: it would hang
                 future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
 
-        with self._lock:
-            self._last = future
-            self._worker.submit(run)
+        threading.Thread(target=run, name=self._name, daemon=True).start()
         return future
 
     def wait_until_idle(self) -> None:
@@ -78,10 +78,6 @@ class StagingQueue:
             last = self._last
         if last is not None:
             _wait(last)
-
-    def close(self) -> None:
-        """Let the thread end once the jobs submitted so far have run (returns at once)."""
-        self._worker.close()
 
 
 def _wait(future: Future[Any]) -> None:

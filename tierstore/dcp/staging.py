@@ -19,17 +19,20 @@ The buffer is a *slab*:
 size ready) copies into ordinary process memory instead, and its background save writes that buffer
 into the tier. Fresh tmpfs pages cost about 1.4x as much to fault in as fresh private ones, and the
 first copy touches every page: this keeps the first stall at the cost of torch's own first save, which
-copies into fresh private memory. The private buffer's pages are given back as soon as that save is
-over; the spare prepared meanwhile makes every later save the zero-copy kind. ``prepare()`` removes even
-that first fault cost.
+copies into fresh private memory. The spare is prepared at once if the tier has room for the checkpoint
+and a spare (otherwise the checkpoint comes first and the next save allocates on its own), so later saves
+are the zero-copy kind; the private buffer is given back when the next save starts. In PROCESS mode
+torch moves the private buffer into shared memory on DCP's thread (a copy off the stall, and one more
+state's worth of ``/dev/shm`` until the next save). Not with CUDA: slabs are page-locked there, and a
+page-locked private buffer would not survive that move. ``prepare()`` removes even the first fault cost.
 
 Both kinds are shared memory with a file descriptor, so ``AsyncCheckpointerType.PROCESS`` hands them to
 DCP's checkpoint process without copying. With CUDA, slabs are page-locked (``cudaHostRegister``) so the
 device-to-host copy runs at full speed.
 
 **Memory bound.** At most two slabs per rank exist at once: the one being persisted (for a memory tier it
-then *is* the checkpoint, counted by the tier's ``keep``; a first save's private buffer until its save
-is over) and the spare. **Back-pressure.** A save that
+then *is* the checkpoint, counted by the tier's ``keep``; a first save's private buffer until the
+next save) and the spare. **Back-pressure.** A save that
 starts while the previous save from the same writer is still persisting waits for it (the buffer, and
 DCP's writer object, are not shared between saves in flight); the wait is logged and recorded as
 ``wait_s`` in the marker, and is part of the stall.
@@ -307,7 +310,9 @@ class Stager:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
             preallocate = _tight(self.directory, nbytes) or preallocate  # raises if it cannot fit
-            if private:
+            # With CUDA the slab is page-locked, which a private buffer handed to PROCESS mode
+            # would not survive (torch moves it into shared memory): keep the tmpfs slab there.
+            if private and not torch.cuda.is_available():
                 return Slab(nbytes, None, private=True)
         return Slab(nbytes, path, preallocate=preallocate)
 
@@ -341,14 +346,13 @@ class Stager:
 
         self._worker.submit(drop)
 
-    def _give_back_after(self, pending: Pending, slab: Slab) -> None:
-        """Once the save using ``slab`` (a private one) is over, return its pages to the system."""
-
-        def give_back() -> None:
-            if pending.wait():  # a save that never reported in may still read it: keep the pages
-                slab.drop_pages()
-
-        self._worker.submit(give_back)
+    def _room_for_spare(self, nbytes: int) -> bool:
+        """Whether the memory tier can take a spare of ``nbytes`` beside the checkpoint of as many."""
+        assert self.directory is not None
+        try:
+            return not _tight(self.directory, nbytes)  # free >= checkpoint + spare + margin
+        except TierUnavailableError:
+            return False
 
     def _spare_in_progress(self) -> bool:
         return self._preparing is not None and not self._preparing.done()
@@ -376,8 +380,11 @@ class Stager:
             else:
                 if spare is not None:
                     spare.release()
-                # No tmpfs slab ready (a first save): private memory faults in faster.
-                self.slab = self._new_slab(nbytes, preallocate=preallocate, private=True)
+                try:  # no tmpfs slab ready (a first save): private memory faults in faster
+                    self.slab = self._new_slab(nbytes, preallocate=preallocate, private=True)
+                except BaseException:
+                    self._retire()  # a refused save must not keep the spent slab's memory
+                    raise
         return self.slab, waited
 
     def _drop_spare(self) -> None:
@@ -469,10 +476,10 @@ class Stager:
             self._retire()
         self.pending = Pending()
         if slab.private:
-            # The spare waits on the worker until this save is over, so that the checkpoint file it
-            # writes takes its room in the tier first (a tier with room for one fails the spare).
-            self._give_back_after(self.pending, slab)
-            self._prepare_spare(nbytes)
+            # The checkpoint file this save writes comes first: with no room for it and a spare
+            # too, the next save allocates on its own (or is refused, naming the bytes).
+            if self._room_for_spare(nbytes):
+                self._prepare_spare(nbytes)
         elif slab.path is not None and self._reused:
             self._drop_spare()  # this job's saves write compact files: the slab stays in use
         elif slab.path is not None:
@@ -491,7 +498,6 @@ class Stager:
                 slab.release()
         self.slab = self.spare = None
         self._worker.close()
-        self.queue.close()
 
 
 class StagerRegistry:

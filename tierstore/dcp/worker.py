@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+_Jobs = queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+
 
 class BackgroundWorker:
     """Runs jobs one at a time, in submission order, on one daemon thread started on first use.
@@ -24,9 +26,8 @@ class BackgroundWorker:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: _Jobs | None = None
+        """The running thread's queue (each thread has its own: see :meth:`close`)."""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -34,8 +35,13 @@ class BackgroundWorker:
         """Queue ``job``; returns its future at once."""
         future: Future[Any] = Future()
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            if self._jobs is None:
+                # A thread closed a moment ago may still run its last jobs: the new one waits for
+                # it, so jobs never run side by side or out of order.
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._jobs, self._thread), name=self._name, daemon=True
+                )
                 self._thread.start()
             self._jobs.put((future, job))
         return future
@@ -43,13 +49,16 @@ class BackgroundWorker:
     def close(self) -> None:
         """Let the thread end once the jobs queued so far have run (returns at once)."""
         with self._lock:
-            if self._thread is not None:
-                self._jobs.put(None)  # after every job queued before it
-                self._thread = None
+            if self._jobs is not None:
+                self._jobs.put(None)
+                self._jobs = None
 
-    def _run(self) -> None:
+    @staticmethod
+    def _run(jobs: _Jobs, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
         while True:
-            entry = self._jobs.get()
+            entry = jobs.get()
             if entry is None:
                 return
             future, job = entry
