@@ -20,8 +20,8 @@ _Jobs = queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
 class BackgroundWorker:
     """Runs jobs one at a time, in submission order, on one daemon thread started on first use.
 
-    A daemon thread, so that a job blocked on a save that never ends cannot hold the interpreter at
-    exit. A job's exception goes to its future; the next job runs regardless.
+    A daemon thread, so that a job still running (a spare being populated) cannot hold the
+    interpreter at exit. A job's exception goes to its future; the next job runs regardless.
     """
 
     def __init__(self, name: str) -> None:
