@@ -7,6 +7,8 @@ at a gate the test controls."""
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
+from tierstore.dcp.overlap import StagingQueue
 from tierstore.ids import marker_path, staging_dir
 from tierstore.manifest import read_manifest
 
@@ -301,3 +304,34 @@ def test_process_mode_isolation(
     kind: str, tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     run_ranks(isolated_process_saves, 1, tmp_path, make_config(kind))
+
+
+class _Staged:
+    """Stands for a staged state: views into a slab, whose last reference unmaps it."""
+
+
+def _collected(ref: weakref.ref[_Staged]) -> bool:
+    deadline = time.monotonic() + 10
+    while ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the job's thread drops its references as it ends
+    return ref() is None
+
+
+def test_the_staging_queue_keeps_no_staged_state_alive() -> None:
+    # Unmapping a slab whose checkpoint was already deleted frees its pages with the GIL held
+    # (60-120 ms per GiB, every thread of the trainer stops): a staged state must die with the
+    # save that used it, not when the queue moves on.
+    queue = StagingQueue()
+    first = queue.submit(_Staged)
+    ref = weakref.ref(first.result())
+    del first
+    gate = threading.Event()
+    second = queue.submit(lambda: gate.wait(10))  # runs after the first, and is still running
+    assert _collected(ref), "the queue held the previous job's result while the next job ran"
+    gate.set()
+    second.result(timeout=10)
+    third = queue.submit(_Staged)
+    ref = weakref.ref(third.result())
+    del third
+    queue.wait_until_idle()
+    assert _collected(ref), "the queue held its last job's result"

@@ -54,20 +54,27 @@ class StagingQueue:
     def submit(self, job: Callable[[], Any]) -> StagingFuture:
         """Run ``job`` after every job submitted before it has finished; returns its future."""
         future = StagingFuture()
+        # The queue orders jobs by when they end, not by their results: it must not keep a staged
+        # state (views into a slab) alive, since the last reference to a slab unmaps it, and that
+        # happens with the GIL held.
+        finished: Future[None] = Future()
         with self._lock:
-            previous, self._last = self._last, future
+            previous, self._last = self._last, finished
 
         def run() -> None:
-            if previous is not None:
-                _wait(previous)
-            if not future.set_running_or_notify_cancel():
-                return
             try:
-                future.set_result(job())
-            except Exception as exc:  # noqa: BLE001 - handed to the trainer through the future
-                future.set_exception(exc)
-            except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception: it would hang
-                future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
+                if previous is not None:
+                    _wait(previous)
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    future.set_result(job())
+                except Exception as exc:  # noqa: BLE001 - handed to the trainer through the future
+                    future.set_exception(exc)
+                except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception
+                    future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
+            finally:
+                finished.set_result(None)
 
         threading.Thread(target=run, name=self._name, daemon=True).start()
         return future
