@@ -16,23 +16,18 @@ The buffer is a *slab*:
 * otherwise, anonymous shared memory, reused save after save.
 
 **The first save** into a memory tier (or the first after the state changed size, with no spare of that
-size ready) copies into ordinary process memory instead, and its background save writes that buffer
-into the tier. Fresh tmpfs pages cost about 1.4x as much to fault in as fresh private ones, and the
-first copy touches every page: this keeps the first stall at the cost of torch's own first save, which
-copies into fresh private memory. The spare is prepared at once if the tier has room for the checkpoint
-and a spare (otherwise the checkpoint comes first and the next save allocates on its own), so later saves
-are the zero-copy kind; the private buffer is given back when the next save starts. In PROCESS mode
-torch moves the private buffer into shared memory on DCP's thread (a copy off the stall, and one more
-state's worth of ``/dev/shm`` until the next save). Not with CUDA: slabs are page-locked there, and a
-page-locked private buffer would not survive that move. ``prepare()`` removes even the first fault cost.
-
-Both kinds are shared memory with a file descriptor, so ``AsyncCheckpointerType.PROCESS`` hands them to
-DCP's checkpoint process without copying. With CUDA, slabs are page-locked (``cudaHostRegister``) so the
-device-to-host copy runs at full speed.
+size ready) has no slab to copy into. It copies each tensor into fresh process memory instead, as
+torch's own stager does, and its background save writes those copies into the tier like a plain
+``dcp.save``; they are freed with the save. Fresh tmpfs pages cost about 1.4x as much to fault in as
+fresh private ones, and a first copy touches every page: this keeps the first stall at the cost of
+torch's first save. The spare is prepared at once if the tier has room for the checkpoint and a spare
+(otherwise the checkpoint comes first and the next save allocates on its own), so later saves are the
+zero-copy kind. In PROCESS mode torch moves the copies into shared memory on DCP's thread (a copy off
+the stall, and one more state's worth of ``/dev/shm`` while that save runs). Not with CUDA: the
+device-to-host copy needs the page-locked slab. ``prepare()`` removes even the first fault cost.
 
 **Memory bound.** At most two slabs per rank exist at once: the one being persisted (for a memory tier it
-then *is* the checkpoint, counted by the tier's ``keep``; a first save's private buffer until the
-next save) and the spare. **Back-pressure.** A save that
+then *is* the checkpoint, counted by the tier's ``keep``) and the spare. **Back-pressure.** A save that
 starts while the previous save from the same writer is still persisting waits for it (the buffer, and
 DCP's writer object, are not shared between saves in flight); the wait is logged and recorded as
 ``wait_s`` in the marker, and is part of the stall.
@@ -86,25 +81,16 @@ class SlabInfo:
 
 
 class Slab:
-    """One staging buffer: shared memory (a tmpfs file or anonymous) or, for a memory tier's first
-    save, private memory (see the module docstring); optionally page-locked."""
+    """One staging buffer: shared memory (a tmpfs file or anonymous), optionally page-locked."""
 
-    def __init__(
-        self, nbytes: int, path: str | None, *, preallocate: bool = False, private: bool = False
-    ) -> None:
+    def __init__(self, nbytes: int, path: str | None, *, preallocate: bool = False) -> None:
         self.nbytes = nbytes
         self.path = path
-        self.private = private
         # torch's shared-memory storages (private API, pinned by tests/test_torch_contract.py) are
-        # passed to DCP's checkpoint process by file descriptor: no copy in PROCESS mode. (A private
-        # buffer is moved into shared memory by torch itself there, on DCP's thread.)
+        # passed to DCP's checkpoint process by file descriptor: no copy in PROCESS mode.
         storage_class: Any = torch.UntypedStorage
-        if private:
-            self.storage: torch.UntypedStorage = torch.empty(
-                nbytes, dtype=torch.uint8
-            ).untyped_storage()
-        elif path is None:
-            self.storage = storage_class._new_shared(nbytes)
+        if path is None:
+            self.storage: torch.UntypedStorage = storage_class._new_shared(nbytes)
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -134,26 +120,14 @@ class Slab:
             view[::_PAGE].zero_()  # older kernels: touch one byte per page
 
     def drop_pages(self) -> None:
-        """Unmap the slab's pages without holding the GIL (ahead of dropping the slab).
-
-        A shared slab's pages stay in its tmpfs file or shared memory; a private slab's contents are
-        discarded, so call it only once no save reads the slab any more.
-        """
-        start = -(-self.storage.data_ptr() // _PAGE) * _PAGE  # private memory is not page-aligned
-        end = (self.storage.data_ptr() + self.nbytes) // _PAGE * _PAGE
-        if end > start:
-            _libc.madvise(start, end - start, _MADV_DONTNEED)
+        """Unmap the slab's pages without holding the GIL (ahead of dropping the slab); they stay
+        in its tmpfs file or shared memory."""
+        _libc.madvise(self.storage.data_ptr(), self.nbytes, _MADV_DONTNEED)
 
     @property
     def consumed(self) -> bool:
         """True when a save renamed this slab into a checkpoint: it must never be written again."""
         return self.path is not None and not os.path.exists(self.path)
-
-    @property
-    def spent(self) -> bool:
-        """True when no later save may copy into this slab: it became a checkpoint, or it is a first
-        save's private buffer (a memory tier's later saves use tmpfs slabs)."""
-        return self.private or self.consumed
 
     def tensor(self, offset: int, like: torch.Tensor) -> torch.Tensor:
         """A view of the slab at byte ``offset`` with ``like``'s dtype and shape (contiguous)."""
@@ -302,18 +276,12 @@ class Stager:
         # Files still in the staging directory at exit never became checkpoints: remove them.
         weakref.finalize(self, _remove_directory, directory, self._lock_fd)
 
-    def _new_slab(self, nbytes: int, *, preallocate: bool = False, private: bool = False) -> Slab:
-        """A new slab; ``private``: process memory for one save, if this stager stages into a
-        memory tier (its later saves then use the spare; see the module docstring)."""
+    def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
         path = None
         if self.directory is not None:
             Path(self.directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(self.directory, f"slab-{uuid.uuid4().hex}.bin")
             preallocate = _tight(self.directory, nbytes) or preallocate  # raises if it cannot fit
-            # With CUDA the slab is page-locked, which a private buffer handed to PROCESS mode
-            # would not survive (torch moves it into shared memory): keep the tmpfs slab there.
-            if private and not torch.cuda.is_available():
-                return Slab(nbytes, None, private=True)
         return Slab(nbytes, path, preallocate=preallocate)
 
     def _prepare_spare(self, nbytes: int) -> None:
@@ -357,13 +325,14 @@ class Stager:
     def _spare_in_progress(self) -> bool:
         return self._preparing is not None and not self._preparing.done()
 
-    def _acquire(self, nbytes: int, *, preallocate: bool) -> tuple[Slab, float]:
-        """A slab of ``nbytes`` to copy into; returns it and the seconds spent waiting for a spare."""
+    def _acquire(self, nbytes: int, *, preallocate: bool) -> tuple[Slab | None, float]:
+        """A slab of ``nbytes`` to copy into (None: copy each tensor on its own, a memory tier's
+        first save); returns it and the seconds spent waiting for a spare."""
         waited = 0.0
         # A slab the last save did not adopt (its rank wrote a compact file instead, see
         # rank_files) is simply used again: no spare is needed while that lasts.
-        self._reused = self.slab is not None and not self.slab.spent
-        if self.slab is not None and (self.slab.spent or self.slab.nbytes != nbytes):
+        self._reused = self.slab is not None and not self.slab.consumed
+        if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
             self._retired.append(
                 self.slab
             )  # unmapped after the copy: munmap slows a copy beside it
@@ -380,8 +349,11 @@ class Stager:
             else:
                 if spare is not None:
                     spare.release()
-                try:  # no tmpfs slab ready (a first save): private memory faults in faster
-                    self.slab = self._new_slab(nbytes, preallocate=preallocate, private=True)
+                try:
+                    if self.directory is not None and not torch.cuda.is_available():
+                        _tight(self.directory, nbytes)  # the checkpoint must fit: raises if not
+                        return None, waited  # no tmpfs slab ready: fresh private pages fault faster
+                    self.slab = self._new_slab(nbytes, preallocate=preallocate)
                 except BaseException:
                     self._retire()  # a refused save must not keep the spent slab's memory
                     raise
@@ -419,7 +391,7 @@ class Stager:
         if self._preparing is not None:
             self._preparing.result()
 
-    def stage(self, state: Any) -> tuple[Any, SlabInfo, float]:
+    def stage(self, state: Any) -> tuple[Any, SlabInfo | None, float]:
         """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait.
 
         Runs on the caller's thread, after any overlapped staging still in progress here.
@@ -428,7 +400,7 @@ class Stager:
         return self._stage(state, preallocate=False)
 
     def stage_in_background(
-        self, state: Any, finish: Callable[[Any, SlabInfo, float], Any]
+        self, state: Any, finish: Callable[[Any, SlabInfo | None, float], Any]
     ) -> StagingFuture:
         """Like :meth:`stage`, on a background thread (see :mod:`tierstore.dcp.overlap`).
 
@@ -443,7 +415,7 @@ class Stager:
         self.queue.wait_until_idle()
         self.wait_for_previous_save()
 
-    def _stage(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo, float]:
+    def _stage(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo | None, float]:
         offsets, nbytes = _layout(state)
         waited, over = self.wait_for_previous_save()
         if not over and self.slab is not None:
@@ -453,6 +425,16 @@ class Stager:
             os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
         slab, spare_wait = self._acquire(nbytes, preallocate=preallocate)
         waited += spare_wait
+        if slab is None:
+            staged = _walk(state, lambda tensor: tensor.detach().clone())
+            if self._retired:
+                self._retire()
+            self.pending = Pending()
+            # The checkpoint file this save writes comes first: with no room for it and a spare
+            # too, the next save allocates on its own (or is refused, naming the bytes).
+            if self._room_for_spare(nbytes):
+                self._prepare_spare(nbytes)
+            return staged, None, waited
         token = uuid.uuid4().bytes
         header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
         view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
@@ -475,12 +457,7 @@ class Stager:
         if self._retired:
             self._retire()
         self.pending = Pending()
-        if slab.private:
-            # The checkpoint file this save writes comes first: with no room for it and a spare
-            # too, the next save allocates on its own (or is refused, naming the bytes).
-            if self._room_for_spare(nbytes):
-                self._prepare_spare(nbytes)
-        elif slab.path is not None and self._reused:
+        if slab.path is not None and self._reused:
             self._drop_spare()  # this job's saves write compact files: the slab stays in use
         elif slab.path is not None:
             self._prepare_spare(nbytes)  # the slab will become the checkpoint: ready the next one

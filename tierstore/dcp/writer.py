@@ -249,7 +249,7 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def _record_staged(
         self, stager: Stager, started: tuple[float, float],
-        staged: dict[str, Any], slab: SlabInfo, waited: float,
+        staged: dict[str, Any], slab: SlabInfo | None, waited: float,
     ) -> dict[str, Any]:  # fmt: skip
         """Record a finished copy for the save that carries it; returns the staged state."""
         started_wall, started_at = started
