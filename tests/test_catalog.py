@@ -9,11 +9,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import Catalog, TieredWriter, latest_committed
-from tierstore.commits import read_log
+from tierstore.commits import claim, forget, read_log
 from tierstore.config import Config
-from tierstore.ids import marker_path, newest_first, step_of
+from tierstore.ids import COMMITS_DIR, marker_path, newest_first, step_of
 from tierstore.manifest import read_manifest
-from tierstore.tiers import make_tier
+from tierstore.tiers import FileInfo, make_tier
+from tierstore.tiers.posix import PosixTier
 
 
 def test_step_parsing() -> None:
@@ -110,3 +111,55 @@ def test_tier_saves_and_a_wiped_first_tier_keep_the_sequence_growing(
     assert (held["step_000004"] or 0) > (held["step_000002"] or 0) == 2
     assert [e.seq for e in read_log(s3)] == [2]
     assert latest_committed(config) == "step_000004"
+
+
+def test_a_marker_without_its_log_entry_still_counts_in_its_markers_order(
+    make_config: Callable[..., Config],
+) -> None:
+    """A promotion that stopped between its marker and its log entry (or a copy from before the
+    log) leaves a marker the log does not know: it is still a copy, ordered by its marker's seq."""
+    config = make_config("memory", "local")
+    memory, _local = config.make_tiers(node=0)
+    _save(config, "step_000001")
+    _save(config, "step_000002", tier="local")
+    _save(config, "step_000003")
+    newest = read_manifest(memory, "step_000003")
+    forget(memory, "step_000003", newest.generation)
+    assert "step_000003" not in {e.checkpoint_id for e in read_log(memory)}
+    assert list(Catalog(config).candidates()) == ["step_000003", "step_000002", "step_000001"]
+    assert latest_committed(config) == "step_000003"
+
+
+def test_an_overwrite_in_flight_keeps_the_id_at_its_committed_place(
+    make_config: Callable[..., Config],
+) -> None:
+    """An overwrite claims a newer number before its marker: until that marker replaces the old
+    one, the id stays where its committed generation's number puts it."""
+    config = make_config("memory")
+    (memory,) = config.make_tiers(node=0)
+    _save(config, "step_000001")
+    _save(config, "step_000002")
+    claim(memory, [memory], "step_000001", "g" + "f" * 19)  # the overwrite's number: the highest
+    assert list(Catalog(config).candidates()) == ["step_000002", "step_000001"]
+    assert latest_committed(config) == "step_000002"
+
+
+class _NoDataListing(PosixTier):
+    """A tier that fails the test if anything lists below the root recursively (data files)."""
+
+    def find(self, path: str = "") -> list[FileInfo]:
+        if not path.startswith(COMMITS_DIR):
+            raise AssertionError(f"listed data files under {path!r}")
+        return super().find(path)
+
+
+def test_finding_the_newest_lists_no_data_files(make_config: Callable[..., Config]) -> None:
+    """Its cost is one listing of the commit log and one of the top-level ids per tier, not one
+    listing of every rank's files of every checkpoint (a request per 1000 objects in S3)."""
+    config = make_config("local")
+    for step in (1, 2, 3):
+        _save(config, f"step_{step:06d}")
+    (tier,) = config.make_tiers(node=0)
+    assert isinstance(tier, PosixTier)
+    watched = _NoDataListing(tier.name, tier.type, tier.root, node_local=True)
+    assert next(Catalog(config, tiers=[watched]).candidates()) == "step_000003"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,10 +79,18 @@ class Listing:
 class Catalog:
     """Markers across every tier of a configuration, as seen from one node."""
 
-    def __init__(self, config: Config | str | os.PathLike[str], *, node: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Config | str | os.PathLike[str],
+        *,
+        node: int | None = None,
+        tiers: list[Tier] | None = None,
+    ) -> None:
+        """``tiers``: the configuration's tiers as the caller already made them for ``node`` (their
+        clients are reused); by default they are made here."""
         self.config = as_config(config)
         self.node = current_node(node)
-        self.tiers = self.config.make_tiers(node=self.node)
+        self.tiers = self.config.make_tiers(node=self.node) if tiers is None else tiers
 
     def scan(self) -> dict[str, dict[str, float]]:
         """``{id: {tier name: marker mtime}}`` for every committed copy (tiers listed in parallel)."""
@@ -130,19 +139,33 @@ class Catalog:
         return next(self.candidates(), None)
 
     def candidates(self) -> Iterator[str]:
-        """Ids with a valid marker in some tier, newest first (markers read lazily, as needed)."""
-        scanned = self.scan()
-        order = self.newest_first(scanned)
-        by_name = {t.name: t for t in self.tiers}
-        for checkpoint_id in order:
-            for tier_name in scanned[checkpoint_id]:
-                try:
-                    read_manifest(by_name[tier_name], checkpoint_id)
-                except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning
-                    logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, tier_name, exc)
-                    continue
-                yield checkpoint_id
-                break
+        """Ids with a valid marker in some tier, newest first, in the order :meth:`newest_first`
+        gives them; without listing any data file (a whole-namespace listing costs a request per
+        1000 objects: every rank's files of every checkpoint, in S3).
+
+        Each tier is asked for two short listings: its commit log (one entry per commit) and its
+        top-level ids. An id a tier holds without a log entry there (a copy from before the commit
+        log, a promotion that stopped between its marker and its entry) has its marker read at
+        once, for the ``seq`` in it. Every other marker is read lazily, newest entry first: the
+        first entry whose marker is there and names its generation places the id (the highest
+        sequence of any tier holding it, as :meth:`sequences` decides). A damaged marker is
+        skipped with a warning; a missing one (a save in progress, a failed or deleted commit) is
+        not a copy.
+        """
+        with ThreadPoolExecutor(len(self.tiers)) as pool:
+            orders = list(pool.map(_CommitOrder, self.tiers))
+        pending = sorted(
+            ((seq, checkpoint_id, i, generation)
+             for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items),
+            key=lambda item: (item[0] is not None, item[0] or 0, item[1]),
+            reverse=True,
+        )  # fmt: skip
+        placed: set[str] = set()
+        for _seq, checkpoint_id, i, generation in pending:
+            if checkpoint_id in placed or not orders[i].holds(checkpoint_id, generation):
+                continue
+            placed.add(checkpoint_id)
+            yield checkpoint_id
 
     def listings(self) -> list[Listing]:
         """Every committed checkpoint, newest first, with sizes and timings from its markers."""
@@ -188,3 +211,46 @@ class Catalog:
                 )
             )
         return listings
+
+
+class _CommitOrder:
+    """One tier's commits, for :meth:`Catalog.candidates`: log entries, unlogged markers, and the
+    markers read so far (each at most once)."""
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        log = read_log(tier)
+        self.entries = Counter(e.checkpoint_id for e in log)
+        self.markers: dict[str, Manifest | None] = {}
+        unlogged = [c for c in tier.list_dir("") if is_checkpoint_id(c) and c not in self.entries]
+        if unlogged:  # many only in a tier written before the commit log: read in parallel
+            with ThreadPoolExecutor(min(16, len(unlogged))) as pool:
+                found = list(pool.map(self._read, unlogged))
+            self.markers.update(zip(unlogged, found, strict=True))
+        self.items: list[tuple[int | None, str, str | None]] = [
+            (e.seq, e.checkpoint_id, e.generation) for e in log
+        ] + [(m.seq, c, None) for c in unlogged if (m := self.markers[c]) is not None]
+
+    def marker(self, checkpoint_id: str) -> Manifest | None:
+        """The tier's marker of ``checkpoint_id``; None when absent or unreadable (warned)."""
+        if checkpoint_id not in self.markers:
+            self.markers[checkpoint_id] = self._read(checkpoint_id)
+        return self.markers[checkpoint_id]
+
+    def _read(self, checkpoint_id: str) -> Manifest | None:
+        try:
+            return read_manifest(self.tier, checkpoint_id)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning
+            logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, self.tier.name, exc)
+            return None
+
+    def holds(self, checkpoint_id: str, generation: str | None) -> bool:
+        """True when this tier's marker of the id is valid and the entry (``generation``; None for
+        an unlogged marker) is its commit: the only entry of the id, or the one of its generation."""
+        manifest = self.marker(checkpoint_id)
+        if manifest is None:
+            return False
+        single = self.entries[checkpoint_id] == 1
+        return generation is None or single or manifest.generation == generation

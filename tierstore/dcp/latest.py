@@ -59,7 +59,8 @@ def latest_committed(
     if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
         candidates = _with_peer_candidates(config, this_node, mirrored, group, rank, distributed)
     else:
-        candidates = Catalog(config, node=this_node).candidates() if rank == 0 else iter(())
+        catalog = Catalog(config, node=this_node, tiers=tiers)
+        candidates = catalog.candidates() if rank == 0 else iter(())
     while True:
         batch: tuple[list[str], str | None] = ([], None)
         if rank == 0:
