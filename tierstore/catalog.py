@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -144,13 +143,14 @@ class Catalog:
         1000 objects: every rank's files of every checkpoint, in S3).
 
         Each tier is asked for two short listings: its commit log (one entry per commit) and its
-        top-level ids. An id a tier holds without a log entry there (a copy from before the commit
-        log, a promotion that stopped between its marker and its entry) has its marker read at
-        once, for the ``seq`` in it. Every other marker is read lazily, newest entry first: the
-        first entry whose marker is there and names its generation places the id (the highest
-        sequence of any tier holding it, as :meth:`sequences` decides). A damaged marker is
-        skipped with a warning; a missing one (a save in progress, a failed or deleted commit) is
-        not a copy.
+        top-level ids. An id is placed by its newest log entry whose generation is committed: by
+        that tier's marker (an id's only entry there counts as its commit), or by another tier's
+        marker of the same generation (the copy was promoted, then evicted, while this ran). A
+        marker whose generation its tier's log does not name (a copy from before the log, a
+        promotion stopped between its marker and its entry) is placed by the ``seq`` in it; such
+        markers, and those of ids with several entries in a tier, are read at once, every other
+        marker lazily, newest entry first. A damaged marker is skipped with a warning; a missing
+        one (a save in progress, a failed or deleted commit) is not a copy.
         """
         with ThreadPoolExecutor(len(self.tiers)) as pool:
             orders = list(pool.map(_CommitOrder, self.tiers))
@@ -162,10 +162,14 @@ class Catalog:
         )  # fmt: skip
         placed: set[str] = set()
         for _seq, checkpoint_id, i, generation in pending:
-            if checkpoint_id in placed or not orders[i].holds(checkpoint_id, generation):
+            if checkpoint_id in placed:
                 continue
-            placed.add(checkpoint_id)
-            yield checkpoint_id
+            held = orders[i].holds(checkpoint_id, generation)
+            if held is None:  # no marker in the entry's own tier: promoted elsewhere meanwhile?
+                held = any(o.names(checkpoint_id, generation) for o in orders if o is not orders[i])
+            if held:
+                placed.add(checkpoint_id)
+                yield checkpoint_id
 
     def listings(self) -> list[Listing]:
         """Every committed checkpoint, newest first, with sizes and timings from its markers."""
@@ -214,22 +218,30 @@ class Catalog:
 
 
 class _CommitOrder:
-    """One tier's commits, for :meth:`Catalog.candidates`: log entries, unlogged markers, and the
-    markers read so far (each at most once)."""
+    """One tier's commits, for :meth:`Catalog.candidates`: ``items`` to order, ``(seq, id,
+    generation)`` (generation None: placed by its marker, already read), and every marker read so
+    far (each at most once)."""
 
     def __init__(self, tier: Tier) -> None:
         self.tier = tier
-        log = read_log(tier)
-        self.entries = Counter(e.checkpoint_id for e in log)
+        self.entries: dict[str, list[LogEntry]] = {}
+        for entry in read_log(tier):
+            self.entries.setdefault(entry.checkpoint_id, []).append(entry)
         self.markers: dict[str, Manifest | None] = {}
         unlogged = [c for c in tier.list_dir("") if is_checkpoint_id(c) and c not in self.entries]
-        if unlogged:  # many only in a tier written before the commit log: read in parallel
-            with ThreadPoolExecutor(min(16, len(unlogged))) as pool:
-                found = list(pool.map(self._read, unlogged))
-            self.markers.update(zip(unlogged, found, strict=True))
+        several = [c for c, entries in self.entries.items() if len(entries) > 1]  # overwrites
+        eager = unlogged + several
+        if eager:  # many only in a tier written before the commit log: read in parallel
+            with ThreadPoolExecutor(min(16, len(eager))) as pool:
+                self.markers.update(zip(eager, pool.map(self._read, eager), strict=True))
         self.items: list[tuple[int | None, str, str | None]] = [
-            (e.seq, e.checkpoint_id, e.generation) for e in log
-        ] + [(m.seq, c, None) for c in unlogged if (m := self.markers[c]) is not None]
+            (e.seq, e.checkpoint_id, e.generation) for e in _flat(self.entries)
+        ]
+        for checkpoint_id in eager:
+            manifest = self.markers[checkpoint_id]
+            logged = {e.generation for e in self.entries.get(checkpoint_id, [])}
+            if manifest is not None and manifest.generation not in logged:
+                self.items.append((manifest.seq, checkpoint_id, None))
 
     def marker(self, checkpoint_id: str) -> Manifest | None:
         """The tier's marker of ``checkpoint_id``; None when absent or unreadable (warned)."""
@@ -240,17 +252,28 @@ class _CommitOrder:
     def _read(self, checkpoint_id: str) -> Manifest | None:
         try:
             return read_manifest(self.tier, checkpoint_id)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # a stray file named like an id
             return None
         except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning
             logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, self.tier.name, exc)
             return None
 
-    def holds(self, checkpoint_id: str, generation: str | None) -> bool:
-        """True when this tier's marker of the id is valid and the entry (``generation``; None for
-        an unlogged marker) is its commit: the only entry of the id, or the one of its generation."""
+    def holds(self, checkpoint_id: str, generation: str | None) -> bool | None:
+        """Whether the item ``(id, generation)`` is this tier's commit of the id: its marker names
+        that generation (or the id has only this entry here, or the item came from the marker).
+        None when the tier has no valid marker of the id at all."""
         manifest = self.marker(checkpoint_id)
         if manifest is None:
-            return False
-        single = self.entries[checkpoint_id] == 1
+            return None
+        single = len(self.entries.get(checkpoint_id, [])) == 1
         return generation is None or single or manifest.generation == generation
+
+    def names(self, checkpoint_id: str, generation: str | None) -> bool:
+        """True when this tier's valid marker of the id names ``generation``, read now: one read
+        earlier may predate the promotion that moved the copy here."""
+        self.markers[checkpoint_id] = manifest = self._read(checkpoint_id)
+        return manifest is not None and manifest.generation == generation
+
+
+def _flat(entries: dict[str, list[LogEntry]]) -> list[LogEntry]:
+    return [entry for per_id in entries.values() for entry in per_id]
