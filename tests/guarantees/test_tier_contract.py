@@ -51,6 +51,16 @@ def test_byte_ranges(tier: Tier) -> None:
     assert b"".join(tier.iter_chunks("r/data", chunk_size=1000)) == payload
 
 
+def test_a_scattered_read_fills_its_buffers_in_order_from_one_range(tier: Tier) -> None:
+    payload = os.urandom(3 * 2**20 + 5)
+    tier.write_bytes("r/scattered", payload)
+    outs = [bytearray(7), bytearray(0), bytearray(2**20), bytearray(2**20 + 1)]
+    tier.read_scattered("r/scattered", 100, [memoryview(o) for o in outs])
+    assert b"".join(outs) == payload[100 : 100 + 2 * 2**20 + 8]
+    with pytest.raises(EOFError):
+        tier.read_scattered("r/scattered", len(payload) - 4, [memoryview(bytearray(2))] * 3)
+
+
 def test_read_into_past_the_end_or_of_a_missing_file_fails_cleanly(tier: Tier) -> None:
     tier.write_bytes("r/short", b"x" * 100)
     with pytest.raises(EOFError):

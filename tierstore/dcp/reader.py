@@ -35,11 +35,12 @@ from tierstore.activity import Activity, hold
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
-from tierstore.dcp.layout import ItemLocation, decode_tensor, to_dtype
+from tierstore.dcp.layout import ItemLocation, decode_tensor
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.inventory import stored_path
 from tierstore.dcp.mirror.peer_read import fetch_missing
 from tierstore.dcp.mirror.transport import bytes_of
+from tierstore.dcp.object_read import in_place_target, pieces
 from tierstore.dcp.restore_choice import Choice, choose_copy
 from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.errors import IntegrityError, TierstoreError
@@ -55,8 +56,8 @@ from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 _WHOLE_FILE_FRACTION = 0.5
+"""Read an object in large GETs when the items need more than this share of it, else item by item."""
 _READ_WORKERS = max(2, min(8, os.cpu_count() or 2))
-"""Read a whole object (one ranged GET stream) when the items need more than this share of it."""
 
 
 class TieredReader(StorageReader):
@@ -359,7 +360,9 @@ class TieredReader(StorageReader):
         planner: LoadPlanner,
         size: int | None,
     ) -> None:
-        """An object store: fetch the object (ranged GETs in parallel), then hand out its items."""
+        """An object store: fetch what the items need in parallel ranged GETs, each streamed into
+        the destination tensors themselves where they take the stored bytes as they are
+        (:mod:`tierstore.dcp.object_read`); the other items are decoded from their own buffers."""
         assert self._tier is not None and self._checkpoint_id is not None
         tier, full = self._tier, checkpoint_file(self._checkpoint_id, path)
         needed = sum(location.length for _, location in requests)
@@ -367,43 +370,39 @@ class TieredReader(StorageReader):
         if needed <= _WHOLE_FILE_FRACTION * size:
             self._read_items(requests, planner)
             return
-        whole = bytearray(size)
-        view = memoryview(whole)
+        in_place: list[tuple[ReadItem, torch.Tensor]] = []
+        buffered: list[tuple[ReadItem, ItemLocation, bytearray]] = []
+        spans: list[tuple[int, memoryview]] = []
+        for item, location in requests:  # sorted by offset
+            target = in_place_target(item, location, planner)
+            if target is not None:
+                in_place.append((item, target))
+                if location.length:  # an empty tensor may have no memory at all
+                    memory = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())
+                    spans.append((location.offset, memoryview(memory).cast("B")))
+            else:
+                buffered.append((item, location, bytearray(location.length)))
+                spans.append((location.offset, memoryview(buffered[-1][2])))
         chunk = max(tier.capabilities.transfer_chunk, 2**20)
-        streams = max(1, tier.capabilities.transfer_streams)
-
-        def fetch(offset: int) -> None:
-            tier.read_into(full, offset, view[offset : offset + chunk])
-
-        with ThreadPoolExecutor(streams, thread_name_prefix="tierstore-get") as pool:
-            list(pool.map(fetch, range(0, size, chunk)))
-        self._count(size)
-        for item, location in requests:
-            self._deliver(
-                item, location, view[location.offset : location.offset + location.length], planner
-            )
+        with ThreadPoolExecutor(
+            max(1, tier.capabilities.transfer_streams), thread_name_prefix="tierstore-get"
+        ) as pool:
+            list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs),
+                          pieces(spans, chunk)))  # fmt: skip
+        self._count(needed)
+        for item, target in in_place:
+            planner.commit_tensor(item, target)
+        for item, location, data in buffered:
+            self._deliver(item, location, data, planner)
 
     def _read_in_place(
         self, tier: Tier, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
     ) -> bool:
         """``preadv`` straight into the destination when it is exactly the stored chunk."""
-        if (
-            not tier.capabilities.local_files
-            or location.encoding != "raw"
-            or location.shape is None
-        ):
+        if not tier.capabilities.local_files:
             return False
-        target = planner.resolve_tensor(item).detach()
-        whole_chunk = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == list(
-            location.shape
-        )
-        if not (
-            whole_chunk
-            and target.device.type == "cpu"
-            and target.is_contiguous()
-            and target.dtype == to_dtype(location.dtype or "uint8")
-            and target.numel() * target.element_size() == location.length
-        ):
+        target = in_place_target(item, location, planner)
+        if target is None:
             return False
         if location.length:
             buffer = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())

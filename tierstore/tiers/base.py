@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +174,13 @@ class Tier(abc.ABC):
         if len(data) != len(out):
             raise EOFError(f"{self.name}: {path}: expected {len(out)} bytes at {offset}")
         out[:] = data
+
+    def read_scattered(self, path: str, offset: int, outs: Sequence[memoryview]) -> None:
+        """Fill ``outs`` in order with the bytes from ``offset`` on (one contiguous range);
+        ``EOFError`` if the file is shorter. Object stores override it with one request."""
+        for out in outs:
+            self.read_into(path, offset, out)
+            offset += len(out)
 
     def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         """Yield the file in chunks (for checksums and copies)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -228,9 +228,15 @@ class S3Tier(Tier):
         Bulk reads bypass s3fs for the reason uploads do (see :attr:`client`): its one event-loop
         thread serialises the GETs in flight, where botocore reads on the calling threads.
         """
-        if not len(out):
+        self.read_scattered(path, offset, [out])
+
+    def read_scattered(self, path: str, offset: int, outs: Sequence[memoryview]) -> None:
+        """One ranged GET whose body is streamed into ``outs`` in order (``EOFError`` if the
+        object is shorter): a run of tensors lands in their own memory, no buffer between."""
+        total = sum(len(out) for out in outs)
+        if not total:
             return
-        key, last = self._key(path), offset + len(out) - 1
+        key, last = self._key(path), offset + total - 1
 
         def operation() -> None:
             try:
@@ -245,20 +251,15 @@ class S3Tier(Tier):
                 raise error from exc
             body, filled = answer["Body"], 0
             try:
-                # Small slices: urllib3 reads a readinto() request into a temporary bytes object
-                # first, so one call for the whole range would hold the range twice.
-                while filled < len(out):
-                    got = body.readinto(out[filled : filled + _READ_SLICE])
-                    if not got:
-                        break
-                    filled += got
+                for out in outs:
+                    filled += _fill(body, out.cast("B"))
             except botocore.exceptions.IncompleteReadError as exc:
                 # The server closed the response early: retried like a reset connection.
                 raise ConnectionError(f"{self.root}/{path}: response cut short: {exc}") from exc
             finally:
                 body.close()
-            if filled != len(out):
-                raise EOFError(f"{self.root}/{path}: {filled} of {len(out)} bytes at {offset}")
+            if filled != total:
+                raise EOFError(f"{self.root}/{path}: {filled} of {total} bytes at {offset}")
 
         self._guard(f"read {path}", operation)
 
@@ -361,3 +362,18 @@ def _as_builtin(error: botocore.exceptions.ClientError) -> Exception:
 def _mtime(info: dict[str, Any]) -> float:
     stamp: Any = info.get("LastModified") or info.get("last_modified")
     return float(stamp.timestamp()) if hasattr(stamp, "timestamp") else 0.0
+
+
+def _fill(body: Any, out: memoryview) -> int:
+    """Read from ``body`` into ``out`` until it is full or the body ends; the bytes read.
+
+    Small slices: urllib3 reads a readinto() request into a temporary bytes object first, so one
+    call for a whole range would hold the range twice.
+    """
+    filled = 0
+    while filled < len(out):
+        got = body.readinto(out[filled : filled + _READ_SLICE])
+        if not got:
+            break
+        filled += got
+    return filled
