@@ -605,7 +605,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
-    with embedded_s3() as endpoint, quiet_warnings():
+    with embedded_s3(own_process=True) as endpoint, quiet_warnings():
         bench = Bench(args, endpoint)
         try:
             phases = set(args.phases)
