@@ -62,7 +62,7 @@ def raw_view(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
 
     Returns the view and the tensor that owns its memory (keep it alive while using the view).
     """
-    flat = tensor.detach()
+    flat = tensor.detach().resolve_conj().resolve_neg()  # the values, not the memory under a bit
     if flat.device.type != "cpu":
         flat = flat.cpu()
     flat = flat.contiguous().reshape(-1)

@@ -51,6 +51,8 @@ def in_place_target(
     fits = (
         whole_chunk
         and target.device.type == "cpu"
+        and not target.is_conj()  # a lazily conjugated or negated view reads its memory
+        and not target.is_neg()  # through that bit: raw bytes would come back transformed
         and target.is_contiguous()
         and target.dtype == to_dtype(location.dtype or "uint8")
         and target.numel() * target.element_size() == location.length
