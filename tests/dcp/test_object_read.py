@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from tierstore import TieredReader, TieredWriter
@@ -72,3 +74,28 @@ def test_a_restore_from_s3_fills_every_kind_of_destination_bit_exactly(
         assert torch.equal(target[key], state[key]), key
         assert target[key].data_ptr() == memory[key], f"{key} restored into its own memory"
     assert target["extra"] == state["extra"]
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_one_stored_chunk_loaded_into_two_local_shards_from_s3(
+    make_config: Callable[..., Config],
+) -> None:
+    """Resharding gives this rank two items over the same stored bytes (a table split in two
+    local shards, as torchrec's are): one GET serves both."""
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    config = make_config("s3")
+    full = torch.arange(64 * 1024, dtype=torch.float32).reshape(1024, 64)
+    dcp.save({"w": full}, storage_writer=TieredWriter(config), checkpoint_id="step_000001")
+    spec = ChunkShardingSpec(dim=0, placements=["rank:0/cpu", "rank:0/cpu"])
+    sharded = sharded_tensor.zeros(spec, 1024, 64)
+    dcp.load({"w": sharded}, storage_reader=TieredReader(config), checkpoint_id="step_000001")
+    assert torch.equal(torch.cat([s.tensor for s in sharded.local_shards()]), full)

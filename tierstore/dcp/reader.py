@@ -370,30 +370,41 @@ class TieredReader(StorageReader):
         if needed <= _WHOLE_FILE_FRACTION * size:
             self._read_items(requests, planner)
             return
-        in_place: list[tuple[ReadItem, torch.Tensor]] = []
-        buffered: list[tuple[ReadItem, ItemLocation, bytearray]] = []
+        # Items over the same stored bytes (one chunk resharded into several local shards) share
+        # one span: the first in-place destination, else one buffer.
+        same: dict[tuple[int, int], list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
+        for item, location in requests:
+            same[(location.offset, location.length)].append((item, location))
         spans: list[tuple[int, memoryview]] = []
-        for item, location in requests:  # sorted by offset
-            target = in_place_target(item, location, planner)
-            if target is not None:
-                in_place.append((item, target))
-                if location.length:  # an empty tensor may have no memory at all
-                    memory = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())
-                    spans.append((location.offset, memoryview(memory).cast("B")))
+        in_place: list[tuple[ReadItem, torch.Tensor]] = []
+        later: list[tuple[ReadItem, ItemLocation, memoryview]] = []
+        for (offset, length), group in sorted(same.items()):
+            targets = [in_place_target(item, location, planner) for item, location in group]
+            found = [(i, target) for i, target in enumerate(targets) if target is not None]
+            lead = found[0][0] if found else None
+            if found:
+                data = _memory_of(found[0][1], length)
+                in_place.append((group[found[0][0]][0], found[0][1]))
             else:
-                buffered.append((item, location, bytearray(location.length)))
-                spans.append((location.offset, memoryview(buffered[-1][2])))
-        chunk = max(tier.capabilities.transfer_chunk, 2**20)
+                data = memoryview(bytearray(length))
+            later += [
+                (item, location, data) for i, (item, location) in enumerate(group) if i != lead
+            ]
+            spans.append((offset, data))
+        try:
+            cut = pieces(spans, max(tier.capabilities.transfer_chunk, 2**20))
+        except ValueError:  # items partly over the same bytes: not a layout tierstore writes
+            self._read_items(requests, planner)
+            return
         with ThreadPoolExecutor(
             max(1, tier.capabilities.transfer_streams), thread_name_prefix="tierstore-get"
         ) as pool:
-            list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs),
-                          pieces(spans, chunk)))  # fmt: skip
-        self._count(needed)
+            list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
+        self._count(sum(length for _, length in same))
+        for item, location, data in later:  # before any commit: a planner may move the data
+            self._deliver(item, location, data, planner)
         for item, target in in_place:
             planner.commit_tensor(item, target)
-        for item, location, data in buffered:
-            self._deliver(item, location, data, planner)
 
     def _read_in_place(
         self, tier: Tier, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
@@ -441,3 +452,10 @@ def _copy_into(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> No
         )
     target.copy_(source)
     planner.commit_tensor(item, target)
+
+
+def _memory_of(tensor: torch.Tensor, length: int) -> memoryview:
+    """The ``length`` bytes of a contiguous CPU tensor's memory, writable in place."""
+    if not length:
+        return memoryview(bytearray(0))
+    return memoryview((ctypes.c_ubyte * length).from_address(tensor.data_ptr())).cast("B")
