@@ -163,3 +163,14 @@ def test_finding_the_newest_lists_no_data_files(make_config: Callable[..., Confi
     assert isinstance(tier, PosixTier)
     watched = _NoDataListing(tier.name, tier.type, tier.root, node_local=True)
     assert next(Catalog(config, tiers=[watched]).candidates()) == "step_000003"
+
+
+def test_ids_held_where_the_tiers_cannot_see_are_placed_at_their_seq(
+    make_config: Callable[..., Config],
+) -> None:
+    """Peer mirrors on other nodes: ``also`` adds ids at the seq they hold, the higher one wins."""
+    config = make_config("memory")
+    _save(config, "step_000001")
+    _save(config, "step_000002")
+    order = Catalog(config).candidates(also={"step_000009": 5, "step_000001": 7})
+    assert list(order) == ["step_000001", "step_000009", "step_000002"]

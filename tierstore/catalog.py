@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -137,7 +137,7 @@ class Catalog:
         """The newest id with a valid marker in any tier, or None."""
         return next(self.candidates(), None)
 
-    def candidates(self) -> Iterator[str]:
+    def candidates(self, also: Mapping[str, int | None] | None = None) -> Iterator[str]:
         """Ids with a valid marker in some tier, newest first, in the order :meth:`newest_first`
         gives them; without listing any data file (a whole-namespace listing costs a request per
         1000 objects: every rank's files of every checkpoint, in S3).
@@ -150,13 +150,15 @@ class Catalog:
         promotion stopped between its marker and its entry) is placed by the ``seq`` in it; such
         markers, and those of ids with several entries in a tier, are read at once, every other
         marker lazily, newest entry first. A damaged marker is skipped with a warning; a missing
-        one (a save in progress, a failed or deleted commit) is not a copy.
+        one (a save in progress, a failed or deleted commit) is not a copy. ``also``: ``{id: seq}``
+        held where these tiers cannot see (peer mirrors on other nodes), placed at that seq as is.
         """
         with ThreadPoolExecutor(len(self.tiers)) as pool:
             orders = list(pool.map(_CommitOrder, self.tiers))
         pending = sorted(
-            ((seq, checkpoint_id, i, generation)
-             for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items),
+            [(seq, checkpoint_id, i, generation)
+             for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items]
+            + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in (also or {}).items()],
             key=lambda item: (item[0] is not None, item[0] or 0, item[1]),
             reverse=True,
         )  # fmt: skip
@@ -164,7 +166,7 @@ class Catalog:
         for _seq, checkpoint_id, i, generation in pending:
             if checkpoint_id in placed:
                 continue
-            held = orders[i].holds(checkpoint_id, generation)
+            held = True if i < 0 else orders[i].holds(checkpoint_id, generation)
             if held is None:  # no marker in the entry's own tier: promoted elsewhere meanwhile?
                 held = any(o.names(checkpoint_id, generation) for o in orders if o is not orders[i])
             if held:

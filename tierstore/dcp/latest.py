@@ -22,7 +22,6 @@ from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
-from tierstore.ids import newest_first
 from tierstore.manifest import read_manifest
 from tierstore.mirrors import mirrored_ids
 from tierstore.tiers import Tier
@@ -116,13 +115,12 @@ def _with_peer_candidates(  # noqa: PLR0917 - one call site, all of it context
     gathered = all_gather_object(local, group) if collective else [local]
     if rank != 0:
         return iter(())
-    catalog = Catalog(config, node=node)
-    sequences = catalog.sequences(catalog.scan())
+    elsewhere: dict[str, int | None] = {}
     for held in gathered:
         if isinstance(held, str):
             logger.warning("latest: a node's memory tier could not be listed: %s", held)
             continue
         for checkpoint_id, seq in held.items():
-            known = sequences.get(checkpoint_id)
-            sequences[checkpoint_id] = seq if known is None else max(known, seq or 0)
-    return iter(newest_first(sequences.items()))
+            known = elsewhere.get(checkpoint_id)
+            elsewhere[checkpoint_id] = seq if known is None else max(known, seq or 0)
+    return Catalog(config, node=node).candidates(also=elsewhere)
