@@ -156,6 +156,15 @@ def timed(run: Any, setup: Any = None) -> float:
     return time.perf_counter() - started
 
 
+def in_turns(index: int, runs: list[Any]) -> list[float]:
+    """Run ``runs`` starting at the one ``index`` rotates to; their results in the given order."""
+    shift = index % len(runs)
+    results = [0.0] * len(runs)
+    for position in [*range(shift, len(runs)), *range(shift)]:
+        results[position] = runs[position]()
+    return results
+
+
 def async_stall(state: Any, writer: Any, checkpoint_id: str | None) -> float:
     """The trainer's stall of one ``async_save`` (then wait for the save to finish)."""
     started = time.perf_counter()
@@ -255,7 +264,10 @@ def phase_s3(bench: Bench, state: Any) -> None:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
     nbytes = state_bytes(state)
-    print("s3 on moto (rounds of: tierstore promotion, boto3 upload_file, restore; torch fsspec)")
+    print(
+        "s3 on moto (rounds of: tierstore promotion and boto3 upload_file in turns, restore and"
+        " download_file in turns; torch fsspec)"
+    )
     memory = bench.config("memory", namespace="async")
     both = config_from_dict({"namespace": "async", "tiers": [
         memory.tiers[0].model_dump(), bench.config("s3", namespace="x").tiers[0].model_dump()]})  # fmt: skip
@@ -295,20 +307,18 @@ def phase_s3(bench: Bench, state: Any) -> None:
         # the promotion itself (copy, verify, marker), as the promoter's metric reports it
         promotions.append(promoter.metrics.promotion_seconds.labels("s3")._sum.get())
 
-    for _ in range(bench.args.s3_reps):
-        whole_pass = timed(promote, lambda: delete_copy(s3, checkpoint_id))
+    for index in range(bench.args.s3_reps):  # each pair in turns: neither side always goes first
+        whole_pass, theirs = in_turns(index, [
+            lambda: timed(promote, lambda: delete_copy(s3, checkpoint_id)),
+            lambda: timed(lambda: bench.s3.upload_file(source, bench.bucket, "boto3/upload.bin",
+                                                       Config=configs[best])),
+        ])  # fmt: skip
         ours = promotions[-1]
-        theirs = timed(
-            lambda: bench.s3.upload_file(
-                source, bench.bucket, "boto3/upload.bin", Config=configs[best]
-            )
-        )
-        back = timed(
-            lambda: dcp.load(
-                restored, storage_reader=TieredReader(s3_only), checkpoint_id=checkpoint_id
-            )
-        )
-        fetched = timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True))
+        back, fetched = in_turns(index, [
+            lambda: timed(lambda: dcp.load(restored, storage_reader=TieredReader(s3_only),
+                                           checkpoint_id=checkpoint_id)),
+            lambda: timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True)),
+        ])  # fmt: skip
         fs_save = timed(
             lambda: dcp.save(
                 state, storage_writer=FsspecWriter(f"s3://{bench.bucket}/torch-fsspec")
