@@ -73,6 +73,15 @@ def raw_view(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
     return memoryview(array).cast("B"), flat
 
 
+def memory_of(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor's own memory, writable, without a copy (keep the tensor
+    alive while using the view)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray(0))
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
 def view_of(
     storage: torch.UntypedStorage, offset: int, dtype: torch.dtype, shape: tuple[int, ...]
 ) -> torch.Tensor:

@@ -14,7 +14,6 @@ only serves byte ranges, so it works from any tier.
 
 from __future__ import annotations
 
-import ctypes
 import io
 import logging
 import os
@@ -35,7 +34,7 @@ from tierstore.activity import Activity, hold
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
-from tierstore.dcp.layout import ItemLocation, decode_tensor
+from tierstore.dcp.layout import ItemLocation, decode_tensor, memory_of
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.inventory import stored_path
 from tierstore.dcp.mirror.peer_read import fetch_missing
@@ -383,7 +382,7 @@ class TieredReader(StorageReader):
             found = [(i, target) for i, target in enumerate(targets) if target is not None]
             lead = found[0][0] if found else None
             if found:
-                data = _memory_of(found[0][1], length)
+                data = memory_of(found[0][1])
                 in_place.append((group[found[0][0]][0], found[0][1]))
             else:
                 data = memoryview(bytearray(length))
@@ -416,8 +415,7 @@ class TieredReader(StorageReader):
         if target is None:
             return False
         if location.length:
-            buffer = (ctypes.c_ubyte * location.length).from_address(target.data_ptr())
-            tier.read_into(full, location.offset, memoryview(buffer).cast("B"))
+            tier.read_into(full, location.offset, memory_of(target))
             self._count(location.length)
         planner.commit_tensor(item, target)
         return True
@@ -452,10 +450,3 @@ def _copy_into(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> No
         )
     target.copy_(source)
     planner.commit_tensor(item, target)
-
-
-def _memory_of(tensor: torch.Tensor, length: int) -> memoryview:
-    """The ``length`` bytes of a contiguous CPU tensor's memory, writable in place."""
-    if not length:
-        return memoryview(bytearray(0))
-    return memoryview((ctypes.c_ubyte * length).from_address(tensor.data_ptr())).cast("B")

@@ -10,7 +10,6 @@ file is checked against its CRC32C before it gets its real name.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tierstore.checksum import crc32c
+from tierstore.dcp.layout import memory_of
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
@@ -45,10 +45,7 @@ def chunks(size: int) -> int:
 
 def bytes_of(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU uint8 tensor, without a copy."""
-    size = tensor.numel()
-    if size == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
+    return memory_of(tensor)
 
 
 def map_file(path: str, size: int) -> torch.Tensor:
