@@ -14,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 
 from tests.training import Trainer
 from tierstore import TieredWriter
+from tierstore.commits import read_log
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.manifest import read_manifest
@@ -160,6 +161,34 @@ def test_overwrite_publishes_new_marker_before_deleting_old_data(
     kinds = [kind for kind, _ in tier_events]
     assert "delete" in kinds
     assert kinds.index("marker") < kinds.index("delete")
+
+
+def test_overwrite_forgets_the_replaced_generations_log_entry_after_its_new_marker(
+    make_config: Callable[..., Config],
+    tier_events: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log names each committed generation once: the replaced one's entry goes, but only once
+    the new marker stands (before it, the old generation is still the committed one)."""
+    config = make_config("local")
+    _save(config, "step_000001")
+    tier = make_tier(config.tiers[0], namespace=config.namespace, node=0)
+    (old,) = [e for e in read_log(tier) if e.checkpoint_id == "step_000001"]
+    real_delete = PosixTier.delete
+
+    def delete(self: PosixTier, path: str) -> None:
+        tier_events.append(("delete file", path))
+        real_delete(self, path)
+
+    monkeypatch.setattr(PosixTier, "delete", delete)
+    tier_events.clear()
+    _save(config, "step_000001", overwrite=True)
+    (new,) = [e for e in read_log(tier) if e.checkpoint_id == "step_000001"]
+    assert new.generation != old.generation
+    assert new.generation == read_manifest(tier, "step_000001").generation
+    assert tier_events.index(("marker", marker_path("step_000001"))) < tier_events.index(
+        ("delete file", old.path)
+    )
 
 
 def test_s3_marker_is_put_after_every_data_object(

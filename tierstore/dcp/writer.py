@@ -45,7 +45,7 @@ from torch.futures import Future
 
 from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.checksum import crc32c
-from tierstore.commits import LogEntry, claim, highest
+from tierstore.commits import LogEntry, claim, forget, highest
 from tierstore.commits import record as log_commit
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
@@ -664,9 +664,12 @@ class TieredWriter(StorageWriter, AsyncStager):
         """After an overwrite commits, drop the one generation its marker replaced.
 
         Only that one: any other generation of the id may belong to a save still in flight (a
-        second writer on the same id), and is left to cleanup, which knows who is at work. Not
-        while a restore is reading the id: cleanup removes it once the reader is done.
+        second writer on the same id), and is left to cleanup, which knows who is at work. Its
+        commit-log entry goes at once (the new marker stands: the log names each committed
+        generation once); its files not while a restore is reading the id: cleanup removes them
+        once the reader is done.
         """
+        _quietly(functools.partial(forget, self.tier, ckpt, replaced))
         ttl = self.config.promote.activity_ttl
         if is_busy([a for a in live(self.tier, ttl=ttl) if a.kind == "read"], ckpt, replaced):
             return
