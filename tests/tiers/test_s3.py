@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -100,6 +102,46 @@ def test_tiers_have_clients_of_their_own_from_one_parsed_service_model(
     assert first.client._loader is second.client._loader
 
 
+def _signing_key(tier: S3Tier) -> str:
+    """The access key the tier's uploads are signed with (one small PUT through its client)."""
+    keys: list[str] = []
+
+    def seen(request: Any, **_: Any) -> None:
+        keys.append(request.headers["Authorization"].decode().split("Credential=")[1].split("/")[0])
+
+    tier.client.meta.events.register("before-send.s3", seen)
+    tier.write_bytes("signed", b"x")
+    return keys[-1]
+
+
+@pytest.mark.parametrize("source", ["environment", "credentials file"])
+def test_a_new_tier_signs_with_the_credentials_of_its_time(
+    s3_endpoint: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """Rotated keys (a refreshed credentials file, new environment) reach every tier made after
+    the rotation: a new reader, a PROCESS-mode save's unpickled writer. A shared session would
+    keep signing with the first keys it resolved."""
+    credentials = tmp_path / "credentials"
+
+    def rotate_to(key: str) -> None:
+        if source == "environment":
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", f"secret-{key}")
+            return
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+        credentials.write_text(
+            f"[default]\naws_access_key_id = {key}\naws_secret_access_key = secret-{key}\n"
+        )
+
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    rotate_to("AKIAFIRSTKEY")
+    assert _signing_key(s3_tier(s3_endpoint, s3_bucket)) == "AKIAFIRSTKEY"
+    rotate_to("AKIASECONDKEY")
+    assert _signing_key(s3_tier(s3_endpoint, s3_bucket)) == "AKIASECONDKEY"
+
+
 def test_reading_into_a_missing_object_names_it(s3_endpoint: str, s3_bucket: str) -> None:
     tier = s3_tier(s3_endpoint, s3_bucket)
     with pytest.raises(FileNotFoundError, match=f"s3://{s3_bucket}/p/no/such-object"):
@@ -136,8 +178,8 @@ def test_failed_multipart_upload_is_aborted(faulty: tuple[FaultyS3, S3Tier]) -> 
 def test_a_retried_part_sends_its_whole_body_again(
     faulty: tuple[FaultyS3, S3Tier], checksum: str
 ) -> None:
-    """Parts go to botocore as streams; a retry must not resume where the failed attempt
-    stopped reading (without checksums the store could not notice a short part)."""
+    """botocore sends a part's bytes as a stream; our retry (botocore's own are off) must not
+    resume where the failed attempt stopped reading (without checksums a short part would pass)."""
     server, tier = faulty
     tier.send_checksums = checksum == "crc32"
     retried: list[BaseException] = []

@@ -10,8 +10,6 @@ translated once, in :meth:`S3Tier.call`.
 from __future__ import annotations
 
 import contextlib
-import io
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -38,14 +36,11 @@ if TYPE_CHECKING:  # the config module registers the type and builds this adapte
 _READ_SLICE = 2**20
 """Bytes taken from a response at a time (see :meth:`S3Tier.read_into`)."""
 
-_STREAMED_BODY = 2**20
-"""Request bodies larger than this are handed to botocore as streams (see :meth:`S3Tier.call`)."""
-
-_SESSION: Any = None
-"""The process's boto3 session: every tier's client comes from it, so the service model is parsed
-once per process, not once per tier (about 0.1 s of CPU each)."""
-_SESSION_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=lambda: globals().update(_SESSION_LOCK=threading.Lock()))
+_LOADER: Any = None
+"""botocore's data loader, shared by every tier's session in this process: it caches the parsed
+service model (parsing it costs about 0.1 s of CPU per new session). Only the loader is shared:
+a session keeps the first credentials it resolves, and every tier must resolve its own, as they
+are at the time (rotated keys, another profile)."""
 
 
 class S3Tier(Tier):
@@ -127,8 +122,8 @@ class S3Tier(Tier):
         return self._client
 
     def _new_client(self) -> Any:
-        import boto3  # type: ignore[import-untyped]
         import botocore.config
+        import botocore.session
 
         config = botocore.config.Config(
             retries={"total_max_attempts": 1},
@@ -136,14 +131,15 @@ class S3Tier(Tier):
             response_checksum_validation="when_required",
             max_pool_connections=max(10, 2 * self.concurrency),
         )
-        with _SESSION_LOCK:  # a session is not safe for concurrent use; its clients are
-            global _SESSION
-            if _SESSION is None:
-                _SESSION = boto3.session.Session()
-            return _SESSION.client(
-                "s3", endpoint_url=self.config.endpoint_url, region_name=self.config.region,
-                config=config,
-            )  # fmt: skip
+        global _LOADER
+        session = botocore.session.Session()
+        if _LOADER is None:  # two threads may both set it: harmless, either one serves
+            _LOADER = session.get_component("data_loader")
+        session.register_component("data_loader", _LOADER)
+        return session.create_client(
+            "s3", endpoint_url=self.config.endpoint_url, region_name=self.config.region,
+            config=config,
+        )  # fmt: skip
 
     def _key(self, path: str) -> str:
         return "/".join(p for p in (self.prefix, path) if p)
@@ -155,14 +151,8 @@ class S3Tier(Tier):
         """One S3 API call through the retry policy, with errors translated (see module doc)."""
 
         def operation() -> Any:
-            args, body = kwargs, kwargs.get("Body")
-            if isinstance(body, bytes) and len(body) > _STREAMED_BODY:
-                # botocore joins a bytes body onto the request head, one fresh copy of the whole
-                # part (``AWSConnection._send_output``); a stream is sent as it is read. A new
-                # stream each attempt: a retry must not start where the failed one stopped.
-                args = {**kwargs, "Body": io.BytesIO(body)}  # shares the bytes' buffer: no copy
             try:
-                return getattr(self.client, method)(**args)
+                return getattr(self.client, method)(**kwargs)
             except botocore.exceptions.ClientError as exc:
                 raise _as_builtin(exc) from exc
 
