@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -100,6 +102,60 @@ def test_tiers_have_clients_of_their_own_from_one_parsed_service_model(
     first, second = s3_tier(s3_endpoint, s3_bucket), s3_tier(s3_endpoint, s3_bucket)
     assert first.client is not second.client
     assert first.client._loader is second.client._loader
+
+
+def test_a_forked_child_gets_clients_and_part_slots_of_its_own(
+    s3_endpoint: str, s3_bucket: str
+) -> None:
+    """A fork while the parent's threads hold the client lock and every part slot (uploads in
+    flight) must neither hang the child nor hand it the parent's clients: their keep-alive sockets
+    would be shared by two processes, and s3fs refuses to run after a fork."""
+    tier = s3_tier(s3_endpoint, s3_bucket, concurrency=2)
+    tier.write_bytes("before-fork", b"parent")
+    assert tier.list_dir("") == ["before-fork"]  # the parent's s3fs is running too
+    parents_client = tier.client
+    holding, release = threading.Event(), threading.Event()
+
+    def in_flight() -> None:
+        with tier._client_lock:
+            for _ in range(tier.concurrency):
+                tier.part_slots.acquire()
+            holding.set()
+            release.wait()
+        for _ in range(tier.concurrency):
+            tier.part_slots.release()
+
+    holder = threading.Thread(target=in_flight)
+    holder.start()
+    holding.wait()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
+            signal.alarm(30)  # a hang kills the child: the parent sees the signal
+            own = tier.client is not parents_client
+            seen = tier.read_range("before-fork")
+            with tier.open_write("from-child") as stream:  # two parts: both slots are needed
+                stream.write(b"c" * (6 * 2**20))
+            listed = tier.list_dir("")
+            os.write(writable, json.dumps([own, seen.decode(), listed]).encode())
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails
+            os.write(writable, json.dumps({"child failed": repr(exc)}).encode())
+        finally:
+            os._exit(0)
+    os.close(writable)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    with os.fdopen(readable, "rb") as pipe:
+        report = pipe.read()
+    assert os.WIFEXITED(status), f"the child hung on the parent's lock or part slots ({status})"
+    assert json.loads(report) == [True, "parent", ["before-fork", "from-child"]]
+    assert tier.read_range("from-child") == b"c" * (6 * 2**20)
+    assert tier.client is parents_client, "the parent keeps its own client"
 
 
 def _signing_key(tier: S3Tier) -> str:

@@ -10,7 +10,9 @@ translated once, in :meth:`S3Tier.call`.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -42,6 +44,26 @@ service model (parsing it costs about 0.1 s of CPU per new session). Only the lo
 a session keeps the first credentials it resolves, and every tier must resolve its own, as they
 are at the time (rotated keys, another profile)."""
 
+_LIVE_TIERS: weakref.WeakSet[S3Tier] = weakref.WeakSet()
+_INHERITED: list[Any] = []
+"""Clients a forked child took over from its parent: kept, never used nor closed (closing them could
+run the parent's teardown, such as an s3fs session on an event loop that exists only there)."""
+
+
+def _forget_clients_after_fork() -> None:
+    """In a forked child: every tier gets clients, a lock and part slots of its own.
+
+    The parent's botocore client holds its keep-alive sockets, which the child would share; its s3fs
+    filesystem refuses to run after a fork; and a lock or part slot held by one of its threads at
+    the fork would never be released in the child, where that thread does not exist.
+    """
+    for tier in list(_LIVE_TIERS):
+        _INHERITED.append((tier._client, tier._fs))
+        tier._new_process_state()
+
+
+os.register_at_fork(after_in_child=_forget_clients_after_fork)
+
 
 class S3Tier(Tier):
     """An S3 prefix: ``s3://bucket/prefix/<namespace>``. Global scope (never node-local)."""
@@ -66,23 +88,27 @@ class S3Tier(Tier):
             transfer_chunk=config.part_size,
             transfer_streams=config.concurrency,
         )
-        self.part_slots = threading.BoundedSemaphore(config.concurrency)
         self.send_checksums = config.checksum == "crc32"
+        self._new_process_state()
+
+    def _new_process_state(self) -> None:
+        """Clients (made on first use), their lock and the part slots: never shared by processes."""
         self._fs: Any = None
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self.part_slots = threading.BoundedSemaphore(self.concurrency)
+        _LIVE_TIERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fs"] = state["_client"] = None  # clients are per process; rebuilt lazily
         state["on_retry"] = None
-        del state["part_slots"], state["_client_lock"]
+        for name in ("_fs", "_client", "_client_lock", "part_slots"):
+            del state[name]  # per process (see _new_process_state)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.part_slots = threading.BoundedSemaphore(self.concurrency)
-        self._client_lock = threading.Lock()
+        self._new_process_state()
 
     @property
     def fs(self) -> Any:
