@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from tierstore.dcp.copier import can_move, move
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staged_shard import StagedShard
@@ -469,18 +470,23 @@ class Stager:
         view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
         position = iter(offsets)
         copies_on_device = False
+        moves: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def place(tensor: torch.Tensor) -> torch.Tensor:
             nonlocal copies_on_device
             at = next(position)
             if at is None:
                 return tensor.detach().clone()  # sparse, quantized...: a plain copy
-            view = slab.tensor(at, tensor)
-            view.copy_(tensor.detach(), non_blocking=tensor.device.type == "cuda" and slab.pinned)
+            view, source = slab.tensor(at, tensor), tensor.detach()
+            if can_move(view, source):
+                moves.append((view, source))  # copied below, all at once (see copier)
+                return view
+            view.copy_(source, non_blocking=tensor.device.type == "cuda" and slab.pinned)
             copies_on_device |= tensor.device.type == "cuda"
             return view
 
         staged = _walk(state, place)
+        move(moves)
         if copies_on_device:
             torch.cuda.synchronize()
         if self._retired:

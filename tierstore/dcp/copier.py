@@ -1,0 +1,135 @@
+"""The copy into a slab: glibc's ``memmove`` in chunks, taken by several threads as each comes free.
+
+Measured on 2 cores, 1 GiB in 186 tensors into a warm tmpfs slab, side by side with torch's ``copy_``
+(what torch's stagers do): 0.091-0.098 s against 0.100-0.105 s when the copy runs alone, and 0.138 s
+against 0.26-0.27 s while another process copies memory (a previous checkpoint's promotion). torch
+splits each tensor's copy evenly between its threads, so the copy lasts as long as the thread that
+shares its core with the other process; here a thread takes the next chunk when it is free, so the
+copy goes at the speed of the CPU time it actually gets. For copies this large glibc uses
+non-temporal stores: the destination is not read into the cache first, and the trainer's working
+set stays there.
+
+Fresh pages are another matter: the page faults dominate, and torch's copy into fresh memory was the
+faster one (0.27 s against 0.30-0.34 s), so a first save keeps ``clone`` (see :mod:`staging`).
+The number of threads is ``torch.get_num_threads()`` (``OMP_NUM_THREADS`` under torchrun): no more
+cores than torch's own copy would take.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+CHUNK = 8 * 2**20
+"""Bytes per ``memmove``: small enough to balance the threads, large enough for non-temporal
+stores and a negligible per-call cost."""
+MAX_THREADS = 8
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.memmove.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_libc.memmove.restype = ctypes.c_void_p
+
+_Chunk = tuple[int, int, int]
+
+
+def can_move(destination: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether ``source``'s bytes may be copied into ``destination`` as plain memory.
+
+    Both plain, contiguous CPU tensors of one dtype and shape, with no lazy conjugate or negative
+    bit; anything else (a tensor subclass, a strided view) is left to ``copy_``.
+    """
+    return (
+        type(source) is torch.Tensor
+        and source.device.type == "cpu"
+        and destination.device.type == "cpu"
+        and source.dtype == destination.dtype
+        and source.shape == destination.shape
+        and source.is_contiguous()
+        and destination.is_contiguous()
+        and not source.is_conj()
+        and not source.is_neg()
+    )
+
+
+def _chunks(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[_Chunk]:
+    chunks: list[_Chunk] = []
+    for destination, source in pairs:
+        to, start = destination.data_ptr(), source.data_ptr()
+        nbytes = source.numel() * source.element_size()
+        chunks.extend(
+            (to + at, start + at, min(CHUNK, nbytes - at)) for at in range(0, nbytes, CHUNK)
+        )
+    return chunks
+
+
+def _move_all(chunks: Iterator[_Chunk]) -> None:
+    # Each call lets go of the GIL (ctypes), so the threads copy side by side; taking the next
+    # chunk from the shared iterator is atomic under the GIL.
+    for to, start, nbytes in chunks:
+        _libc.memmove(to, start, nbytes)
+
+
+class _Helpers:
+    """Daemon threads of this process that join the caller's copies (started on first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._count = 0
+
+    def run(self, job: Callable[[], None], helpers: int) -> list[threading.Event]:
+        """Start ``job`` on ``helpers`` threads; returns an event per thread, set when it is done."""
+        with self._lock:
+            while self._count < helpers:
+                threading.Thread(target=self._serve, name="tierstore-copy", daemon=True).start()
+                self._count += 1
+        done = []
+        for _ in range(helpers):
+            finished = threading.Event()
+            self._jobs.put(_then(job, finished.set))
+            done.append(finished)
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+def _then(job: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            job()
+        finally:
+            after()
+
+    return run
+
+
+_HELPERS = _Helpers()
+
+
+def _new_helpers_after_fork() -> None:
+    global _HELPERS
+    _HELPERS = _Helpers()  # the parent's threads do not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_new_helpers_after_fork)
+
+
+def move(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each ``(destination, source)`` pair (see :func:`can_move`); returns when all are done.
+
+    The caller's thread copies too; helpers are only woken for more than one chunk.
+    """
+    chunks = _chunks(pairs)
+    threads = max(1, min(torch.get_num_threads(), MAX_THREADS, len(chunks)))
+    shared = iter(chunks)
+    done = _HELPERS.run(lambda: _move_all(shared), threads - 1) if threads > 1 else []
+    _move_all(shared)
+    for finished in done:
+        finished.wait()
