@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.forked import in_forked_child
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
 from tierstore.dcp.copier import CHUNK, can_move, move
@@ -69,6 +69,7 @@ def test_only_plain_contiguous_cpu_memory_is_moved() -> None:
     assert not can_move(torch.empty(5), torch._neg_view(torch.randn(5))), "a lazy negation"
     assert not can_move(torch.empty(8, 4), torch.nn.Parameter(plain)), "a subclass: copy_"
     assert can_move(torch.empty(8, 4), torch.nn.Parameter(plain).detach())
+    assert not can_move(torch.empty(4), torch._efficientzerotensor(4)), "no memory behind it"
 
 
 def test_a_forked_child_copies_with_helpers_of_its_own(two_threads: None) -> None:
@@ -78,17 +79,12 @@ def test_a_forked_child_copies_with_helpers_of_its_own(two_threads: None) -> Non
     source = torch.randn(CHUNK // 4 * 8)
     move([(torch.zeros_like(source), source)])  # the parent's helpers are running
     destination = torch.zeros_like(source)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
-            signal.alarm(30)
-            move([(destination, source)])
-            code = 0 if memory_of(destination) == memory_of(source) else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
+
+    def copy_in_child() -> int:
+        move([(destination, source)])
+        return 0 if memory_of(destination) == memory_of(source) else 2
+
+    status = in_forked_child(copy_in_child, deadline=30)
     assert os.WIFEXITED(status), f"the child's copy hung ({status})"
     assert os.WEXITSTATUS(status) == 0, "the child's copy was wrong"
     assert not torch.equal(destination, source), "the parent's destination is its own"
@@ -107,6 +103,7 @@ def mixed_state(seed: int) -> dict[str, Any]:
         "bf16": torch.randn(99, generator=generator).to(torch.bfloat16),
         "mask": torch.rand(31, generator=generator) > 0.5,
         "empty": torch.empty(0, 5),
+        "zeros": torch._efficientzerotensor(6),  # no memory behind it (a memmove crashed)
     }
 
 

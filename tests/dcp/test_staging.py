@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from tests.forked import in_forked_child
 from tests.workers import run_ranks
 from tierstore import (
     LossBandGate,
@@ -230,6 +232,72 @@ def test_a_save_waits_for_the_previous_one_and_says_so(
     timings = read_manifest(tier0(config), "step_0002").timings
     assert timings["wait_s"] is not None and timings["wait_s"] > 0.5
     assert timings["stall_s"] is not None and timings["stall_s"] >= timings["wait_s"]
+
+
+def test_a_save_whose_planner_fails_does_not_hold_up_the_next(
+    make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the id given to the writer, DCP makes no reset() call: its first call on the save's
+    thread is storage_meta(), before the planner's set-up. A planner failing there used to leave
+    the save unreported, and the next stage waited REGISTRATION_TIMEOUT (120 s) for it."""
+    config = make_config("memory")
+
+    class FailingPlanner(DefaultSavePlanner):
+        def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("the planner fails")
+
+    dcp.async_save(
+        model_state(1), storage_writer=TieredWriter(config, checkpoint_id="step_0001")
+    ).result()
+    failing = dcp.async_save(
+        model_state(2), storage_writer=TieredWriter(config, checkpoint_id="step_0002"),
+        planner=FailingPlanner(),
+    )  # fmt: skip
+    with pytest.raises(BaseException, match="the planner fails"):
+        failing.result()
+    with caplog.at_level(logging.WARNING):
+        dcp.async_save(
+            model_state(3), storage_writer=TieredWriter(config, checkpoint_id="step_0003")
+        ).result()
+    assert "never reported back" not in caplog.text
+    wait_s = read_manifest(tier0(config), "step_0003").timings["wait_s"]
+    assert wait_s is not None and wait_s < 10, f"waited {wait_s} s for the failed save"
+    assert latest_committed(config) == "step_0003"
+    assert_loaded(config, "step_0003", model_state(3))
+
+
+def test_a_writer_used_before_a_fork_saves_in_the_child(make_config: Callable[..., Config]) -> None:
+    """The child must not use the parent's stager: its worker thread, which prepares the spare the
+    next save waits for, does not exist there (the child's second save hung)."""
+    config = make_config("memory")
+    writer = TieredWriter(config)
+    before = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # after a fork torch's OpenMP pool hangs parallel ops, tierstore or not
+
+    def save_in_child() -> int:
+        for index in range(3):
+            dcp.async_save(
+                model_state(10 + index), storage_writer=writer, checkpoint_id=f"child_{index}"
+            ).result()
+        return 0
+
+    try:
+        for index in range(2):
+            dcp.async_save(
+                model_state(index), storage_writer=writer, checkpoint_id=f"parent_{index}"
+            ).result()
+        status = in_forked_child(save_in_child)
+    finally:
+        torch.set_num_threads(before)
+    assert os.WIFEXITED(status), f"the child's saves hung ({status})"
+    assert os.WEXITSTATUS(status) == 0
+    for index in range(3):
+        assert_loaded(config, f"child_{index}", model_state(10 + index))
+    dcp.async_save(model_state(20), storage_writer=writer, checkpoint_id="parent_2").result()
+    assert_loaded(config, "parent_2", model_state(20))
+    writer.close()
 
 
 def test_check_finite_refuses_nan_and_keeps_the_previous_latest(

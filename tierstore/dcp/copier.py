@@ -41,10 +41,13 @@ def can_move(destination: torch.Tensor, source: torch.Tensor) -> bool:
     """Whether ``source``'s bytes may be copied into ``destination`` as plain memory.
 
     Both plain, contiguous CPU tensors of one dtype and shape, with no lazy conjugate or negative
-    bit; anything else (a tensor subclass, a strided view) is left to ``copy_``.
+    bit, the source backed by memory; anything else (a tensor subclass, a strided view, a
+    ``ZeroTensor``) is left to ``copy_``.
     """
     return (
         type(source) is torch.Tensor
+        and not source._is_zerotensor()  # no memory behind it: data_ptr() is 0
+        and (source.data_ptr() != 0 or source.numel() == 0)
         and source.device.type == "cpu"
         and destination.device.type == "cpu"
         and source.dtype == destination.dtype

@@ -179,6 +179,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stage_report: RankReport | None = None
         self._slab: SlabInfo | None = None
         self._stager: Stager | None = None
+        self._stager_pid = 0
         self._pending: Pending | None = None
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
@@ -285,7 +286,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         return f"{self.tier.root}|{self.tier_name}"
 
     def _stager_for_this_process(self) -> Stager:
-        if self._stager is None:
+        if self._stager is None or self._stager_pid != os.getpid():
+            # A forked child never uses its parent's stager: its worker thread is not there.
+            self._stager_pid = os.getpid()
 
             def directory() -> str | None:
                 if not self.tier.capabilities.staging_files:
@@ -328,6 +331,10 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def storage_meta(self) -> StorageMeta | None:
         """The id and a save id for DCP's metadata."""
+        # DCP's first call on a save's thread when the id was given to the writer (no reset()):
+        # it comes before the planner's set-up, which may fail, and the next stage waits for a
+        # save that never reports in.
+        self._register_save_thread()
         return StorageMeta(checkpoint_id=self._checkpoint_id, save_id=uuid.uuid4().hex)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
