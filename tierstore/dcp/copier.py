@@ -10,7 +10,8 @@ non-temporal stores: the destination is not read into the cache first, and the t
 set stays there.
 
 Fresh pages are another matter: the page faults dominate, and torch's copy into fresh memory was the
-faster one (0.27 s against 0.30-0.34 s), so a first save keeps ``clone`` (see :mod:`staging`).
+faster one (0.27 s against 0.30-0.34 s), so a first save keeps torch's way: allocate every
+buffer, then ``copy_`` (see :mod:`staging`).
 The number of threads is ``torch.get_num_threads()`` (``OMP_NUM_THREADS`` under torchrun): no more
 cores than torch's own copy would take.
 """
