@@ -52,8 +52,9 @@ from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.rounds import Round, SavedShare, worker_for
 from tierstore.dcp.overlap import StagingFuture
+from tierstore.dcp.pending import Pending
 from tierstore.dcp.rank_files import RankFileWriter
-from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, Stager
+from tierstore.dcp.staging import STAGERS, SlabInfo, Stager
 from tierstore.errors import (
     CheckpointExistsError,
     CommitVetoedError,
@@ -221,7 +222,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
-        self._register_save_thread()
+        self._register_save_thread(in_process=False)
         self._stage_report = None
         return state
 
@@ -268,10 +269,11 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stage_report = RankReport(self.node, started_wall, stall, waited)
         return staged
 
-    def _register_save_thread(self) -> None:
-        """The thread running a staged save says so: the next stage() waits for it to end."""
+    def _register_save_thread(self, *, in_process: bool = True) -> None:
+        """The thread carrying a staged save says so: the next stage() waits for the save to be
+        over (see :mod:`tierstore.dcp.pending`)."""
         if self._pending is not None:
-            self._pending.register(threading.current_thread())
+            self._pending.register(threading.current_thread(), in_process=in_process)
             self._pending = None
 
     def prepare(self, state_dict: dict[str, Any]) -> None:

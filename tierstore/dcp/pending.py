@@ -1,0 +1,139 @@
+"""When is a staged save over? The back-pressure rule between one save and the next.
+
+A save that staged into a stager's buffers (see :mod:`tierstore.dcp.staging`) is over, and its
+buffers and writer free for the next save, when one of these holds:
+
+* **the thread carrying it has ended**: DCP's executor thread, in THREAD mode, or the thread that
+  handed the writer to DCP's checkpoint process and waits for it, in PROCESS mode;
+* **the thread carrying it has returned from DCP**: a save carried synchronously (``dcp.save`` of
+  staged state on a long-lived worker thread) never ends its thread. Once no frame of DCP or of
+  tierstore's DCP integration is on that thread's stack, the call that reported in has returned,
+  collectives included, whether it committed or failed. Only for saves whose calls ran in this
+  process: in PROCESS mode they run in DCP's checkpoint process, and the carrier only waits;
+* **it never reported in and nothing holds its staged tensors any more**: ``async_save`` failed
+  between staging and handing the save over (PROCESS mode without a process group), so no thread
+  can ever read them.
+
+The carrier is only known once the save's first call on it reaches the writer (``reset``,
+``storage_meta``, ``set_up_storage_writer``, or the pickling of the writer in PROCESS mode); a save
+that does neither within :data:`REGISTRATION_TIMEOUT` is given up on, and its buffers are never
+written again.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as torch_dcp
+
+logger = logging.getLogger(__name__)
+
+REGISTRATION_TIMEOUT = 120.0
+"""How long a staged save may take to reach tierstore's first call (PROCESS mode starts a process)."""
+POLL_S = 0.1
+"""How often a wait looks at the carrier's stack (or at the staged tensors), between wake-ups."""
+_COLLECT_AFTER_S = 1.0
+"""An unreported save whose tensors are still alive after this long gets one garbage collection:
+an exception's traceback cycle may be what holds them."""
+_WARN_EVERY_S = 60.0
+_DCP_DIRS = (
+    str(Path(torch_dcp.__file__).parent) + "/",
+    str(Path(__file__).parent) + "/",
+)
+"""A carrier with a frame from these directories on its stack is still inside DCP's save."""
+
+
+def _inside_dcp(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_DCP_DIRS):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Pending:
+    """A save that staged into a stager's buffers, until it is over (see the module docstring)."""
+
+    def __init__(self, staged: Iterable[torch.Tensor] = ()) -> None:
+        self._registered = threading.Event()
+        self._carrier: threading.Thread | None = None
+        self._in_process = False
+        self._lock = threading.Lock()
+        self._on_handover: list[Callable[[], None]] = []
+        self._staged = [weakref.ref(tensor) for tensor in staged]
+
+    def register(self, carrier: threading.Thread, *, in_process: bool) -> None:
+        """Record the thread carrying the save (the first call wins) and run the handover jobs.
+
+        ``in_process``: the save's DCP calls run on ``carrier`` in this process (not in DCP's
+        checkpoint process), so its return from DCP ends the save.
+        """
+        with self._lock:
+            if self._registered.is_set():
+                return
+            self._carrier = carrier
+            self._in_process = in_process
+            self._registered.set()
+            jobs, self._on_handover = self._on_handover, []
+        for job in jobs:
+            job()
+
+    def on_handover(self, job: Callable[[], None]) -> None:
+        """Run ``job`` once the save's thread has reported in (at once if it has): work that must
+        stay out of the trainer's stall. A save that never reports in never runs it."""
+        with self._lock:
+            if not self._registered.is_set():
+                self._on_handover.append(job)
+                return
+        job()
+
+    def wait(self) -> bool:
+        """Block until the save is over; False if it never reported in and may still run."""
+        if not self._wait_for_registration():
+            return False
+        carrier = self._carrier
+        if carrier is None or carrier is threading.current_thread():
+            return True
+        started = warned = time.monotonic()
+        while True:
+            if not carrier.is_alive() or (self._in_process and not _inside_dcp(carrier)):
+                return True
+            carrier.join(POLL_S)  # wakes at once when the thread ends
+            if time.monotonic() - warned > _WARN_EVERY_S:
+                warned = time.monotonic()
+                logger.warning(
+                    "still waiting (%.0f s) for the previous save, carried by thread %r, to end",
+                    warned - started,
+                    carrier.name,
+                )
+
+    def _wait_for_registration(self) -> bool:
+        """True once the save reported in, or once nothing can read its staged tensors."""
+        started = time.monotonic()
+        collected = False
+        while not self._registered.is_set():
+            if self._abandoned():
+                logger.info("the previous save failed before it was handed over")
+                return True
+            if self._registered.wait(POLL_S):
+                break
+            waited = time.monotonic() - started
+            if waited > _COLLECT_AFTER_S and not collected:
+                collected = True
+                gc.collect()
+            if waited > REGISTRATION_TIMEOUT:
+                return False
+        return True
+
+    def _abandoned(self) -> bool:
+        """Every staged tensor has been freed (a state without tensors tells nothing)."""
+        return bool(self._staged) and all(ref() is None for ref in self._staged)
