@@ -3,6 +3,7 @@ read its buffers or use the writer, and no longer (see tierstore.dcp.pending).""
 
 from __future__ import annotations
 
+import _thread
 import gc
 import queue
 import threading
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from tests.dcp.test_staging import assert_loaded, model_state, tier0
-from tierstore import TieredWriter
+from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
 from tierstore.dcp import pending as pending_module
 from tierstore.dcp.gate import GateView
@@ -25,19 +28,26 @@ from tierstore.manifest import read_manifest
 
 
 class SyncSaver:
-    """A long-lived worker thread that runs synchronous ``dcp.save`` calls of staged states."""
+    """A long-lived worker thread that runs synchronous ``dcp.save`` calls of staged states; a
+    failed save is recorded (its exception only, not the staged state) and the thread goes on."""
 
-    def __init__(self, writer: TieredWriter) -> None:
+    def __init__(self, writer: TieredWriter, planner: Callable[[], Any] = lambda: None) -> None:
         self.writer = writer
+        self.planner = planner  # a new one per save: a planner holds the state it planned
         self.jobs: queue.Queue[tuple[Any, str] | None] = queue.Queue()
         self.done: queue.Queue[tuple[str, float]] = queue.Queue()
+        self.failed: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True, name="sync-saver")
         self.thread.start()
 
     def _run(self) -> None:
         while (job := self.jobs.get()) is not None:
             staged, checkpoint_id = job
-            dcp.save(staged, storage_writer=self.writer, checkpoint_id=checkpoint_id)
+            try:
+                dcp.save(staged, storage_writer=self.writer, checkpoint_id=checkpoint_id,
+                         planner=self.planner())  # fmt: skip
+            except CheckpointException as exc:
+                self.failed.append(f"{checkpoint_id}: {exc}")
             self.done.put((checkpoint_id, time.perf_counter()))
             del staged, job  # the staged state lives on in the caller's thread, as in a trainer
 
@@ -170,3 +180,140 @@ def test_a_save_carried_by_another_process_is_over_only_when_its_thread_ends() -
     release.set()
     waiter.join(5)
     assert result == [True]
+
+
+def test_a_failed_synchronous_save_keeps_its_buffers_for_a_retry(
+    make_config: Callable[..., Config],
+) -> None:
+    """The saver thread retries a failed save with the same staged state after a back-off; the
+    trainer stages the next state meanwhile. That stage must wait for the retry: it would copy the
+    next step into the reused buffer, and the retry commit step_1 with step_2's tensors."""
+    config = make_config("local")
+    attempts: list[int] = []
+
+    class FailsOnce(DefaultSavePlanner):
+        def create_local_plan(self) -> Any:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise OSError("transient: the tier is briefly unavailable")
+            return super().create_local_plan()
+
+    writer = TieredWriter(config)
+    failed, retried = threading.Event(), threading.Event()
+
+    def save_with_retry(staged: Any) -> None:
+        try:
+            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsOnce())
+        except CheckpointException:  # the first attempt fails; back off, then retry
+            failed.set()
+            time.sleep(0.5)
+            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsOnce())
+            retried.set()
+
+    state = {"w": torch.full((4096,), 1.0)}
+    saver = threading.Thread(target=save_with_retry, args=(writer.stage(state),), daemon=True)
+    saver.start()
+    assert failed.wait(30)
+    state["w"].fill_(2.0)  # training goes on, and the next save stages
+    staged, _ = stage_in_thread(writer, state, deadline=30)
+    assert retried.is_set(), "the next stage copied before the failed save's retry"
+    dcp.save(staged, storage_writer=writer, checkpoint_id="step_2")
+    saver.join(10)
+    assert_loaded_values(config, {"step_1": 1.0, "step_2": 2.0})
+
+
+def test_a_failed_synchronous_save_whose_state_was_dropped_does_not_hold_up_the_next(
+    make_config: Callable[..., Config],
+) -> None:
+    """The save failed, its thread lives on, and nothing holds its staged state: no retry can
+    come, so the next stage goes ahead (it used to wait for the thread to end, forever)."""
+    config = make_config("local")
+    failures = [1]
+
+    class FailsOnce(DefaultSavePlanner):
+        def create_local_plan(self) -> Any:
+            if failures:
+                failures.pop()
+                raise OSError("the tier is unavailable")
+            return super().create_local_plan()
+
+    writer = TieredWriter(config)
+    saver = SyncSaver(writer, planner=FailsOnce)
+    try:
+        saver.jobs.put((writer.stage(model_state(1)), "step_1"))
+        assert saver.done.get(timeout=30)[0] == "step_1"
+        assert saver.failed and "the tier is unavailable" in saver.failed[0]
+        staged, _ = stage_in_thread(writer, model_state(2), deadline=30)
+        saver.jobs.put((staged, "step_2"))
+        assert saver.done.get(timeout=30)[0] == "step_2"
+    finally:
+        saver.stop()
+    assert len(saver.failed) == 1
+    assert_loaded(config, "step_2", model_state(2))
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_two_threads_saving_through_two_writers_to_one_tier_keep_their_states_apart(
+    make_config: Callable[..., Config], kind: str
+) -> None:
+    """Writers of one tier share the process's stager: two stages at once copied into the same
+    buffer, and a writer could carry the other thread's Pending."""
+    config = make_config(kind)
+    start = threading.Barrier(2)
+    errors: list[str] = []
+    expected: dict[str, float] = {}
+
+    def trainer(name: str, offset: float) -> None:
+        try:
+            writer = TieredWriter(config)
+            for index in range(3):
+                value = offset + index
+                expected[f"{name}{index}"] = value
+                state = {"w": torch.full((1 << 20,), value)}
+                start.wait(30)
+                dcp.async_save(
+                    state, storage_writer=writer, checkpoint_id=f"{name}{index}"
+                ).result()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{name}: {exc!r}")
+
+    threads = [threading.Thread(target=trainer, args=(n, o)) for n, o in (("x", 10), ("y", 20))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    assert_loaded_values(config, expected)
+
+
+def test_a_save_carried_by_a_thread_threading_did_not_start(
+    make_config: Callable[..., Config],
+) -> None:
+    """A carrier started with _thread (or by C++ code calling into Python) is a dummy thread:
+    joining it raises, and it never reports its end. The next stage waits on its stack instead."""
+    config = make_config("local")
+    in_gate, done = threading.Event(), threading.Event()
+
+    def slow(view: GateView) -> None:
+        in_gate.set()
+        time.sleep(0.5)
+
+    writer = TieredWriter(config, commit_gate=slow)
+
+    def carry(staged: Any) -> None:
+        dcp.save(staged, storage_writer=writer, checkpoint_id="step_1")
+        done.set()
+
+    _thread.start_new_thread(carry, (writer.stage(model_state(1)),))
+    assert in_gate.wait(30)
+    stage_in_thread(writer, model_state(2), deadline=30)
+    assert done.is_set(), "the next stage copied while the save was running"
+    assert_loaded(config, "step_1", model_state(1))
+
+
+def assert_loaded_values(config: Config, expected: dict[str, float]) -> None:
+    """Every checkpoint holds one tensor ``w`` filled with its expected value, and only that."""
+    for checkpoint_id, value in expected.items():
+        target = {"w": torch.zeros(4096 if checkpoint_id.startswith("step") else 1 << 20)}
+        dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id)
+        assert target["w"].unique().tolist() == [value], checkpoint_id

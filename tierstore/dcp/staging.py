@@ -264,6 +264,7 @@ class Stager:
         self._preparing: Future[Any] | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
+        self._staging = threading.Lock()
         self._reused = False
         self.pending: Pending | None = None
         """The last save that staged into these buffers, until it is known to be over."""
@@ -398,8 +399,9 @@ class Stager:
         if self._preparing is not None:
             self._preparing.result()
 
-    def stage(self, state: Any) -> tuple[Any, SlabInfo | None, float]:
-        """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait.
+    def stage(self, state: Any) -> tuple[Any, SlabInfo | None, float, Pending]:
+        """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait,
+        and the save's :class:`Pending` (for the writer that carries it).
 
         Runs on the caller's thread, after any overlapped staging still in progress here.
         """
@@ -407,11 +409,11 @@ class Stager:
         return self._stage(state, preallocate=False)
 
     def stage_in_background(
-        self, state: Any, finish: Callable[[Any, SlabInfo | None, float], Any]
+        self, state: Any, finish: Callable[[Any, SlabInfo | None, float, Pending], Any]
     ) -> StagingFuture:
         """Like :meth:`stage`, on a background thread (see :mod:`tierstore.dcp.overlap`).
 
-        ``finish(staged, slab, waited)`` runs on that thread once the copy is done; the future holds
+        ``finish(staged, slab, waited, pending)`` runs on that thread once the copy is done; the future holds
         what it returns, or the exception staging raised. The caller must not modify ``state``
         until the future has resolved.
         """
@@ -422,7 +424,17 @@ class Stager:
         self.queue.wait_until_idle()
         self.wait_for_previous_save()
 
-    def _stage(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo | None, float]:
+    def _stage(
+        self, state: Any, *, preallocate: bool
+    ) -> tuple[Any, SlabInfo | None, float, Pending]:
+        # Every writer of a tier in this process shares its stager: one stage at a time, each
+        # handing its own Pending to the writer that staged (not whatever self.pending is by then).
+        with self._staging:
+            staged, slab, waited = self._stage_alone(state, preallocate=preallocate)
+            assert self.pending is not None
+            return staged, slab, waited, self.pending
+
+    def _stage_alone(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo | None, float]:
         offsets, nbytes = _layout(state)
         waited, over = self.wait_for_previous_save()
         if not over and self.slab is not None:

@@ -182,6 +182,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stager: Stager | None = None
         self._stager_pid = 0
         self._pending: Pending | None = None
+        self._carrying: Pending | None = None
+        """The staged save whose calls this writer is running (THREAD mode, synchronous saves)."""
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._tiers: list[Tier] | None = None
@@ -218,7 +220,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_tiers"] = state["_round"] = None
         state["_handovers"] = []
         self._handovers.append(time.time())
-        state["_stager"] = state["_pending"] = None  # the staging buffers stay with the trainer
+        # the staging buffers stay with the trainer
+        state["_stager"] = state["_pending"] = state["_carrying"] = None
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
@@ -241,7 +244,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         """
         started_wall, started = time.time(), time.perf_counter()
         stager = self._stager_for_this_process()
-        record = functools.partial(self._record_staged, stager, (started_wall, started))
+        record = functools.partial(self._record_staged, (started_wall, started))
         if not self.overlap:
             return record(*stager.stage(state_dict))
         # record() runs on the staging thread before the future resolves, so DCP's save thread
@@ -250,13 +253,13 @@ class TieredWriter(StorageWriter, AsyncStager):
         return stager.stage_in_background(state_dict, record)
 
     def _record_staged(
-        self, stager: Stager, started: tuple[float, float],
-        staged: dict[str, Any], slab: SlabInfo | None, waited: float,
+        self, started: tuple[float, float],
+        staged: dict[str, Any], slab: SlabInfo | None, waited: float, pending: Pending,
     ) -> dict[str, Any]:  # fmt: skip
         """Record a finished copy for the save that carries it; returns the staged state."""
         started_wall, started_at = started
         self._slab = slab
-        self._pending = stager.pending  # the save's thread reports in through this
+        self._pending = pending  # the save's thread reports in through this
         # With overlap, the time until staging_completion: the most the trainer can have waited.
         stall = time.perf_counter() - started_at
         if waited > 0.01:
@@ -274,7 +277,14 @@ class TieredWriter(StorageWriter, AsyncStager):
         over (see :mod:`tierstore.dcp.pending`)."""
         if self._pending is not None:
             self._pending.register(threading.current_thread(), in_process=in_process)
+            self._carrying = self._pending if in_process else None
             self._pending = None
+
+    def _report_success(self) -> None:
+        """This rank's part of the carried save worked: see :meth:`Pending.succeeded`."""
+        if self._carrying is not None:
+            self._carrying.succeeded()
+            self._carrying = None
 
     def prepare(self, state_dict: dict[str, Any]) -> None:
         """Optionally, once after building the model: allocate staging buffers in the background.
@@ -462,6 +472,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
+        if not self._is_coordinator:
+            self._report_success()  # the coordinator's part ends with finish()
         return future
 
     def _hand_to_mirror(self, assignment: object, files: list[FileEntry] | None) -> None:
@@ -532,6 +544,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             raise
         finally:
             self._stop_writing()
+        self._report_success()
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
 
