@@ -26,6 +26,7 @@ from tierstore.errors import (
     IntegrityError,
     InvalidCheckpointIdError,
     NonFiniteTensorError,
+    StaleStagedStateError,
     TierstoreError,
     TierUnavailableError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "InvalidCheckpointIdError",
     "LossBandGate",
     "NonFiniteTensorError",
+    "StaleStagedStateError",
     "TierUnavailableError",
     "TieredReader",
     "TieredWriter",

@@ -36,6 +36,12 @@ class IntegrityError(TierstoreError):
     """Stored bytes do not match their commit marker (missing file, wrong size, CRC32C mismatch)."""
 
 
+class StaleStagedStateError(TierstoreError):
+    """A save was given a staged state whose staging buffer has since been staged into again (a later
+    ``stage()``/``async_save`` to the same tier in this process): it would write the later state's
+    bytes. A staged state is good until the next stage; stage the state again to save it."""
+
+
 class TierUnavailableError(TierstoreError):
     """A tier cannot be reached or used: unreachable endpoint, missing bucket, unwritable path,
     disk full. ``tier`` is the name of the tier that refused (None when unknown)."""

@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
 
 from tests.dcp.test_staging import assert_loaded, model_state, tier0
-from tierstore import TieredReader, TieredWriter
+from tests.workers import run_ranks
+from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.dcp import pending as pending_module
 from tierstore.dcp.gate import GateView
@@ -182,44 +186,90 @@ def test_a_save_carried_by_another_process_is_over_only_when_its_thread_ends() -
     assert result == [True]
 
 
-def test_a_failed_synchronous_save_keeps_its_buffers_for_a_retry(
-    make_config: Callable[..., Config],
+class FailsFirst(DefaultSavePlanner):
+    """Fails the first ``failures[0]`` plans it makes (a transient error), then plans normally."""
+
+    failures = [1]
+
+    def create_local_plan(self) -> Any:
+        if self.failures[0] > 0:
+            self.failures[0] -= 1
+            raise OSError("transient: the tier is briefly unavailable")
+        return super().create_local_plan()
+
+
+def test_a_retry_after_the_next_stage_is_refused_not_committed_with_the_later_state(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The saver thread retries a failed save with the same staged state after a back-off; the
-    trainer stages the next state meanwhile. That stage must wait for the retry: it would copy the
-    next step into the reused buffer, and the retry commit step_1 with step_2's tensors."""
+    """A saver thread retries a failed save of a staged state after a back-off, and the trainer
+    staged the next state meanwhile (into the same buffer, which the failed save no longer used).
+    The retry would commit step_1 with step_2's bytes: it is refused, naming the checkpoint."""
     config = make_config("local")
-    attempts: list[int] = []
-
-    class FailsOnce(DefaultSavePlanner):
-        def create_local_plan(self) -> Any:
-            attempts.append(1)
-            if len(attempts) == 1:
-                raise OSError("transient: the tier is briefly unavailable")
-            return super().create_local_plan()
-
+    monkeypatch.setattr(FailsFirst, "failures", [1])
     writer = TieredWriter(config)
     failed, retried = threading.Event(), threading.Event()
+    retry_error: list[BaseException] = []
 
     def save_with_retry(staged: Any) -> None:
         try:
-            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsOnce())
-        except CheckpointException:  # the first attempt fails; back off, then retry
+            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst())
+        except CheckpointException:
             failed.set()
-            time.sleep(0.5)
-            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsOnce())
+            time.sleep(0.5)  # back off, then retry the same staged state
+            try:
+                dcp.save(
+                    staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst()
+                )
+            except CheckpointException as exc:
+                retry_error.append(exc)
             retried.set()
 
     state = {"w": torch.full((4096,), 1.0)}
     saver = threading.Thread(target=save_with_retry, args=(writer.stage(state),), daemon=True)
     saver.start()
     assert failed.wait(30)
-    state["w"].fill_(2.0)  # training goes on, and the next save stages
+    state["w"].fill_(2.0)  # training goes on, and the next save stages without waiting
     staged, _ = stage_in_thread(writer, state, deadline=30)
-    assert retried.is_set(), "the next stage copied before the failed save's retry"
+    assert not retried.is_set()
+    assert retried.wait(30)
+    assert retry_error, "the retry of a superseded staged state was committed"
+    assert "StaleStagedStateError" in str(retry_error[0])
+    assert "'step_1'" in str(retry_error[0]) and "stage the state again" in str(retry_error[0])
+    assert latest_committed(config) is None
     dcp.save(staged, storage_writer=writer, checkpoint_id="step_2")
-    saver.join(10)
-    assert_loaded_values(config, {"step_1": 1.0, "step_2": 2.0})
+    assert_loaded_values(config, {"step_2": 2.0})
+
+
+def test_a_retry_before_the_next_stage_commits_the_staged_state(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config("local")
+    monkeypatch.setattr(FailsFirst, "failures", [1])
+    writer = TieredWriter(config)
+    state = {"w": torch.full((4096,), 1.0)}
+    staged = writer.stage(state)
+    state["w"].fill_(2.0)  # the trainer's tensors move on; the staged copy does not
+    with pytest.raises(CheckpointException):
+        dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst())
+    dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst())
+    assert_loaded_values(config, {"step_1": 1.0})
+
+
+def test_close_after_a_failed_synchronous_save_returns(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config("local")
+    monkeypatch.setattr(FailsFirst, "failures", [1])
+    writer = TieredWriter(config)
+    saver = SyncSaver(writer, planner=FailsFirst)
+    staged = writer.stage(model_state(1))
+    saver.jobs.put((staged, "step_1"))  # the caller keeps its name for the staged state
+    assert saver.done.get(timeout=30)[0] == "step_1" and saver.failed
+    closing = threading.Thread(target=writer.close, daemon=True)
+    closing.start()
+    closing.join(30)
+    saver.stop()
+    assert not closing.is_alive(), "close() waits for a failed save whose thread lives on"
 
 
 def test_a_failed_synchronous_save_whose_state_was_dropped_does_not_hold_up_the_next(
@@ -317,3 +367,30 @@ def assert_loaded_values(config: Config, expected: dict[str, float]) -> None:
         target = {"w": torch.zeros(4096 if checkpoint_id.startswith("step") else 1 << 20)}
         dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id)
         assert target["w"].unique().tolist() == [value], checkpoint_id
+
+
+def stale_dtensor_retry(rank: int, world: int, config: Config) -> None:
+    """A DTensor state reaches the storage writer through StagedShard's aliases: the stage's token
+    must survive them, or a superseded DTensor state would be committed with the later bytes."""
+    mesh = init_device_mesh("cpu", (world,))
+    writer = TieredWriter(config)
+    state = {"w": DTensor.from_local(torch.full((64,), 1.0), mesh, [Shard(0)])}
+    first = writer.stage(state)
+    FailsFirst.failures = [1]
+    with pytest.raises(CheckpointException, match="transient"):
+        dcp.save(first, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst())
+    state["w"].to_local().fill_(2.0)
+    second = writer.stage(state)
+    with pytest.raises(CheckpointException, match="StaleStagedStateError"):
+        dcp.save(first, storage_writer=writer, checkpoint_id="step_1")
+    dcp.save(second, storage_writer=writer, checkpoint_id="step_2")
+    loaded = {"w": DTensor.from_local(torch.zeros(64), mesh, [Shard(0)])}
+    dcp.load(loaded, storage_reader=TieredReader(config), checkpoint_id="step_2")
+    assert loaded["w"].to_local().unique().tolist() == [2.0]
+    assert latest_committed(config) == "step_2"
+
+
+def test_a_superseded_dtensor_state_is_refused(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    run_ranks(stale_dtensor_retry, 1, tmp_path, make_config("local"))

@@ -42,6 +42,19 @@ class ItemLocation:
     shape: tuple[int, ...] | None = None
 
 
+STAGE_TOKEN = "_tierstore_stage_token"  # noqa: S105 - an attribute name, not a secret
+"""The attribute on a staged view that holds the token its stage wrote into the slab's header."""
+
+
+def stage_token(tensor: torch.Tensor) -> bytes | None:
+    """The token of the stage that made ``tensor``, or the view it was cut or aliased from (DCP's
+    narrowed shards, StagedShard's ``as_subclass`` aliases: their ``_base``); None if unknown."""
+    token = getattr(tensor, STAGE_TOKEN, None)
+    if token is None and tensor._base is not None:
+        token = getattr(tensor._base, STAGE_TOKEN, None)
+    return token if isinstance(token, bytes) else None
+
+
 def header(token: bytes) -> bytes:
     """The 64-byte file header carrying ``token`` (16 bytes)."""
     return (MAGIC + token).ljust(HEADER_SIZE, b"\0")

@@ -5,18 +5,20 @@ buffers and writer free for the next save, when one of these holds:
 
 * **the thread carrying it has ended**: DCP's executor thread, in THREAD mode, or the thread that
   handed the writer to DCP's checkpoint process and waits for it, in PROCESS mode;
-* **the thread carrying it has returned from DCP, and the save worked**: a save carried synchronously
-  (``dcp.save`` of staged state on a long-lived worker thread) never ends its thread. Once no frame of
-  DCP or of tierstore's DCP integration is on that thread's stack, the call that reported in has
-  returned, collectives included. Only for saves whose calls ran in this process (in PROCESS mode
-  they run in DCP's checkpoint process, and the carrier only waits), and only if this rank's part
-  succeeded (the coordinator's ``finish``, another rank's ``write_data``): a failed save may be
-  retried with the same staged state, whose buffers must not change meanwhile;
-* **nothing in this process holds its staged tensors any more, and no other process has them**:
-  no thread can read them again. This covers ``async_save`` failing between staging and handover
-  (PROCESS mode without a process group: the save never reported in), and a failed synchronous save
-  that has returned from DCP and whose staged state was dropped. Not a save handed to DCP's
-  checkpoint process: that process maps the buffers itself.
+* **the thread carrying it has returned from DCP**: a save carried synchronously (``dcp.save`` of
+  staged state on a long-lived worker thread) never ends its thread. Once no frame of DCP or of
+  tierstore's DCP integration is on that thread's stack, the call that reported in has returned,
+  collectives included, whether it committed or failed. Only for saves whose calls ran in this
+  process: in PROCESS mode they run in DCP's checkpoint process, and the carrier only waits;
+* **it never reported in and nothing holds its staged tensors any more**: ``async_save`` failed
+  between staging and handing the save over (PROCESS mode without a process group), so no thread
+  can ever read them.
+
+A staged state is good for saves until the next stage into the same buffers: a failed save retried
+with it after that would write the later state's bytes, and is refused instead (see
+:class:`~tierstore.errors.StaleStagedStateError`). Waiting for every reference to a failed save's
+staged state to go away, to allow such retries, hung ordinary code: a saver thread's loop variable,
+the caller's own name for it, or a failed future's traceback keep it alive indefinitely.
 
 The carrier is only known once the save's first call on it reaches the writer (``reset``,
 ``storage_meta``, ``set_up_storage_writer``, or the pickling of the writer in PROCESS mode); a save
@@ -74,7 +76,6 @@ class Pending:
         self._lock = threading.Lock()
         self._on_handover: list[Callable[[], None]] = []
         self._staged = [weakref.ref(tensor) for tensor in staged]
-        self._succeeded = threading.Event()
         self._collected = False
 
     def register(self, carrier: threading.Thread, *, in_process: bool) -> None:
@@ -102,10 +103,6 @@ class Pending:
                 return
         job()
 
-    def succeeded(self) -> None:
-        """This rank's part of the save has worked: once its carrier returns from DCP, it is over."""
-        self._succeeded.set()
-
     def wait(self) -> bool:
         """Block until the save is over; False if it never reported in and may still run."""
         started = time.monotonic()
@@ -115,7 +112,7 @@ class Pending:
         if carrier is None or carrier is threading.current_thread():
             return True
         warned = time.monotonic()
-        while not self._over(carrier, started):
+        while carrier.is_alive() and not (self._in_process and not _inside_dcp(carrier)):
             if isinstance(carrier, threading._DummyThread):
                 time.sleep(POLL_S)  # not started by threading: it cannot be joined
             else:
@@ -123,20 +120,11 @@ class Pending:
             if time.monotonic() - warned > _WARN_EVERY_S:
                 warned = time.monotonic()
                 logger.warning(
-                    "still waiting (%.0f s) for the previous save, carried by thread %r, to end;"
-                    " a failed save's staging buffers stay reserved while its staged state is"
-                    " referenced (for a retry): drop it to let the next save stage",
+                    "still waiting (%.0f s) for the previous save, carried by thread %r, to end",
                     warned - started,
                     carrier.name,
                 )
         return True
-
-    def _over(self, carrier: threading.Thread, started: float) -> bool:
-        if not carrier.is_alive():
-            return True
-        if not self._in_process or _inside_dcp(carrier):
-            return False
-        return self._succeeded.is_set() or self._abandoned(started)
 
     def _wait_for_registration(self, started: float) -> bool:
         """True once the save reported in, or once nothing can read its staged tensors."""

@@ -34,10 +34,11 @@ from tierstore.dcp.layout import (
     header,
     is_raw_encodable,
     raw_view,
+    stage_token,
     view_of,
 )
 from tierstore.dcp.staging import SlabInfo
-from tierstore.errors import NonFiniteTensorError
+from tierstore.errors import NonFiniteTensorError, StaleStagedStateError
 from tierstore.ids import checkpoint_file, data_file
 from tierstore.manifest import FileEntry
 from tierstore.tiers import Tier
@@ -91,6 +92,26 @@ class RankFileWriter:
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
 
+    def _refuse_if_restaged(
+        self, item: WriteItem, tensor: torch.Tensor, tokens: dict[int, bytes]
+    ) -> None:
+        """A staged view whose slab no longer carries its stage's token was staged into again
+        since: its bytes are a later state's. Raise rather than commit them under this id."""
+        token = stage_token(tensor)
+        if token is None:
+            return
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in tokens:
+            tokens[key] = _slab_token(storage)
+        if tokens[key] != token:
+            raise StaleStagedStateError(
+                f"checkpoint {self.checkpoint_id!r}: tensor {item.index.fqn!r} was staged for an"
+                " earlier save, and its staging buffer has since been staged into again (a later"
+                " stage() or async_save to this tier in this process); nothing was written. A"
+                " staged state is good until the next stage: stage the state again to save it"
+            )
+
     def _rel(self, index: int) -> str:
         return data_file(self.generation, self.rank, index)
 
@@ -109,6 +130,7 @@ class RankFileWriter:
                 blobs.append((item, data.getbuffer(), "bytes"))
                 continue
             assert isinstance(data, torch.Tensor)
+            self._refuse_if_restaged(item, data, tokens)
             self.out.gate.tensors[item.index.fqn] = data
             if _in_slab(data, self.slab, tokens):
                 staged.append((item, data))

@@ -57,7 +57,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tierstore.dcp.copier import can_move, move
-from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, view_of
+from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.pending import Pending
 from tierstore.dcp.staged_shard import StagedShard
@@ -422,7 +422,8 @@ class Stager:
     def wait_until_idle(self) -> None:
         """Wait for overlapped staging in progress, then for the save that last staged here."""
         self.queue.wait_until_idle()
-        self.wait_for_previous_save()
+        with self._staging:  # not while another writer of the tier stages: it would skip its wait
+            self.wait_for_previous_save()
 
     def _stage(
         self, state: Any, *, preallocate: bool
@@ -469,6 +470,7 @@ class Stager:
                 made.append(tensor.detach().clone())  # sparse, quantized...: a plain copy
                 return made[-1]
             view, source = slab.tensor(at, tensor), tensor.detach()
+            setattr(view, STAGE_TOKEN, token)  # a save of it after the next stage is refused
             made.append(view)
             if can_move(view, source):
                 moves.append((view, source))  # copied below, all at once (see copier)

@@ -182,8 +182,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stager: Stager | None = None
         self._stager_pid = 0
         self._pending: Pending | None = None
-        self._carrying: Pending | None = None
-        """The staged save whose calls this writer is running (THREAD mode, synchronous saves)."""
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._tiers: list[Tier] | None = None
@@ -221,7 +219,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_handovers"] = []
         self._handovers.append(time.time())
         # the staging buffers stay with the trainer
-        state["_stager"] = state["_pending"] = state["_carrying"] = None
+        state["_stager"] = state["_pending"] = None
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
@@ -277,14 +275,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         over (see :mod:`tierstore.dcp.pending`)."""
         if self._pending is not None:
             self._pending.register(threading.current_thread(), in_process=in_process)
-            self._carrying = self._pending if in_process else None
             self._pending = None
-
-    def _report_success(self) -> None:
-        """This rank's part of the carried save worked: see :meth:`Pending.succeeded`."""
-        if self._carrying is not None:
-            self._carrying.succeeded()
-            self._carrying = None
 
     def prepare(self, state_dict: dict[str, Any]) -> None:
         """Optionally, once after building the model: allocate staging buffers in the background.
@@ -472,8 +463,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
-        if not self._is_coordinator:
-            self._report_success()  # the coordinator's part ends with finish()
         return future
 
     def _hand_to_mirror(self, assignment: object, files: list[FileEntry] | None) -> None:
@@ -544,7 +533,6 @@ class TieredWriter(StorageWriter, AsyncStager):
             raise
         finally:
             self._stop_writing()
-        self._report_success()
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
 
