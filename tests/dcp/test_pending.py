@@ -394,3 +394,57 @@ def test_a_superseded_dtensor_state_is_refused(
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     run_ranks(stale_dtensor_retry, 1, tmp_path, make_config("local"))
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_a_retry_on_another_thread_is_written_whole_before_the_next_stage_copies(
+    make_config: Callable[..., Config], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed attempt's thread has left DCP, so the back-pressure rule lets the next stage go;
+    the retry runs on another thread that nothing registered. The next stage must wait for the
+    retry's write of the slab (it read the header once, then wrote the next step's bytes under it;
+    on a memory tier it could even copy into the slab the retry had just renamed into a checkpoint).
+    """
+    config = make_config(kind)
+    monkeypatch.setattr(FailsFirst, "failures", [1])
+    resolving = threading.Event()
+
+    class Signals(FailsFirst):
+        def resolve_data(self, write_item: Any) -> Any:
+            resolving.set()  # a signal only: no delay
+            return super().resolve_data(write_item)
+
+    writer = TieredWriter(config)
+    state = {"a": torch.full((16,), 1.0), "w": torch.full((8 << 20,), 1.0)}  # 32 MiB
+    if kind == "memory":  # a spare exists: the retry's slab is then reused only if not adopted
+        dcp.save(writer.stage(state), storage_writer=writer, checkpoint_id="step_0")
+    staged = writer.stage(state)
+    outcome: list[str] = []
+
+    def attempt() -> None:
+        try:
+            dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=Signals())
+            outcome.append("committed")
+        except CheckpointException as exc:
+            outcome.append(f"failed: {exc}")
+
+    first = threading.Thread(target=attempt)
+    first.start()
+    first.join(30)
+    assert outcome and outcome[0].startswith("failed") and "transient" in outcome[0]
+    retry = threading.Thread(target=attempt)
+    retry.start()
+    assert resolving.wait(30)
+    state["a"].fill_(2.0)
+    state["w"].fill_(2.0)
+    staged_next, _ = stage_in_thread(writer, state, deadline=60)
+    retry.join(30)
+    assert outcome[1] == "committed" or "StaleStagedStateError" in outcome[1], outcome[1]
+    if outcome[1] == "committed":
+        loaded = {"a": torch.zeros(16), "w": torch.zeros(8 << 20)}
+        dcp.load(loaded, storage_reader=TieredReader(config), checkpoint_id="step_1")
+        assert {k: v.unique().tolist() for k, v in loaded.items()} == {"a": [1.0], "w": [1.0]}
+    dcp.save(staged_next, storage_writer=writer, checkpoint_id="step_2")
+    loaded = {"a": torch.zeros(16), "w": torch.zeros(8 << 20)}
+    dcp.load(loaded, storage_reader=TieredReader(config), checkpoint_id="step_2")
+    assert {k: v.unique().tolist() for k, v in loaded.items()} == {"a": [2.0], "w": [2.0]}

@@ -9,6 +9,7 @@ were not staged, and tensors that are not dense.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import os
@@ -37,6 +38,7 @@ from tierstore.dcp.layout import (
     stage_token,
     view_of,
 )
+from tierstore.dcp.slab_use import use_of
 from tierstore.dcp.staging import SlabInfo
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError
 from tierstore.ids import checkpoint_file, data_file
@@ -92,6 +94,20 @@ class RankFileWriter:
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
 
+    @staticmethod
+    def _hold_slab(tensor: torch.Tensor, holding: set[int], held: contextlib.ExitStack) -> None:
+        """Keep stages out of the slab ``tensor`` views (if any) until this save has written it,
+        before anything reads its header or bytes (see :mod:`tierstore.dcp.slab_use`)."""
+        if tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.is_nested:
+            return  # sparse and nested tensors are never slab views (and have no one storage)
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in holding:
+            return
+        holding.add(storage.data_ptr())
+        use = use_of(storage)
+        if use is not None:
+            held.enter_context(use.reading())
+
     def _refuse_if_restaged(
         self, item: WriteItem, tensor: torch.Tensor, tokens: dict[int, bytes]
     ) -> None:
@@ -117,8 +133,15 @@ class RankFileWriter:
 
     def write(self, items: list[WriteItem], planner: SavePlanner) -> RankOutput:
         """Write every item; raises (leaving ``out.written`` for cleanup) on any failure."""
+        with contextlib.ExitStack() as held:  # the slabs read from, until written out
+            return self._write_items(items, planner, held)
+
+    def _write_items(
+        self, items: list[WriteItem], planner: SavePlanner, held: contextlib.ExitStack
+    ) -> RankOutput:
         assert self.out.gate is not None
         tokens: dict[int, bytes] = {}
+        holding: set[int] = set()
         staged: list[tuple[WriteItem, torch.Tensor]] = []
         loose: list[tuple[WriteItem, torch.Tensor]] = []
         blobs: list[tuple[WriteItem, memoryview, str]] = []
@@ -130,6 +153,7 @@ class RankFileWriter:
                 blobs.append((item, data.getbuffer(), "bytes"))
                 continue
             assert isinstance(data, torch.Tensor)
+            self._hold_slab(data, holding, held)
             self._refuse_if_restaged(item, data, tokens)
             self.out.gate.tensors[item.index.fqn] = data
             if _in_slab(data, self.slab, tokens):

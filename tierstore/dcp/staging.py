@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from tierstore.dcp import slab_use
 from tierstore.dcp.copier import can_move, move
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
@@ -113,6 +114,8 @@ class Slab:
                 raise
             finally:
                 os.close(fd)  # the storage keeps its own duplicate
+        self.use = slab_use.register(self.storage)
+        """Who reads or stages into this slab now (see :mod:`tierstore.dcp.slab_use`)."""
         self.pinned = False
         if torch.cuda.is_available():
             cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -140,6 +143,7 @@ class Slab:
 
     def release(self) -> None:
         """Unpin and, if this slab never became a checkpoint, remove its file."""
+        slab_use.unregister(self.storage, self.use)
         if self.pinned:
             cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
             cudart.cudaHostUnregister(self.storage.data_ptr())
@@ -248,6 +252,51 @@ def _remove_directory(directory: str | None, lock_fd: int | None) -> None:
             Path(directory).rmdir()
     if lock_fd is not None:
         os.close(lock_fd)
+
+
+def _copy_into_slab(
+    slab: Slab, state: Any, offsets: list[int | None], made: list[torch.Tensor]
+) -> tuple[Any, bytes]:
+    """Write a new stage's header into ``slab``, copy ``state`` in; the staged state and token."""
+    token = uuid.uuid4().bytes
+    header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
+    view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
+    position = iter(offsets)
+    copies_on_device = False
+    moves: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def place(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal copies_on_device
+        at = next(position)
+        if at is None:
+            made.append(tensor.detach().clone())  # sparse, quantized...: a plain copy
+            return made[-1]
+        view, source = slab.tensor(at, tensor), tensor.detach()
+        setattr(view, STAGE_TOKEN, token)  # a save of it after the next stage is refused
+        made.append(view)
+        if can_move(view, source):
+            moves.append((view, source))  # copied below, all at once (see copier)
+            return view
+        view.copy_(source, non_blocking=tensor.device.type == "cuda" and slab.pinned)
+        copies_on_device |= tensor.device.type == "cuda"
+        return view
+
+    staged = _walk(state, place)
+    move(moves)
+    if copies_on_device:
+        torch.cuda.synchronize()
+    return staged, token
+
+
+def _copy_if_free(
+    slab: Slab, state: Any, offsets: list[int | None], made: list[torch.Tensor]
+) -> tuple[Any, bytes] | None:
+    """:func:`_copy_into_slab` once no save is writing ``slab`` out (a retry of an earlier save, on
+    a thread the back-pressure rule cannot see); None if that save adopted it as its checkpoint."""
+    with slab.use.staging():
+        if slab.consumed:
+            return None
+        return _copy_into_slab(slab, state, offsets, made)
 
 
 class Stager:
@@ -443,10 +492,15 @@ class Stager:
             self.slab = None  # still in use: never written again; its save releases it
         if self.directory is not None and os.path.isdir(self.directory):
             os.utime(self.directory)  # alive: gc leaves the staging files of live writers alone
-        slab, spare_wait = self._acquire(nbytes, preallocate=preallocate)
-        waited += spare_wait
         made: list[torch.Tensor] = []  # the staged tensors: see Pending for why
-        if slab is None:
+        copied: tuple[Any, bytes] | None = None
+        while copied is None:
+            slab, spare_wait = self._acquire(nbytes, preallocate=preallocate)
+            waited += spare_wait
+            if slab is None:
+                break
+            copied = _copy_if_free(slab, state, offsets, made)
+        if slab is None or copied is None:
             staged = _copy_into_fresh_memory(state, made)
             if self._retired:
                 self._retire()
@@ -456,33 +510,7 @@ class Stager:
             if self._room_for_spare(nbytes):
                 self._prepare_spare_after_handover(nbytes)
             return staged, None, waited
-        token = uuid.uuid4().bytes
-        header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
-        view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
-        position = iter(offsets)
-        copies_on_device = False
-        moves: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def place(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal copies_on_device
-            at = next(position)
-            if at is None:
-                made.append(tensor.detach().clone())  # sparse, quantized...: a plain copy
-                return made[-1]
-            view, source = slab.tensor(at, tensor), tensor.detach()
-            setattr(view, STAGE_TOKEN, token)  # a save of it after the next stage is refused
-            made.append(view)
-            if can_move(view, source):
-                moves.append((view, source))  # copied below, all at once (see copier)
-                return view
-            view.copy_(source, non_blocking=tensor.device.type == "cuda" and slab.pinned)
-            copies_on_device |= tensor.device.type == "cuda"
-            return view
-
-        staged = _walk(state, place)
-        move(moves)
-        if copies_on_device:
-            torch.cuda.synchronize()
+        staged, token = copied
         if self._retired:
             self._retire()
         self.pending = Pending(made)

@@ -1,0 +1,91 @@
+"""Who is using a staging slab right now: saves reading its views out, or a stage copying into it.
+
+The back-pressure rule (:mod:`tierstore.dcp.pending`) keeps the next stage away from the save it
+follows, but a failed save may be retried on another thread, which no rule can see coming. So every
+save that writes out views of a slab holds the slab for *reading* while it checks their stage's
+token and writes them; a stage holds it for *staging* while it writes the header and copies. Either
+waits for the other: a retry that comes first is written whole before the next stage copies, and
+one that comes later finds the new header and is refused (``StaleStagedStateError``).
+
+Slabs are found by the address of their storage: a save only has the views' storage in hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+
+class SlabUse:
+    """A readers-writer lock for one slab: many saves reading, or one stage copying."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._readers = 0
+        self._staging = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the slab while a save checks and writes out views of it."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._staging)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._readers -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[None]:
+        """Hold the slab while a stage writes its header and copies into it."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._staging and not self._readers)
+            self._staging = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._staging = False
+                self._changed.notify_all()
+
+
+_USES: dict[int, SlabUse] = {}
+_USES_LOCK = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child stages into slabs of its own (its writers' stagers are per process), and a
+    parent thread may have held a lock copied here mid-use."""
+    global _USES_LOCK
+    _USES_LOCK = threading.Lock()
+    _USES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def register(storage: torch.UntypedStorage) -> SlabUse:
+    """A new slab's lock, findable from any view of ``storage``."""
+    use = SlabUse()
+    with _USES_LOCK:
+        _USES[storage.data_ptr()] = use
+    return use
+
+
+def unregister(storage: torch.UntypedStorage, use: SlabUse) -> None:
+    """Forget a released slab (unless its address already belongs to a newer one)."""
+    with _USES_LOCK:
+        if _USES.get(storage.data_ptr()) is use:
+            del _USES[storage.data_ptr()]
+
+
+def use_of(storage: torch.UntypedStorage) -> SlabUse | None:
+    """The lock of the slab ``storage`` is, or None (not a live slab of this process)."""
+    with _USES_LOCK:
+        return _USES.get(storage.data_ptr())
