@@ -100,10 +100,14 @@ class RankFileWriter:
         before anything reads its header or bytes (see :mod:`tierstore.dcp.slab_use`)."""
         if tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.is_nested:
             return  # sparse and nested tensors are never slab views (and have no one storage)
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() in holding:
+        try:
+            storage = tensor.untyped_storage()
+            address = storage.data_ptr()
+        except RuntimeError:  # a wrapper subclass's storage has no data: not a slab view
             return
-        holding.add(storage.data_ptr())
+        if address in holding:
+            return
+        holding.add(address)
         use = use_of(storage)
         if use is not None:
             held.enter_context(use.reading())

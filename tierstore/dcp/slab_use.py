@@ -13,11 +13,16 @@ Slabs are found by the address of their storage: a save only has the views' stor
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import torch
+
+logger = logging.getLogger(__name__)
+_WARN_EVERY_S = 60.0
 
 
 class SlabUse:
@@ -43,9 +48,18 @@ class SlabUse:
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[None]:
-        """Hold the slab while a stage writes its header and copies into it."""
+        """Hold the slab while a stage writes its header and copies into it; a wait for a save
+        still writing it out (which may be stuck on its tier) is logged every minute."""
+        started = time.monotonic()
         with self._changed:
-            self._changed.wait_for(lambda: not self._staging and not self._readers)
+            while not self._changed.wait_for(
+                lambda: not self._staging and not self._readers, timeout=_WARN_EVERY_S
+            ):
+                logger.warning(
+                    "staging has waited %.0f s for %d save(s) still writing this staging buffer out",
+                    time.monotonic() - started,
+                    self._readers,
+                )
             self._staging = True
         try:
             yield
