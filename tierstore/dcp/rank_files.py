@@ -59,8 +59,12 @@ class RankOutput:
     gate: GateView | None = None
 
 
-def _slab_token(storage: torch.UntypedStorage) -> bytes:
-    return bytes(view_of(storage, len(MAGIC), torch.uint8, (16,)).tolist())
+def _slab_token(storage: torch.UntypedStorage, tokens: dict[int, bytes]) -> bytes:
+    """The token in the header of the slab ``storage`` is (read once per save: ``tokens``)."""
+    key = storage.data_ptr()
+    if key not in tokens:
+        tokens[key] = bytes(view_of(storage, len(MAGIC), torch.uint8, (16,)).tolist())
+    return tokens[key]
 
 
 def _in_slab(tensor: torch.Tensor, slab: SlabInfo | None, tokens: dict[int, bytes]) -> bool:
@@ -70,10 +74,7 @@ def _in_slab(tensor: torch.Tensor, slab: SlabInfo | None, tokens: dict[int, byte
     storage = tensor.untyped_storage()
     if storage.nbytes() != slab.nbytes:
         return False
-    key = storage.data_ptr()
-    if key not in tokens:
-        tokens[key] = _slab_token(storage)
-    return tokens[key] == slab.token
+    return _slab_token(storage, tokens) == slab.token
 
 
 class RankFileWriter:
@@ -120,11 +121,7 @@ class RankFileWriter:
         token = stage_token(tensor)
         if token is None:
             return
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in tokens:
-            tokens[key] = _slab_token(storage)
-        if tokens[key] != token:
+        if _slab_token(tensor.untyped_storage(), tokens) != token:
             raise StaleStagedStateError(
                 f"checkpoint {self.checkpoint_id!r}: tensor {item.index.fqn!r} was staged for an"
                 " earlier save, and its staging buffer has since been staged into again (a later"
