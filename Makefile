@@ -4,7 +4,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench goodput clean
+.PHONY: help demo test quick lint typecheck unit procs s3server soak bench goodput clean
+
+# Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
+#   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
+#   make test      lint, types and every lane: the README's test command and .ci/run
+#   make procs     only the tests that start processes (multi-rank jobs, CLI, torchrun, tools)
+#   make s3server  only the tests against the real S3 server (SeaweedFS)
+#   make soak      the long run of the commit protocol's model (hypothesis, many examples)
+QUICK := not procs and not s3server and not slow
+
+help:
+	@sed -n 's/^#   make/make/p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +36,19 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
+
+quick: $(STAMP)
+	$(BIN)/pytest -q -n 2 -m "$(QUICK)" --durations=10
+
+procs: $(STAMP)
+	$(BIN)/pytest -q -m "procs and not s3server" --durations=15
+
+s3server: $(STAMP)
+	$(BIN)/pytest -q -m s3server --durations=10
+
+soak: $(STAMP)
+	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/records/test_model.py
 
 test: lint typecheck unit
 

@@ -18,6 +18,11 @@ import pytest
 from tests.tiers import dict_tier  # noqa: F401 - registers the tests' own "dict" tier type
 from tierstore.testing import embedded_s3
 
+pytest_plugins = [
+    "tests.lanes",  # test lanes: markers applied at collection, and the quick lane's guard
+    "tests.s3server",  # the real S3 server (SeaweedFS), started once per session when a test asks
+]
+
 # Fake credentials for the local moto server only; set before any client is created.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

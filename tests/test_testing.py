@@ -6,10 +6,12 @@ import socket
 from urllib.parse import urlparse
 
 import boto3
+import pytest
 
 from tierstore.testing import embedded_s3
 
 
+@pytest.mark.procs  # embedded_s3(own_process=True) starts the server in a child process
 def test_an_s3_server_in_its_own_process_serves_and_stops_with_the_context() -> None:
     with embedded_s3(own_process=True) as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint)

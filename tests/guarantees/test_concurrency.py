@@ -146,6 +146,7 @@ def cleanup_loop(config: Config, stop: threading.Event, cleaned: list[str]) -> N
         cleaned += [c.path for c in Promoter(config).run_once().cleaned]
 
 
+@pytest.mark.slow  # writes 800 MiB while cleanup loops: make test runs it, make quick does not
 @pytest.mark.parametrize(("kind", "mib"), [("local", 512), ("s3", 300)])
 def test_cleanup_looping_through_a_save_never_touches_its_writes(
     kind: str, mib: int, make_config: Callable[..., Config]

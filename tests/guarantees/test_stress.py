@@ -56,6 +56,7 @@ def background(config: Config, stop: threading.Event, errors: list[BaseException
             return
 
 
+@pytest.mark.slow  # a 30 s concurrency sweep per seed: make test runs it, make quick does not
 @pytest.mark.parametrize("seed", [11, 29])
 def test_one_node_under_concurrent_promotion_and_gc(
     seed: int, make_config: Callable[..., Config]
