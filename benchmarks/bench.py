@@ -66,9 +66,9 @@ from benchmarks.workload import (
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import checkpoint_file
-from tierstore.manifest import read_manifest
 from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
@@ -388,8 +388,8 @@ def phase_s3(bench: Bench, state: Any) -> None:
 
 def phase_catalog(bench: Bench) -> None:
     from tierstore.checksum import crc32c
-    from tierstore.commits import LogEntry, record
-    from tierstore.manifest import FileEntry, Manifest, publish_manifest
+    from tierstore.records.log import LogEntry, record
+    from tierstore.records.marker import FileEntry, Manifest, publish_manifest
 
     print("catalog", flush=True)
     config = bench.config("memory", "local", "shared", "s3", namespace="catalog")

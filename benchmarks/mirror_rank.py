@@ -19,7 +19,7 @@ from benchmarks.workload import state_bytes
 from tierstore import TieredWriter
 from tierstore.config import Config, config_from_dict
 from tierstore.dcp.mirror import rounds
-from tierstore.mirrors import read_status
+from tierstore.records.mirror import read_status
 
 WAIT_S = 300.0
 """How long a rank waits for a mirror exchange before it calls the exchange hung."""

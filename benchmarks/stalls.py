@@ -50,8 +50,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from benchmarks.load import BackgroundLoad, make_source
 from benchmarks.workload import plain_write, remove_plain, state_bytes, warm_copy
 from tierstore import TieredWriter
-from tierstore.manifest import read_manifest
 from tierstore.promote.retention import delete_copy
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 
 if TYPE_CHECKING:

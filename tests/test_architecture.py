@@ -19,13 +19,12 @@ LAYERS = {
     "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0,
     "tierstore.tiers": 1,
     "tierstore.config": 2,
-    "tierstore.manifest": 3, "tierstore.activity": 3, "tierstore.commits": 3,
-    "tierstore.mirrors": 3,
-    "tierstore.catalog": 4, "tierstore.audit": 4,
+    "tierstore.records": 3,
+    "tierstore.audit": 4,
     "tierstore.dcp": 5, "tierstore.promote": 5,
     "tierstore.cli": 6, "tierstore": 6,
 }  # fmt: skip
-"""ids/errors/checksum -> tiers -> config -> manifest -> catalog -> {dcp, promote} -> cli."""
+"""ids/errors/checksum -> tiers -> config -> records -> audit -> {dcp, promote} -> cli."""
 
 
 def module_name(path: Path) -> str:

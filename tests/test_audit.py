@@ -16,7 +16,7 @@ from tierstore.audit import audit_all
 from tierstore.cli import main
 from tierstore.config import Config
 from tierstore.ids import checkpoint_file
-from tierstore.manifest import read_manifest
+from tierstore.records.marker import read_manifest
 
 
 def save(config: Config, checkpoint_id: str, tier: str | None = None) -> None:

@@ -9,10 +9,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import Catalog, TieredWriter, latest_committed
-from tierstore.commits import claim, forget, read_log
 from tierstore.config import Config
 from tierstore.ids import COMMITS_DIR, marker_path, newest_first, step_of
-from tierstore.manifest import read_manifest
+from tierstore.records.log import claim, forget, read_log
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import FileInfo, make_tier
 from tierstore.tiers.posix import PosixTier
 

@@ -10,12 +10,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import Catalog, TieredWriter, latest_committed
-from tierstore.commits import claim, read_log
 from tierstore.config import Config
 from tierstore.ids import MARKER_NAME, checkpoint_file
-from tierstore.manifest import Manifest, publish_manifest, read_manifest
 from tierstore.promote.job import promoted_manifest, publish_committed
 from tierstore.promote.retention import delete_copy
+from tierstore.records.log import claim, read_log
+from tierstore.records.marker import Manifest, publish_manifest, read_manifest
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 

@@ -20,8 +20,8 @@ from tierstore import TieredWriter
 from tierstore.cli import main
 from tierstore.config import load_config
 from tierstore.ids import marker_path
-from tierstore.manifest import read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 
 

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tierstore.activity import hold as hold_activity
-from tierstore.activity import live
 from tierstore.checksum import crc32c
 from tierstore.config import config_from_dict
 from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
 from tierstore.ids import mirror_commit_path, mirror_copy_path, mirror_marker_path
-from tierstore.manifest import FileEntry, Manifest
-from tierstore.mirrors import (
+from tierstore.promote.cleanup import find_leftovers, remove
+from tierstore.records.activity import hold as hold_activity
+from tierstore.records.activity import live
+from tierstore.records.marker import FileEntry, Manifest
+from tierstore.records.mirror import (
     MirrorMarker,
     MirrorStatus,
     held_mirrors,
@@ -25,7 +26,6 @@ from tierstore.mirrors import (
     read_status,
     write_status,
 )
-from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.tiers import Tier
 from tierstore.tiers.memory import MemoryTier
 

@@ -16,7 +16,6 @@ to NVMe, a parallel filesystem and S3, and restore from the fastest tier holding
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tierstore.catalog import Catalog
 from tierstore.config import Config, load_config
 from tierstore.errors import (
     CheckpointExistsError,
@@ -30,6 +29,7 @@ from tierstore.errors import (
     TierstoreError,
     TierUnavailableError,
 )
+from tierstore.records.catalog import Catalog
 from tierstore.version import __version__
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tierstore.catalog import marker_times
 from tierstore.config import Config
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.manifest import FileEntry, Manifest, copy_problems, read_manifest
+from tierstore.records.catalog import marker_times
+from tierstore.records.marker import FileEntry, Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
 
 

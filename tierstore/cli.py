@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from tierstore.audit import audit_all
-from tierstore.catalog import Catalog
 from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
-from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.catalog import Catalog
+from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.topology import current_node
 from tierstore.units import parse_duration
 

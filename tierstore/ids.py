@@ -2,15 +2,15 @@
 
 Layout inside each tier root (``<tier path or url>/<namespace>``)::
 
-    <id>/commit.json                 the commit marker, written last (see manifest.py)
+    <id>/commit.json                 the commit marker, written last (see records/marker.py)
     <id>/<generation>/.metadata      DCP's metadata for that save
     <id>/<generation>/r00003-0.distcp data written by rank 3 (a few large files per rank)
     <id>/<generation>/parts/...      per-node part records (multi-node promotion)
     .tierstore/staging/<owner>/      a writer process's staging buffers (memory tiers)
     .tierstore/activity/<kind>~<id>~<gen>~<token>.json   a save, promotion or restore at work
-                                     (see activity.py)
+                                     (see records/activity.py)
     .tierstore/mirror/<id>/<gen>/... a partner node's files of that save, held as its peer mirror
-                                     (memory tiers with ``mirror``; see mirrors.py)
+                                     (memory tiers with ``mirror``; see records/mirror.py)
     <id>/<gen>/mirror/node00001.json whether node 1's files of that save reached their mirror
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
@@ -234,7 +234,7 @@ def parse_activity_path(path: str) -> tuple[str, str, str | None] | None:
 
 
 COMMITS_DIR = f"{INTERNAL_DIR}/commits"
-"""Tier-relative directory of the commit log (see commits.py)."""
+"""Tier-relative directory of the commit log (see records/log.py)."""
 
 
 def commit_entry_path(seq: int, checkpoint_id: str, generation: str) -> str:

@@ -17,7 +17,7 @@ from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import staging_dir
-from tierstore.manifest import read_manifest
+from tierstore.records.marker import read_manifest
 
 STATE_BYTES = 8 * 2**20
 

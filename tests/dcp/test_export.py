@@ -25,8 +25,8 @@ from tests.workers import run_ranks
 from tierstore import TieredWriter, export_checkpoint
 from tierstore.config import Config
 from tierstore.errors import CheckpointNotFoundError, ConfigError, IntegrityError
-from tierstore.manifest import read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
 
 ID = "step_000002"
 

@@ -29,7 +29,7 @@ from tierstore.config import Config
 from tierstore.dcp.gate import GateView
 from tierstore.dcp.overlap import StagingQueue
 from tierstore.ids import marker_path, staging_dir
-from tierstore.manifest import read_manifest
+from tierstore.records.marker import read_manifest
 
 MODES = [AsyncCheckpointerType.THREAD, AsyncCheckpointerType.PROCESS]
 

@@ -28,7 +28,7 @@ from tierstore.config import Config
 from tierstore.dcp import pending as pending_module
 from tierstore.dcp.gate import GateView
 from tierstore.dcp.pending import Pending
-from tierstore.manifest import read_manifest
+from tierstore.records.marker import read_manifest
 
 
 class SyncSaver:

@@ -35,9 +35,9 @@ from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import has_nonfinite
 from tierstore.ids import staging_dir
 from tierstore.interval import advise, daly, young
-from tierstore.manifest import read_manifest
 from tierstore.owners import owner_dir_name
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 
 

@@ -18,15 +18,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import TieredReader, TieredWriter, latest_committed
-from tierstore.activity import held
 from tierstore.audit import audit_all
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, generation_dir
-from tierstore.manifest import read_manifest
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.activity import held
+from tierstore.records.marker import read_manifest
 
 
 def state_of(value: float) -> dict[str, Any]:

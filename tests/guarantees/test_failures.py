@@ -32,8 +32,8 @@ from tierstore.config import Config
 from tierstore.dcp.gate import GateView
 from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.ids import marker_path
-from tierstore.manifest import read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import Tier, make_tier
 
 

@@ -20,7 +20,7 @@ from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.ids import marker_path
-from tierstore.manifest import copy_problems, read_manifest
+from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.tiers import make_tier
 
 

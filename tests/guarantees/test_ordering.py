@@ -14,10 +14,10 @@ import torch.distributed.checkpoint as dcp
 
 from tests.training import Trainer
 from tierstore import TieredWriter
-from tierstore.commits import read_log
 from tierstore.config import Config
 from tierstore.ids import marker_path
-from tierstore.manifest import read_manifest
+from tierstore.records.log import read_log
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
 from tierstore.tiers.s3.tier import S3Tier

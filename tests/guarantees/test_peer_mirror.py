@@ -32,8 +32,8 @@ from tests.mirror_jobs import (
 )
 from tests.workers import run_ranks
 from tierstore.ids import marker_path
-from tierstore.mirrors import MirrorMarker
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.mirror import MirrorMarker
 
 TWO_NODES = (0, 0, 1, 1)
 

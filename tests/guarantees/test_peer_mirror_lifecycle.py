@@ -23,8 +23,8 @@ from tests.mirror_jobs import (
 )
 from tests.workers import run_ranks
 from tierstore.ids import marker_path
-from tierstore.manifest import Manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import Manifest
 
 SMALL = 20_000
 BIG = 2_000_000  # 8 MB shards

@@ -22,8 +22,8 @@ from tests.faults import FaultyS3
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import marker_path
-from tierstore.manifest import copy_problems, read_manifest
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.tiers import Tier, make_tier
 from tierstore.tiers.s3.tier import S3Tier
 
@@ -344,7 +344,7 @@ def test_retention_deletes_marker_before_data(
 
 
 def test_a_read_lease_protects_from_retention(make_config: Callable[..., Config]) -> None:
-    from tierstore.activity import held
+    from tierstore.records.activity import held
 
     config = make_config("local", tiers={"local": {"keep": 1}})
     save(config, "step_0001")

@@ -43,11 +43,11 @@ from torch.multiprocessing.spawn import (
     start_processes,
 )
 
-from tierstore.catalog import Catalog
 from tierstore.config import Config
 from tierstore.dcp.reader import TieredReader
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
+from tierstore.records.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 DrillEntry = Callable[["DrillContext"], Iterable[tuple[int, float]]]

@@ -35,7 +35,6 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 
-from tierstore.activity import Activity, hold
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.layout import ItemLocation, decode_tensor
@@ -45,7 +44,8 @@ from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
 from tierstore.dcp.verified_read import VerifiedReader
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, is_metadata_file, validate_checkpoint_id
-from tierstore.manifest import FileEntry, Manifest, entry_problem
+from tierstore.records.activity import Activity, hold
+from tierstore.records.marker import FileEntry, Manifest, entry_problem
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from tierstore.catalog import Catalog, marker_times
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
-from tierstore.manifest import read_manifest
-from tierstore.mirrors import mirrored_ids
+from tierstore.records.catalog import Catalog, marker_times
+from tierstore.records.marker import read_manifest
+from tierstore.records.mirror import mirrored_ids
 from tierstore.tiers import Tier
 from tierstore.topology import current_node, is_distributed
 

@@ -42,7 +42,7 @@ from tierstore.dcp.slab_use import use_of
 from tierstore.dcp.staging import SlabInfo
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError
 from tierstore.ids import checkpoint_file, data_file
-from tierstore.manifest import FileEntry
+from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 
 _ADOPT_SHARE = 0.75

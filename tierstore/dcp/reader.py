@@ -30,7 +30,6 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from tierstore.activity import Activity, hold
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
@@ -49,7 +48,8 @@ from tierstore.ids import (
     is_metadata_file,
     validate_checkpoint_id,
 )
-from tierstore.manifest import Manifest, entry_problem
+from tierstore.records.activity import Activity, hold
+from tierstore.records.marker import Manifest, entry_problem
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 

@@ -26,7 +26,7 @@ from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_
 from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit
-from tierstore.manifest import Manifest, copy_problems, read_manifest
+from tierstore.records.marker import Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

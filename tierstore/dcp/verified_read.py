@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
-from tierstore.manifest import FileEntry, entry_problem
+from tierstore.records.marker import FileEntry, entry_problem
 from tierstore.tiers import Tier
 
 

@@ -43,10 +43,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from tierstore.activity import Activity, hold, is_busy, live
 from tierstore.checksum import crc32c
-from tierstore.commits import LogEntry, claim, forget, highest
-from tierstore.commits import record as log_commit
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
@@ -72,16 +69,19 @@ from tierstore.ids import (
     validate_checkpoint_id,
     writer_staging_dir,
 )
-from tierstore.manifest import (
+from tierstore.owners import owner_dir_name
+from tierstore.records.activity import Activity, hold, is_busy, live
+from tierstore.records.log import LogEntry, claim, forget, highest
+from tierstore.records.log import record as log_commit
+from tierstore.records.marker import (
     FileEntry,
     Manifest,
-    PartRecord,
     copy_problems,
     publish_manifest,
     read_manifest,
 )
-from tierstore.mirrors import mirrored_ids
-from tierstore.owners import owner_dir_name
+from tierstore.records.mirror import mirrored_ids
+from tierstore.records.parts import PartRecord
 from tierstore.tiers import Tier
 from tierstore.topology import current_host, current_node
 
@@ -381,7 +381,7 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def _wait_for_status_records(self, timeout: float | None) -> bool:
         """PROCESS mode: the exchange ran in DCP's checkpoint process; each save's exchange ends
-        with this node's status record (:mod:`tierstore.mirrors`), so wait for one per save."""
+        with this node's status record (:mod:`tierstore.records.mirror`), so wait for one per save."""
         since, expected = self._handovers[0] - 1.0, len(self._handovers)
         root = Path(self.tier.local_path("") or ".")
         pattern = f"*/*/mirror/node{self.node:05d}.json"

@@ -3,7 +3,7 @@ of holders that are gone.
 
 Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, only
 once they have been left alone for ``promote.stale_after``, and never a generation that a live
-activity record names (a save, promotion or restore at work: see :mod:`tierstore.activity`), however
+activity record names (a save, promotion or restore at work: see :mod:`tierstore.records.activity`), however
 old or invisible its files look. Temp files and incomplete multipart uploads are found and discarded
 by the tier itself (:meth:`~tierstore.tiers.base.Tier.incomplete_writes`). Committed checkpoints are
 removed only by retention (:mod:`tierstore.promote.retention`).
@@ -16,8 +16,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from tierstore.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
-from tierstore.commits import read_log
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     COMMITS_DIR,
@@ -32,9 +30,11 @@ from tierstore.ids import (
     staging_dir,
     writer_staging_dir,
 )
-from tierstore.manifest import read_manifest
 from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
+from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
+from tierstore.records.log import read_log
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)

@@ -16,14 +16,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from tierstore.catalog import marker_times
 from tierstore.ids import (
     is_checkpoint_id,
     marker_path,
     step_of,
 )
-from tierstore.manifest import Manifest, PartRecord, part_records, read_manifest
 from tierstore.promote.policy import Copy
+from tierstore.records.catalog import marker_times
+from tierstore.records.marker import Manifest, read_manifest
+from tierstore.records.parts import PartRecord, part_records
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

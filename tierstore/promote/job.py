@@ -25,8 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tierstore.activity import ACTIVITY_TTL, held, is_busy, live
-from tierstore.commits import LogEntry, forget, record
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
@@ -37,17 +35,19 @@ from tierstore.ids import (
     node_part_path,
     rank_part_path,
 )
-from tierstore.manifest import (
+from tierstore.promote.discovery import SeenCopy
+from tierstore.promote.progress import TransferProgress
+from tierstore.promote.transfer import copy_files
+from tierstore.records.activity import ACTIVITY_TTL, held, is_busy, live
+from tierstore.records.log import LogEntry, forget, record
+from tierstore.records.marker import (
     FileEntry,
     Manifest,
-    PartRecord,
     copy_problems,
     publish_manifest,
     read_manifest,
 )
-from tierstore.promote.discovery import SeenCopy
-from tierstore.promote.progress import TransferProgress
-from tierstore.promote.transfer import copy_files
+from tierstore.records.parts import PartRecord
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

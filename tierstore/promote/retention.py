@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from tierstore.activity import is_busy, live
-from tierstore.commits import forget
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import PARTS_DIR, generation_dir, marker_path
-from tierstore.manifest import read_manifest
 from tierstore.promote.policy import Deletion
+from tierstore.records.activity import is_busy, live
+from tierstore.records.log import forget
+from tierstore.records.marker import read_manifest
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

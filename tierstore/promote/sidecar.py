@@ -23,10 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tierstore.activity import live
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
-from tierstore.mirrors import prune_mirrors, read_status
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.promote.endpoint import serve
@@ -36,6 +34,8 @@ from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, retention
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.transfer import Cancelled
+from tierstore.records.activity import live
+from tierstore.records.mirror import prune_mirrors, read_status
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -326,7 +326,7 @@ class Promoter:
 
     def _update_mirror_status(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         """Whether this node's part of the newest checkpoint of each mirrored tier has a mirror
-        (the save's own record: :mod:`tierstore.mirrors`)."""
+        (the save's own record: :mod:`tierstore.records.mirror`)."""
         for tier in self.tiers:
             seen = [s.copy for s in found.get(tier.name, {}).values()]
             if tier.mirror is None or not seen:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file
-from tierstore.manifest import FileEntry
+from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 
 CHUNK = 8 * 2**20

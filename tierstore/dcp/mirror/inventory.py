@@ -19,9 +19,10 @@ from tierstore.ids import (
     marker_path,
     mirror_copy_path,
 )
-from tierstore.manifest import FileEntry, Manifest, entry_problem, file_crc32c, part_records
-from tierstore.mirrors import held_mirrors, mirrored_commits
 from tierstore.placement import place
+from tierstore.records.marker import FileEntry, Manifest, entry_problem, file_crc32c
+from tierstore.records.mirror import held_mirrors, mirrored_commits
+from tierstore.records.parts import part_records
 from tierstore.tiers import Tier
 
 OWN = "own"

@@ -28,7 +28,7 @@ from tierstore.dcp.mirror.transport import (
     wait_all,
 )
 from tierstore.errors import IntegrityError
-from tierstore.manifest import Manifest
+from tierstore.records.marker import Manifest
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

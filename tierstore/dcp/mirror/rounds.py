@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tierstore.activity import live
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.transport import (
@@ -58,9 +57,10 @@ from tierstore.ids import (
     parts_dir,
     rank_part_path,
 )
-from tierstore.manifest import FileEntry, Manifest
-from tierstore.mirrors import MirrorMarker, MirrorStatus, prune_mirrors, write_status
 from tierstore.placement import MirrorConfig, Placement, place
+from tierstore.records.activity import live
+from tierstore.records.marker import FileEntry, Manifest
+from tierstore.records.mirror import MirrorMarker, MirrorStatus, prune_mirrors, write_status
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
-from tierstore.manifest import FileEntry
+from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 
 CHUNK = 64 * 2**20

@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tierstore.activity import ActivityInfo, is_busy
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
@@ -31,7 +30,8 @@ from tierstore.ids import (
     mirror_marker_path,
     mirror_status_path,
 )
-from tierstore.manifest import FileEntry, Manifest, dump_record, file_entry, load_record
+from tierstore.records.activity import ActivityInfo, is_busy
+from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What is committed where, decided by markers (never by directories), and which checkpoint is newest.
 
-**Newest** is commit order: the sequence number each commit takes (:mod:`tierstore.commits`), read
+**Newest** is commit order: the sequence number each commit takes (:mod:`tierstore.records.log`), read
 from the commit logs of every tier in one listing each. Never the step in the id, never a clock:
 after a rollback the new saves are newer than the abandoned higher steps, and ``final`` or
 ``step100_20240601`` order as committed. The step stays metadata, for display and ``keep_every``.
@@ -16,10 +16,10 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tierstore.commits import LogEntry, read_log
 from tierstore.config import Config, as_config
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
-from tierstore.manifest import Manifest, read_manifest
+from tierstore.records.log import LogEntry, read_log
+from tierstore.records.marker import Manifest, read_manifest
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
