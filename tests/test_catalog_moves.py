@@ -14,7 +14,8 @@ from tierstore.config import Config
 from tierstore.ids import MARKER_NAME, checkpoint_file
 from tierstore.promote.job import promoted_manifest, publish_committed
 from tierstore.promote.retention import delete_copy
-from tierstore.records.log import claim, read_log
+from tierstore.records.log import highest_in, read_log
+from tierstore.records.protocol import claim
 from tierstore.records.marker import Manifest, publish_manifest, read_manifest
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
@@ -37,7 +38,7 @@ def _copied(source: Tier, target: Tier, checkpoint_id: str) -> Manifest:
 
 def _promote_then_evict(memory: Tier, local: Tier, checkpoint_id: str) -> Callable[[], None]:
     def run() -> None:
-        publish_committed(local, _copied(memory, local, checkpoint_id))
+        publish_committed(local, _copied(memory, local, checkpoint_id), source_tier=memory.name)
         delete_copy(memory, checkpoint_id)
 
     return run
@@ -90,7 +91,7 @@ def test_an_id_with_several_entries_none_of_its_markers_generation_is_placed_by_
     config = make_config("memory", "local")
     memory, local = config.make_tiers(node=0)
     _save(config, "step_000001", tier="local")
-    claim(local, [memory, local], "step_000001", "g" + "e" * 19)  # a failed overwrite's number
+    claim(local, "step_000001", "g" + "e" * 19, floor=highest_in(memory))  # a failed overwrite's number
     _save(config, "step_000003")
     _save(config, "step_000001", overwrite=True)
     publish_manifest(local, _copied(memory, local, "step_000001"), create_only=False)

@@ -85,6 +85,11 @@ class Config(StrictModel):
     staging: StagingConfig = StagingConfig()
     verify_on_load: bool = Field(False, description="Check CRC32C of every file read on load.")
     check_finite: bool = Field(False, description="Refuse to commit NaN/Inf floating tensors.")
+    probe_timeout: Duration = Field(
+        10.0,
+        description="How long a save's start-up look, a restore or the promoter waits for a tier"
+        " that does not answer before treating it as unreachable (tiers stand alone).",
+    )
     origin: str = Field("<memory>", description="The file this configuration came from.")
 
     @field_validator("namespace")

@@ -12,6 +12,10 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     .tierstore/mirror/<id>/<gen>/... a partner node's files of that save, held as its peer mirror
                                      (memory tiers with ``mirror``; see records/mirror.py)
     <id>/<gen>/mirror/node00001.json whether node 1's files of that save reached their mirror
+    .tierstore/commits/<seq>~<id>~<gen>  the commit log (see records/log.py)
+    .tierstore/seen/<tier>.json      what the promoter last saw in another tier (records/sightings.py)
+    .tierstore/conflicts/<id>~<gen>~<tier>.json  a copy kept beside another content of its id in
+                                     that tier (see records/conflicts.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -309,3 +313,34 @@ def mirror_commit_path(checkpoint_id: str, generation: str) -> str:
 def mirror_status_path(checkpoint_id: str, generation: str, owner_node: int) -> str:
     """Tier-relative path of the record of whether ``owner_node``'s files reached their mirror."""
     return f"{checkpoint_id}/{generation}/mirror/node{owner_node:05d}.json"
+
+
+SIGHTINGS_DIR = f"{INTERNAL_DIR}/seen"
+"""Tier-relative directory of what the promoter last saw in each other tier (see
+records/sightings.py): a save or restore in this tier reads it instead of asking the others."""
+
+
+def sighting_path(tier_name: str) -> str:
+    """Tier-relative path of the record of what was seen in the tier called ``tier_name``."""
+    return f"{SIGHTINGS_DIR}/{tier_name}.json"
+
+
+CONFLICTS_DIR = f"{INTERNAL_DIR}/conflicts"
+"""Tier-relative directory of conflict records: copies the promoter did not let replace (or be
+replaced by) another content of the same id in a lower tier (see records/conflicts.py)."""
+
+
+def conflict_path(checkpoint_id: str, generation: str, target: str) -> str:
+    """Tier-relative path of the conflict record of this copy with the tier called ``target``."""
+    return f"{CONFLICTS_DIR}/{checkpoint_id}~{generation}~{target}.json"
+
+
+def parse_conflict_path(path: str) -> tuple[str, str, str] | None:
+    """``(checkpoint id, generation, target tier)`` of a conflict record's path, else None."""
+    name = path.rsplit("/", 1)[-1]
+    parts = name.removesuffix(".json").split("~")
+    if not name.endswith(".json") or len(parts) != 3:
+        return None
+    if not (is_checkpoint_id(parts[0]) and is_generation(parts[1])):
+        return None
+    return parts[0], parts[1], parts[2]

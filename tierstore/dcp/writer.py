@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierstore.bounded import Prober
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
@@ -55,12 +56,10 @@ from tierstore.dcp.staging import STAGERS, SlabInfo, Stager
 from tierstore.errors import (
     CheckpointExistsError,
     CommitVetoedError,
-    IntegrityError,
     TierstoreError,
 )
 from tierstore.ids import (
     checkpoint_file,
-    generation_dir,
     is_checkpoint_id,
     marker_path,
     metadata_file,
@@ -70,18 +69,18 @@ from tierstore.ids import (
     writer_staging_dir,
 )
 from tierstore.owners import owner_dir_name
-from tierstore.records.activity import Activity, hold, is_busy, live
-from tierstore.records.log import LogEntry, claim, forget, highest
-from tierstore.records.log import record as log_commit
+from tierstore.records.activity import Activity, hold
+from tierstore.records.known import Elsewhere, elsewhere_for
+from tierstore.records.log import highest_in
 from tierstore.records.marker import (
     FileEntry,
     Manifest,
-    copy_problems,
-    publish_manifest,
     read_manifest,
 )
 from tierstore.records.mirror import mirrored_ids
 from tierstore.records.parts import PartRecord
+from tierstore.records.protocol import claim, drop, log_commit, publish
+from tierstore.records.sightings import Sighting, read_sightings
 from tierstore.tiers import Tier
 from tierstore.topology import current_host, current_node
 
@@ -184,7 +183,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._pending: Pending | None = None
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
-        self._tiers: list[Tier] | None = None
+        self._elsewhere: Elsewhere | None = None
         self._round: Round | None = None
         self._handovers: list[float] = []
         """When saves were handed to DCP's checkpoint process (PROCESS mode), not yet waited for."""
@@ -215,7 +214,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
-        state["_tiers"] = state["_round"] = None
+        state["_elsewhere"] = state["_round"] = None
         state["_handovers"] = []
         self._handovers.append(time.time())
         # the staging buffers stay with the trainer
@@ -357,8 +356,9 @@ class TieredWriter(StorageWriter, AsyncStager):
             # Collective (every rank sets up every save); created once, before anything can fail.
             assert self.tier.mirror is not None
             job_groups(self.tier.mirror.timeout)
+        self._look_elsewhere(is_coordinator)
         if is_coordinator and not self.overwrite:
-            self._refuse_committed_id(self._checkpoint_id)
+            self._refuse_committed_id(self._checkpoint_id, read_sightings(self.tier))
 
     def _mirrors(self) -> bool:
         """True when this save's files go to a partner node's memory too (see docs/mirror.md)."""
@@ -394,22 +394,31 @@ class TieredWriter(StorageWriter, AsyncStager):
             time.sleep(0.05)
         return False
 
-    def _all_tiers(self) -> list[Tier]:
-        """Every configured tier as seen from this node, the target first (built once)."""
-        if self._tiers is None:
-            others = self.config.make_tiers(node=self.node)
-            self._tiers = [self.tier, *(t for t in others if t.name != self.tier.name)]
-        return self._tiers
+    def _look_elsewhere(self, coordinator: bool) -> Elsewhere:
+        """This process's knowledge of the tiers besides the target, read once per process at
+        its first save (each tier within ``probe_timeout``): the coordinator looks at every tier,
+        the other ranks at their node's node-local ones (see :mod:`tierstore.records.known`)."""
+        if self._elsewhere is None:
+            tiers = self.config.make_tiers(node=self.node)
+            self._elsewhere = elsewhere_for(tiers)
+            others = [t for t in tiers if t.name != self.tier_name]
+            wanted = others if coordinator else [t for t in others if t.node_local]
+            self._elsewhere.look(wanted, Prober(self.config.probe_timeout))
+        return self._elsewhere
 
-    def _refuse_committed_id(self, checkpoint_id: str, tiers: list[Tier] | None = None) -> None:
+    def _refuse_committed_id(self, checkpoint_id: str, sightings: dict[str, Sighting]) -> None:
         """An id committed in *any* tier is taken: saving it again without ``overwrite`` would let
-        two different contents carry one id (the lower tiers would keep the older one)."""
-        for tier in self._all_tiers() if tiers is None else tiers:
-            if tier.exists(marker_path(checkpoint_id)):
-                raise CheckpointExistsError(
-                    f"checkpoint {checkpoint_id!r} is already committed in tier"
-                    f" {tier.describe()}; pass overwrite=True to TieredWriter to replace it"
-                )
+        two different contents carry one id. The target tier is asked; the others are known from
+        start-up, the promoter's sightings and this process's commits, never asked."""
+        holder = self.tier.name if self.tier.exists(marker_path(checkpoint_id)) else None
+        holder = holder or self._look_elsewhere(self._is_coordinator).holder(
+            checkpoint_id, besides=self.tier.name, sightings=sightings
+        )
+        if holder is not None:
+            raise CheckpointExistsError(
+                f"checkpoint {checkpoint_id!r} is already committed in tier {holder}; pass"
+                " overwrite=True to TieredWriter to replace it"
+            )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Attach this rank's node and timings for the coordinator."""
@@ -419,7 +428,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         return dataclasses.replace(plan, storage_data=report)
 
     def _node_highest(self) -> int:
-        found = [highest(t for t in self._all_tiers() if t.node_local)]
+        """The highest commit number this rank's node knows: its target tier's log, the promoter's
+        sightings there, the process's start-up look, the node's mirrored commits."""
+        sightings = read_sightings(self.tier)
+        found = [highest_in(self.tier), self._look_elsewhere(False).highest_known(sightings)]
         if self.tier.mirror is not None:
             found += [seq or 0 for seq in mirrored_ids(self.tier).values()]
         return max(found)
@@ -439,8 +451,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         # highest any tier has logged, claimed create-only in the target.
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
         floor = max((r.highest_seq for r in self._reports), default=0)
-        self._seq = claim(self.tier, self._all_tiers(), self._checkpoint_id, self._generation,
-                          floor=floor)  # fmt: skip
+        self._seq = claim(self.tier, self._checkpoint_id, self._generation, floor=floor)
         multi_node = len({r.node for r in self._reports}) > 1
         nodes = [r.node for r in self._reports]
         return [
@@ -506,7 +517,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                 self.tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
                 # Every node's log learns the number: whichever node coordinates next continues
                 # from it (the coordinator's node may be replaced, or swap places).
-                log_commit(self.tier, LogEntry(assignment.seq, ckpt, gen))
+                log_commit(self.tier, assignment.seq, ckpt, gen)
         except BaseException:
             for path in files.out.written:  # invisible without a marker, but leave no garbage
                 _quietly(functools.partial(self.tier.delete, path))
@@ -567,6 +578,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         meta_rel = metadata_file(gen)
         self.tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
         files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node))
+        sightings = read_sightings(self.tier)
+        elsewhere = self._look_elsewhere(True)
         manifest = Manifest(
             checkpoint_id=ckpt,
             generation=gen,
@@ -574,75 +587,42 @@ class TieredWriter(StorageWriter, AsyncStager):
             files=tuple(sorted(files, key=lambda f: f.path)),
             timings=self._timings(time.time()),
             topology=self._topology(),
-            seq=self._seq_at_commit(ckpt, gen),
+            seq=self._seq_at_commit(ckpt, gen, elsewhere.highest_known(sightings)),
+            overwrite=self.overwrite,
+            unseen_tiers=tuple(elsewhere.unseen(self.tier.name, sightings)),
         )
-        self._recheck(manifest)
-        others = [t for t in self._all_tiers() if t.name != self.tier.name]
-        if not self.overwrite:
-            self._refuse_committed_id(ckpt, others)  # one id, one content: again, just before
-        replaced = self._committed_generation(ckpt) if self.overwrite else None
+        ttl = self.config.promote.activity_ttl
         try:
-            publish_manifest(self.tier, manifest, create_only=not self.overwrite)
-        except FileExistsError:
-            _quietly(lambda: self.tier.delete_tree(generation_dir(ckpt, gen)))
-            raise CheckpointExistsError(
-                f"checkpoint {ckpt!r} was committed in tier {self.tier.describe()} by another"
-                " writer while this save was running; this save was discarded"
-            ) from None
-        if not self.overwrite:
-            self._withdraw_if_committed_elsewhere(ckpt, gen, others)
+            if not self.overwrite:
+                self._refuse_committed_id(ckpt, sightings)  # one id, one content: again, just before
+            existing = publish(self.tier, manifest, replace=self.overwrite, node=self.node,
+                               log=False, ttl=ttl)  # fmt: skip
+            if existing is not None:
+                raise CheckpointExistsError(
+                    f"checkpoint {ckpt!r} was committed in tier {self.tier.describe()} by another"
+                    " writer while this save was running; this save was discarded"
+                )
+        except CheckpointExistsError:
+            self._stop_writing()  # this save's own record would keep its files
+            _quietly(lambda: drop(self.tier, ckpt, gen, committed=False, ttl=ttl))
+            raise
+        elsewhere.committed(self.tier.name, ckpt, manifest.seq or 0)
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )
-        if replaced is not None and replaced != gen:
-            self._remove_replaced_generation(ckpt, replaced)
         return manifest
 
-    def _recheck(self, manifest: Manifest) -> None:
-        """Every file the marker will name is there at its size, or nothing is published.
-
-        The files were durable when each rank returned; this catches anything that removed them
-        since (an operator, a misconfigured cleanup) before a marker can be published over a hole.
-        """
-        here = [f for f in manifest.files if not self.tier.node_local or f.node == self.node]
-        problems = copy_problems(self.tier, manifest, verify=False, entries=here)
-        if problems:
-            raise IntegrityError(
-                f"checkpoint {manifest.checkpoint_id!r} not committed in tier"
-                f" {self.tier.describe()}: files vanished before the marker: {'; '.join(problems)}"
-            )
-
-    def _seq_at_commit(self, ckpt: str, gen: str) -> int:
+    def _seq_at_commit(self, ckpt: str, gen: str, known: int) -> int:
         """The sequence number the marker carries: the one claimed when the save was planned,
-        unless another save has taken a higher one since (a save that started later but committed
-        first, a zombie job's late overwrite): then a new one, so that commit order is the order
-        in which commits happened. A multi-node save in a node-local tier keeps its first number:
-        the other nodes' part records carry it, and their promoters act on it."""
+        unless another save has taken a higher one since in this tier, or a higher one became known
+        elsewhere (a save that started later but committed first, a zombie job's late overwrite):
+        then a new one, so that commit order is the order in which commits happened. A multi-node
+        save in a node-local tier keeps its first number: the other nodes' part records carry it,
+        and their promoters act on it."""
         multi_node = self.tier.node_local and len({r.node for r in self._reports}) > 1
-        if not multi_node and highest(self._all_tiers()) > self._seq:
-            self._seq = claim(self.tier, self._all_tiers(), ckpt, gen)
+        if not multi_node and max(highest_in(self.tier), known) > self._seq:
+            self._seq = claim(self.tier, ckpt, gen, floor=known)
         return self._seq
-
-    def _withdraw_if_committed_elsewhere(self, ckpt: str, gen: str, others: list[Tier]) -> None:
-        """Two saves of one id without ``overwrite`` into different tiers may both pass the checks
-        before either publishes. Each looks again after publishing; one that finds another commit
-        withdraws its own (marker first), so that never both succeed (at worst, neither does)."""
-        for tier in others:
-            if tier.exists(marker_path(ckpt)):
-                if self._committed_generation(ckpt) == gen:
-                    _quietly(lambda: self.tier.delete(marker_path(ckpt)))
-                _quietly(lambda: self.tier.delete_tree(generation_dir(ckpt, gen)))
-                raise CheckpointExistsError(
-                    f"checkpoint {ckpt!r} was committed in tier {tier.describe()} while this save"
-                    f" to {self.tier.describe()} was running; this save was withdrawn"
-                )
-
-    def _committed_generation(self, ckpt: str) -> str | None:
-        """The generation the marker about to be replaced names (None: none, or unreadable)."""
-        try:
-            return read_manifest(self.tier, ckpt).generation
-        except (FileNotFoundError, IntegrityError):
-            return None
 
     def _stop_writing(self) -> None:
         if self._writing_ends is not None:
@@ -669,21 +649,6 @@ class TieredWriter(StorageWriter, AsyncStager):
             "wait_s": max(waits) if waits else None,
             "commit_s": committed_at - started,
         }
-
-    def _remove_replaced_generation(self, ckpt: str, replaced: str) -> None:
-        """After an overwrite commits, drop the one generation its marker replaced.
-
-        Only that one: any other generation of the id may belong to a save still in flight (a
-        second writer on the same id), and is left to cleanup, which knows who is at work. Its
-        commit-log entry goes at once (the new marker stands: the log names each committed
-        generation once); its files not while a restore is reading the id: cleanup removes them
-        once the reader is done.
-        """
-        _quietly(functools.partial(forget, self.tier, ckpt, replaced))
-        ttl = self.config.promote.activity_ttl
-        if is_busy([a for a in live(self.tier, ttl=ttl) if a.kind == "read"], ckpt, replaced):
-            return
-        _quietly(functools.partial(self.tier.delete_tree, generation_dir(ckpt, replaced)))
 
 
 def _mtime(path: Path) -> float:

@@ -16,7 +16,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from tierstore.errors import IntegrityError
 from tierstore.ids import (
     COMMITS_DIR,
     MARKER_NAME,
@@ -25,7 +24,6 @@ from tierstore.ids import (
     PARTS_DIR,
     RANK0_PART,
     generation_dir,
-    parts_dir,
     split_generation_path,
     staging_dir,
     writer_staging_dir,
@@ -34,7 +32,7 @@ from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.records.log import read_log
-from tierstore.records.marker import read_manifest
+from tierstore.records.protocol import drop
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
@@ -225,25 +223,14 @@ def remove_generation(
 ) -> bool:
     """Remove an uncommitted generation, unless someone commits it meanwhile; True if removed.
 
-    In a job-wide tier another node's promoter may publish a marker over files that were already
-    there when cleanup looked (the last node's part completes a multi-node promotion). So: first
-    its part records go, which a promoter needs in order to publish; then, with those gone, the
-    tier is asked again for a marker naming the generation and for work in progress on it; only
-    if there is neither does the data go. A promoter that starts later finds no records to
-    publish from and copies its part again; one that was already at work holds a record.
+    The protocol's drop (:func:`tierstore.records.protocol.drop`): in a job-wide tier another node's
+    promoter may publish a marker over files that were already there when cleanup looked (the last
+    node's part completes a multi-node promotion), so its part records go first, which a promoter
+    needs in order to publish; then the tier is asked again for a marker naming the generation and
+    for work in progress on it; only if there is neither does the data go. A promoter that starts
+    later finds no records to publish from and copies its part again; one at work holds a record.
     """
-    tier.delete_tree(parts_dir(checkpoint_id, generation))
-    busy = is_busy([r for r in activities(tier) if r.age < activity_ttl], checkpoint_id, generation)
-    try:
-        committed = read_manifest(tier, checkpoint_id).generation == generation
-    except FileNotFoundError:
-        committed = False
-    except IntegrityError:
-        committed = True  # an unreadable marker might name it: not ours to judge
-    if busy or committed:
-        return False
-    tier.delete_tree(generation_dir(checkpoint_id, generation))
-    return True
+    return drop(tier, checkpoint_id, generation, committed=False, ttl=activity_ttl)
 
 
 __all__ = ["Cleanup", "find_leftovers", "remove", "remove_generation"]

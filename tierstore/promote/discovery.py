@@ -12,6 +12,7 @@ old listing, but does not re-read a marker that has not changed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from tierstore.ids import (
 )
 from tierstore.promote.policy import Copy
 from tierstore.records.catalog import marker_times
+from tierstore.records.conflicts import read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
 from tierstore.tiers import Tier
@@ -77,7 +79,23 @@ def copy_of(manifest: Manifest) -> Copy:
 
 
 def discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
-    """Every copy in ``tier`` this node can act on (see the module docstring)."""
+    """Every copy in ``tier`` this node can act on (see the module docstring), with the tiers each
+    is in conflict with (:mod:`tierstore.records.conflicts`)."""
+    found = _discover(tier, cache)
+    conflicts: dict[tuple[str, str], set[str]] = {}
+    for conflict in read_conflicts(tier):
+        conflicts.setdefault((conflict.checkpoint_id, conflict.generation), set()).add(
+            conflict.target
+        )
+    for checkpoint_id, seen in found.items():
+        targets = conflicts.get((checkpoint_id, seen.copy.generation))
+        if targets:
+            copy = dataclasses.replace(seen.copy, conflicts=frozenset(targets))
+            found[checkpoint_id] = dataclasses.replace(seen, copy=copy)
+    return found
+
+
+def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     sources: dict[str, SeenCopy] = {}
     for checkpoint_id, mtime in marker_times(tier).items():
         try:

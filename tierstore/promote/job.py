@@ -26,28 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierstore.errors import IntegrityError
-from tierstore.ids import (
-    checkpoint_file,
-    generation_dir,
-    intent_path,
-    is_newer_commit,
-    marker_path,
-    node_part_path,
-    rank_part_path,
-)
+from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.progress import TransferProgress
 from tierstore.promote.transfer import copy_files
-from tierstore.records.activity import ACTIVITY_TTL, held, is_busy, live
-from tierstore.records.log import LogEntry, forget, record
-from tierstore.records.marker import (
-    FileEntry,
-    Manifest,
-    copy_problems,
-    publish_manifest,
-    read_manifest,
-)
+from tierstore.records.activity import ACTIVITY_TTL, held
+from tierstore.records.marker import FileEntry, Manifest, read_manifest
 from tierstore.records.parts import PartRecord
+from tierstore.records.protocol import Verdict, judge_promotion, publish
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -59,6 +45,10 @@ class Outcome:
 
     copied: int
     committed: bool
+    verdict: Verdict | None = None
+    """Where the target already held a marker of the id: how the two were judged."""
+    existing: Manifest | None = None
+    """The target's marker that stayed (``SAME``, ``KEEP_NEWER``, ``CONFLICT``)."""
 
 
 def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Manifest:
@@ -77,47 +67,32 @@ def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Man
     return manifest.with_changes(committed_at=now, timings=timings, provenance=provenance)
 
 
-def publish_committed(target: Tier, manifest: Manifest, *, node: int | None = None) -> bool:
-    """Publish ``manifest`` as the target's marker, create-only; True if this call committed it.
+def publish_committed(
+    target: Tier,
+    manifest: Manifest,
+    *,
+    source_tier: str,
+    node: int | None = None,
+    ttl: float = ACTIVITY_TTL,
+) -> tuple[Verdict | None, Manifest | None]:
+    """Publish ``manifest`` as the target's marker (:func:`tierstore.records.protocol.publish`).
 
-    First every file the marker names (in a node-local target: those of ``node``) is checked to be
-    there at its size: nothing may have removed a copied file since, or the marker would stand over
-    a hole. If the target already holds a marker of the same generation, another promoter won:
-    nothing changes. If it holds an older generation (the id was overwritten at the source), the
-    marker is replaced atomically and the old generation deleted afterwards.
+    Returns ``(None, None)`` when this call committed it. When the target already holds a marker of
+    the id, the protocol judges the two (:func:`~tierstore.records.protocol.judge_promotion`): the
+    newer commit of saves that knew of each other replaces the older (``REPLACE``, committed:
+    ``(REPLACE, None)``); otherwise nothing changes and the verdict comes back with the target's
+    manifest (``SAME``: another promoter won; ``KEEP_NEWER``; ``CONFLICT``: both contents kept).
     """
-    here = [f for f in manifest.files if not target.node_local or node is None or f.node == node]
-    problems = copy_problems(target, manifest, verify=False, entries=here)
-    if problems:
-        raise IntegrityError(
-            f"{manifest.checkpoint_id}: not committed in tier {target.describe()}: files"
-            f" vanished before the marker: {'; '.join(problems)}"
-        )
-    try:
-        publish_manifest(target, manifest, create_only=True)
-    except FileExistsError:
-        existing = read_manifest(target, manifest.checkpoint_id)
-        if existing.generation == manifest.generation:
-            return False  # another promoter committed it
-        if not is_newer_commit(
-            manifest.seq, manifest.generation, existing.seq, existing.generation
-        ):
-            return False  # the target already has a newer generation
-        publish_manifest(target, manifest, create_only=False)
-        forget(target, manifest.checkpoint_id, existing.generation)
-        readers = [r for r in live(target) if r.kind == "read"]
-        if not is_busy(readers, manifest.checkpoint_id, existing.generation):  # else: cleanup's
-            target.delete_tree(generation_dir(manifest.checkpoint_id, existing.generation))
-    problems = copy_problems(target, manifest, verify=False, entries=here)
-    if problems:  # cleanup on another node removed files that pre-existed this job: withdraw
-        target.delete(marker_path(manifest.checkpoint_id))
-        raise IntegrityError(
-            f"{manifest.checkpoint_id}: marker withdrawn from tier {target.describe()}: files"
-            f" removed while it was published: {'; '.join(problems)}"
-        )
-    if manifest.seq is not None:  # the copy keeps its place in commit order in this tier too
-        record(target, LogEntry(manifest.seq, manifest.checkpoint_id, manifest.generation))
-    return True
+    existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
+    if existing is None:
+        return None, None
+    verdict, _why = judge_promotion(
+        manifest, existing, source_tier=source_tier, target=target.name
+    )
+    if verdict is not Verdict.REPLACE:
+        return verdict, existing
+    publish(target, manifest, replace=True, node=node, ttl=ttl)
+    return Verdict.REPLACE, None
 
 
 def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
@@ -136,7 +111,11 @@ def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
     timings = dict(manifest.timings)
     if "durable_lag_s" in timings and timings.get("started_at") is not None:
         timings["durable_lag_s"] = now - float(timings["started_at"] or now)
-    return publish_committed(target, manifest.with_changes(committed_at=now, timings=timings))
+    source = str((manifest.provenance or {}).get("tier", ""))
+    verdict, _existing = publish_committed(
+        target, manifest.with_changes(committed_at=now, timings=timings), source_tier=source
+    )
+    return verdict in (None, Verdict.REPLACE)
 
 
 class PromotionJob:
@@ -192,6 +171,8 @@ class PromotionJob:
         part = node_part_path(self.checkpoint_id, self.generation, self.node)
         if multi_node and not self.target.node_local and self.target.exists(part):
             return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
+        if (judged := self._judge_before_copying()) is not None:
+            return judged  # the target's copy of the id stays: nothing to copy
         label = f"{self.checkpoint_id} {self.source.name}->{self.target.name}"
         progress = TransferProgress(label, sum(e.size for e in entries))
 
@@ -220,13 +201,35 @@ class PromotionJob:
                 self.target.write_bytes(path, record.to_json())
             if manifest is None:
                 return Outcome(copied, False)
-            promoted = self._promoted(manifest)
-            return Outcome(copied, publish_committed(self.target, promoted, node=self.node))
+            return self._publish(copied, manifest, node=self.node)
         if not multi_node:
             assert manifest is not None
-            return Outcome(copied, publish_committed(self.target, self._promoted(manifest)))
+            return self._publish(copied, manifest)
         self._record_part(entries, manifest)
         return Outcome(copied, try_complete(self.target, self.checkpoint_id, self.generation))
+
+    def _judge_before_copying(self) -> Outcome | None:
+        """Where the target already holds a marker of the id, the protocol's judgement, before a
+        byte is copied: an Outcome when the target's copy stays (the same generation, a newer
+        commit, a conflict), None when the copy goes ahead (the id is not there, or is replaced)."""
+        source = self.found.manifest
+        if source is None:
+            return None
+        try:
+            existing = read_manifest(self.target, self.checkpoint_id)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        verdict, _why = judge_promotion(
+            source, existing, source_tier=self.source.name, target=self.target.name
+        )
+        return None if verdict is Verdict.REPLACE else Outcome(0, False, verdict, existing)
+
+    def _publish(self, copied: int, manifest: Manifest, *, node: int | None = None) -> Outcome:
+        verdict, existing = publish_committed(
+            self.target, self._promoted(manifest), source_tier=self.source.name, node=node,
+            ttl=self.activity_ttl,
+        )  # fmt: skip
+        return Outcome(copied, verdict in (None, Verdict.REPLACE), verdict, existing)
 
     def _promoted(self, manifest: Manifest) -> Manifest:
         return promoted_manifest(manifest, self.source, durable=self.durable)

@@ -42,7 +42,8 @@ class PromoterMetrics:
         )
         self.unavailable = Gauge(
             "tierstore_tier_unavailable",
-            "1 while a tier refuses writes (full, read-only, failing): promotion routes around it",
+            "1 while a tier cannot be listed (unreachable, hung) or refuses writes (full, read-only):"
+            " promotion routes around it",
             ["tier"],
             registry=r,
         )
@@ -62,6 +63,18 @@ class PromoterMetrics:
             "1 when this node's files of the newest checkpoint in a mirrored memory tier are held"
             " in a partner node's memory; 0 is reduced redundancy (the next save tries again)",
             ["tier"],
+            registry=r,
+        )
+        self.conflicts = Gauge(
+            "tierstore_conflicts",
+            "Copies kept beside another content of their id in a lower tier (settle by hand)",
+            ["tier"],
+            registry=r,
+        )
+        self.recovery_point_lag = Gauge(
+            "tierstore_recovery_point_lag_seconds",
+            "Seconds since the newest checkpoint known to be in the durable (last) tier was"
+            " started; grows while that tier is away",
             registry=r,
         )
         self.last_pass = Gauge(

@@ -10,9 +10,11 @@ into a tier whose retention would delete it at once.
 
 **Retention, per tier.** Keep the ``keep`` newest (all if ``keep`` is unset), every step that is a
 multiple of ``keep_every``, and every id in ``pin``; delete the rest, except that a tier never deletes:
-its newest checkpoint; a checkpoint still waiting to be promoted to a tier below it; the last copy in a
-durable (job-wide) tier of a checkpoint that some tier keeps; a checkpoint in use (being read or
-promoted). Deletion removes the marker first, then the data (see the promoter).
+its newest checkpoint; a checkpoint still waiting to be promoted to a tier below it (while the durable
+tier is unreachable or refuses writes, only the newest one it lacks: saves keep committing); the last
+copy in a durable (job-wide) tier of a checkpoint that some tier keeps; a checkpoint in use (being read
+or promoted); a copy in conflict with another content of its id below (both are kept until settled).
+Deletion removes the marker first, then the data (see :mod:`tierstore.records.protocol`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Copy:
     generation: str
     partial: bool = False
     """Only this node's part, seen through part records: the commit itself is not visible here."""
+    conflicts: frozenset[str] = frozenset()
+    """Tiers below holding another content of this id that promotion must not replace (nor be
+    replaced by): the copy is kept here and not promoted there (:mod:`tierstore.records.conflicts`)."""
 
 
 Holdings = Mapping[str, Mapping[str, Copy]]
@@ -117,10 +122,12 @@ def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
 
 
 def routed_around(config: Config, unavailable: frozenset[str]) -> frozenset[str]:
-    """The refusing tiers that promotion routes around: every one but the last (durable) tier.
+    """The refusing or unreachable tiers that promotion routes around: every one but the last
+    (durable) tier.
 
-    Skipping a full or failed middle tier costs it copies; skipping the durable tier would let the
-    tiers above drop checkpoints that are nowhere durable, so that one is waited for instead.
+    Skipping a full or failed middle tier costs it copies. The durable tier is not skipped: the tiers
+    above keep the newest checkpoint it lacks (see :func:`retention`) until it returns, and it is
+    retried every pass.
     """
     return unavailable - {config.tiers[-1].name}
 
@@ -170,11 +177,15 @@ def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
     here = held.get(names[index], {})
     every = every_for(config, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
+    conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
     candidates = [
         c
         for c in _ordered(above)
-        if (c.checkpoint_id not in here and is_selected(c, every))
-        or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
+        if (c.checkpoint_id, c.generation) not in conflicted
+        and (
+            (c.checkpoint_id not in here and is_selected(c, every))
+            or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
+        )
     ]
     kept = kept_by_rules(config.tiers[index], [*here.values(), *candidates])
     return [c for c in candidates if c.checkpoint_id in kept]
@@ -204,14 +215,19 @@ def retention(
         n: kept_by_rules(config.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)
     }
     skipped = routed_around(config, unavailable)
-    pending = {
-        (n, c.checkpoint_id)
-        for j in range(1, len(names))
-        if names[j] not in skipped
-        for c in _missing_in(config, held, j)
-        for n in names[:j]
-        if not (c.partial and now - c.committed_at >= stale)
-    }
+    pending: set[tuple[str, str]] = set()
+    for j in range(1, len(names)):
+        if names[j] in skipped:
+            continue
+        missing = [
+            c for c in _missing_in(config, held, j)
+            if not (c.partial and now - c.committed_at >= stale)
+        ]  # fmt: skip
+        if names[j] in unavailable:
+            # The durable tier is away: the tiers above hold only the newest checkpoint it lacks
+            # beyond their own rules, so that saves keep committing while it is gone.
+            missing = missing[:1]
+        pending |= {(n, c.checkpoint_id) for c in missing for n in names[:j]}
     durable = [t.name for t in config.tiers if not t.node_local]
     deletions: list[Deletion] = []
     for name in names:
@@ -220,6 +236,7 @@ def retention(
                 checkpoint_id in kept[name]
                 or checkpoint_id in in_use
                 or (name, checkpoint_id) in pending
+                or held[name][checkpoint_id].conflicts  # both contents kept until settled
             ):
                 continue
             kept_elsewhere = any(checkpoint_id in kept[n] for n in names if n != name)

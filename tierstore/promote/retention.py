@@ -13,46 +13,30 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.ids import PARTS_DIR, generation_dir, marker_path
 from tierstore.promote.policy import Deletion
-from tierstore.records.activity import is_busy, live
-from tierstore.records.log import forget
+from tierstore.records.activity import ACTIVITY_TTL
 from tierstore.records.marker import read_manifest
+from tierstore.records.protocol import drop
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
 
-def delete_copy(tier: Tier, checkpoint_id: str, generation: str | None = None) -> None:
-    """Delete one copy: the marker first, then its generation's part records, then its data.
+def delete_copy(
+    tier: Tier, checkpoint_id: str, generation: str | None = None, *, ttl: float = ACTIVITY_TTL
+) -> None:
+    """Delete one copy through the protocol's drop: the marker first (only if it still names
+    ``generation``: an overwrite committed since is left alone), then its log entries, part records
+    and, unless a restore is reading it, its data (:func:`tierstore.records.protocol.drop`).
 
-    ``generation`` names the copy retention decided on (default: the one the marker names). A marker
-    naming another generation (an overwrite committed since) is left alone; a part-only copy (a
-    node's part, seen through part records) has no marker here. An unreadable marker is deleted
-    alone; its data is left to cleanup.
+    ``generation`` names the copy retention decided on (default: the one the marker names now).
     """
-    try:
-        committed: str | None = read_manifest(tier, checkpoint_id).generation
-    except FileNotFoundError:
-        committed = ""
-    except IntegrityError:
-        committed = None
-    generation = generation or committed
-    if committed is None or committed == generation:
-        tier.delete(marker_path(checkpoint_id))
     if not generation:
-        return
-    # Asked again now that the marker is gone (no new reader can choose this copy): a restore that
-    # chose it before keeps its data; cleanup removes it once that reader is done.
-    if is_busy([r for r in live(tier) if r.kind == "read"], checkpoint_id, generation):
-        return
-    directory = generation_dir(checkpoint_id, generation)
-    for info in tier.find(directory):
-        if f"/{PARTS_DIR}/" in info.path:
-            tier.delete(info.path)
-    tier.delete_tree(directory)
-    forget(tier, checkpoint_id, generation)
-    tier.remove_if_empty(checkpoint_id)  # unless another generation (an overwrite) is there
+        try:
+            generation = read_manifest(tier, checkpoint_id).generation
+        except (FileNotFoundError, IntegrityError):
+            return  # nothing committed, or a marker only cleanup may judge
+    drop(tier, checkpoint_id, generation, ttl=ttl)
 
 
 def delete_copies(
@@ -60,6 +44,7 @@ def delete_copies(
     deletions: Iterable[Deletion],
     *,
     on_deleted: Callable[[Deletion], None] = lambda _d: None,
+    ttl: float = ACTIVITY_TTL,
 ) -> list[Deletion]:
     """Carry out ``deletions`` one by one; a failure is logged and skips only that copy.
 
@@ -68,7 +53,8 @@ def delete_copies(
     done: list[Deletion] = []
     for deletion in deletions:
         try:
-            delete_copy(tiers[deletion.tier], deletion.checkpoint_id, deletion.generation or None)
+            delete_copy(tiers[deletion.tier], deletion.checkpoint_id, deletion.generation or None,
+                        ttl=ttl)  # fmt: skip
         except (TierstoreError, OSError) as exc:
             logger.error(
                 "deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tierstore.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
@@ -35,7 +36,12 @@ from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, rete
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.transfer import Cancelled
 from tierstore.records.activity import live
+from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts, record_conflict
+from tierstore.records.log import highest_in
+from tierstore.records.marker import Manifest
 from tierstore.records.mirror import prune_mirrors, read_status
+from tierstore.records.protocol import Verdict, judge_promotion
+from tierstore.records.sightings import Sighting, read_sightings, record_sighting
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -78,9 +84,17 @@ class Promoter:
         self.stopping = threading.Event()
         self.cancel = threading.Event()
         self.cache = MarkerCache()
+        self.prober = Prober(config.probe_timeout)
         self._last_gc = 0.0
         self.unavailable: set[str] = set()
         """Tiers whose last promotion failed because they refuse writes (retried every pass)."""
+        self.unreachable: dict[str, str] = {}
+        """Tiers the last pass could not list (within ``probe_timeout``), and why."""
+        self.highest: dict[str, int] = {}
+        """The highest commit number logged in each tier, as last listed."""
+        self._sighted: dict[tuple[str, str], Sighting] = {}
+        """``(tier, tier seen)`` -> the sighting last left there (rewritten only when it changes)."""
+        self._newest_durable_start: float | None = None
         for tier in self.tiers:
             tier.observe_retries(self._count_retry(tier.name))
 
@@ -121,26 +135,56 @@ class Promoter:
                 if once:
                     return 1
                 report = PassReport()
-            if once:
-                return 1 if report.failed else 0
+            if once:  # a drain: anything left undone (a failed copy, a tier away) is an error
+                return 1 if report.failed or self.unreachable else 0
             if self.stopping.wait(self.config.promote.interval):
                 return 0
 
     # -- one pass -------------------------------------------------------------------------------
 
     def catalog(self) -> dict[str, dict[str, SeenCopy]]:
-        """What this node sees in every tier (committed copies; this node's parts).
+        """What this node sees in every tier it can reach (committed copies; this node's parts).
 
-        Raises :class:`TierstoreError` naming the tier when one cannot be listed: acting on part
-        of the picture (deleting "the last copy" of something merely unlisted) is not safe.
+        Each tier is listed within ``probe_timeout``. A tier that cannot be listed is left out of
+        the answer and recorded as unreachable (metric, log): nothing is promoted into or out of it,
+        retention deletes nothing there, and the other tiers go on (tiers stand alone).
         """
         found: dict[str, dict[str, SeenCopy]] = {}
         for tier in self.tiers:
+
+            def listing(tier: Tier = tier) -> tuple[dict[str, SeenCopy], int]:
+                return discover(tier, self.cache), highest_in(tier)
+
             try:
-                found[tier.name] = discover(tier, self.cache)
+                found[tier.name], self.highest[tier.name] = self.prober.ask(
+                    tier.name, listing, what="list its checkpoints"
+                )
             except (TierstoreError, OSError) as exc:
-                raise TierstoreError(f"cannot list tier {tier.describe()}: {exc}") from exc
+                self._set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
+                continue
+            self._set_unreachable(tier.name, None)
         return found
+
+    def _set_unreachable(self, tier_name: str, error: str | None) -> None:
+        was = tier_name in self.unreachable
+        if error is not None:
+            self.unreachable[tier_name] = error
+            if not was:
+                event("tier_unreachable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s is unreachable; the other tiers go on without it: %s",
+                             tier_name, error)  # fmt: skip
+        elif was:
+            del self.unreachable[tier_name]
+            event("tier_reachable", tier=tier_name)
+        self._export_availability(tier_name)
+
+    def _export_availability(self, tier_name: str) -> None:
+        away = tier_name in self.unavailable or tier_name in self.unreachable
+        self.metrics.unavailable.labels(tier_name).set(1 if away else 0)
+
+    def _away(self) -> frozenset[str]:
+        """Tiers refusing writes or unreachable this pass."""
+        return frozenset(self.unavailable | set(self.unreachable))
 
     def run_once(self) -> PassReport:
         """Promote until nothing is left to do at this moment, then retention and (if due) gc."""
@@ -161,6 +205,8 @@ class Promoter:
                 self._promote(promotion, found[promotion.source][promotion.checkpoint_id], report)
         found = self.catalog()
         self._set_backlog(self._plan(found))
+        self._record_sightings(found)
+        self._settle_conflicts(found)
         if not self.stopping.is_set():
             report.deleted = self.apply_retention(found)
             if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
@@ -176,9 +222,11 @@ class Promoter:
         return {name: {i: s.copy for i, s in seen.items()} for name, seen in found.items()}
 
     def _plan(self, found: dict[str, dict[str, SeenCopy]]) -> list[Promotion]:
-        planned = promotions(self.config, self._copies(found), frozenset(self.unavailable))
+        planned = promotions(self.config, self._copies(found), self._away())
         mine = []
         for promotion in planned:
+            if promotion.source in self.unreachable or promotion.target in self.unreachable:
+                continue  # retried once the tier answers again
             source = self.by_name[promotion.source]
             if source.node_local or self.node == COORDINATOR_NODE:
                 mine.append(promotion)
@@ -196,7 +244,7 @@ class Promoter:
         elif was:
             self.unavailable.discard(tier_name)
             event("tier_available", tier=tier_name)
-        self.metrics.unavailable.labels(tier_name).set(1 if tier_name in self.unavailable else 0)
+        self._export_availability(tier_name)
 
     def _set_backlog(self, planned: list[Promotion]) -> None:
         for tier in self.tiers[1:]:
@@ -228,6 +276,9 @@ class Promoter:
             return
         seconds = time.monotonic() - started
         self._set_unavailable(target.name, None)
+        if outcome.verdict is Verdict.CONFLICT and outcome.existing is not None:
+            self._report_conflict(source, target, found, outcome.existing)
+            return
         self.metrics.bytes_promoted.labels(target.name).inc(outcome.copied)
         if outcome.committed:
             self.metrics.checkpoints_promoted.labels(target.name).inc()
@@ -237,6 +288,89 @@ class Promoter:
               source=source.name, target=target.name, node=self.node, bytes=outcome.copied,
               seconds=seconds)  # fmt: skip
 
+    def _report_conflict(
+        self, source: Tier, target: Tier, found: SeenCopy, existing: Manifest
+    ) -> None:
+        """Keep both contents of the id: a record in the source tier (retention keeps the copy,
+        promotion stops retrying it), an error line, the metric."""
+        manifest = found.manifest
+        assert manifest is not None
+        _verdict, why = judge_promotion(
+            manifest, existing, source_tier=source.name, target=target.name
+        )
+        conflict = Conflict(
+            manifest.checkpoint_id, manifest.generation, manifest.seq, target.name,
+            existing.generation, existing.seq, why,
+        )  # fmt: skip
+        try:
+            new = record_conflict(source, conflict)
+        except (TierstoreError, OSError) as exc:
+            logger.error("could not record the conflict of %s: %s", conflict.describe(), exc)
+            return
+        if new:
+            event("conflict", checkpoint=conflict.checkpoint_id, tier=source.name,
+                  target=target.name, generation=conflict.generation,
+                  target_generation=conflict.target_generation)  # fmt: skip
+            logger.error(
+                "not promoted, both kept: %s. Keep one: `tierstore drop %s --tier NAME` on the"
+                " other, or save it again with overwrite=True",
+                conflict.describe(), conflict.checkpoint_id,
+            )  # fmt: skip
+
+    def _settle_conflicts(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """Drop conflict records that no longer hold (either content is gone or was replaced):
+        promotion of the copy, if it still belongs below, resumes at the next pass."""
+        for tier in self.tiers:
+            if tier.name not in found or not self._owns(tier):
+                continue
+            try:
+                conflicts = read_conflicts(tier)
+                for conflict in conflicts:
+                    here = found[tier.name].get(conflict.checkpoint_id)
+                    there = found.get(conflict.target, {}).get(conflict.checkpoint_id)
+                    settled = here is None or here.copy.generation != conflict.generation
+                    if conflict.target in found:  # a target that cannot be listed settles nothing
+                        settled = settled or there is None
+                        settled = settled or (
+                            there is not None and there.copy.generation != conflict.target_generation
+                        )
+                    if settled:
+                        clear_conflict(tier, conflict)
+                        event("conflict_settled", checkpoint=conflict.checkpoint_id,
+                              tier=tier.name, target=conflict.target)  # fmt: skip
+                self.metrics.conflicts.labels(tier.name).set(
+                    len(conflicts) - sum(not tier.exists(c.path) for c in conflicts)
+                )
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot read the conflict records of %s: %s", tier.name, exc)
+
+    def _record_sightings(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """Leave in every tier this node looks after what it saw in each other tier it could list
+        (:mod:`tierstore.records.sightings`): saves and restores there then ask no other tier."""
+        for tier in self.tiers:
+            if tier.name not in found or not self._owns(tier):
+                continue
+            for seen_name, seen in found.items():
+                if seen_name == tier.name:
+                    continue
+                ids = {i: (s.copy.seq, s.copy.generation) for i, s in seen.items()
+                       if s.manifest is not None}  # fmt: skip
+                highest = max([self.highest.get(seen_name, 0),
+                               *(seq or 0 for seq, _gen in ids.values())])  # fmt: skip
+                sighting = Sighting(seen_name, highest, ids)
+                key = (tier.name, seen_name)
+                try:
+                    if key not in self._sighted:
+                        self._sighted.update(
+                            ((tier.name, name), known)
+                            for name, known in read_sightings(tier).items()
+                        )
+                    if record_sighting(tier, sighting, self._sighted.get(key)):
+                        self._sighted[key] = sighting
+                except (TierstoreError, OSError) as exc:
+                    logger.warning("cannot record what %s holds in %s: %s", seen_name,
+                                   tier.name, exc)  # fmt: skip
+
     # -- retention and gc -----------------------------------------------------------------------
 
     def planned_deletions(self, found: dict[str, dict[str, SeenCopy]]) -> list[Deletion]:
@@ -244,6 +378,8 @@ class Promoter:
         respected: an id named by a live activity record is in use)."""
         in_use: set[str] = set()
         for tier in self.tiers:
+            if tier.name in self.unreachable or tier.name not in found:
+                continue  # nothing is deleted there this pass; its records guard only its copies
             try:
                 ttl = self.config.promote.activity_ttl
                 in_use |= {record.checkpoint_id for record in live(tier, ttl=ttl)}
@@ -253,9 +389,8 @@ class Promoter:
                 )
                 return []
         decided = retention(
-            self.config, self._copies(found), frozenset(in_use),
-            unavailable=frozenset(self.unavailable),
-        )  # fmt: skip
+            self.config, self._copies(found), frozenset(in_use), unavailable=self._away()
+        )
         return [d for d in decided if self._owns(self.by_name[d.tier])]
 
     def _owns(self, tier: Tier) -> bool:
@@ -274,7 +409,8 @@ class Promoter:
             event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier,
                   reason=deletion.reason)  # fmt: skip
 
-        done = delete_copies(self.by_name, planned, on_deleted=deleted)
+        done = delete_copies(self.by_name, planned, on_deleted=deleted,
+                             ttl=self.config.promote.activity_ttl)  # fmt: skip
         self._prune_mirrors()
         return done
 
@@ -302,7 +438,7 @@ class Promoter:
         """
         cleanups: list[Cleanup] = []
         for tier in self.tiers:
-            if not self._owns(tier):
+            if not self._owns(tier) or tier.name in self.unreachable:
                 continue
             try:
                 leftovers = find_leftovers(
@@ -341,11 +477,17 @@ class Promoter:
                 self.metrics.mirrored.labels(tier.name).set(1 if status.mirrored else 0)
 
     def _update_durable_age(self, found: dict[str, dict[str, SeenCopy]]) -> None:
-        durable = found.get(self.tiers[-1].name, {})
+        """The recovery-point lag: how old the newest durable checkpoint is. While the durable tier
+        cannot be listed, the last one seen there is still the newest known, and the lag grows."""
+        durable = found.get(self.tiers[-1].name)
         starts = [
             float(s.manifest.timings.get("started_at") or s.copy.committed_at)
-            for s in durable.values()
+            for s in (durable or {}).values()
             if s.manifest is not None
         ]
         if starts:
-            self.metrics.durable_age.set(max(0.0, time.time() - max(starts)))
+            self._newest_durable_start = max(starts)
+        if self._newest_durable_start is not None:
+            lag = max(0.0, time.time() - self._newest_durable_start)
+            self.metrics.durable_age.set(lag)
+            self.metrics.recovery_point_lag.set(lag)

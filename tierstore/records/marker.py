@@ -62,6 +62,13 @@ class Manifest:
     topology: Mapping[str, Any] | None = None
     """The saving job's nodes (``{"hosts": {node: host}, "mirror_stride": s}``) when the memory tier
     mirrors: the peer placement is recomputed from it (:func:`tierstore.placement.place`)."""
+    overwrite: bool | None = None
+    """Whether the save asked to replace whatever the id held (``overwrite=True``); None in markers
+    from before this field, which promotion treats as it always did (the newer commit replaces)."""
+    unseen_tiers: tuple[str, ...] = ()
+    """Tiers the save knew nothing of: unreachable when its process started, and never seen by the
+    promoter since (:mod:`tierstore.records.known`). Promotion into one of them never replaces, nor
+    is replaced by, another content of the id there: both are kept (a conflict)."""
 
     @property
     def step(self) -> int | None:
@@ -110,6 +117,8 @@ class Manifest:
                 seq=None if body.get("seq") is None else int(body["seq"]),
                 provenance=body.get("source"),
                 topology=body.get("topology"),
+                overwrite=None if body.get("overwrite") is None else bool(body["overwrite"]),
+                unseen_tiers=tuple(str(t) for t in body.get("unseen_tiers") or ()),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None

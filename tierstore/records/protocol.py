@@ -1,0 +1,205 @@
+"""The commit protocol, written once: every actor that commits or drops a copy calls this module.
+
+A checkpoint exists in a tier only where its marker is. The writer (a save), the promotion job, retention,
+cleanup and the peer-mirror exchange all change what is committed through these operations, each local
+to one tier (it asks no other tier):
+
+* :func:`claim` — take the next commit number in the tier's commit log, create-only.
+* :func:`publish` — **the one order for publishing**: (1) every file the marker names is present at its
+  size; (2) the marker is published, create-only unless it replaces; (3) the files are checked again
+  (cleanup elsewhere may have removed one meanwhile) and the marker is withdrawn over a hole; (4) the
+  commit is logged; (5) the generation the marker replaced is dropped.
+* :func:`withdraw` — delete the marker only if it still names a given generation.
+* :func:`drop` — **the one order for dropping** a generation: (1) the marker, if it names it; (2) its
+  commit-log entries (never the tier's highest: the sequence's high-water mark); (3) its part records
+  (without them no promoter can start publishing it); (4) asked again: a marker naming it or a live
+  activity record covering it keeps the data; (5) its data, then the id's directory if empty.
+* :func:`judge_promotion` — whether a promoted copy may replace the target's copy of its id (pure).
+
+Ordering rules, each with a test that fails if it is broken (``tests/records``): files before marker,
+marker before log entry is trusted, marker before data on drop, part records before data on drop.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from tierstore.errors import IntegrityError
+from tierstore.ids import (
+    commit_entry_path,
+    generation_dir,
+    is_newer_commit,
+    marker_path,
+    parts_dir,
+)
+from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
+from tierstore.records.log import highest_in, read_log
+from tierstore.records.marker import Manifest, copy_problems, read_manifest
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+_CLAIM_ATTEMPTS = 64
+
+
+def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) -> int:
+    """Take the next commit number after ``max(the tier's highest, floor)`` for this generation.
+
+    ``floor`` is what the caller knows beyond this tier (other nodes, sightings, start-up). The entry
+    ``<seq>~<id>~<generation>`` is published create-only, so two writers never take one number in a
+    tier. Raises ``RuntimeError`` after 64 numbers taken by others in a row.
+    """
+    seq = max(highest_in(tier), floor)
+    for _attempt in range(_CLAIM_ATTEMPTS):
+        seq += 1
+        try:
+            tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=True)
+        except FileExistsError:
+            continue  # another writer took it a moment ago: the next one
+        return seq
+    raise RuntimeError(f"tier {tier.describe()}: no free commit number after {seq}")
+
+
+def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[str]:
+    here = [f for f in manifest.files if not tier.node_local or node is None or f.node == node]
+    return copy_problems(tier, manifest, verify=False, entries=here)
+
+
+def publish(
+    tier: Tier,
+    manifest: Manifest,
+    *,
+    replace: bool,
+    node: int | None = None,
+    log: bool = True,
+    ttl: float = ACTIVITY_TTL,
+) -> Manifest | None:
+    """Commit ``manifest`` in ``tier`` (the order is in the module docstring); None when published.
+
+    ``replace=False`` publishes create-only: if the id already has a marker, nothing changes and
+    that marker's manifest is returned for the caller to judge (a save refuses; a promotion may call
+    again with ``replace=True``). ``replace=True`` swaps the marker atomically and drops the
+    generation it named once the new one stands. ``node``: in a node-local tier, only that node's
+    files are checked (the others are on their nodes). ``log=False`` when the number was claimed in
+    this tier already (a save). Raises :class:`IntegrityError` naming the missing files.
+    """
+    ckpt = manifest.checkpoint_id
+    if problems := _files_problems(tier, manifest, node):
+        raise IntegrityError(
+            f"{ckpt}: not committed in tier {tier.describe()}: files vanished before the marker:"
+            f" {'; '.join(problems)}"
+        )
+    replaced = _marker_generation(tier, ckpt) if replace else None
+    try:
+        tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
+    except FileExistsError:
+        return read_manifest(tier, ckpt)
+    if problems := _files_problems(tier, manifest, node):
+        withdraw(tier, ckpt, manifest.generation)
+        raise IntegrityError(
+            f"{ckpt}: marker withdrawn from tier {tier.describe()}: files removed while it was"
+            f" published: {'; '.join(problems)}"
+        )
+    if log and manifest.seq is not None:
+        tier.publish(commit_entry_path(manifest.seq, ckpt, manifest.generation), b"",
+                     create_only=False)  # fmt: skip
+    if replaced and replaced != manifest.generation:
+        drop(tier, ckpt, replaced, ttl=ttl)
+    return None
+
+
+def _marker_generation(tier: Tier, checkpoint_id: str) -> str | None:
+    """The generation the id's marker names; None without a marker; '' when it is unreadable."""
+    try:
+        return read_manifest(tier, checkpoint_id).generation
+    except FileNotFoundError:
+        return None
+    except IntegrityError:
+        return ""
+
+
+def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
+    """Delete the id's marker if it names ``generation``; True if it did. Not atomic with the
+    check on POSIX or S3: callers withdraw only generations that nobody else publishes."""
+    if _marker_generation(tier, checkpoint_id) != generation:
+        return False
+    tier.delete(marker_path(checkpoint_id))
+    return True
+
+
+def drop(
+    tier: Tier,
+    checkpoint_id: str,
+    generation: str,
+    *,
+    committed: bool = True,
+    ttl: float = ACTIVITY_TTL,
+) -> bool:
+    """Drop one generation of ``checkpoint_id`` from ``tier`` (order in the module docstring).
+
+    ``committed=False`` drops only an uncommitted generation (cleanup, a failed save): a marker
+    naming it (or one that cannot be read) keeps everything, marker included. True when its data
+    went; False when a marker naming it or live work on it (a restore reading it, a promotion
+    committing it) kept the data, which cleanup removes once that is over. Only this generation:
+    another one of the id may be an overwrite in flight.
+    """
+    if committed:
+        withdraw(tier, checkpoint_id, generation)
+    elif _marker_generation(tier, checkpoint_id) in (generation, ""):
+        return False
+    log = read_log(tier)
+    top = log[-1].seq if log else None
+    for entry in log:
+        if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation) and entry.seq != top:
+            tier.delete(entry.path)
+    tier.delete_tree(parts_dir(checkpoint_id, generation))
+    busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
+    if busy or _marker_generation(tier, checkpoint_id) in (generation, ""):
+        return False
+    tier.delete_tree(generation_dir(checkpoint_id, generation))
+    tier.remove_if_empty(checkpoint_id)  # unless another generation (an overwrite) is there
+    return True
+
+
+class Verdict(enum.Enum):
+    """What a promotion does where the target already has a marker of the id."""
+
+    SAME = "the target holds this very generation"
+    REPLACE = "the promoted copy is the newer commit of the id: it replaces the target's"
+    KEEP_NEWER = "the target holds a newer commit of the id: the promoted copy is stale"
+    CONFLICT = "two contents of one id that neither save knew of the other: both are kept"
+
+
+def judge_promotion(
+    source: Manifest, existing: Manifest, *, source_tier: str, target: str
+) -> tuple[Verdict, str]:
+    """Whether ``source`` (promoted from ``source_tier``) may replace ``existing`` (``target``'s
+    marker of the id), and why.
+
+    Commit order decides only between saves that knew of each other. The newer may replace the older
+    when it was an overwrite (``overwrite=True``) whose job could see the older one's tier; the older
+    yields to the newer on the same terms. Otherwise — a save that could not see the target (it was
+    unreachable when its job started: ``unseen_tiers``), or an id saved without ``overwrite`` while
+    another tier held another content of it (a race between two savers) — the two contents are in
+    conflict: commit numbers taken without that knowledge say nothing, and both are kept. Markers
+    from before ``overwrite`` was recorded (None) are judged by commit order, as they always were.
+    """
+    if existing.generation == source.generation:
+        return Verdict.SAME, Verdict.SAME.value
+    if target in source.unseen_tiers:
+        return Verdict.CONFLICT, f"the save could not see tier {target} when its job started"
+    if is_newer_commit(source.seq, source.generation, existing.seq, existing.generation):
+        if source.overwrite is False:
+            why = f"the id was saved without overwrite while tier {target} held another content"
+            return Verdict.CONFLICT, why
+        return Verdict.REPLACE, Verdict.REPLACE.value
+    if existing.overwrite is False or source_tier in existing.unseen_tiers:
+        why = f"tier {target}'s copy was saved without knowing of the one in {source_tier}"
+        return Verdict.CONFLICT, why
+    return Verdict.KEEP_NEWER, Verdict.KEEP_NEWER.value
+
+
+def log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
+    """Log a commit number claimed elsewhere in ``tier``'s commit log (a node's part of a multi-node
+    save: whichever node coordinates next continues from it)."""
+    tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=False)

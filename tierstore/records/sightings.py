@@ -1,0 +1,109 @@
+"""What the promoter last saw in the other tiers, written into each tier it looks after.
+
+A save into tier T asks no other tier (DESIGN.md, "Tiers stand alone"), yet it must know which ids are
+committed elsewhere (a save without ``overwrite`` must not give an id a second content) and the highest
+commit number anywhere (what it claims must be newer). A restore from T must know whether a slower tier
+holds a newer commit of the id. The promoter lists every tier anyway, each pass; it leaves what it saw
+in tier L as a *sighting* in every tier T it looks after: ``.tierstore/seen/<L>.json`` in T, holding L's
+highest commit number and ``{id: (seq, generation)}`` for every id committed in L. Writers and readers of
+T read the sightings in T: one small read, however slow or far L is.
+
+A sighting is as old as the promoter's last look (``seen_at``); it is rewritten only when what it says
+changes. Between two passes a slower tier may change behind it only by a save made straight into it
+(``tier=``): within the saving process that commit is known at once (:mod:`tierstore.records.known`);
+elsewhere after the promoter's next pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tierstore.ids import SIGHTINGS_DIR, is_checkpoint_id, is_generation, sighting_path
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+FORMAT = "tierstore.seen/1"
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """What one tier held when the promoter last listed it."""
+
+    tier: str
+    """The tier that was looked at."""
+    highest: int
+    """Its highest commit number (commit log and markers)."""
+    ids: Mapping[str, tuple[int | None, str]] = field(default_factory=dict)
+    """``{id: (seq, generation)}`` of every copy committed there."""
+    seen_at: float = field(default_factory=time.time)
+
+    def same_as(self, other: Sighting | None) -> bool:
+        """True when ``other`` says the same (its time aside): no need to write it again."""
+        return (
+            other is not None
+            and other.tier == self.tier
+            and other.highest == self.highest
+            and dict(other.ids) == dict(self.ids)
+        )
+
+    def to_json(self) -> bytes:
+        """Serialize (ids sorted, so equal sightings have equal bytes)."""
+        body = {
+            "format": FORMAT,
+            "tier": self.tier,
+            "highest": self.highest,
+            "seen_at": self.seen_at,
+            "ids": {i: [seq, gen] for i, (seq, gen) in sorted(self.ids.items())},
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> Sighting:
+        """Parse; ``ValueError`` naming ``where`` if malformed."""
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict) or body.get("format") != FORMAT:
+                raise ValueError(f"expected format {FORMAT!r}")
+            ids: dict[str, tuple[int | None, str]] = {}
+            for checkpoint_id, (seq, generation) in dict(body["ids"]).items():
+                if not is_checkpoint_id(checkpoint_id) or not is_generation(str(generation)):
+                    raise ValueError(f"bad entry {checkpoint_id!r}")
+                ids[checkpoint_id] = (None if seq is None else int(seq), str(generation))
+            return cls(str(body["tier"]), int(body["highest"]), ids, float(body["seen_at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{where}: malformed sighting ({exc})") from None
+
+
+def read_sightings(tier: Tier) -> dict[str, Sighting]:
+    """``{other tier name: Sighting}`` recorded in ``tier``; a damaged record is skipped (warned)."""
+    found: dict[str, Sighting] = {}
+    for name in tier.list_dir(SIGHTINGS_DIR):
+        if not name.endswith(".json"):
+            continue
+        path = f"{SIGHTINGS_DIR}/{name}"
+        try:
+            sighting = Sighting.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}")
+        except FileNotFoundError:
+            continue
+        except ValueError as exc:
+            logger.warning("ignoring %s", exc)
+            continue
+        found[sighting.tier] = sighting
+    return found
+
+
+def record_sighting(tier: Tier, sighting: Sighting, known: Sighting | None = None) -> bool:
+    """Leave ``sighting`` in ``tier`` unless ``known`` (what is there) says the same; True if written."""
+    if sighting.same_as(known):
+        return False
+    tier.write_bytes(sighting_path(sighting.tier), sighting.to_json())
+    return True
+
+
+def forget_sighting(tier: Tier, tier_name: str) -> None:
+    """Remove the sighting of a tier that is no longer configured."""
+    tier.delete(sighting_path(tier_name))
