@@ -31,6 +31,12 @@ class Prober:
         self._lock = threading.Lock()
         self._hung: dict[str, Future[object]] = {}
 
+    def __getstate__(self) -> dict[str, object]:
+        return {"timeout": self.timeout}  # a copy in another process has nothing in flight
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(float(state["timeout"]))  # type: ignore[misc, arg-type]
+
     def ask(self, tier_name: str, question: Callable[[], T], *, what: str = "") -> T:
         """``question()``, or :class:`TierUnavailableError` if it does not answer in time.
 

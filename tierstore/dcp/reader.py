@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from tierstore.bounded import Prober
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
@@ -97,6 +98,7 @@ class TieredReader(StorageReader):
         self._bytes_read = 0
         self._count_lock = threading.Lock()
         self._choice: Choice | None = None
+        self._prober = Prober(self.config.probe_timeout)
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -135,22 +137,25 @@ class TieredReader(StorageReader):
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
         self._tier, self._storage, self._choice = None, {}, None
 
-    def _start_reading(self, checkpoint_id: str) -> None:
-        """Announce the restore in every tier, before the tier is chosen.
+    def _hold_read(self, index: int) -> None:
+        """Announce the restore in ``tiers()[index]`` before the tier is looked at.
 
         Cleanup and retention leave a checkpoint alone while a live ``read`` record names it. Every
-        rank holds its own: ranks finish reading at different times, and DCP tells a rank nothing
-        after its own ``read_data``. A tier that cannot take the record is logged and still
-        considered: the restore itself says whether it is usable.
+        rank holds its own, in each tier the choice looks at (fastest first, only as far as
+        needed): ranks finish reading at different times, and DCP tells a rank nothing after its
+        own ``read_data``. A tier that cannot take the record is logged and still considered: the
+        restore itself says whether it is usable.
         """
-        for tier in self.tiers():
-            try:
-                self._reading[tier.name] = hold(
-                    tier, "read", checkpoint_id, None, ttl=self.config.promote.activity_ttl
-                )
-            except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
-                logger.warning("could not announce the restore of %s in %s: %s",
-                               checkpoint_id, tier.name, exc)  # fmt: skip
+        tier = self.tiers()[index]
+        if tier.name in self._reading or self._checkpoint_id is None:
+            return
+        try:
+            self._reading[tier.name] = hold(
+                tier, "read", self._checkpoint_id, None, ttl=self.config.promote.activity_ttl
+            )
+        except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
+            logger.warning("could not announce the restore of %s in %s: %s",
+                           self._checkpoint_id, tier.name, exc)  # fmt: skip
 
     def _stop_reading(self, keep: str | None = None) -> None:
         """Release the ``read`` records (all, or all but the tier called ``keep``)."""
@@ -166,7 +171,6 @@ class TieredReader(StorageReader):
         mirrored = [t.mirror for t in self.tiers() if t.mirror is not None]
         if mirrored:  # collective: every rank reads metadata; created once per job
             job_groups(mirrored[0].timeout)
-        self._start_reading(self._checkpoint_id)
         try:
             return self._choose_and_read_metadata(self._checkpoint_id)
         except BaseException:
@@ -184,6 +188,8 @@ class TieredReader(StorageReader):
                 verify=self.verify,
                 group=self.process_group,
                 excluded=excluded,
+                prober=self._prober,
+                before_probe=self._hold_read,
             )
             tier, manifest = tiers[choice.tier_index], choice.manifest
             self._choice = choice

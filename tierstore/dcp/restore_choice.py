@@ -16,17 +16,22 @@ rank lacks from a node that holds them (:mod:`tierstore.dcp.mirror.peer_read`).
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
+from tierstore.bounded import Prober
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit
+from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
+from tierstore.records.sightings import read_sightings
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -42,19 +47,6 @@ class Choice:
     """For a mirrored memory tier: which live node holds which file (own or mirrored)."""
     rank_nodes: list[int] = field(default_factory=list)
     """The node of every rank, in rank order."""
-
-
-def _probe_markers(tiers: list[Tier], checkpoint_id: str) -> list[tuple[bytes | None, str | None]]:
-    """Coordinator: each tier's marker bytes (validated), or why there is none."""
-    found: list[tuple[bytes | None, str | None]] = []
-    for tier in tiers:
-        try:
-            found.append((read_manifest(tier, checkpoint_id).to_json(), None))
-        except FileNotFoundError:
-            found.append((None, "no commit marker"))
-        except Exception as exc:  # noqa: BLE001 - reported per tier; other tiers may do
-            found.append((None, str(exc)))
-    return found
 
 
 def _check_share(
@@ -102,10 +94,14 @@ def _check_share(
     return problems, held
 
 
-def _probe_mirrored(tiers: list[Tier], checkpoint_id: str) -> dict[int, inventory.NodeProbe]:
-    """Every rank: what its node holds for each mirrored tier (markers, own and mirrored; parts)."""
+def _probe_mirrored(
+    tiers: list[Tier], checkpoint_id: str, indexes: list[int]
+) -> dict[int, inventory.NodeProbe]:
+    """Every rank: what its node holds for each mirrored tier among ``indexes`` (markers, own and
+    mirrored; parts)."""
     found: dict[int, inventory.NodeProbe] = {}
-    for index, tier in enumerate(tiers):
+    for index in indexes:
+        tier = tiers[index]
         if tier.mirror is not None:
             try:
                 found[index] = inventory.probe_node(tier, checkpoint_id)
@@ -143,29 +139,107 @@ def _newest_marker(
     return best.to_json(), None
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the coordinator knows of an id's commits without asking the slower tiers."""
+
+    commits: dict[str, tuple[int | None, str]] = field(default_factory=dict)
+    """``{tier name: (seq, generation)}`` of the id, from sightings and this process's commits."""
+    sighted: frozenset[str] = frozenset()
+    """Tiers the promoter has sighted (their commits are known); the others must be asked."""
+
+    def newest(self) -> tuple[int | None, str, str] | None:
+        """``(seq, generation, tier)`` of the newest known commit of the id, or None."""
+        return max(
+            ((seq, gen, name) for name, (seq, gen) in self.commits.items()),
+            key=lambda c: (c[0] is not None, c[0] or 0, c[1]),
+            default=None,
+        )
+
+
+def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober) -> Known:
+    """Coordinator: what is known, without asking the slower tiers, of the id's commit in each of
+    them: the promoter's sightings in the fastest tier, and this process's own commits."""
+    commits: dict[str, tuple[int | None, str]] = {}
+    try:
+        sightings = prober.ask(
+            tiers[0].name, lambda: read_sightings(tiers[0]), what="read sightings"
+        )
+    except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
+        logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tiers[0].name, exc)
+        sightings = {}
+    for name, sighting in sightings.items():
+        if checkpoint_id in sighting.ids:
+            commits[name] = sighting.ids[checkpoint_id]
+    own = elsewhere_for(tiers).own_commit(checkpoint_id)
+    if own is not None:
+        commits[own[0]] = (own[1], own[2])
+    return Known(commits, frozenset(sightings))
+
+
+def _probe_window(
+    tiers: list[Tier],
+    checkpoint_id: str,
+    start: int,
+    *,
+    known: Known,
+    prober: Prober,
+    before_probe: Callable[[int], None],
+) -> list[tuple[int, bytes | None, str | None]]:
+    """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
+    commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
+    answers. A tier never sighted is asked too (its commits are not known otherwise), each within
+    ``probe_timeout``; an unreachable one is a reason, not an error."""
+    newest = known.newest()
+    best = None if newest is None else (newest[0], newest[1])
+    window: list[tuple[int, bytes | None, str | None]] = []
+    for index in range(start, len(tiers)):
+        tier = tiers[index]
+        before_probe(index)
+        try:
+            manifest = prober.ask(tier.name, functools.partial(read_manifest, tier, checkpoint_id),
+                                  what=f"read the marker of {checkpoint_id}")  # fmt: skip
+        except FileNotFoundError:
+            window.append((index, None, "no commit marker"))
+            continue
+        except Exception as exc:  # noqa: BLE001 - reported per tier; other tiers may do
+            window.append((index, None, str(exc)))
+            continue
+        window.append((index, manifest.to_json(), None))
+        if best is None or not is_newer_commit(best[0], best[1], manifest.seq, manifest.generation):
+            best = (manifest.seq, manifest.generation)
+        unsighted_below = [t for t in tiers[index + 1 :] if t.name not in known.sighted]
+        if manifest.generation == best[1] and not unsighted_below:
+            break  # the newest known commit, and nothing below holds one this does not know of
+    return window
+
+
 def _keep_only_the_newest_commit(
-    tiers: list[Tier], manifests: dict[int, Manifest], reasons: dict[int, list[str]]
+    tiers: list[Tier],
+    manifests: dict[int, Manifest],
+    reasons: dict[int, list[str]],
+    known: Known | None = None,
 ) -> None:
     """Drop the copies of an older generation than the newest committed in any tier.
 
     An overwrite may commit in a lower tier (``tier=``) while a faster one still holds the previous
-    generation: restoring the faster copy would serve stale data. Never: only the newest counts.
+    generation: restoring the faster copy would serve stale data. Never: only the newest counts,
+    whether its marker was read here or the promoter saw it (``known``, sightings).
     """
-    if not manifests:
+    commits = [(m.seq, m.generation, tiers[i].name) for i, m in manifests.items()]
+    commits += [(seq, gen, name) for name, (seq, gen) in (known or Known()).commits.items()]
+    if not commits:
         return
-    newest = max(
-        manifests.values(),
-        key=lambda m: (m.seq is not None, m.seq or 0, m.generation),
-    )
+    newest = max(commits, key=lambda c: (c[0] is not None, c[0] or 0, c[1]))
     for index in list(manifests):
         manifest = manifests[index]
-        if manifest.generation != newest.generation and not is_newer_commit(
-            manifest.seq, manifest.generation, newest.seq, newest.generation
+        if manifest.generation != newest[1] and not is_newer_commit(
+            manifest.seq, manifest.generation, newest[0], newest[1]
         ):
             del manifests[index]
             reasons[index] = [
                 f"holds generation {manifest.generation} (seq {manifest.seq}), older than"
-                f" {newest.generation} (seq {newest.seq}) committed in another tier"
+                f" {newest[1]} (seq {newest[0]}) committed in tier {newest[2]}"
             ]
 
 
@@ -178,38 +252,94 @@ def choose_copy(
     group: dist.ProcessGroup | None = None,
     excluded: dict[int, str] | None = None,
     collective: bool = True,
+    prober: Prober | None = None,
+    before_probe: Callable[[int], None] = lambda _index: None,
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
 
-    ``excluded`` maps tier indexes already found unusable (and why) to skip. With
-    ``collective=False`` this process decides alone, as a job of one rank would. Raises
+    Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds
+    the newest known commit of the id (see :func:`_probe_window`), every rank checks its share of
+    the window's copies, and only if none is usable is the next window looked at. So a restore
+    served by host memory asks nothing of S3. ``before_probe(index)`` runs on every rank before it
+    looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps tier indexes
+    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s).
+    With ``collective=False`` this process decides alone, as a job of one rank would. Raises
     :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
-    found = _probe_markers(tiers, checkpoint_id) if rank == 0 else []
-    found = broadcast_object(found, group) if collective else found
-    mine = (node, _probe_mirrored(tiers, checkpoint_id))
+    prober = prober or Prober(10.0)
+    reasons: dict[int, list[str]] = {}
+    known = Known()
+    if rank == 0:
+        known = _newest_known(tiers, checkpoint_id, prober)
+    start = 0
+    while start < len(tiers):
+        window = (
+            _probe_window(
+                tiers, checkpoint_id, start, known=known, prober=prober, before_probe=before_probe
+            )
+            if rank == 0
+            else []
+        )
+        window, known = broadcast_object((window, known), group) if collective else (window, known)
+        if rank != 0:
+            for index, _blob, _reason in window:
+                before_probe(index)
+        choice = _choose_in_window(
+            tiers, checkpoint_id, window, known, reasons, node=node, verify=verify, group=group,
+            excluded=excluded or {}, collective=collective, rank=rank, world=world,
+        )  # fmt: skip
+        if choice is not None:
+            return choice
+        start = window[-1][0] + 1 if window else len(tiers)
+    lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
+    raise CheckpointNotFoundError(
+        f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
+        + "\n".join(lines)
+    )
+
+
+def _choose_in_window(
+    tiers: list[Tier],
+    checkpoint_id: str,
+    window: list[tuple[int, bytes | None, str | None]],
+    known: Known,
+    reasons: dict[int, list[str]],
+    *,
+    node: int,
+    verify: bool,
+    group: dist.ProcessGroup | None,
+    excluded: dict[int, str],
+    collective: bool,
+    rank: int,
+    world: int,
+) -> Choice | None:
+    """The first usable copy among the window's tiers, decided on every rank alike; else None (the
+    window's reasons are added to ``reasons``)."""
+    indexes = [index for index, _blob, _reason in window]
+    found: dict[int, tuple[bytes | None, str | None]] = {i: (b, r) for i, b, r in window}
+    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes))
     everyone = all_gather_object(mine, group) if collective else [mine]
     rank_nodes = [n for n, _ in everyone]
-    for index, tier in enumerate(tiers):
-        if tier.mirror is not None:
+    for index in indexes:
+        if tiers[index].mirror is not None:
             blob, reason = found[index]
             blobs = [blob] if blob is not None else []
             probes = [p[index] for _, p in everyone if index in p]
             blobs += [b for probe in probes for b in probe.markers]
             other = [] if reason in (None, "no commit marker") else [f"node of rank 0: {reason}"]
-            found[index] = _newest_marker(tier, blobs, other, probes)
+            found[index] = _newest_marker(tiers[index], blobs, other, probes)
     manifests: dict[int, Manifest] = {}
-    reasons: dict[int, list[str]] = {}
-    for index, (blob, reason) in enumerate(found):
+    for index, (blob, reason) in found.items():
         if blob is None:
             reasons[index] = [reason or "no commit marker"]
         else:
             manifests[index] = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
-    _keep_only_the_newest_commit(tiers, manifests, reasons)
-    for index, reason in (excluded or {}).items():
-        manifests.pop(index, None)
-        reasons[index] = [reason]
+    _keep_only_the_newest_commit(tiers, manifests, reasons, known)
+    for index, reason in excluded.items():
+        if index in manifests or index in found:
+            manifests.pop(index, None)
+            reasons[index] = [reason]
     local: tuple[dict[int, list[str]], dict[int, dict[str, str]]] | Exception
     try:
         local = _check_share(
@@ -231,19 +361,12 @@ def choose_copy(
         issues = [p for item in findings for p in item.get(index, [])]
         if issues:
             reasons[index] = sorted(set(issues))
-    for index in range(len(tiers)):
+    for index in indexes:
         if index in manifests and index not in reasons:
             if rank == 0:
                 for skipped in range(index):
-                    logger.warning(
-                        "restore of %s: skipping tier %s: %s",
-                        checkpoint_id,
-                        tiers[skipped].name,
-                        "; ".join(reasons.get(skipped, ["?"])),
-                    )
+                    if skipped in reasons:
+                        logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id,
+                                       tiers[skipped].name, "; ".join(reasons[skipped]))  # fmt: skip
             return Choice(index, manifests[index], holdings.get(index), rank_nodes)
-    lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
-    raise CheckpointNotFoundError(
-        f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
-        + "\n".join(lines)
-    )
+    return None

@@ -594,7 +594,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         ttl = self.config.promote.activity_ttl
         try:
             if not self.overwrite:
-                self._refuse_committed_id(ckpt, sightings)  # one id, one content: again, just before
+                self._refuse_committed_id(
+                    ckpt, sightings
+                )  # one id, one content: again, just before
             existing = publish(self.tier, manifest, replace=self.overwrite, node=self.node,
                                log=False, ttl=ttl)  # fmt: skip
             if existing is not None:
@@ -606,7 +608,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._stop_writing()  # this save's own record would keep its files
             _quietly(lambda: drop(self.tier, ckpt, gen, committed=False, ttl=ttl))
             raise
-        elsewhere.committed(self.tier.name, ckpt, manifest.seq or 0)
+        elsewhere.committed(self.tier.name, ckpt, manifest.seq or 0, gen)
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )

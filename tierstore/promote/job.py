@@ -86,9 +86,7 @@ def publish_committed(
     existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
     if existing is None:
         return None, None
-    verdict, _why = judge_promotion(
-        manifest, existing, source_tier=source_tier, target=target.name
-    )
+    verdict, _why = judge_promotion(manifest, existing, source_tier=source_tier, target=target.name)
     if verdict is not Verdict.REPLACE:
         return verdict, existing
     publish(target, manifest, replace=True, node=node, ttl=ttl)

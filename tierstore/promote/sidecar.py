@@ -332,7 +332,8 @@ class Promoter:
                     if conflict.target in found:  # a target that cannot be listed settles nothing
                         settled = settled or there is None
                         settled = settled or (
-                            there is not None and there.copy.generation != conflict.target_generation
+                            there is not None
+                            and there.copy.generation != conflict.target_generation
                         )
                     if settled:
                         clear_conflict(tier, conflict)

@@ -39,6 +39,8 @@ class Held:
 
     tier: str
     seq: int | None
+    generation: str = ""
+    """Known for this process's own commits; '' when learnt from a listing."""
 
 
 def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
@@ -105,11 +107,17 @@ class Elsewhere:
         except Exception as exc:  # noqa: BLE001 - an unreachable tier is what this records
             return f"{type(exc).__name__}: {exc}"
 
-    def committed(self, tier_name: str, checkpoint_id: str, seq: int) -> None:
-        """This process committed ``checkpoint_id`` as ``seq`` in ``tier_name``."""
+    def committed(self, tier_name: str, checkpoint_id: str, seq: int, generation: str) -> None:
+        """This process committed ``checkpoint_id`` (``generation``) as ``seq`` in ``tier_name``."""
         with self._lock:
-            self._own[checkpoint_id] = Held(tier_name, seq)
+            self._own[checkpoint_id] = Held(tier_name, seq, generation)
             self.highest = max(self.highest, seq)
+
+    def own_commit(self, checkpoint_id: str) -> tuple[str, int | None, str] | None:
+        """``(tier, seq, generation)`` of this process's last commit of the id, or None."""
+        with self._lock:
+            held = self._own.get(checkpoint_id)
+        return None if held is None else (held.tier, held.seq, held.generation)
 
     def holder(
         self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]

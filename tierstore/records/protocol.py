@@ -150,7 +150,10 @@ def drop(
     log = read_log(tier)
     top = log[-1].seq if log else None
     for entry in log:
-        if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation) and entry.seq != top:
+        if (entry.checkpoint_id, entry.generation) == (
+            checkpoint_id,
+            generation,
+        ) and entry.seq != top:
             tier.delete(entry.path)
     tier.delete_tree(parts_dir(checkpoint_id, generation))
     busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
