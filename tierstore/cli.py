@@ -88,7 +88,10 @@ def cmd_ls(config: Config, args: argparse.Namespace) -> int:
 
 
 def _print_listing(config: Config, args: argparse.Namespace) -> int:
-    listings = Catalog(config, node=args.node).listings()
+    catalog = Catalog(config, node=args.node)
+    listings = catalog.listings()
+    for name, why in sorted(catalog.unreachable.items()):  # what it could reach is still listed
+        print(f"tierstore: tier {name} is unreachable, not listed: {why}", file=sys.stderr)
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
         indent = None if args.watch else 1
         print(json.dumps([entry.as_dict() for entry in listings], indent=indent))

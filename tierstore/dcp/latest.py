@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from tierstore.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy
@@ -53,6 +54,7 @@ def latest_committed(
     rank, _ = rank_and_world(group) if distributed else (0, 1)
     this_node = current_node(node)
     tiers = config.make_tiers(node=this_node)
+    prober = Prober(config.probe_timeout)
     skipped: list[str] = []
     mirrored = [t for t in tiers if t.mirror is not None]
     if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
@@ -75,7 +77,7 @@ def latest_committed(
         for checkpoint_id in ids:
             try:
                 choose_copy(tiers, checkpoint_id, node=this_node, verify=False, group=group,
-                            collective=distributed)  # fmt: skip
+                            collective=distributed, prober=prober)  # fmt: skip
             except CheckpointNotFoundError as exc:  # the same verdict on every rank
                 skipped.append(checkpoint_id)
                 logger.info("latest: %s is not restorable by this job: %s", checkpoint_id, exc)

@@ -9,21 +9,27 @@ Copies from before the commit log (tierstore 0.1.0) are ordered by the ``seq`` i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from tierstore.bounded import Prober
 from tierstore.config import Config, as_config
+from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.records.log import LogEntry, read_log
 from tierstore.records.marker import Manifest, read_manifest
+from tierstore.records.sightings import Sighting, read_sightings
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def marker_times(tier: Tier) -> dict[str, float]:
@@ -90,13 +96,34 @@ class Catalog:
         self.config = as_config(config)
         self.node = current_node(node)
         self.tiers = self.config.make_tiers(node=self.node) if tiers is None else tiers
+        self.prober = Prober(self.config.probe_timeout)
+        self.unreachable: dict[str, str] = {}
+        """``{tier name: why}`` for each tier this catalog could not list (within
+        ``probe_timeout``): what it answers covers the other tiers only."""
+
+    def _ask(self, tier: Tier, question: Callable[[Tier], T], what: str) -> T | None:
+        """``question(tier)`` within ``probe_timeout``; None (and the tier recorded as unreachable,
+        with one warning) when it does not answer."""
+        try:
+            return self.prober.ask(tier.name, functools.partial(question, tier), what=what)
+        except (TierstoreError, OSError) as exc:
+            if tier.name not in self.unreachable:
+                logger.warning("tier %s is unreachable, left out: %s", tier.name, exc)
+            self.unreachable[tier.name] = str(exc)
+            return None
+
+    def _reachable(self, tiers: list[Tier], question: Callable[[Tier], T], what: str
+                   ) -> list[tuple[Tier, T]]:  # fmt: skip
+        """``question`` asked of each tier in parallel; the tiers that answered, with answers."""
+        with ThreadPoolExecutor(max(1, len(tiers))) as pool:
+            answers = list(pool.map(lambda t: self._ask(t, question, what), tiers))
+        return [(t, a) for t, a in zip(tiers, answers, strict=True) if a is not None]
 
     def scan(self) -> dict[str, dict[str, float]]:
-        """``{id: {tier name: marker mtime}}`` for every committed copy (tiers listed in parallel)."""
-        with ThreadPoolExecutor(len(self.tiers)) as pool:
-            per_tier = list(pool.map(marker_times, self.tiers))
+        """``{id: {tier name: marker mtime}}`` for every committed copy in the tiers that answer
+        (listed in parallel; the others are in :attr:`unreachable`)."""
         merged: dict[str, dict[str, float]] = {}
-        for tier, found in zip(self.tiers, per_tier, strict=True):
+        for tier, found in self._reachable(self.tiers, marker_times, "list its markers"):
             for checkpoint_id, mtime in found.items():
                 merged.setdefault(checkpoint_id, {})[tier.name] = mtime
         return merged
@@ -104,10 +131,8 @@ class Catalog:
     def sequences(self, scanned: dict[str, dict[str, float]]) -> dict[str, int | None]:
         """``{id: its commit sequence}`` for the scanned ids: the highest logged for that id in a
         tier holding its marker; for unlogged (older) copies, the ``seq`` in the marker."""
-        with ThreadPoolExecutor(len(self.tiers)) as pool:
-            logs = dict(
-                zip((t.name for t in self.tiers), pool.map(read_log, self.tiers), strict=True)
-            )
+        scanned_tiers = [t for t in self.tiers if t.name not in self.unreachable]
+        logs = {t.name: log for t, log in self._reachable(scanned_tiers, read_log, "list its log")}
         by_name = {t.name: t for t in self.tiers}
         found: dict[str, int | None] = {}
         for tier_name, log in logs.items():
@@ -152,9 +177,20 @@ class Catalog:
         marker lazily, newest entry first. A damaged marker is skipped with a warning; a missing
         one (a save in progress, a failed or deleted commit) is not a copy. ``also``: ``{id: seq}``
         held where these tiers cannot see (peer mirrors on other nodes), placed at that seq as is.
+
+        Tiers stand alone: only the fastest tier, and the tiers the promoter has not sighted there
+        (:mod:`tierstore.records.sightings`), are listed, each within ``probe_timeout``; a sighted
+        tier's commits come from its sighting, and its marker is read only to place an id that
+        moved while this ran. A tier that does not answer is left out (:attr:`unreachable`).
         """
-        with ThreadPoolExecutor(len(self.tiers)) as pool:
-            orders = list(pool.map(_CommitOrder, self.tiers))
+        first = self.tiers[0]
+        sightings = self._ask(first, read_sightings, "read sightings") or {}
+        sighted = [t for t in self.tiers[1:] if t.name in sightings]
+        listed = [first, *(t for t in self.tiers[1:] if t.name not in sightings)]
+        orders: list[_CommitOrder | _Sighted] = [
+            order for _t, order in self._reachable(listed, _CommitOrder, "list its commits")
+        ]
+        orders += [_Sighted(t, sightings[t.name], self._ask) for t in sighted]
         pending = sorted(
             [(seq, checkpoint_id, i, generation)
              for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items]
@@ -217,6 +253,35 @@ class Catalog:
                 )
             )
         return listings
+
+
+class _Sighted:
+    """A tier known from its sighting: its items, trusted as committed (a restore checks them), and
+    its marker read only when an id moved while the catalog ran (see :class:`_CommitOrder`)."""
+
+    def __init__(self, tier: Tier, sighting: Sighting, ask: Callable[..., Manifest | None]) -> None:
+        self.tier, self.ask = tier, ask
+        self.items: list[tuple[int | None, str, str | None]] = [
+            (seq, checkpoint_id, generation)
+            for checkpoint_id, (seq, generation) in sighting.ids.items()
+        ]
+
+    def holds(self, checkpoint_id: str, generation: str | None) -> bool | None:
+        """Sighted commits are taken as held."""
+        return True
+
+    def names(self, checkpoint_id: str, generation: str | None) -> bool:
+        """True when the tier's marker of the id names ``generation``, read now (bounded)."""
+        manifest = self.ask(self.tier, functools.partial(_marker_or_none, checkpoint_id=checkpoint_id),
+                            "read a marker")  # fmt: skip
+        return manifest is not None and manifest.generation == generation
+
+
+def _marker_or_none(tier: Tier, *, checkpoint_id: str) -> Manifest | None:
+    try:
+        return read_manifest(tier, checkpoint_id)
+    except (FileNotFoundError, NotADirectoryError, IntegrityError):
+        return None
 
 
 class _CommitOrder:
