@@ -12,8 +12,8 @@ from tierstore import Catalog, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.ids import COMMITS_DIR, marker_path, newest_first, step_of
 from tierstore.records.log import read_log
-from tierstore.records.protocol import claim
 from tierstore.records.marker import read_manifest
+from tierstore.records.protocol import claim
 from tierstore.tiers import FileInfo, make_tier
 from tierstore.tiers.posix import PosixTier
 

@@ -15,8 +15,8 @@ from tierstore.ids import MARKER_NAME, checkpoint_file
 from tierstore.promote.job import promoted_manifest, publish_committed
 from tierstore.promote.retention import delete_copy
 from tierstore.records.log import highest_in, read_log
-from tierstore.records.protocol import claim
 from tierstore.records.marker import Manifest, publish_manifest, read_manifest
+from tierstore.records.protocol import claim
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 
@@ -91,7 +91,9 @@ def test_an_id_with_several_entries_none_of_its_markers_generation_is_placed_by_
     config = make_config("memory", "local")
     memory, local = config.make_tiers(node=0)
     _save(config, "step_000001", tier="local")
-    claim(local, "step_000001", "g" + "e" * 19, floor=highest_in(memory))  # a failed overwrite's number
+    claim(
+        local, "step_000001", "g" + "e" * 19, floor=highest_in(memory)
+    )  # a failed overwrite's number
     _save(config, "step_000003")
     _save(config, "step_000001", overwrite=True)
     publish_manifest(local, _copied(memory, local, "step_000001"), create_only=False)

@@ -37,11 +37,19 @@ class Prober:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(float(state["timeout"]))  # type: ignore[misc, arg-type]
 
-    def ask(self, tier_name: str, question: Callable[[], T], *, what: str = "") -> T:
+    def ask(
+        self,
+        tier_name: str,
+        question: Callable[[], T],
+        *,
+        what: str = "",
+        on_late: Callable[[T], object] | None = None,
+    ) -> T:
         """``question()``, or :class:`TierUnavailableError` if it does not answer in time.
 
         Errors ``question`` raises are raised as they are. ``what`` describes the question for the
-        message (``"list the commit log"``).
+        message (``"list the commit log"``). ``on_late`` is called with the answer if it comes
+        after the deadline (to undo what the asker gave up on: a record it no longer holds).
         """
         with self._lock:
             pending = self._hung.get(tier_name)
@@ -66,6 +74,14 @@ class Prober:
         except TimeoutError:
             with self._lock:
                 self._hung[tier_name] = future
+            if on_late is not None:
+                late = on_late
+
+                def undo(done: Future[object]) -> None:
+                    if done.exception() is None:
+                        late(done.result())  # type: ignore[arg-type]
+
+                future.add_done_callback(undo)
             doing = f" to {what}" if what else ""
             raise TierUnavailableError(
                 f"tier {tier_name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"

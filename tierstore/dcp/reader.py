@@ -14,6 +14,7 @@ only serves byte ranges, so it works from any tier.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -149,9 +150,12 @@ class TieredReader(StorageReader):
         tier = self.tiers()[index]
         if tier.name in self._reading or self._checkpoint_id is None:
             return
-        try:
-            self._reading[tier.name] = hold(
-                tier, "read", self._checkpoint_id, None, ttl=self.config.promote.activity_ttl
+        announce = functools.partial(
+            hold, tier, "read", self._checkpoint_id, None, ttl=self.config.promote.activity_ttl
+        )
+        try:  # within probe_timeout: a hung tier must not hold the restore (a late one is undone)
+            self._reading[tier.name] = self._prober.ask(
+                tier.name, announce, what="announce the restore", on_late=Activity.release
             )
         except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
             logger.warning("could not announce the restore of %s in %s: %s",
