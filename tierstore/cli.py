@@ -36,6 +36,7 @@ from tierstore.interval import advise
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.records.protocol import drop
 from tierstore.topology import current_node
 from tierstore.units import parse_duration
 
@@ -268,6 +269,24 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drop(config: Config, args: argparse.Namespace) -> int:
+    """Delete one committed copy of a checkpoint from one tier, through the commit protocol (marker
+    first, then its log entries, part records and data; data a restore is reading stays until it is
+    done). For settling a conflict, or removing a copy by hand; retention does the rest."""
+    checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
+    tier = config.make_tier(args.tier, node=current_node(args.node))
+    try:
+        generation = read_manifest(tier, checkpoint_id).generation
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(
+            f"checkpoint {checkpoint_id!r} is not committed in tier {tier.describe()}"
+        ) from None
+    data_gone = drop(tier, checkpoint_id, generation, ttl=config.promote.activity_ttl)
+    print(f"dropped {checkpoint_id} (generation {generation}) from {tier.name}"
+          + ("" if data_gone else "; its data stays while a restore reads it"))  # fmt: skip
+    return 0
+
+
 def cmd_advise(config: Config, args: argparse.Namespace) -> int:
     """The save interval for a given MTBF, from the stalls measured in the markers."""
     listings = Catalog(config, node=args.node).listings()[: args.last]
@@ -426,6 +445,13 @@ def build_parser() -> argparse.ArgumentParser:
     gc = commands.add_parser("gc", help="apply retention and remove uncommitted leftovers")
     gc.add_argument("--dry-run", action="store_true", help="show what would be deleted, and why")
     gc.set_defaults(run=cmd_gc)
+    dropping = commands.add_parser(
+        "drop",
+        help="delete one committed copy from one tier (marker first), e.g. to settle a conflict",
+    )
+    dropping.add_argument("checkpoint_id", metavar="ID")
+    dropping.add_argument("--tier", required=True, help="the tier to delete the copy from")
+    dropping.set_defaults(run=cmd_drop)
     advice = commands.add_parser(
         "advise", help="save interval from the measured stall (Young/Daly)"
     )

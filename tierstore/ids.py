@@ -256,6 +256,23 @@ def parse_commit_entry(path: str) -> tuple[int, str, str] | None:
     return int(parts[0]), parts[1], parts[2]
 
 
+VOID_ENTRY = "void"
+
+
+def void_entry_path(seq: int) -> str:
+    """Tier-relative path of a *void* log entry: number ``seq`` was taken, by no commit that stands
+    (a failed or dropped one). It keeps the sequence's high-water mark without naming an id."""
+    return f"{COMMITS_DIR}/{seq:012d}~{VOID_ENTRY}"
+
+
+def parse_void_entry(path: str) -> int | None:
+    """The number of a void log entry's path, else None."""
+    parts = path.rsplit("/", 1)[-1].split("~")
+    if len(parts) == 2 and parts[0].isdigit() and parts[1] == VOID_ENTRY:
+        return int(parts[0])
+    return None
+
+
 def is_newer_commit(
     seq: int | None, generation: str, other_seq: int | None, other_generation: str
 ) -> bool:

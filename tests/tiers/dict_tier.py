@@ -2,6 +2,12 @@
 
 It proves that a tier type is one module plus one registration: nothing in ``tierstore`` names it, yet
 the contract suite and a DCP round trip run against it. It has no capabilities beyond the verbs.
+
+It also carries the faults the protocol's model (``tests/records/test_model.py``) injects, outside
+the code under test: :data:`FAULTS` can take a store *down* (every verb raises
+:class:`~tierstore.errors.TierUnavailableError`, an outage) or *crash* the caller after a number of
+verbs (:class:`SimulatedCrash`, and every later verb too until :meth:`Faults.revive`: a process killed
+between two store operations does nothing more).
 """
 
 from __future__ import annotations
@@ -14,10 +20,50 @@ from typing import Literal
 
 from pydantic import Field
 
+from tierstore.errors import TierUnavailableError
 from tierstore.tiers import FileInfo, Tier, TierConfig, register
 
 _STORES: dict[str, dict[str, tuple[bytes, float]]] = {}
 _LOCK = threading.Lock()
+
+
+class SimulatedCrash(BaseException):
+    """The calling actor is dead from this verb on (a kill between two store operations)."""
+
+
+class Faults:
+    """Outages and crashes for the tests' dict tiers (process-wide, like the stores)."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        """Stores (the ``store`` field) that answer nothing."""
+        self.crash_after: int | None = None
+        """Verbs left before the crash (None: no crash armed)."""
+        self.crashed = False
+
+    def arm(self, verbs: int) -> None:
+        """Crash the caller at its ``verbs``-th next verb (0: at the next)."""
+        self.crash_after, self.crashed = verbs, False
+
+    def revive(self) -> bool:
+        """Disarm; True if a crash happened since :meth:`arm`."""
+        crashed, self.crash_after, self.crashed = self.crashed, None, False
+        return crashed
+
+    def check(self, store: str) -> None:
+        """Called by every verb first."""
+        if self.crashed:
+            raise SimulatedCrash("already dead")
+        if self.crash_after is not None:
+            if self.crash_after <= 0:
+                self.crashed = True
+                raise SimulatedCrash("killed between two store operations")
+            self.crash_after -= 1
+        if store in self.down:
+            raise TierUnavailableError(f"tier store {store} is down (simulated outage)")
+
+
+FAULTS = Faults()
 
 
 class _Buffer:
@@ -34,18 +80,22 @@ class DictTier(Tier):
 
     def __init__(self, name: str, store: str, namespace: str | None) -> None:
         self.name, self.type, self.node_local = name, "dict", False
+        self.store = store
         self.root = f"dict://{store}/{namespace or ''}".rstrip("/")
         with _LOCK:
             self.objects = _STORES.setdefault(self.root, {})
 
     @contextmanager
     def open_write(self, path: str) -> Iterator[_Buffer]:
+        FAULTS.check(self.store)
         buffer = _Buffer()
         yield buffer
+        FAULTS.check(self.store)
         with _LOCK:
             self.objects[path] = (bytes(buffer.data), time.time())
 
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
+        FAULTS.check(self.store)
         with _LOCK:
             if create_only and path in self.objects:
                 raise FileExistsError(path)
@@ -60,24 +110,28 @@ class DictTier(Tier):
         return FileInfo(path, len(data), mtime)
 
     def _get(self, path: str) -> tuple[bytes, float]:
+        FAULTS.check(self.store)
         with _LOCK:
             if path not in self.objects:
                 raise FileNotFoundError(path)
             return self.objects[path]
 
     def list_dir(self, path: str = "") -> list[str]:
+        FAULTS.check(self.store)
         prefix = f"{path}/" if path else ""
         with _LOCK:
             keys = [k for k in self.objects if k.startswith(prefix)]
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys})
 
     def find(self, path: str = "") -> list[FileInfo]:
+        FAULTS.check(self.store)
         prefix = f"{path}/" if path else ""
         with _LOCK:
             items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix)]
         return sorted((FileInfo(k, len(v[0]), v[1]) for k, v in items), key=lambda f: f.path)
 
     def delete(self, path: str) -> None:
+        FAULTS.check(self.store)
         with _LOCK:
             self.objects.pop(path, None)
 

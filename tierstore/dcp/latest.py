@@ -25,6 +25,7 @@ from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.records.catalog import Catalog, marker_times
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import mirrored_ids
+from tierstore.records.sightings import trust_period
 from tierstore.tiers import Tier
 from tierstore.topology import current_node, is_distributed
 
@@ -77,7 +78,8 @@ def latest_committed(
         for checkpoint_id in ids:
             try:
                 choose_copy(tiers, checkpoint_id, node=this_node, verify=False, group=group,
-                            collective=distributed, prober=prober)  # fmt: skip
+                            collective=distributed, prober=prober,
+                            sighting_trust=trust_period(config.promote.interval))  # fmt: skip
             except CheckpointNotFoundError as exc:  # the same verdict on every rank
                 skipped.append(checkpoint_id)
                 logger.info("latest: %s is not restorable by this job: %s", checkpoint_id, exc)

@@ -52,6 +52,7 @@ from tierstore.ids import (
 )
 from tierstore.records.activity import Activity, hold
 from tierstore.records.marker import Manifest, entry_problem
+from tierstore.records.sightings import trust_period
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -194,6 +195,7 @@ class TieredReader(StorageReader):
                 excluded=excluded,
                 prober=self._prober,
                 before_probe=self._hold_read,
+                sighting_trust=trust_period(self.config.promote.interval),
             )
             tier, manifest = tiers[choice.tier_index], choice.manifest
             self._choice = choice

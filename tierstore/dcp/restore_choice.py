@@ -31,7 +31,7 @@ from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
-from tierstore.records.sightings import read_sightings
+from tierstore.records.sightings import read_sightings, trusted
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -157,13 +157,15 @@ class Known:
         )
 
 
-def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober) -> Known:
+def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: float) -> Known:
     """Coordinator: what is known, without asking the slower tiers, of the id's commit in each of
-    them: the promoter's sightings in the fastest tier, and this process's own commits."""
+    them: the promoter's sightings in the fastest tier (those younger than ``trust`` seconds), and
+    this process's own commits."""
     commits: dict[str, tuple[int | None, str]] = {}
     try:
-        sightings = prober.ask(
-            tiers[0].name, lambda: read_sightings(tiers[0]), what="read sightings"
+        sightings = trusted(
+            prober.ask(tiers[0].name, lambda: read_sightings(tiers[0]), what="read sightings"),
+            trust,
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
         logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tiers[0].name, exc)
@@ -171,7 +173,7 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober) -> Know
     for name, sighting in sightings.items():
         if checkpoint_id in sighting.ids:
             commits[name] = sighting.ids[checkpoint_id]
-    own = elsewhere_for(tiers).own_commit(checkpoint_id)
+    own = elsewhere_for(tiers).own_commit(checkpoint_id, sightings)
     if own is not None:
         commits[own[0]] = (own[1], own[2])
     return Known(commits, frozenset(sightings))
@@ -254,6 +256,7 @@ def choose_copy(
     collective: bool = True,
     prober: Prober | None = None,
     before_probe: Callable[[int], None] = lambda _index: None,
+    sighting_trust: float = 30.0,
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
 
@@ -262,7 +265,8 @@ def choose_copy(
     the window's copies, and only if none is usable is the next window looked at. So a restore
     served by host memory asks nothing of S3. ``before_probe(index)`` runs on every rank before it
     looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps tier indexes
-    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s).
+    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s);
+    a sighting older than ``sighting_trust`` seconds is not trusted (the promoter is not running).
     With ``collective=False`` this process decides alone, as a job of one rank would. Raises
     :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
     """
@@ -271,7 +275,7 @@ def choose_copy(
     reasons: dict[int, list[str]] = {}
     known = Known()
     if rank == 0:
-        known = _newest_known(tiers, checkpoint_id, prober)
+        known = _newest_known(tiers, checkpoint_id, prober, sighting_trust)
     start = 0
     while start < len(tiers):
         window = (

@@ -401,8 +401,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         if self._elsewhere is None:
             tiers = self.config.make_tiers(node=self.node)
             self._elsewhere = elsewhere_for(tiers)
-            others = [t for t in tiers if t.name != self.tier_name]
-            wanted = others if coordinator else [t for t in others if t.node_local]
+            # Every tier, the target too: a later save of this process into another tier must not
+            # ask the first one's target again (it was looked at here).
+            wanted = tiers if coordinator else [t for t in tiers if t.node_local]
             self._elsewhere.look(wanted, Prober(self.config.probe_timeout))
         return self._elsewhere
 
@@ -431,7 +432,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         """The highest commit number this rank's node knows: its target tier's log, the promoter's
         sightings there, the process's start-up look, the node's mirrored commits."""
         sightings = read_sightings(self.tier)
-        found = [highest_in(self.tier), self._look_elsewhere(False).highest_known(sightings)]
+        known = self._look_elsewhere(False).highest_known(self.tier.name, sightings)
+        found = [highest_in(self.tier), known]
         if self.tier.mirror is not None:
             found += [seq or 0 for seq in mirrored_ids(self.tier).values()]
         return max(found)
@@ -587,7 +589,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             files=tuple(sorted(files, key=lambda f: f.path)),
             timings=self._timings(time.time()),
             topology=self._topology(),
-            seq=self._seq_at_commit(ckpt, gen, elsewhere.highest_known(sightings)),
+            seq=self._seq_at_commit(ckpt, gen, elsewhere.highest_known(self.tier.name, sightings)),
             overwrite=self.overwrite,
             unseen_tiers=tuple(elsewhere.unseen(self.tier.name, sightings)),
         )

@@ -24,15 +24,17 @@ from tierstore.ids import (
     PARTS_DIR,
     RANK0_PART,
     generation_dir,
+    parse_commit_entry,
     split_generation_path,
     staging_dir,
+    void_entry_path,
     writer_staging_dir,
 )
 from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
-from tierstore.records.log import read_log
-from tierstore.records.protocol import drop
+from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
+from tierstore.records.protocol import drop, forget_entry
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Cleanup:
-    """Something to remove from ``tier``: ``kind`` is ``tree``, ``file`` or ``incomplete``."""
+    """Something to remove from ``tier``: ``kind`` is ``tree``, ``file``, ``entry`` (a log entry
+    holding the tier's highest number: voided, not deleted) or ``incomplete``."""
 
     tier: str
     kind: str
@@ -95,21 +98,29 @@ def _orphan_log_entries(
     stale_after: float,
     now: float,
 ) -> list[Cleanup]:
-    """Commit-log entries of commits that never happened here (a failed save) or were replaced.
+    """Commit-log entries of commits that never happened here (a failed save) or were replaced, and
+    void entries below the highest number.
 
-    The tier's highest entry always stays: it is the high-water mark of the sequence.
+    The tier's highest number always stays: an orphan entry holding it is turned into a void entry
+    (:func:`tierstore.records.protocol.forget_entry`), the high-water mark of the sequence.
     """
     ages = {info.path: now - info.mtime for info in tier.find(COMMITS_DIR)}
-    log = read_log(tier)
-    found: list[Cleanup] = []
-    for entry in log[:-1]:
+    log, voids = read_log_and_voids(tier)
+    top = max([log[-1].seq if log else 0, *voids])
+    found: list[Cleanup] = [
+        Cleanup(tier.name, "file", void_entry_path(seq), "void log entry below the highest number")
+        for seq in voids
+        if seq < top
+    ]
+    for entry in log:
         known = seen.get(entry.checkpoint_id)
         if known is not None and known.copy.generation == entry.generation:
             continue
         if is_busy(at_work, entry.checkpoint_id, entry.generation):
             continue
         if ages.get(entry.path, 0.0) >= stale_after:
-            found.append(Cleanup(tier.name, "file", entry.path,
+            kind = "entry" if entry.seq >= top else "file"  # the high-water mark: voided
+            found.append(Cleanup(tier.name, kind, entry.path,
                                  "commit-log entry of a commit that is not here"))  # fmt: skip
     return found
 
@@ -212,6 +223,8 @@ def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) 
         remove_generation(tier, split[0], split[1], activity_ttl=activity_ttl)
     elif cleanup.kind == "tree":
         tier.delete_tree(cleanup.path)
+    elif cleanup.kind == "entry" and (parsed := parse_commit_entry(cleanup.path)) is not None:
+        forget_entry(tier, LogEntry(*parsed), top=highest_in(tier))
     elif cleanup.kind == "incomplete" and cleanup.write is not None:
         tier.discard_incomplete(cleanup.write)
     else:

@@ -17,6 +17,7 @@ Node-local tiers are handled by each node's promoter for its own part; moves bet
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -205,13 +206,16 @@ class Promoter:
                 self._promote(promotion, found[promotion.source][promotion.checkpoint_id], report)
         found = self.catalog()
         self._set_backlog(self._plan(found))
-        self._record_sightings(found)
+        self._detect_conflicts(found)
         self._settle_conflicts(found)
         if not self.stopping.is_set():
             report.deleted = self.apply_retention(found)
+            for deletion in report.deleted:  # the sightings must not name what is gone
+                found.get(deletion.tier, {}).pop(deletion.checkpoint_id, None)
             if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
                 report.cleaned = self.collect_garbage(dry_run=False)
                 self._last_gc = time.time()
+        self._record_sightings(found)
         self._update_durable_age(found)
         self._update_mirror_status(found)
         self.metrics.last_pass.set_to_current_time()
@@ -317,6 +321,35 @@ class Promoter:
                 conflict.describe(), conflict.checkpoint_id,
             )  # fmt: skip
 
+    def _detect_conflicts(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """Every id held by a tier and a tier below at different generations, whose saves did not
+        know of each other (:func:`~tierstore.records.protocol.judge_promotion`), gets a conflict
+        record in the upper tier, whether or not it would be promoted there: neither content is
+        dropped silently (commit numbers taken without that knowledge may even be equal)."""
+        names = [t.name for t in self.tiers]
+        for upper_index, upper in enumerate(self.tiers):
+            if upper.name not in found or not self._owns(upper):
+                continue
+            for lower_name in names[upper_index + 1 :]:
+                for checkpoint_id, seen in found[upper.name].items():
+                    there = found.get(lower_name, {}).get(checkpoint_id)
+                    if (
+                        there is None or seen.manifest is None or there.manifest is None
+                        or there.copy.generation == seen.copy.generation
+                        or lower_name in seen.copy.conflicts
+                    ):  # fmt: skip
+                        continue
+                    verdict, _why = judge_promotion(
+                        seen.manifest, there.manifest, source_tier=upper.name, target=lower_name
+                    )
+                    if verdict is Verdict.CONFLICT:
+                        self._report_conflict(upper, self.by_name[lower_name], seen, there.manifest)
+                        # retention in this very pass must keep it too
+                        copy = dataclasses.replace(
+                            seen.copy, conflicts=seen.copy.conflicts | {lower_name}
+                        )
+                        found[upper.name][checkpoint_id] = dataclasses.replace(seen, copy=copy)
+
     def _settle_conflicts(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         """Drop conflict records that no longer hold (either content is gone or was replaced):
         promotion of the copy, if it still belongs below, resumes at the next pass."""
@@ -366,7 +399,9 @@ class Promoter:
                             ((tier.name, name), known)
                             for name, known in read_sightings(tier).items()
                         )
-                    if record_sighting(tier, sighting, self._sighted.get(key)):
+                    known = self._sighted.get(key)
+                    if record_sighting(tier, sighting, known,
+                                       refresh_after=self.config.promote.interval):  # fmt: skip
                         self._sighted[key] = sighting
                 except (TierstoreError, OSError) as exc:
                     logger.warning("cannot record what %s holds in %s: %s", seen_name,

@@ -170,6 +170,11 @@ class Heartbeat:
         with self._lock:
             self._held.discard(activity)
 
+    def holding(self) -> list[Activity]:
+        """The records this process refreshes now."""
+        with self._lock:
+            return list(self._held)
+
     def _run(self) -> None:
         while True:
             time.sleep(self.tick)

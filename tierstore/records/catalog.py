@@ -20,11 +20,12 @@ from typing import TypeVar
 
 from tierstore.bounded import Prober
 from tierstore.config import Config, as_config
-from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
+from tierstore.records.known import elsewhere_for
 from tierstore.records.log import LogEntry, read_log
 from tierstore.records.marker import Manifest, read_manifest
-from tierstore.records.sightings import Sighting, read_sightings
+from tierstore.records.sightings import Sighting, read_sightings, trust_period, trusted
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -184,17 +185,23 @@ class Catalog:
         moved while this ran. A tier that does not answer is left out (:attr:`unreachable`).
         """
         first = self.tiers[0]
-        sightings = self._ask(first, read_sightings, "read sightings") or {}
+        sightings = trusted(self._ask(first, read_sightings, "read sightings") or {},
+                            trust_period(self.config.promote.interval))  # fmt: skip
         sighted = [t for t in self.tiers[1:] if t.name in sightings]
         listed = [first, *(t for t in self.tiers[1:] if t.name not in sightings)]
         orders: list[_CommitOrder | _Sighted] = [
             order for _t, order in self._reachable(listed, _CommitOrder, "list its commits")
         ]
-        orders += [_Sighted(t, sightings[t.name], self._ask) for t in sighted]
+        if not orders:  # nothing could be listed: "nothing committed" would be a guess
+            reasons = "; ".join(f"{n}: {why}" for n, why in sorted(self.unreachable.items()))
+            raise TierUnavailableError(f"no tier could be listed: {reasons}")
+        orders += [_Sighted(t.name, sightings[t.name], self._resighted(first, t.name))
+                   for t in sighted]  # fmt: skip
         pending = sorted(
             [(seq, checkpoint_id, i, generation)
              for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items]
-            + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in (also or {}).items()],
+            + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in (also or {}).items()]
+            + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in self._own(sightings)],
             key=lambda item: (item[0] is not None, item[0] or 0, item[1]),
             reverse=True,
         )  # fmt: skip
@@ -208,6 +215,18 @@ class Catalog:
             if held:
                 placed.add(checkpoint_id)
                 yield checkpoint_id
+
+    def _resighted(self, first: Tier, name: str) -> Callable[[], Sighting | None]:
+        def reread() -> Sighting | None:
+            found = self._ask(first, read_sightings, "read sightings") or {}
+            return found.get(name)
+
+        return reread
+
+    def _own(self, sightings: dict[str, Sighting]) -> list[tuple[str, int | None]]:
+        """This process's own commits (a ``tier=`` save just made) that no sighting has seen yet."""
+        known = elsewhere_for(self.tiers)
+        return [(i, seq) for i, (_tier, seq, _gen) in known.own_commits(sightings).items()]
 
     def listings(self) -> list[Listing]:
         """Every committed checkpoint, newest first, with sizes and timings from its markers."""
@@ -256,11 +275,14 @@ class Catalog:
 
 
 class _Sighted:
-    """A tier known from its sighting: its items, trusted as committed (a restore checks them), and
-    its marker read only when an id moved while the catalog ran (see :class:`_CommitOrder`)."""
+    """A tier known from its sighting in the fastest tier: its items, taken as committed (a restore
+    checks them). The tier itself is never asked: an id that moved there while the catalog ran is
+    found in its sighting read again (the promoter records it in the pass that moved the id)."""
 
-    def __init__(self, tier: Tier, sighting: Sighting, ask: Callable[..., Manifest | None]) -> None:
-        self.tier, self.ask = tier, ask
+    def __init__(
+        self, name: str, sighting: Sighting, reread: Callable[[], Sighting | None]
+    ) -> None:
+        self.name, self.reread = name, reread
         self.items: list[tuple[int | None, str, str | None]] = [
             (seq, checkpoint_id, generation)
             for checkpoint_id, (seq, generation) in sighting.ids.items()
@@ -271,17 +293,9 @@ class _Sighted:
         return True
 
     def names(self, checkpoint_id: str, generation: str | None) -> bool:
-        """True when the tier's marker of the id names ``generation``, read now (bounded)."""
-        manifest = self.ask(self.tier, functools.partial(_marker_or_none, checkpoint_id=checkpoint_id),
-                            "read a marker")  # fmt: skip
-        return manifest is not None and manifest.generation == generation
-
-
-def _marker_or_none(tier: Tier, *, checkpoint_id: str) -> Manifest | None:
-    try:
-        return read_manifest(tier, checkpoint_id)
-    except (FileNotFoundError, NotADirectoryError, IntegrityError):
-        return None
+        """True when the sighting, read again now, names ``generation`` of the id."""
+        sighting = self.reread()
+        return sighting is not None and sighting.ids.get(checkpoint_id, (0, ""))[1] == generation
 
 
 class _CommitOrder:

@@ -20,17 +20,24 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tierstore.bounded import Prober
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
-from tierstore.records.log import read_log
+from tierstore.records.log import highest_in, read_log
 from tierstore.records.sightings import Sighting
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
+
+
+BLIND_JUMP = 10**9
+"""How far above everything it knows a process numbers its commits when a tier it could not see at
+start-up has never been sighted either: that tier's commits (the job's earlier checkpoints) predate
+this process, so this process's commits must rank newer than any of them, whatever their numbers."""
 
 
 @dataclass(frozen=True)
@@ -41,30 +48,37 @@ class Held:
     seq: int | None
     generation: str = ""
     """Known for this process's own commits; '' when learnt from a listing."""
+    at: float = 0.0
+    """When it was learnt (the look, or the commit): a sighting taken later supersedes it."""
 
 
 def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
     """``(highest commit number, {id: its newest logged number})`` of the ids committed in ``tier``:
     two listings (the commit log, the top-level markers), no marker read."""
     logged: dict[str, int] = {}
-    highest = 0
     for entry in read_log(tier):
-        highest = max(highest, entry.seq)
         logged[entry.checkpoint_id] = max(logged.get(entry.checkpoint_id, 0), entry.seq)
     committed = [c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)]
-    return highest, {c: logged.get(c) for c in committed}
+    return highest_in(tier), {c: logged.get(c) for c in committed}
 
 
 class Elsewhere:
-    """One process's knowledge of a namespace's tiers (see the module docstring). Thread-safe."""
+    """One process's knowledge of a namespace's tiers (see the module docstring). Thread-safe.
+
+    Of two sources about one tier, the more recent decides: the start-up look, the promoter's
+    sighting (``seen_at``), this process's own commit. So an id retention deleted since the look
+    is not refused once a later sighting lacks it, and a sighting taken before this process's own
+    ``tier=`` commit does not hide that commit.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.looked_at: set[str] = set()
-        """Tiers listed at start-up (answered or not)."""
+        self.looked_at: dict[str, float] = {}
+        """Tiers listed at start-up (answered or not), and when."""
         self.unreachable: dict[str, str] = {}
         """``{tier: why}`` for the tiers that did not answer at start-up."""
         self.highest = 0
+        """The highest commit number the start-up look found (own commits aside)."""
         self.ids: dict[str, Held] = {}
         self._own: dict[str, Held] = {}
 
@@ -78,18 +92,19 @@ class Elsewhere:
             todo = [t for t in tiers if t.name not in self.looked_at]
         if not todo:
             return
+        at = time.time()
         with ThreadPoolExecutor(len(todo)) as pool:
             answers = list(pool.map(lambda t: self._ask(t, prober), todo))
         with self._lock:
             for tier, answer in zip(todo, answers, strict=True):
-                self.looked_at.add(tier.name)
+                self.looked_at[tier.name] = at
                 if isinstance(answer, str):
                     self.unreachable[tier.name] = answer
                     continue
                 highest, ids = answer
                 self.highest = max(self.highest, highest)
                 for checkpoint_id, seq in ids.items():
-                    self.ids.setdefault(checkpoint_id, Held(tier.name, seq))
+                    self.ids.setdefault(checkpoint_id, Held(tier.name, seq, at=at))
         for tier, answer in zip(todo, answers, strict=True):
             if isinstance(answer, str):
                 logger.warning(
@@ -110,33 +125,61 @@ class Elsewhere:
     def committed(self, tier_name: str, checkpoint_id: str, seq: int, generation: str) -> None:
         """This process committed ``checkpoint_id`` (``generation``) as ``seq`` in ``tier_name``."""
         with self._lock:
-            self._own[checkpoint_id] = Held(tier_name, seq, generation)
-            self.highest = max(self.highest, seq)
+            self._own[checkpoint_id] = Held(tier_name, seq, generation, time.time())
 
-    def own_commit(self, checkpoint_id: str) -> tuple[str, int | None, str] | None:
-        """``(tier, seq, generation)`` of this process's last commit of the id, or None."""
+    def _current(self, held: Held | None, sightings: dict[str, Sighting]) -> Held | None:
+        """``held`` unless a sighting of its tier was taken after it was learnt."""
+        if held is None:
+            return None
+        sighting = sightings.get(held.tier)
+        return None if sighting is not None and sighting.seen_at > held.at else held
+
+    def own_commits(self, sightings: dict[str, Sighting]) -> dict[str, tuple[str, int | None, str]]:
+        """``{id: (tier, seq, generation)}`` of this process's last commit of each id, where no
+        later sighting of its tier supersedes it."""
         with self._lock:
-            held = self._own.get(checkpoint_id)
-        return None if held is None else (held.tier, held.seq, held.generation)
+            own = list(self._own.items())
+        return {
+            i: (h.tier, h.seq, h.generation)
+            for i, held in own
+            if (h := self._current(held, sightings)) is not None
+        }
+
+    def own_commit(
+        self, checkpoint_id: str, sightings: dict[str, Sighting]
+    ) -> tuple[str, int | None, str] | None:
+        """``(tier, seq, generation)`` of this process's last commit of the id (see
+        :meth:`own_commits`), or None."""
+        return self.own_commits(sightings).get(checkpoint_id)
 
     def holder(
         self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]
     ) -> str | None:
-        """A tier other than ``besides`` known to hold ``checkpoint_id`` (start-up, sightings, this
-        process's commits), or None."""
+        """A tier other than ``besides`` known to hold ``checkpoint_id`` (this process's commits,
+        the start-up look, sightings: per tier, the most recent of them), or None."""
         with self._lock:
-            for held in (self._own.get(checkpoint_id), self.ids.get(checkpoint_id)):
-                if held is not None and held.tier != besides:
-                    return held.tier
+            own, looked = self._own.get(checkpoint_id), self.ids.get(checkpoint_id)
+            looked_at = dict(self.looked_at)
+        for held in (self._current(own, sightings), self._current(looked, sightings)):
+            if held is not None and held.tier != besides:
+                return held.tier
         for name, sighting in sightings.items():
-            if name != besides and checkpoint_id in sighting.ids:
+            if name == besides or looked_at.get(name, 0.0) > sighting.seen_at:
+                continue  # this process's look at that tier is more recent than the sighting
+            if checkpoint_id in sighting.ids:
                 return name
         return None
 
-    def highest_known(self, sightings: dict[str, Sighting]) -> int:
-        """The highest commit number known outside the target (start-up, sightings, own commits)."""
+    def highest_known(self, target: str, sightings: dict[str, Sighting]) -> int:
+        """The floor of a commit number claimed in ``target``: the highest known outside it (start-up
+        look, sightings), or, while some tier is unseen (unreachable at start-up, never sighted),
+        :data:`BLIND_JUMP` above that: this process is newer than anything that tier holds; and at
+        least this process's own highest commit (into any tier). Once the target's own log is above
+        the floor (the first such commit), numbers simply go on: the jump is taken once."""
         with self._lock:
-            return max([self.highest, *(s.highest for s in sightings.values())])
+            known = max([self.highest, *(s.highest for s in sightings.values())])
+            own = max((h.seq or 0 for h in self._own.values()), default=0)
+        return max(known + (BLIND_JUMP if self.unseen(target, sightings) else 0), own)
 
     def unseen(self, target: str, sightings: dict[str, Sighting]) -> list[str]:
         """Tiers a save into ``target`` knows nothing of: unreachable at start-up, never sighted."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tierstore.ids import COMMITS_DIR, commit_entry_path, parse_commit_entry
+from tierstore.ids import COMMITS_DIR, commit_entry_path, parse_commit_entry, parse_void_entry
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -41,16 +41,24 @@ class LogEntry:
 
 
 def read_log(tier: Tier) -> list[LogEntry]:
-    """Every entry in ``tier``'s commit log (one listing), in sequence order."""
-    entries = []
+    """Every entry in ``tier``'s commit log that names a commit (one listing), in sequence order."""
+    return read_log_and_voids(tier)[0]
+
+
+def read_log_and_voids(tier: Tier) -> tuple[list[LogEntry], list[int]]:
+    """The log's entries naming commits, and the numbers of its void entries (numbers taken by no
+    commit that stands: see :func:`tierstore.ids.void_entry_path`), both in sequence order."""
+    entries, voids = [], []
     for info in tier.find(COMMITS_DIR):
         parsed = parse_commit_entry(info.path)
         if parsed is not None:
             entries.append(LogEntry(*parsed))
-    return sorted(entries, key=lambda e: e.seq)
+        elif (void := parse_void_entry(info.path)) is not None:
+            voids.append(void)
+    return sorted(entries, key=lambda e: e.seq), sorted(voids)
 
 
 def highest_in(tier: Tier) -> int:
-    """The highest commit number logged in ``tier`` (0 when none): one listing."""
-    log = read_log(tier)
-    return log[-1].seq if log else 0
+    """The highest commit number taken in ``tier``, by a commit or a void entry (0 when none)."""
+    log, voids = read_log_and_voids(tier)
+    return max([log[-1].seq if log else 0, *voids])

@@ -32,9 +32,10 @@ from tierstore.ids import (
     is_newer_commit,
     marker_path,
     parts_dir,
+    void_entry_path,
 )
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
-from tierstore.records.log import highest_in, read_log
+from tierstore.records.log import LogEntry, highest_in, read_log
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
 
@@ -118,6 +119,15 @@ def _marker_generation(tier: Tier, checkpoint_id: str) -> str | None:
         return ""
 
 
+def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
+    """Remove a log entry whose commit does not stand. The tier's highest number (``top``) is kept as
+    a void entry first: the sequence never goes back, and no id is named by a number it does not
+    hold (a listing for candidates would otherwise read a marker elsewhere to place it)."""
+    if entry.seq >= top:
+        tier.publish(void_entry_path(entry.seq), b"", create_only=False)
+    tier.delete(entry.path)
+
+
 def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
     """Delete the id's marker if it names ``generation``; True if it did. Not atomic with the
     check on POSIX or S3: callers withdraw only generations that nobody else publishes."""
@@ -147,14 +157,10 @@ def drop(
         withdraw(tier, checkpoint_id, generation)
     elif _marker_generation(tier, checkpoint_id) in (generation, ""):
         return False
-    log = read_log(tier)
-    top = log[-1].seq if log else None
-    for entry in log:
-        if (entry.checkpoint_id, entry.generation) == (
-            checkpoint_id,
-            generation,
-        ) and entry.seq != top:
-            tier.delete(entry.path)
+    top = highest_in(tier)
+    for entry in read_log(tier):
+        if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation):
+            forget_entry(tier, entry, top=top)
     tier.delete_tree(parts_dir(checkpoint_id, generation))
     busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
     if busy or _marker_generation(tier, checkpoint_id) in (generation, ""):

@@ -8,10 +8,13 @@ in tier L as a *sighting* in every tier T it looks after: ``.tierstore/seen/<L>.
 highest commit number and ``{id: (seq, generation)}`` for every id committed in L. Writers and readers of
 T read the sightings in T: one small read, however slow or far L is.
 
-A sighting is as old as the promoter's last look (``seen_at``); it is rewritten only when what it says
-changes. Between two passes a slower tier may change behind it only by a save made straight into it
-(``tier=``): within the saving process that commit is known at once (:mod:`tierstore.records.known`);
-elsewhere after the promoter's next pass.
+A sighting is as old as the promoter's last look (``seen_at``): it is rewritten when what it says
+changes, and at least every ``promote.interval`` while the promoter runs. Between two passes a slower
+tier may change behind it only by a save made straight into it (``tier=``): within the saving process
+that commit is known at once (:mod:`tierstore.records.known`); elsewhere after the promoter's next pass.
+Restores therefore trust a sighting only while it is fresh (:func:`trusted`, three promoter intervals
+and at least 30 s): with no promoter running, the slower tier is asked again, within ``probe_timeout``.
+Saves use every sighting, however old: what they add (ids taken, the highest number) only grows.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class Sighting:
     ids: Mapping[str, tuple[int | None, str]] = field(default_factory=dict)
     """``{id: (seq, generation)}`` of every copy committed there."""
     seen_at: float = field(default_factory=time.time)
+
+    def is_fresh(self, max_age: float, now: float | None = None) -> bool:
+        """True when the sighting is at most ``max_age`` seconds old."""
+        return (time.time() if now is None else now) - self.seen_at <= max_age
 
     def same_as(self, other: Sighting | None) -> bool:
         """True when ``other`` says the same (its time aside): no need to write it again."""
@@ -96,9 +103,23 @@ def read_sightings(tier: Tier) -> dict[str, Sighting]:
     return found
 
 
-def record_sighting(tier: Tier, sighting: Sighting, known: Sighting | None = None) -> bool:
-    """Leave ``sighting`` in ``tier`` unless ``known`` (what is there) says the same; True if written."""
-    if sighting.same_as(known):
+def trust_period(promote_interval: float) -> float:
+    """How long a restore trusts a sighting: three promoter intervals, at least 30 s."""
+    return max(3 * promote_interval, 30.0)
+
+
+def trusted(sightings: dict[str, Sighting], max_age: float) -> dict[str, Sighting]:
+    """The sightings fresh enough for a restore to trust (see the module docstring)."""
+    now = time.time()
+    return {name: s for name, s in sightings.items() if s.is_fresh(max_age, now)}
+
+
+def record_sighting(
+    tier: Tier, sighting: Sighting, known: Sighting | None = None, *, refresh_after: float = 0.0
+) -> bool:
+    """Leave ``sighting`` in ``tier`` unless ``known`` (what is there) says the same and is younger
+    than ``refresh_after`` seconds; True if written."""
+    if sighting.same_as(known) and known is not None and known.is_fresh(refresh_after):
         return False
     tier.write_bytes(sighting_path(sighting.tier), sighting.to_json())
     return True
