@@ -24,6 +24,7 @@ def save(config: Config, checkpoint_id: str, tier: str | None = None) -> None:
     dcp.save(state, storage_writer=TieredWriter(config, tier=tier), checkpoint_id=checkpoint_id)
 
 
+@pytest.mark.slow  # several seconds of S3 requests: make test runs it, make quick does not
 def test_verify_all_finds_every_marker_over_missing_or_wrong_data(
     tmp_path: Path, make_config: Callable[..., Config], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -97,6 +98,7 @@ def test_a_rollback_makes_the_new_saves_newest(make_config: Callable[..., Config
     assert seqs(config) == {"step_000100": 1, "step_000200": 2, "step_000300": 3, "step_000110": 4}
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_tier_saves_and_a_wiped_first_tier_keep_the_sequence_growing(
     make_config: Callable[..., Config],
 ) -> None:

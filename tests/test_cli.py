@@ -42,6 +42,7 @@ def save(path: Path, checkpoint_id: str, tier: str | None = None) -> None:
     dcp.save(trainer.state(), storage_writer=writer, checkpoint_id=checkpoint_id)
 
 
+@pytest.mark.slow  # several seconds of S3 requests: make test runs it, make quick does not
 def test_ls_table_and_json(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config", str(config_file), "ls"]) == 0
     assert "no committed checkpoints" in capsys.readouterr().out
@@ -62,6 +63,7 @@ def test_ls_table_and_json(config_file: Path, capsys: pytest.CaptureFixture[str]
     assert all(e["bytes"] > 0 and "stall_s" in e and "commit_s" in e for e in listed)
 
 
+@pytest.mark.slow  # several seconds of S3 requests: make test runs it, make quick does not
 def test_verify_ok_then_mismatch(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save(config_file, "step_000001")
     save(config_file, "step_000001", tier="s3")

@@ -95,6 +95,7 @@ def test_refuse_closes_the_port_and_reopens_the_same_one(proxy: FaultProxy) -> N
     assert proxy.accepted["refuse"] == 0
 
 
+@pytest.mark.slow  # waits on purpose: make test runs it, make quick does not
 def test_hang_times_the_client_out(proxy: FaultProxy) -> None:
     from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 

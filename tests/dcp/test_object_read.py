@@ -41,6 +41,7 @@ def test_empty_items_take_no_bytes_and_overlapping_items_are_refused() -> None:
         pieces(_spans((0, 10), (5, 10)), chunk=100)
 
 
+@pytest.mark.slow  # several seconds of S3 requests: make test runs it, make quick does not
 def test_a_restore_from_s3_fills_every_kind_of_destination_bit_exactly(
     make_config: Callable[..., Config],
 ) -> None:

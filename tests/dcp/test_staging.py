@@ -211,6 +211,7 @@ def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> Non
     assert_loaded(config, "step_0002", model_state(2))
 
 
+@pytest.mark.slow  # waits on purpose: make test runs it, make quick does not
 def test_a_save_waits_for_the_previous_one_and_says_so(
     make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -87,6 +87,7 @@ def test_two_overwrites_of_one_id_never_commit_over_deleted_files(
     assert_audit_clean(config)
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 @pytest.mark.parametrize("kind", ["memory", "s3"])
 def test_cleanup_never_removes_an_in_flight_save(
     kind: str, make_config: Callable[..., Config]
@@ -204,6 +205,7 @@ def test_two_saves_of_one_id_into_two_tiers_never_both_commit(
     assert_audit_clean(config)
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_the_last_overwrite_to_commit_reaches_every_tier(
     make_config: Callable[..., Config],
 ) -> None:
@@ -251,6 +253,7 @@ def test_commit_order_is_the_order_commits_happened(make_config: Callable[..., C
     assert latest_committed(config) == "a"
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_a_restore_never_serves_an_older_generation_from_a_faster_tier(
     make_config: Callable[..., Config],
 ) -> None:

@@ -230,6 +230,7 @@ def test_interrupted_overwrite_leaves_the_old_copy_bit_exact(
     assert_same(old, load(config, "step_000001")[0])
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_concurrent_commit_of_the_same_id_keeps_exactly_one(
     make_config: Callable[..., Config],
 ) -> None:

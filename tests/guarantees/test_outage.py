@@ -197,6 +197,7 @@ def test_an_s3_outage_stops_nothing_on_the_fast_path(
     outage_scenario(config, proxy, fault, from_start=from_start, caplog=caplog)
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_refused_connections_stop_nothing_on_the_fast_path_quick(
     tmp_path: Path, proxied_moto: tuple[FaultProxy, str], caplog: pytest.LogCaptureFixture
 ) -> None:

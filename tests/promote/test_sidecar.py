@@ -53,6 +53,7 @@ def assert_complete(config: Config, name: str, checkpoint_id: str) -> None:
     assert copy_problems(t, manifest, verify=True) == []
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_cascade_with_every_and_retention(make_config: Callable[..., Config]) -> None:
     config = make_config(
         "memory",
@@ -90,6 +91,7 @@ def test_promoted_copy_restores_bit_exact(make_config: Callable[..., Config]) ->
     assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 1
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_interrupted_before_marker_is_completed_on_restart(
     make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,6 +169,7 @@ def test_throttling_and_5xx_are_retried(tmp_path: Path, faulty_s3: FaultyS3) -> 
     assert_complete(config, "s3", "step_0001")
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_exhausted_retries_fail_and_abort_the_upload(tmp_path: Path, faulty_s3: FaultyS3) -> None:
     config = config_from_dict(yaml.safe_load(faulty_config(tmp_path, faulty_s3).read_text()))
     save(config, "step_0001", numel=3_000_000)
@@ -356,6 +359,7 @@ def test_a_read_lease_protects_from_retention(make_config: Callable[..., Config]
     assert [d.checkpoint_id for d in Promoter(config).run_once().deleted] == ["step_0001"]
 
 
+@pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_metrics_endpoint(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "s3")
     save(config, "step_0001")

@@ -24,7 +24,7 @@ from tierstore.ids import (
 )
 from tierstore.promote.policy import Copy
 from tierstore.records.catalog import marker_times
-from tierstore.records.conflicts import read_conflicts
+from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
 from tierstore.tiers import Tier
@@ -78,12 +78,14 @@ def copy_of(manifest: Manifest) -> Copy:
     )
 
 
-def discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
+def discover(
+    tier: Tier, cache: MarkerCache, conflicts_known: list[Conflict] | None = None
+) -> dict[str, SeenCopy]:
     """Every copy in ``tier`` this node can act on (see the module docstring), with the tiers each
-    is in conflict with (:mod:`tierstore.records.conflicts`)."""
+    is in conflict with (:mod:`tierstore.records.conflicts`; read from the tier unless given)."""
     found = _discover(tier, cache)
     conflicts: dict[tuple[str, str], set[str]] = {}
-    for conflict in read_conflicts(tier):
+    for conflict in read_conflicts(tier) if conflicts_known is None else conflicts_known:
         conflicts.setdefault((conflict.checkpoint_id, conflict.generation), set()).add(
             conflict.target
         )

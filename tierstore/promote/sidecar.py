@@ -96,6 +96,8 @@ class Promoter:
         self._sighted: dict[tuple[str, str], Sighting] = {}
         """``(tier, tier seen)`` -> the sighting last left there (rewritten only when it changes)."""
         self._newest_durable_start: float | None = None
+        self._conflicts: dict[str, list[Conflict]] = {}
+        """Each tier's conflict records, as the pass's first listing read them."""
         for tier in self.tiers:
             tier.observe_retries(self._count_retry(tier.name))
 
@@ -143,22 +145,27 @@ class Promoter:
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def catalog(self) -> dict[str, dict[str, SeenCopy]]:
+    def catalog(self, *, refresh: bool = True) -> dict[str, dict[str, SeenCopy]]:
         """What this node sees in every tier it can reach (committed copies; this node's parts).
 
         Each tier is listed within ``probe_timeout``. A tier that cannot be listed is left out of
         the answer and recorded as unreachable (metric, log): nothing is promoted into or out of it,
         retention deletes nothing there, and the other tiers go on (tiers stand alone).
+        ``refresh=False`` (the promotion rounds inside a pass) reuses the conflict records and the
+        highest commit numbers read at the pass's start: fewer requests to slow tiers.
         """
         found: dict[str, dict[str, SeenCopy]] = {}
         for tier in self.tiers:
 
-            def listing(tier: Tier = tier) -> tuple[dict[str, SeenCopy], int]:
-                return discover(tier, self.cache), highest_in(tier)
+            def listing(tier: Tier = tier) -> tuple[dict[str, SeenCopy], int, list[Conflict]]:
+                known = None if refresh else self._conflicts.get(tier.name)
+                conflicts = read_conflicts(tier) if known is None else known
+                highest = highest_in(tier) if refresh else self.highest.get(tier.name, 0)
+                return discover(tier, self.cache, conflicts), highest, conflicts
 
             try:
-                found[tier.name], self.highest[tier.name] = self.prober.ask(
-                    tier.name, listing, what="list its checkpoints"
+                found[tier.name], self.highest[tier.name], self._conflicts[tier.name] = (
+                    self.prober.ask(tier.name, listing, what="list its checkpoints")
                 )
             except (TierstoreError, OSError) as exc:
                 self._set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
@@ -193,7 +200,7 @@ class Promoter:
         attempted: set[Promotion] = set()
         self.health.beat()
         for _round in range(len(self.tiers)):  # each round moves checkpoints one tier further
-            found = self.catalog()
+            found = self.catalog(refresh=_round == 0)
             self.health.beat()
             planned = [p for p in self._plan(found) if p not in attempted]
             self._set_backlog(planned)
@@ -312,6 +319,7 @@ class Promoter:
             logger.error("could not record the conflict of %s: %s", conflict.describe(), exc)
             return
         if new:
+            self._conflicts.setdefault(source.name, []).append(conflict)
             event("conflict", checkpoint=conflict.checkpoint_id, tier=source.name,
                   target=target.name, generation=conflict.generation,
                   target_generation=conflict.target_generation)  # fmt: skip
@@ -356,9 +364,9 @@ class Promoter:
         for tier in self.tiers:
             if tier.name not in found or not self._owns(tier):
                 continue
+            conflicts = self._conflicts.setdefault(tier.name, [])
             try:
-                conflicts = read_conflicts(tier)
-                for conflict in conflicts:
+                for conflict in list(conflicts):
                     here = found[tier.name].get(conflict.checkpoint_id)
                     there = found.get(conflict.target, {}).get(conflict.checkpoint_id)
                     settled = here is None or here.copy.generation != conflict.generation
@@ -370,13 +378,12 @@ class Promoter:
                         )
                     if settled:
                         clear_conflict(tier, conflict)
+                        conflicts.remove(conflict)
                         event("conflict_settled", checkpoint=conflict.checkpoint_id,
                               tier=tier.name, target=conflict.target)  # fmt: skip
-                self.metrics.conflicts.labels(tier.name).set(
-                    len(conflicts) - sum(not tier.exists(c.path) for c in conflicts)
-                )
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot read the conflict records of %s: %s", tier.name, exc)
+                logger.warning("cannot settle the conflict records of %s: %s", tier.name, exc)
+            self.metrics.conflicts.labels(tier.name).set(len(conflicts))
 
     def _record_sightings(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         """Leave in every tier this node looks after what it saw in each other tier it could list
