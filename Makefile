@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test quick lint typecheck unit procs s3server soak bench goodput clean
+.PHONY: help demo test quick lint typecheck unit procs s3server soak bench standalone goodput clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
@@ -54,6 +54,11 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/standalone.py $(STANDALONE_ARGS)
+
+# what an S3 outage costs the fast path, against a real S3 server (make bench runs it too)
+standalone: $(STAMP)
+	$(BIN)/python benchmarks/standalone.py $(STANDALONE_ARGS)
 
 # the training-loop benchmark alone (make bench runs it too, at --goodput-size)
 goodput: $(STAMP)
