@@ -279,7 +279,31 @@ def config_from_dict(
             if problem := tier.check_usable(node=this_node, namespace=config.namespace):
                 key, expected = problem
                 raise ConfigError(f"{source}: tiers[{index}].{key}: {expected}")
+        _check_separate_roots(config, source, this_node)
     return config
+
+
+def _root_key(root: str) -> str:
+    """A tier root as a comparable location: URLs as written, paths resolved (symlinks, ``..``)."""
+    return root.rstrip("/") if "://" in root else os.path.realpath(root)
+
+
+def _check_separate_roots(config: Config, source: str, node: int) -> None:
+    """Two tiers on one directory (or one inside the other's) would see each other's checkpoints as
+    their own: retention of one deletes the other's copies. Refused, naming both."""
+    roots = [(t, _root_key(t.root)) for t in config.make_tiers(node=node)]
+    for later, (tier, root) in enumerate(roots):
+        for other, other_root in roots[:later]:
+            inside = (root + "/").startswith(other_root + "/") or (
+                (other_root + "/").startswith(root + "/")
+            )
+            if inside:
+                key = "url" if "://" in root else "path"
+                raise ConfigError(
+                    f"{source}: tiers[{later}].{key}: tier {tier.name!r} ({root}) and tier"
+                    f" {other.name!r} ({other_root}) share a location: each tier needs a"
+                    " directory or prefix of its own, neither inside the other"
+                )
 
 
 def _validate_tier(

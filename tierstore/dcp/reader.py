@@ -207,6 +207,7 @@ class TieredReader(StorageReader):
         metadata = load_metadata(blob, where=where)
         if not isinstance(metadata, Metadata):
             raise IntegrityError(f"{where}: not DCP metadata")
+        _check_item_locations(metadata, manifest, where)
         self._tier = tier
         self._stop_reading(keep=tier.name)  # other tiers may trim this id again
         self._storage = dict(metadata.storage_data or {})
@@ -462,3 +463,27 @@ def _copy_into(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> No
         )
     target.copy_(source)
     planner.commit_tensor(item, target)
+
+
+def _check_item_locations(metadata: Metadata, manifest: Manifest, where: str) -> None:
+    """Every item ``.metadata`` locates lies inside a file the marker names, within its size.
+
+    ``.metadata`` is input like any other: an item path that leaves the checkpoint (``../``, an
+    absolute path, another generation's or another id's file) would make the load read whatever it
+    names into the caller's tensors. The marker is the authority on what the copy holds.
+    """
+    sizes = {f.path: f.size for f in manifest.files}
+    for index, location in (metadata.storage_data or {}).items():
+        if not isinstance(location, ItemLocation):
+            raise IntegrityError(f"{where}: item {index} has no tierstore location")
+        size = sizes.get(location.path)
+        if size is None:
+            raise IntegrityError(
+                f"{where}: item {index} is located in {location.path!r}, a file the commit marker"
+                " does not name: refused"
+            )
+        if location.offset < 0 or location.length < 0 or location.offset + location.length > size:
+            raise IntegrityError(
+                f"{where}: item {index} spans bytes {location.offset}..{location.offset + location.length}"
+                f" of {location.path!r}, which the marker says holds {size}: refused"
+            )

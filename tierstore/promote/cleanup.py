@@ -53,7 +53,12 @@ class Cleanup:
 
 
 def find_leftovers(
-    tier: Tier, *, stale_after: float, activity_ttl: float, now: float | None = None
+    tier: Tier,
+    *,
+    stale_after: float,
+    activity_ttl: float,
+    now: float | None = None,
+    warned: set[tuple[str, str]] | None = None,
 ) -> list[Cleanup]:
     """Everything in ``tier`` that cleanup would remove now, with the reason.
 
@@ -68,7 +73,7 @@ def find_leftovers(
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
     at_work = [r for r in records if r.age < activity_ttl]
-    seen = discover(tier, MarkerCache())
+    seen = discover(tier, MarkerCache(foreign=set() if warned is None else warned))  # fresh markers
     found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for write in incomplete:
         # Never a write of work in progress, however idle it looks (a slow part upload).

@@ -51,6 +51,15 @@ class MarkerCache:
     """
 
     entries: dict[tuple[str, str], tuple[float, Manifest]] = field(default_factory=dict)
+    foreign: set[tuple[str, str]] = field(default_factory=set)
+    """``(tier, name)`` of the foreign files in tier roots already warned about (once per run)."""
+
+    def warn_foreign(self, tier: Tier, name: str) -> None:
+        """Say once per run that ``name`` in ``tier``'s root is a foreign file, left alone."""
+        if (tier.name, name) not in self.foreign:
+            self.foreign.add((tier.name, name))
+            logger.warning("tier %s: %s in its root is a file, not a checkpoint: ignored, left alone",
+                           tier.describe(), name)  # fmt: skip
 
     def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
         """The marker's manifest, from the cache when it cannot have changed since."""
@@ -116,6 +125,9 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
             continue
         if tier.exists(marker_path(checkpoint_id)):
             continue  # committed, but its marker could not be read: not usable
+        if tier.exists(checkpoint_id):
+            cache.warn_foreign(tier, checkpoint_id)  # a file where a checkpoint directory would be
+            continue
         generations = part_records(tier, checkpoint_id)
         if not generations:
             continue

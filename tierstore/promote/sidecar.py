@@ -488,6 +488,7 @@ class Promoter:
                     tier,
                     stale_after=self.config.promote.stale_after,
                     activity_ttl=self.config.promote.activity_ttl,
+                    warned=self.cache.foreign,
                 )
             except (TierstoreError, OSError) as exc:
                 logger.warning("gc of %s skipped: %s", tier.name, exc)

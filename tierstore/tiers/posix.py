@@ -170,7 +170,11 @@ class PosixTier(Tier):
 
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """``pread`` the range; a short file yields fewer bytes."""
-        with open(self._path(path), "rb", buffering=0) as f:
+        try:
+            file = open(self._path(path), "rb", buffering=0)  # noqa: SIM115 - closed below
+        except NotADirectoryError as exc:  # a path through a foreign file: no such file
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(self._path(path))) from exc
+        with file as f:
             f.seek(offset)
             return f.read() if length is None else _read_exact(f, length)
 
@@ -188,8 +192,12 @@ class PosixTier(Tier):
             os.close(fd)
 
     def stat(self, path: str) -> FileInfo:
-        """``os.stat``; ``FileNotFoundError`` for a missing file or a directory."""
-        result = os.stat(self._path(path))
+        """``os.stat``; ``FileNotFoundError`` for a missing file or a directory, and for a path
+        through a regular file (a foreign file where a checkpoint directory would be)."""
+        try:
+            result = os.stat(self._path(path))
+        except NotADirectoryError as exc:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(self._path(path))) from exc
         if not os.path.isfile(self._path(path)):
             raise FileNotFoundError(errno.ENOENT, "not a regular file", str(self._path(path)))
         return FileInfo(path, result.st_size, result.st_mtime)
