@@ -103,6 +103,20 @@ def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
     assert offenders == []
 
 
+def test_only_the_records_package_publishes_or_deletes_commit_records() -> None:
+    """The commit protocol is written once: a marker, a log entry or a mirror marker is published
+    only by ``tierstore/records/`` (``protocol.py`` and the record modules), never beside it."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name.startswith(("tierstore.records", "tierstore.tiers")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("publish", "publish_manifest"):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == [], offenders
+
+
 def test_dependencies_flow_one_way_with_no_lazy_imports_against_it() -> None:
     offenders = []
     for name, tree in modules():

@@ -122,6 +122,18 @@ class MirrorStatus:
             raise IntegrityError(f"{where}: malformed mirror status ({exc})") from None
 
 
+def publish_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
+    """On the holder: the copy of the commit marker, then the mirror marker **last** (a mirror
+    exists only where its marker is), after every file it names was received and verified."""
+    tier.publish(mirror_commit_path(marker.checkpoint_id, marker.generation), committed,
+                 create_only=False)  # fmt: skip
+    tier.publish(
+        mirror_marker_path(marker.checkpoint_id, marker.generation, marker.owner_node),
+        marker.to_json(),
+        create_only=False,
+    )
+
+
 def write_status(tier: Tier, status: MirrorStatus) -> None:
     """Record on the owner's node whether its files of a save reached a mirror."""
     path = mirror_status_path(status.checkpoint_id, status.generation, status.owner_node)

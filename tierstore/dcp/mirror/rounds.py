@@ -50,17 +50,21 @@ from tierstore.ids import (
     checkpoint_file,
     generation_dir,
     is_metadata_file,
-    mirror_commit_path,
     mirror_copy_path,
     mirror_id_dir,
-    mirror_marker_path,
     parts_dir,
     rank_part_path,
 )
 from tierstore.placement import MirrorConfig, Placement, place
 from tierstore.records.activity import live
 from tierstore.records.marker import FileEntry, Manifest
-from tierstore.records.mirror import MirrorMarker, MirrorStatus, prune_mirrors, write_status
+from tierstore.records.mirror import (
+    MirrorMarker,
+    MirrorStatus,
+    prune_mirrors,
+    publish_mirror,
+    write_status,
+)
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -456,7 +460,6 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             _drop_received(tier, ckpt, gen, [t.entry for t in moved])
             continue
         blob = manifest.to_json()
-        tier.publish(mirror_commit_path(ckpt, gen), blob, create_only=False)
         files = [t.entry for t in moved]
         if owner == coordinator_node:
             files += [f for f in manifest.files if is_metadata_file(f.path)]
@@ -464,7 +467,7 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             ckpt, gen, owner, holder, tuple(by_node[owner]), tuple(files), manifest.seq,
             crc32c(blob), dict(manifest.topology or {}),
         )  # fmt: skip
-        tier.publish(mirror_marker_path(ckpt, gen, owner), marker.to_json(), create_only=False)
+        publish_mirror(tier, blob, marker)
         readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
         prune_mirrors(tier, round_.keep, readers=readers)
     # Every holder's markers are down before any owner says it is mirrored.
