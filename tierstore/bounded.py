@@ -44,13 +44,18 @@ class Prober:
         *,
         what: str = "",
         on_late: Callable[[T], object] | None = None,
+        direct: bool = False,
     ) -> T:
         """``question()``, or :class:`TierUnavailableError` if it does not answer in time.
 
         Errors ``question`` raises are raised as they are. ``what`` describes the question for the
         message (``"list the commit log"``). ``on_late`` is called with the answer if it comes
         after the deadline (to undo what the asker gave up on: a record it no longer holds).
+        ``direct``: ask on this thread, without a deadline (host memory: it cannot hang, and a
+        thread per question costs more than the answer).
         """
+        if direct:
+            return question()
         with self._lock:
             pending = self._hung.get(tier_name)
             if pending is not None and not pending.done():

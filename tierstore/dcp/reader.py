@@ -156,8 +156,9 @@ class TieredReader(StorageReader):
         )
         try:  # within probe_timeout: a hung tier must not hold the restore (a late one is undone)
             self._reading[tier.name] = self._prober.ask(
-                tier.name, announce, what="announce the restore", on_late=Activity.release
-            )
+                tier.name, announce, what="announce the restore", on_late=Activity.release,
+                direct=tier.capabilities.staging_files,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
             logger.warning("could not announce the restore of %s in %s: %s",
                            self._checkpoint_id, tier.name, exc)  # fmt: skip

@@ -164,7 +164,12 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
     commits: dict[str, tuple[int | None, str]] = {}
     try:
         sightings = trusted(
-            prober.ask(tiers[0].name, lambda: read_sightings(tiers[0]), what="read sightings"),
+            prober.ask(
+                tiers[0].name,
+                lambda: read_sightings(tiers[0]),
+                what="read sightings",
+                direct=tiers[0].capabilities.staging_files,
+            ),
             trust,
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
@@ -200,7 +205,8 @@ def _probe_window(
         before_probe(index)
         try:
             manifest = prober.ask(tier.name, functools.partial(read_manifest, tier, checkpoint_id),
-                                  what=f"read the marker of {checkpoint_id}")  # fmt: skip
+                                  what=f"read the marker of {checkpoint_id}",
+                                  direct=tier.capabilities.staging_files)  # fmt: skip
         except FileNotFoundError:
             window.append((index, None, "no commit marker"))
             continue

@@ -106,7 +106,8 @@ class Catalog:
         """``question(tier)`` within ``probe_timeout``; None (and the tier recorded as unreachable,
         with one warning) when it does not answer."""
         try:
-            return self.prober.ask(tier.name, functools.partial(question, tier), what=what)
+            return self.prober.ask(tier.name, functools.partial(question, tier), what=what,
+                                   direct=tier.capabilities.staging_files)  # fmt: skip
         except (TierstoreError, OSError) as exc:
             if tier.name not in self.unreachable:
                 logger.warning("tier %s is unreachable, left out: %s", tier.name, exc)
@@ -116,8 +117,11 @@ class Catalog:
     def _reachable(self, tiers: list[Tier], question: Callable[[Tier], T], what: str
                    ) -> list[tuple[Tier, T]]:  # fmt: skip
         """``question`` asked of each tier in parallel; the tiers that answered, with answers."""
-        with ThreadPoolExecutor(max(1, len(tiers))) as pool:
-            answers = list(pool.map(lambda t: self._ask(t, question, what), tiers))
+        if len(tiers) == 1:
+            answers = [self._ask(tiers[0], question, what)]
+        else:
+            with ThreadPoolExecutor(len(tiers)) as pool:
+                answers = list(pool.map(lambda t: self._ask(t, question, what), tiers))
         return [(t, a) for t, a in zip(tiers, answers, strict=True) if a is not None]
 
     def scan(self) -> dict[str, dict[str, float]]:
