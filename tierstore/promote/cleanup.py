@@ -87,7 +87,7 @@ def find_leftovers(
     if tier.capabilities.staging_files:
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
     found += _unfinished_mirrors(tier, files, stale_after=stale_after, now=now)
-    found += _orphan_log_entries(tier, seen, at_work, stale_after=stale_after, now=now)
+    found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for record in records:
         if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
             found.append(Cleanup(tier.name, "file", record.path,
@@ -97,6 +97,7 @@ def find_leftovers(
 
 def _orphan_log_entries(
     tier: Tier,
+    files: list[FileInfo],
     seen: dict[str, SeenCopy],
     at_work: list[ActivityInfo],
     *,
@@ -107,10 +108,14 @@ def _orphan_log_entries(
     void entries below the highest number.
 
     The tier's highest number always stays: an orphan entry holding it is turned into a void entry
-    (:func:`tierstore.records.protocol.forget_entry`), the high-water mark of the sequence.
+    (:func:`tierstore.records.protocol.forget_entry`), the high-water mark of the sequence. Only
+    entries in the first listing (``files``, taken before the activity records were read) are
+    judged: a save claims its number after announcing itself, so an entry listed then either has a
+    live record among ``at_work`` or belongs to no save at work; one claimed since is left alone.
     """
-    ages = {info.path: now - info.mtime for info in tier.find(COMMITS_DIR)}
+    ages = {info.path: now - info.mtime for info in files if info.path.startswith(COMMITS_DIR)}
     log, voids = read_log_and_voids(tier)
+    log = [entry for entry in log if entry.path in ages]
     top = max([log[-1].seq if log else 0, *voids])
     found: list[Cleanup] = [
         Cleanup(tier.name, "file", void_entry_path(seq), "void log entry below the highest number")
