@@ -100,11 +100,12 @@ def _probe_mirrored(
     """Every rank: what its node holds for each mirrored tier among ``indexes`` (markers, own and
     mirrored; parts)."""
     found: dict[int, inventory.NodeProbe] = {}
+    node_local = [t for t in tiers if t.node_local]  # evidence of newer saves: every one of them
     for index in indexes:
         tier = tiers[index]
         if tier.mirror is not None:
             try:
-                found[index] = inventory.probe_node(tier, checkpoint_id)
+                found[index] = inventory.probe_node(tier, checkpoint_id, node_local)
             except Exception as exc:  # noqa: BLE001 - a node that cannot be read holds nothing
                 logger.warning("restore of %s: cannot probe %s: %s", checkpoint_id, tier.name, exc)
     return found
@@ -113,8 +114,8 @@ def _probe_mirrored(
 def _newest_marker(
     tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe]
 ) -> tuple[bytes | None, str | None]:
-    """The newest commit among markers found on any node (own or mirrored copies); none when a
-    live node wrote its part of a newer save of the id whose marker no live node holds."""
+    """The newest commit among markers found on any node (own or mirrored copies); none when live
+    nodes hold evidence of a newer save of the id (see :func:`inventory.newer_saves`)."""
     best: Manifest | None = None
     for blob in set(blobs):
         try:
@@ -132,9 +133,9 @@ def _newest_marker(
     if newer:
         return None, (
             f"the newest marker held in memory names generation {best.generation} (commit"
-            f" {best.seq}), but live nodes wrote their parts of a newer save of this id"
-            f" ({', '.join(newer)}) whose commit no live node can confirm (its marker is not"
-            " held by any): restoring the older contents under this id could undo that save"
+            f" {best.seq}), but live nodes hold evidence of a newer save of this id"
+            f" ({', '.join(newer)}) whose marker is not held in memory by any live node:"
+            " restoring the older contents under this id could undo that save"
         )
     return best.to_json(), None
 

@@ -114,6 +114,8 @@ class RankAssignment:
     multi_node: bool
     node_ranks: tuple[int, ...] = ()
     """Every rank on this rank's node: its node's part is complete once all of them have written."""
+    coordinator_host: str = ""
+    """The coordinator's host: its node alone holds the marker (recorded in part records)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,6 +464,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                 storage_data=RankAssignment(
                     self._generation, rank, self._seq, len(plans), multi_node,
                     tuple(r for r, n in enumerate(nodes) if rank < len(nodes) and n == nodes[rank]),
+                    current_host(),
                 ),
             )
             for rank, plan in enumerate(plans)
@@ -503,6 +506,10 @@ class TieredWriter(StorageWriter, AsyncStager):
             self.tier, ckpt, gen, rank, node=self.node, slab=self._slab,
             check_finite=self.check_finite,
         )  # fmt: skip
+        # A rank on another node than the coordinator's announces its part in its own node's tier
+        # until the part record is durable: that node's cleanup never sees the coordinator's
+        # record, and would otherwise take a straggler's data for a failed save's leftovers.
+        announced = self._announce_part(ckpt, gen, assignment)
         try:
             out = files.write(plan.items, planner)
             if self.commit_gate is not None and out.gate is not None:
@@ -514,7 +521,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             if self.tier.node_local and assignment.multi_node:
                 # Other nodes' promoters never see the coordinator's marker: tell them here.
                 record = PartRecord(ckpt, gen, self.node, (rank,), tuple(out.files), assignment.seq,
-                                    assignment.world_size, node_ranks=assignment.node_ranks)  # fmt: skip
+                                    assignment.world_size, node_ranks=assignment.node_ranks,
+                                    coordinator_host=assignment.coordinator_host)  # fmt: skip
                 files.out.written.append(rank_part_path(ckpt, gen, rank))
                 self.tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
                 # Every node's log learns the number: whichever node coordinates next continues
@@ -524,6 +532,9 @@ class TieredWriter(StorageWriter, AsyncStager):
             for path in files.out.written:  # invisible without a marker, but leave no garbage
                 _quietly(functools.partial(self.tier.delete, path))
             raise
+        finally:
+            if announced is not None:
+                announced.release()
         results = [
             *out.results,
             WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(out.files))),
@@ -531,6 +542,13 @@ class TieredWriter(StorageWriter, AsyncStager):
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return list(out.files), future
+
+    def _announce_part(self, ckpt: str, gen: str, assignment: RankAssignment) -> Activity | None:
+        """A ``write`` record in this rank's node-local tier while it writes its part of a
+        multi-node save, when the coordinator's record (in its own node's tier) cannot cover it."""
+        if not (self.tier.node_local and assignment.multi_node) or self._is_coordinator:
+            return None
+        return hold(self.tier, "write", ckpt, gen, ttl=self.config.promote.activity_ttl)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write ``.metadata``, re-check every file, then publish the marker last."""

@@ -38,6 +38,10 @@ class PartRecord:
     node_ranks: tuple[int, ...] = ()
     """Every rank of the writing node (rank records): the node's part is complete when a record
     exists for each. Empty in records from before this field: they are taken as complete."""
+    coordinator_host: str = ""
+    """The host of the save's coordinator (rank 0): only its node holds the save's marker in a
+    node-local tier, so only it can say the save never committed. Empty in records from before
+    this field, and in the per-node records promoters leave in job-wide tiers."""
 
     def to_json(self) -> bytes:
         """Serialize (CRCs as hex)."""
@@ -59,6 +63,7 @@ class PartRecord:
                 world_size=int(body.get("world_size", 1)),
                 written_at=float(body.get("written_at", 0.0)),
                 node_ranks=tuple(int(r) for r in body.get("node_ranks", ())),
+                coordinator_host=str(body.get("coordinator_host", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed part record ({exc})") from None

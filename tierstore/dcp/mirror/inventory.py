@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
     marker_path,
     mirror_copy_path,
 )
 from tierstore.placement import place
-from tierstore.records.marker import FileEntry, Manifest, entry_problem, file_crc32c
+from tierstore.records.marker import (
+    FileEntry,
+    Manifest,
+    entry_problem,
+    file_crc32c,
+    read_manifest,
+)
 from tierstore.records.mirror import held_mirrors, mirrored_commits
 from tierstore.records.parts import part_records
 from tierstore.tiers import Tier
+from tierstore.topology import current_host
 
 OWN = "own"
 MIRROR = "mirror"
@@ -32,42 +40,83 @@ Holdings = dict[int, dict[str, str]]
 
 
 @dataclass(frozen=True)
+class PartSeen:
+    """A save of the id that this node's ranks wrote their part of, in one node-local tier."""
+
+    tier: str
+    generation: str
+    seq: int
+    coordinator_host: str
+    """The host of the save's coordinator, whose node alone holds its marker ("" in old records)."""
+
+
+@dataclass(frozen=True)
 class NodeProbe:
     """What one node holds of a checkpoint id before any file is checked."""
 
     markers: list[bytes]
-    """Every commit marker of the id on the node: its own, and mirrored copies."""
-    parts: list[tuple[str, int]]
-    """``(generation, commit number)`` of each save of the id whose files this node's ranks wrote
-    (their part records): evidence of a save whose marker may have been lost with another node."""
+    """Every commit marker of the id in the mirrored tier on the node: its own, and mirrored copies."""
+    parts: list[PartSeen] = field(default_factory=list)
+    """Each save of the id whose files this node's ranks wrote (their part records), in every
+    node-local tier: evidence of a save whose marker may have been lost with another node."""
+    own: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    """``{tier: (generation, seq)}`` of the id's own marker in each node-local tier of the node."""
+    host: str = ""
 
 
-def probe_node(tier: Tier, checkpoint_id: str) -> NodeProbe:
-    """See :class:`NodeProbe`."""
+def probe_node(tier: Tier, checkpoint_id: str, node_local: Iterable[Tier] = ()) -> NodeProbe:
+    """See :class:`NodeProbe`; ``node_local``: the node's node-local tiers to gather evidence from
+    (the mirrored ``tier`` is always one)."""
     found: list[bytes] = []
     with contextlib.suppress(FileNotFoundError):
         found.append(tier.read_bytes(marker_path(checkpoint_id)))
-    parts = [
-        (generation, records[0].seq)
-        for generation, records in part_records(tier, checkpoint_id).items()
-        if records and records[0].seq is not None
-    ]
-    return NodeProbe(found + mirrored_commits(tier, checkpoint_id), parts)
+    probe = NodeProbe(found + mirrored_commits(tier, checkpoint_id), host=current_host())
+    for local in {t.name: t for t in [tier, *node_local]}.values():
+        _gather_evidence(local, checkpoint_id, probe)
+    return probe
+
+
+def _gather_evidence(tier: Tier, checkpoint_id: str, probe: NodeProbe) -> None:
+    with contextlib.suppress(FileNotFoundError, IntegrityError):  # a bad marker proves nothing
+        marker = read_manifest(tier, checkpoint_id)
+        probe.own[tier.name] = (marker.generation, marker.seq)
+    for generation, records in part_records(tier, checkpoint_id).items():
+        if records and records[0].seq is not None:
+            host = records[0].coordinator_host
+            probe.parts.append(PartSeen(tier.name, generation, records[0].seq, host))
 
 
 def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
-    """Saves of the same id newer than ``manifest`` that some live node wrote its part of: their
-    commit marker may have been lost with another node, so the memory copies may be stale."""
+    """Saves of the same id newer than ``manifest`` that live nodes hold evidence of: an own marker
+    in any node-local tier, or a part some node's ranks wrote whose commit the live coordinator's
+    node does not deny. Their marker may have been lost with another node, so the memory copies
+    may be stale.
+
+    Which node's evidence counts: in a node-local tier, only the save's coordinator's node holds
+    its marker. When that node is live (its host probed) and holds a marker of the id in that tier
+    naming another, older commit, the save never committed there (markers only move forward) and
+    its parts elsewhere are the leftovers of a failed save. Otherwise (the coordinator's node gone
+    or wiped, or a record from before hosts were recorded) the part counts.
+    """
     if manifest.seq is None:
         return []
-    return sorted(
-        {
-            f"generation {gen} (commit {seq})"
-            for probe in probes
-            for gen, seq in probe.parts
-            if gen != manifest.generation and seq > manifest.seq
-        }
-    )
+    probes = list(probes)
+    owns = {(p.host, name): own for p in probes for name, own in p.own.items()}
+    newer: set[str] = set()
+    for probe in probes:
+        for name, (gen, seq) in probe.own.items():
+            if gen != manifest.generation and seq is not None and seq > manifest.seq:
+                newer.add(f"generation {gen} (commit {seq}, committed in tier {name})")
+        for part in probe.parts:
+            if part.generation == manifest.generation or part.seq <= manifest.seq:
+                continue
+            said = owns.get((part.coordinator_host, part.tier)) if part.coordinator_host else None
+            if said is not None and said[0] != part.generation and (said[1] or 0) < part.seq:
+                continue  # the live coordinator's marker says it never committed
+            newer.add(
+                f"generation {part.generation} (commit {part.seq}, parts in tier {part.tier})"
+            )
+    return sorted(newer)
 
 
 def stored_path(checkpoint_id: str, rel: str, kind: str) -> str:

@@ -1,0 +1,176 @@
+"""A multi-node save's part on a node other than the coordinator's: who protects it, who may drop it.
+
+Two simulated nodes (one memory root each, ``{node}``), one gloo rank per node. The coordinator's
+record lives in its own node's tier; the other node's cleanup never sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from tests.guarantees.test_multinode import HoldRank
+from tests.mirror_jobs import (
+    become,
+    check_latest,
+    load_step,
+    memory_root,
+    mirror_config,
+    save_plan,
+    shard_state,
+)
+from tests.workers import run_ranks
+from tierstore import TieredWriter
+from tierstore.config import Config
+from tierstore.promote.cleanup import find_leftovers, remove
+from tierstore.promote.discovery import foreign_parts
+from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.tiers import make_tier
+
+
+def state_of(rank: int) -> dict[str, torch.Tensor]:
+    return {f"w{rank}": torch.arange(40_000, dtype=torch.float32) + rank}
+
+
+def save_with_gate(rank: int, world: int, config: Config, gate: HoldRank) -> None:
+    writer = TieredWriter(config, node=rank, commit_gate=gate)
+    dcp.save({"model": state_of(rank)}, storage_writer=writer, checkpoint_id="step_0001")
+
+
+def wait_for(path: str) -> None:
+    deadline = time.monotonic() + 120
+    while not Path(path).exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_stragglers_part_survives_its_nodes_gc_and_the_marker_never_covers_a_hole(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """Row 4: rank 1 (node 1) has written its data and stalls before its part record; node 1's gc
+    runs with a short ``stale_after``. The part must stay: the save commits over complete data."""
+    config = make_config("memory", "shared", promote={"stale_after": "1s"})
+    gate = HoldRank(1, str(tmp_path / "release"), str(tmp_path / "reached"))
+    saving = threading.Thread(target=run_ranks, args=(save_with_gate, 2, tmp_path, config, gate))
+    saving.start()
+    ram1 = make_tier(config.tiers[0], namespace=None, node=1)
+    try:
+        wait_for(gate.reached)
+        time.sleep(1.5)  # older than stale_after: only a record can say it is in flight
+        for leftover in find_leftovers(ram1, stale_after=1.0, activity_ttl=60.0):
+            remove(ram1, leftover)
+    finally:
+        Path(gate.release).touch()
+        saving.join()
+    ram0 = make_tier(config.tiers[0], namespace=None, node=0)
+    manifest = read_manifest(ram0, "step_0001")
+    node1 = [f for f in manifest.files if f.node == 1]
+    assert node1, "the save spans both nodes"
+    assert copy_problems(ram1, manifest, verify=True, entries=node1) == []
+
+
+SMALL = 20_000
+
+
+class CrashWhenPartWritten:
+    """Rank 0's commit gate: once node 1's part record of this save is durable (the second one of
+    the id there), the whole job dies (SIGKILL to rank 1, then rank 0 exits): the coordinator
+    crashed before its marker."""
+
+    def __init__(self, parts_glob: str, pids: str) -> None:
+        self.parts_glob, self.pids = parts_glob, pids
+
+    def __call__(self, view: Any) -> str | None:
+        if view.rank != 0:
+            return None
+        deadline = time.monotonic() + 60
+        while len(list(Path("/").glob(self.parts_glob.lstrip("/")))) < 2:
+            assert time.monotonic() < deadline, "node 1 never wrote its part"
+            time.sleep(0.02)
+        os.kill(int(Path(self.pids, "1").read_text()), signal.SIGKILL)
+        os._exit(9)
+
+
+def save_then_crash_an_overwrite(
+    rank: int, world: int, config: Config, gate: CrashWhenPartWritten
+) -> None:
+    """``latest`` saved and mirrored; an overwrite of it that crashes on the coordinator."""
+    become(rank)
+    Path(gate.pids, str(rank)).write_text(str(os.getpid()))
+    writer = TieredWriter(config, node=rank)
+    dcp.save(shard_state(rank, 1, SMALL), storage_writer=writer, checkpoint_id="latest")
+    assert writer.wait_mirrored(60)
+    overwrite = TieredWriter(config, node=rank, overwrite=True, commit_gate=gate)
+    dcp.save(shard_state(rank, 2, SMALL), storage_writer=overwrite, checkpoint_id="latest")
+    raise AssertionError("the overwrite was to crash")
+
+
+def test_a_crashed_overwrites_parts_on_another_node_do_not_hide_the_committed_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Row 1: the coordinator's node is alive and its marker names the first save: node 1's part of
+    the crashed overwrite is no evidence of a newer commit. The restart resumes from ``latest``
+    (the first save's contents) from memory."""
+    config = mirror_config(tmp_path, lower=("shared",), keep=2)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"),
+                                str(pids))  # fmt: skip
+    try:
+        run_ranks(save_then_crash_an_overwrite, 2, tmp_path, config, gate)
+    except Exception as exc:  # noqa: BLE001 - the job was killed on purpose
+        assert "exit" in str(exc).lower() or "signal" in str(exc).lower(), exc
+    else:
+        raise AssertionError("the job was to crash")
+    generations = sorted(p.name for p in memory_root(tmp_path, 1).glob("latest/g*"))
+    assert len(generations) == 2, f"node 1 holds its parts of both saves: {generations}"
+    run_ranks(check_latest, 2, tmp_path, config, (0, 1), "latest")
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "latest", ("memory", 1), SMALL)
+
+
+def test_a_mirror_is_stale_when_another_node_local_tier_holds_a_newer_save_of_the_id(
+    tmp_path: Path,
+) -> None:
+    """Row 3: ``X`` saved and mirrored, then overwritten with ``tier="local"``; node 0 is replaced
+    (its memory and local disk empty). Node 1's mirror of node 0's first save is stale: the parts
+    of the overwrite on node 1's local disk say so, so it is never served."""
+    config = mirror_config(tmp_path, lower=("local", "shared"), keep=2)
+    plan = [("X", 1, SMALL, {}), ("X", 2, SMALL, {"overwrite": True, "tier": "local"})]
+    run_ranks(save_plan, 2, tmp_path, config, (0, 1), plan)
+    shutil.rmtree(memory_root(tmp_path, 0))
+    shutil.rmtree(tmp_path / "local" / "0")
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "X", None, SMALL)
+
+
+def overwrite_latest(rank: int, world: int, config: Config, step: int) -> None:
+    writer = TieredWriter(config, node=rank, overwrite=True)
+    dcp.save({"model": state_of(rank + step)}, storage_writer=writer, checkpoint_id="latest")
+
+
+def test_a_node_other_than_the_coordinators_drops_its_parts_of_replaced_generations(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """Row 6: ``latest`` overwritten again and again, promoters on both nodes: node 1 keeps its
+    part of the newest generation only, not every replaced one."""
+    config = make_config("memory", "shared", tiers={"memory": {"keep": 2}})
+    promoters = [Promoter(config, node=n) for n in (0, 1)]
+    for step in range(1, 5):
+        run_ranks(overwrite_latest, 2, tmp_path, config, step)
+        for promoter in (promoters[1], promoters[0]):  # node 1's part first: node 0 commits
+            promoter.run_once()
+    promoters[1].run_once()
+    shared = make_tier(config.tier("shared"), namespace=None, node=0)
+    newest = read_manifest(shared, "latest").generation
+    ram1 = make_tier(config.tiers[0], namespace=None, node=1)
+    assert ram1.list_dir("latest") == [newest]
+    assert sorted(foreign_parts(ram1)["latest"]) == [newest]
