@@ -144,3 +144,20 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         )
         sources[checkpoint_id] = SeenCopy(copy, None, records)
     return sources
+
+
+def foreign_parts(tier: Tier) -> dict[str, dict[str, int | None]]:
+    """In a node-local tier: ``{id: {generation: seq}}`` of the parts this node's ranks wrote of
+    saves coordinated on another node (no rank 0 part record here). Their commit is decided on
+    the coordinator's node; this node learns that one was replaced only from a newer commit of
+    the id that it can see (:func:`tierstore.promote.policy.superseded_parts`)."""
+    found: dict[str, dict[str, int | None]] = {}
+    if not tier.node_local:
+        return found
+    for checkpoint_id in tier.list_dir(""):
+        if not is_checkpoint_id(checkpoint_id):
+            continue
+        for generation, records in part_records(tier, checkpoint_id).items():
+            if records and not any(0 in record.ranks for record in records):
+                found.setdefault(checkpoint_id, {})[generation] = records[0].seq
+    return found

@@ -254,6 +254,39 @@ def retention(
     return deletions
 
 
+def superseded_parts(
+    tier: str, parts: Mapping[str, Mapping[str, int | None]], held: Holdings
+) -> list[Deletion]:
+    """The parts a node holds in ``tier`` of saves another node coordinated (``parts``:
+    ``{id: {generation: seq}}``) that a newer commit of their id, committed in any tier this node
+    sees (``held``), has replaced: an overwrite that committed, whatever became of theirs.
+
+    Without this a node other than the coordinator's keeps every replaced generation of an id
+    forever: the marker that replaced it, and the drop of the old one, happen on the coordinator's
+    node only. A part no commit of its id supersedes stays (it may be the committed one, and the
+    newer one a save that crashed); an id with copies in conflict stays as it is until settled.
+    """
+    committed: dict[str, Copy] = {}
+    conflicted: set[str] = set()
+    for copies in held.values():
+        for copy in copies.values():
+            if copy.conflicts:
+                conflicted.add(copy.checkpoint_id)
+            known = committed.get(copy.checkpoint_id)
+            if not copy.partial and (known is None or is_newer(copy, known)):
+                committed[copy.checkpoint_id] = copy
+    deletions: list[Deletion] = []
+    for checkpoint_id, generations in sorted(parts.items()):
+        newest = committed.get(checkpoint_id)
+        if newest is None or newest.seq is None or checkpoint_id in conflicted:
+            continue
+        for generation, seq in sorted(generations.items()):
+            if generation != newest.generation and seq is not None and seq < newest.seq:
+                why = f"a part of a save replaced by commit {newest.seq} ({newest.generation})"
+                deletions.append(Deletion(tier, checkpoint_id, why, generation))
+    return deletions
+
+
 def _why_deleted(tier: TierConfig) -> str:
     rules = [f"keep: {tier.keep}"]
     if tier.keep_every:

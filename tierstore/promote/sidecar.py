@@ -28,12 +28,19 @@ from tierstore.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
-from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
+from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve
 from tierstore.promote.health import PromoterHealth, stall_bound
 from tierstore.promote.job import PromotionJob
 from tierstore.promote.metrics import PromoterMetrics
-from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, retention
+from tierstore.promote.policy import (
+    Copy,
+    Deletion,
+    Promotion,
+    promotions,
+    retention,
+    superseded_parts,
+)
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.transfer import Cancelled
 from tierstore.records.activity import live
@@ -431,10 +438,29 @@ class Promoter:
                     "cannot read activity records in %s (%s): no deletion this pass", tier.name, exc
                 )
                 return []
-        decided = retention(
-            self.config, self._copies(found), frozenset(in_use), unavailable=self._away()
-        )
+        held = self._copies(found)
+        decided = retention(self.config, held, frozenset(in_use), unavailable=self._away())
+        decided += self._superseded_parts(found, held, in_use)
         return [d for d in decided if self._owns(self.by_name[d.tier])]
+
+    def _superseded_parts(
+        self, found: dict[str, dict[str, SeenCopy]], held: dict[str, dict[str, Copy]],
+        in_use: set[str],
+    ) -> list[Deletion]:  # fmt: skip
+        """This node's parts of replaced saves coordinated elsewhere (see
+        :func:`~tierstore.promote.policy.superseded_parts`); ids at work are left alone."""
+        decided: list[Deletion] = []
+        for tier in self.tiers:
+            if not tier.node_local or tier.name in self.unreachable or tier.name not in found:
+                continue
+            try:
+                parts = foreign_parts(tier)
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot list the parts in %s (%s)", tier.name, exc)
+                continue
+            decided += [d for d in superseded_parts(tier.name, parts, held)
+                        if d.checkpoint_id not in in_use]  # fmt: skip
+        return decided
 
     def _owns(self, tier: Tier) -> bool:
         return tier.node_local or self.node == COORDINATOR_NODE
