@@ -5,6 +5,10 @@ the staging slab: in a memory tier it is renamed into place (no copy at all); el
 one sequential pass. Either way every byte is checksummed once, and with ``check_finite`` each floating
 tensor is checked for NaN/Inf in the same cache-hot pass. File 1 holds DCP's byte items, tensors that
 were not staged, and tensors that are not dense.
+
+A slab is adopted at most once. A retry of a staged state whose slab an earlier save already renamed
+away (that save failed after the rename, say with ENOSPC on file 1) writes the slab's pages, still
+mapped by the staged views and holding exactly the staged bytes, out like any other tier would.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -45,6 +50,7 @@ from tierstore.ids import checkpoint_file, data_file
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 
+logger = logging.getLogger(__name__)
 _ADOPT_SHARE = 0.75
 """Adopt (or write out) the staging slab whole when this rank writes at least this share of it."""
 
@@ -191,14 +197,16 @@ class RankFileWriter:
         ).cast("B")
         rel = self._rel(0)
         full = checkpoint_file(self.checkpoint_id, rel)
-        adopt = self.slab.path is not None and self.tier.capabilities.adopt
 
-        def scan(write: Callable[[memoryview], object] | None) -> ChunkSink:
+        def scan(
+            write: Callable[[memoryview], object] | None,
+        ) -> tuple[ChunkSink, list[WriteResult]]:
+            results: list[WriteResult] = []
             with ChunkSink(write) as sink:
-                _scan_into(sink)
-            return sink
+                _scan_into(sink, results)
+            return sink, results
 
-        def _scan_into(sink: ChunkSink) -> None:
+        def _scan_into(sink: ChunkSink, results: list[WriteResult]) -> None:
             for item, tensor in sorted(
                 staged, key=lambda s: s[1].storage_offset() * s[1].element_size()
             ):
@@ -209,24 +217,66 @@ class RankFileWriter:
                             check_finite=self.check_finite)  # fmt: skip
                 location = ItemLocation(rel, start, length, "raw", dtype_name(tensor.dtype),
                                         tuple(tensor.shape))  # fmt: skip
-                self.out.results.append(WriteResult(item.index, length, location))
+                results.append(WriteResult(item.index, length, location))
             sink.feed_span(whole, sink.size, self.slab.nbytes if self.slab else 0)
 
-        if adopt:
-            sink = scan(None)  # every check passes before the slab becomes a checkpoint file
+        sink: ChunkSink | None = None
+        if self._adoptable():
             assert self.slab.path is not None
-            fd = os.open(self.slab.path, os.O_RDONLY)
-            try:  # durable before its name moves into the checkpoint (a no-op on tmpfs)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.tier.adopt(full, self.slab.path)
-            self.out.written.append(full)
-        else:
+            # Every check passes before the slab becomes a checkpoint file.
+            sink, results = scan(None)
+            if not self._adopt(full, self.slab.path):
+                sink = None  # adopted by another save meanwhile: write it out after all
+        if sink is None:
             with self.tier.open_write(full) as stream:
                 self.out.written.append(full)
-                sink = scan(stream.write)
+                sink, results = scan(stream.write)
+        self.out.results.extend(results)
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+
+    def _adoptable(self) -> bool:
+        """Whether file 0 can be the slab's file itself, renamed into the checkpoint.
+
+        Not when the slab's file has left the staging directory: an earlier save of this staged
+        state adopted it, then failed and removed it (ENOSPC on a later file, say), or committed
+        under another id. The staged views still map its pages, and they hold exactly the staged
+        bytes: a slab whose file left staging is never staged into again (``Slab.consumed``), and
+        :meth:`_refuse_if_restaged` refused views of one restaged before. So the retry writes those
+        pages out, like a tier that cannot adopt (one copy), instead of failing on a missing path.
+        """
+        assert self.slab is not None
+        if self.slab.path is None or not self.tier.capabilities.adopt:
+            return False
+        if os.path.exists(self.slab.path):
+            return True
+        logger.info(
+            "checkpoint %r: the staging buffer's file was adopted by an earlier save of this"
+            " staged state; writing its bytes out to tier %s instead",
+            self.checkpoint_id,
+            self.tier.name,
+        )
+        return False
+
+    def _adopt(self, full: str, slab_path: str) -> bool:
+        """Rename the slab file ``slab_path`` into the checkpoint as ``full``; False (nothing
+        moved) when another save of the same staged state adopted it first (see :meth:`_adoptable`).
+        """
+        try:
+            fd = os.open(slab_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:  # durable before its name moves into the checkpoint (a no-op on tmpfs)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            self.tier.adopt(full, slab_path)
+        except FileNotFoundError:
+            if os.path.exists(slab_path):
+                raise  # something other than the slab is missing: a real failure
+            return False
+        self.out.written.append(full)
+        return True
 
     def _add_tensor(self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor) -> None:
         view, owner = raw_view(tensor)
