@@ -174,3 +174,41 @@ def test_a_node_other_than_the_coordinators_drops_its_parts_of_replaced_generati
     ram1 = make_tier(config.tiers[0], namespace=None, node=1)
     assert ram1.list_dir("latest") == [newest]
     assert sorted(foreign_parts(ram1)["latest"]) == [newest]
+
+
+def overwrite_latest_held(rank: int, world: int, config: Config, gate: HoldRank) -> None:
+    writer = TieredWriter(config, node=rank, overwrite=True, commit_gate=gate)
+    dcp.save({"model": state_of(rank + 100)}, storage_writer=writer, checkpoint_id="latest")
+
+
+def test_a_multi_node_save_that_commits_last_is_the_newest_everywhere(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """Row 2: save A of ``latest`` is planned (its number claimed), then held at rank 0's gate;
+    save B of ``latest`` commits and is promoted; A commits last. A is the newest commit of the id:
+    its marker ranks above B's, and the promoters replace B with A in the shared tier."""
+    config = make_config("memory", "shared")
+    gate = HoldRank(0, str(tmp_path / "release"), str(tmp_path / "reached"))
+    a = threading.Thread(
+        target=run_ranks, args=(overwrite_latest_held, 2, tmp_path / "a", config, gate)
+    )
+    (tmp_path / "a").mkdir()
+    a.start()
+    try:
+        wait_for(gate.reached)
+        run_ranks(overwrite_latest, 2, tmp_path, config, 1)  # B, while A waits at its gate
+        promoters = [Promoter(config, node=n) for n in (0, 1)]
+        for promoter in (promoters[1], promoters[0]):
+            promoter.run_once()
+    finally:
+        Path(gate.release).touch()
+        a.join()
+    ram0 = make_tier(config.tiers[0], namespace=None, node=0)
+    shared = make_tier(config.tier("shared"), namespace=None, node=0)
+    b = read_manifest(shared, "latest")
+    committed_last = read_manifest(ram0, "latest")
+    assert committed_last.generation != b.generation
+    assert (committed_last.seq or 0) > (b.seq or 0), "the last commit ranks newest"
+    for promoter in (promoters[0], promoters[1], promoters[0]):
+        promoter.run_once()
+    assert read_manifest(shared, "latest").generation == committed_last.generation

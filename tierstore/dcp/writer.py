@@ -33,7 +33,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -48,7 +47,7 @@ from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
-from tierstore.dcp.mirror.rounds import Round, SavedShare, worker_for
+from tierstore.dcp.mirror.rounds import ExchangeWaits, Round, SavedShare, worker_for
 from tierstore.dcp.overlap import StagingFuture
 from tierstore.dcp.pending import Pending
 from tierstore.dcp.rank_files import RankFileWriter
@@ -187,8 +186,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._elsewhere: Elsewhere | None = None
         self._round: Round | None = None
-        self._handovers: list[float] = []
-        """When saves were handed to DCP's checkpoint process (PROCESS mode), not yet waited for."""
+        self._waits: ExchangeWaits | None = None
+        """PROCESS mode: the exchanges of saves handed to DCP's checkpoint process, not yet ended."""
+        self._handover: str | None = None
+        """In DCP's checkpoint process: the exchange-end record the trainer waits for."""
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -217,8 +218,8 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
         state["_elsewhere"] = state["_round"] = None
-        state["_handovers"] = []
-        self._handovers.append(time.time())
+        state["_waits"] = None  # the trainer's alone
+        state["_handover"] = self._hand_over()
         # the staging buffers stay with the trainer
         state["_stager"] = state["_pending"] = None
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
@@ -316,6 +317,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         once this process's peer-mirror exchanges have ended (bounded by ``mirror.timeout``)."""
         if self.tier.mirror is not None and not self.wait_mirrored(self.tier.mirror.timeout):
             logger.warning("closing with a peer-mirror exchange still running (reduced redundancy)")
+        if self._waits is not None:
+            self._waits.close()
+            self._waits = None
         self._stager_for_this_process().wait_until_idle()
         stager = STAGERS.discard(self._stager_key())
         if stager is not None:
@@ -371,30 +375,31 @@ class TieredWriter(StorageWriter, AsyncStager):
         or recorded as reduced redundancy); False if ``timeout`` seconds passed first.
 
         In ``AsyncCheckpointerType.PROCESS`` mode the exchange runs in DCP's checkpoint process,
-        which ends with the trainer: this waits for the status record that every exchange leaves
-        on this node, one per save handed over (call it, or :meth:`close`, before exiting).
+        which ends with the trainer: this waits for the exchange-end record that process writes for
+        each save handed over, however the save's generation was replaced or dropped meanwhile
+        (call it, or :meth:`close`, before exiting).
         """
         if self.tier.mirror is None or not self._mirrors():
             return True
-        worker = worker_for(self.tier)
-        if worker.submitted or not self._handovers:
-            return worker.wait_idle(timeout)
-        return self._wait_for_status_records(timeout)
-
-    def _wait_for_status_records(self, timeout: float | None) -> bool:
-        """PROCESS mode: the exchange ran in DCP's checkpoint process; each save's exchange ends
-        with this node's status record (:mod:`tierstore.records.mirror`), so wait for one per save."""
-        since, expected = self._handovers[0] - 1.0, len(self._handovers)
-        root = Path(self.tier.local_path("") or ".")
-        pattern = f"*/*/mirror/node{self.node:05d}.json"
         deadline = None if timeout is None else time.monotonic() + timeout
-        while deadline is None or time.monotonic() < deadline:
-            records = [p for p in root.glob(pattern) if _mtime(p) >= since]
-            if len(records) >= expected:
-                self._handovers.clear()
-                return True
-            time.sleep(0.05)
-        return False
+        if not worker_for(self.tier).wait_idle(timeout):  # rounds run in this process
+            return False
+        if self._waits is None:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._waits.wait(left)  # rounds run in DCP's checkpoint process
+
+    def _hand_over(self) -> str | None:
+        """PROCESS mode, when DCP pickles this writer for its checkpoint process: the path of the
+        record that process writes once this save's exchange has ended (see
+        :class:`~tierstore.dcp.mirror.rounds.ExchangeWaits`). The records live outside the save's
+        generation directory: an overwrite or retention that drops the generation meanwhile
+        leaves the wait intact."""
+        if self.tier.mirror is None or not self._mirrors():
+            return None
+        if self._waits is None:
+            self._waits = ExchangeWaits(self.tier)
+        return self._waits.handover()
 
     def _look_elsewhere(self, coordinator: bool) -> Elsewhere:
         """This process's knowledge of the tiers besides the target, read once per process at
@@ -492,7 +497,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         )  # fmt: skip
         keep = self.config.tier(self.tier_name).keep
         ttl = self.config.promote.activity_ttl
-        self._round = Round(share, self.tier, self.tier.mirror, keep, ttl)
+        self._round = Round(share, self.tier, self.tier.mirror, keep, ttl,
+                            ended_record=self._handover)  # fmt: skip
+        self._handover = None  # one save per copy of the writer; said once
         worker_for(self.tier).submit(self._round)
 
     def _write_rank(
@@ -639,10 +646,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         unless another save has taken a higher one since in this tier, or a higher one became known
         elsewhere (a save that started later but committed first, a zombie job's late overwrite):
         then a new one, so that commit order is the order in which commits happened. A multi-node
-        save in a node-local tier keeps its first number: the other nodes' part records carry it,
-        and their promoters act on it."""
-        multi_node = self.tier.node_local and len({r.node for r in self._reports}) > 1
-        if not multi_node and max(highest_in(self.tier), known) > self._seq:
+        save too: the other nodes' part records keep the number claimed at planning, and their
+        promoters learn the final one from the committed manifest the coordinator's node leaves
+        in the job-wide target (:meth:`tierstore.promote.sidecar.Promoter.catalog`)."""
+        if max(highest_in(self.tier), known) > self._seq:
             self._seq = claim(self.tier, ckpt, gen, floor=known)
         return self._seq
 
@@ -671,13 +678,6 @@ class TieredWriter(StorageWriter, AsyncStager):
             "wait_s": max(waits) if waits else None,
             "commit_s": committed_at - started,
         }
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
 
 
 def _quietly(action: Callable[[], object]) -> None:

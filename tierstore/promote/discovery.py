@@ -131,7 +131,8 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         generations = part_records(tier, checkpoint_id)
         if not generations:
             continue
-        newest = max(generations)
+        # Commit order (a part's number is confirmed once its commit's is known), then time.
+        newest = max(generations, key=lambda g: (generations[g][0].seq or 0, g))
         records = tuple(sorted(generations[newest], key=lambda r: r.ranks))
         if any(0 in record.ranks for record in records):
             continue  # the coordinator's node without a marker: that save never committed
@@ -146,12 +147,12 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     return sources
 
 
-def foreign_parts(tier: Tier) -> dict[str, dict[str, int | None]]:
-    """In a node-local tier: ``{id: {generation: seq}}`` of the parts this node's ranks wrote of
-    saves coordinated on another node (no rank 0 part record here). Their commit is decided on
-    the coordinator's node; this node learns that one was replaced only from a newer commit of
-    the id that it can see (:func:`tierstore.promote.policy.superseded_parts`)."""
-    found: dict[str, dict[str, int | None]] = {}
+def foreign_parts(tier: Tier) -> dict[str, dict[str, list[PartRecord]]]:
+    """In a node-local tier: ``{id: {generation: rank part records}}`` of the parts this node's ranks
+    wrote of saves coordinated on another node (no rank 0 part record here). Their commit is
+    decided on the coordinator's node; this node learns that one was replaced only from a newer
+    commit of the id that it can see (:func:`tierstore.promote.policy.superseded_parts`)."""
+    found: dict[str, dict[str, list[PartRecord]]] = {}
     if not tier.node_local:
         return found
     for checkpoint_id in tier.list_dir(""):
@@ -159,5 +160,5 @@ def foreign_parts(tier: Tier) -> dict[str, dict[str, int | None]]:
             continue
         for generation, records in part_records(tier, checkpoint_id).items():
             if records and not any(0 in record.ranks for record in records):
-                found.setdefault(checkpoint_id, {})[generation] = records[0].seq
+                found.setdefault(checkpoint_id, {})[generation] = records
     return found

@@ -255,16 +255,19 @@ def retention(
 
 
 def superseded_parts(
-    tier: str, parts: Mapping[str, Mapping[str, int | None]], held: Holdings
+    tier: str, parts: Mapping[str, Mapping[str, tuple[int | None, bool]]], held: Holdings
 ) -> list[Deletion]:
-    """The parts a node holds in ``tier`` of saves another node coordinated (``parts``:
-    ``{id: {generation: seq}}``) that a newer commit of their id, committed in any tier this node
-    sees (``held``), has replaced: an overwrite that committed, whatever became of theirs.
+    """The parts a node holds in ``tier`` of saves another node coordinated that a newer commit of
+    their id, committed in any tier this node sees (``held``), has replaced.
 
-    Without this a node other than the coordinator's keeps every replaced generation of an id
-    forever: the marker that replaced it, and the drop of the old one, happen on the coordinator's
-    node only. A part no commit of its id supersedes stays (it may be the committed one, and the
-    newer one a save that crashed); an id with copies in conflict stays as it is until settled.
+    ``parts``: ``{id: {generation: (seq, settled)}}``. A part's number is final once a promoter
+    read it from the coordinator's committed manifest; until then it is the number claimed when
+    the save was planned, and the save may still commit, later, under a higher one. So only a
+    *settled* part is judged: its number is final, or it is older than ``promote.stale_after``
+    (a save that never committed). Without this a node other than the coordinator's keeps every
+    replaced generation forever: the marker swap and the drop of the replaced generation happen
+    on the coordinator's node only. A part no commit supersedes stays (it may be the committed
+    one, and the newer one a save that crashed); an id with copies in conflict stays as it is.
     """
     committed: dict[str, Copy] = {}
     conflicted: set[str] = set()
@@ -280,8 +283,8 @@ def superseded_parts(
         newest = committed.get(checkpoint_id)
         if newest is None or newest.seq is None or checkpoint_id in conflicted:
             continue
-        for generation, seq in sorted(generations.items()):
-            if generation != newest.generation and seq is not None and seq < newest.seq:
+        for generation, (seq, settled) in sorted(generations.items()):
+            if settled and generation != newest.generation and seq is not None and seq < newest.seq:
                 why = f"a part of a save replaced by commit {newest.seq} ({newest.generation})"
                 deletions.append(Deletion(tier, checkpoint_id, why, generation))
     return deletions

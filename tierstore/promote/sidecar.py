@@ -18,6 +18,7 @@ Node-local tiers are handled by each node's promoter for its own part; moves bet
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from tierstore.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
+from tierstore.ids import intent_path, rank_part_path
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve
@@ -48,6 +50,7 @@ from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts
 from tierstore.records.log import highest_in
 from tierstore.records.marker import Manifest
 from tierstore.records.mirror import prune_mirrors, read_status
+from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import Verdict, judge_promotion
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting
 from tierstore.tiers import Tier
@@ -101,6 +104,9 @@ class Promoter:
         self.highest: dict[str, int] = {}
         """The highest commit number logged in each tier, as last listed."""
         self._sighted: dict[tuple[str, str], Sighting] = {}
+        self._final: dict[tuple[str, str], int | None] = {}
+        self._unknown: set[tuple[str, str]] = set()
+        """The commit number of multi-node saves, from their committed manifest in a job-wide tier."""
         """``(tier, tier seen)`` -> the sighting last left there (rewritten only when it changes)."""
         self._newest_durable_start: float | None = None
         self._conflicts: dict[str, list[Conflict]] = {}
@@ -178,7 +184,75 @@ class Promoter:
                 self._set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
                 continue
             self._set_unreachable(tier.name, None)
+        if refresh:
+            self._unknown.clear()  # committed manifests not there before may be there now
+            self._confirm_numbers(found)
         return found
+
+    def _confirm_numbers(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """This node's parts of multi-node saves carry the commit number claimed when the save was
+        planned; the coordinator may have taken a higher one at its commit (a save that committed
+        meanwhile). Once the final number is in a job-wide tier (the id's marker there, or the
+        committed manifest the coordinator's node left, ``parts/manifest.json``), the part records
+        are rewritten with it (``confirmed``) and the tier is looked at again: this node's part
+        then ranks, and is promoted, by it, like the coordinator's."""
+        wide = [t for t in self.tiers if not t.node_local and t.name in found]
+        for tier in self.tiers:
+            if not tier.node_local or tier.name not in found:
+                continue
+            try:
+                changed = False
+                for generations in foreign_parts(tier).values():
+                    for records in generations.values():
+                        changed |= self._confirm(tier, wide, found, records)
+                if changed:
+                    found[tier.name] = discover(tier, self.cache, self._conflicts.get(tier.name))
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot confirm the commit numbers of the parts in %s: %s",
+                               tier.name, exc)  # fmt: skip
+
+    def _confirm(
+        self, tier: Tier, wide: list[Tier], found: dict[str, dict[str, SeenCopy]],
+        records: list[PartRecord],
+    ) -> bool:  # fmt: skip
+        """Rewrite a part's records with its final number once known; True if it did."""
+        first = records[0]
+        if all(r.confirmed for r in records):
+            return False
+        final = self._final_number(wide, found, first.checkpoint_id, first.generation)
+        if final is None:
+            return False
+        for record in records:
+            path = rank_part_path(record.checkpoint_id, record.generation, record.ranks[0])
+            tier.write_bytes(path, dataclasses.replace(record, seq=final, confirmed=True).to_json())
+        return True
+
+    def _final_number(
+        self, wide: list[Tier], found: dict[str, dict[str, SeenCopy]], checkpoint_id: str,
+        generation: str,
+    ) -> int | None:  # fmt: skip
+        """The generation's number as committed: from a job-wide tier's marker of it, else its
+        committed manifest there (each asked within ``probe_timeout``); None while unknown."""
+        key = (checkpoint_id, generation)
+        for tier in wide:
+            there = found[tier.name].get(checkpoint_id)
+            if there is not None and not there.copy.partial and there.copy.generation == generation:
+                return there.copy.seq
+        if key in self._final or key in self._unknown:
+            return self._final.get(key)
+        self._unknown.add(key)
+        path = intent_path(checkpoint_id, generation)
+        for tier in wide:
+            try:
+                blob = self.prober.ask(tier.name, functools.partial(tier.read_bytes, path),
+                                       what=f"read {path}")  # fmt: skip
+                self._final[key] = Manifest.from_json(blob, where=f"tier {tier.name}: {path}").seq
+                return self._final[key]
+            except FileNotFoundError:
+                continue
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot read %s in %s: %s", path, tier.name, exc)
+        return None
 
     def _set_unreachable(self, tier_name: str, error: str | None) -> None:
         was = tier_name in self.unreachable
@@ -454,13 +528,26 @@ class Promoter:
             if not tier.node_local or tier.name in self.unreachable or tier.name not in found:
                 continue
             try:
-                parts = foreign_parts(tier)
+                parts = {
+                    checkpoint_id: {
+                        gen: self._settle_part(records) for gen, records in generations.items()
+                    }
+                    for checkpoint_id, generations in foreign_parts(tier).items()
+                    if checkpoint_id not in in_use
+                }
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot list the parts in %s (%s)", tier.name, exc)
+                logger.warning("cannot judge the parts in %s (%s)", tier.name, exc)
                 continue
-            decided += [d for d in superseded_parts(tier.name, parts, held)
-                        if d.checkpoint_id not in in_use]  # fmt: skip
+            decided += superseded_parts(tier.name, parts, held)
         return decided
+
+    def _settle_part(self, records: list[PartRecord]) -> tuple[int | None, bool]:
+        """``(seq, settled)`` of this node's part of a save coordinated elsewhere: settled when its
+        number is final (:meth:`_confirm_numbers`), or it is older than ``stale_after``."""
+        first = records[0]
+        if all(r.confirmed for r in records):
+            return first.seq, True
+        return first.seq, time.time() - first.written_at >= self.config.promote.stale_after
 
     def _owns(self, tier: Tier) -> bool:
         return tier.node_local or self.node == COORDINATOR_NODE

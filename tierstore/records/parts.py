@@ -42,6 +42,10 @@ class PartRecord:
     """The host of the save's coordinator (rank 0): only its node holds the save's marker in a
     node-local tier, so only it can say the save never committed. Empty in records from before
     this field, and in the per-node records promoters leave in job-wide tiers."""
+    confirmed: bool = False
+    """``seq`` is the commit's final number: a promoter read it from the coordinator's committed
+    manifest (the coordinator takes a new number at its commit when another save committed after
+    this one was planned), and rewrote the record with it."""
 
     def to_json(self) -> bytes:
         """Serialize (CRCs as hex)."""
@@ -64,6 +68,7 @@ class PartRecord:
                 written_at=float(body.get("written_at", 0.0)),
                 node_ranks=tuple(int(r) for r in body.get("node_ranks", ())),
                 coordinator_host=str(body.get("coordinator_host", "")),
+                confirmed=bool(body.get("confirmed", False)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed part record ({exc})") from None
