@@ -3,7 +3,12 @@
 The result loads with ``dcp.load(state, storage_reader=FileSystemReader(DIR))``, with no tierstore
 installed. The copy comes from the fastest tier holding a usable committed copy, chosen as a restore
 chooses it (:func:`~tierstore.dcp.restore_choice.choose_copy`, for this process alone: a node-local
-copy counts only when this node holds every rank's files), or from the one tier named.
+copy counts only when this node holds every rank's files), or from the one tier named. A mirrored
+memory tier counts when this node holds every file, its own or as its partner's mirror
+(docs/mirror.md): mirror copies are read where they are held, under ``.tierstore/mirror/``, and
+verified like every other file. When the chosen copy turns out unreadable while it is converted (a
+byte that does not match its CRC32C, a file removed meanwhile, an unreachable tier), the export starts
+again from the next usable tier; when none is left it fails naming every tier and why.
 
 tierstore's data files hold raw tensor bytes at aligned offsets (:class:`ItemLocation`); torch's hold
 ``torch.save`` records (:mod:`tierstore.dcp.torch_files`). So the export converts, one file and one
@@ -38,12 +43,13 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
 from tierstore.dcp.layout import ItemLocation, decode_tensor
-from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.mirror.inventory import OWN, stored_path
+from tierstore.dcp.restore_choice import Choice, choose_copy
 from tierstore.dcp.safe_pickle import load_metadata
 from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
 from tierstore.dcp.verified_read import VerifiedReader
-from tierstore.errors import IntegrityError
-from tierstore.ids import checkpoint_file, is_metadata_file, validate_checkpoint_id
+from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierUnavailableError
+from tierstore.ids import is_metadata_file, validate_checkpoint_id
 from tierstore.records.activity import Activity, hold
 from tierstore.records.marker import FileEntry, Manifest, entry_problem
 from tierstore.tiers import Tier
@@ -51,6 +57,35 @@ from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 Items = dict[ItemLocation, list[MetadataIndex]]
+_SOURCE_FAILURES = (IntegrityError, FileNotFoundError, TierUnavailableError)
+"""What reading a chosen copy may raise that the next tier's copy may not have: the export then
+falls back to it (a failure writing the destination is not among them)."""
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The copy an export reads: its tier, its marker, and where each file the marker names is
+    stored in that tier (a mirrored memory tier holds some files as mirrors, elsewhere)."""
+
+    tier: Tier
+    manifest: Manifest
+    stored: dict[str, str]
+    """Marker path (``<generation>/<name>``) -> tier-relative path to read it from."""
+
+    def path(self, entry: FileEntry) -> str:
+        """Tier-relative path of the stored copy of ``entry``."""
+        return self.stored[entry.path]
+
+
+def _source_of(tiers: list[Tier], choice: Choice, node: int) -> _Source:
+    """The chosen copy, with a mirrored memory tier's files located on this node: own copies at
+    their owner paths, the partner's at their mirror paths (the choice verified both)."""
+    held = (choice.holdings or {}).get(node, {})
+    ckpt = choice.manifest.checkpoint_id
+    stored = {
+        f.path: stored_path(ckpt, f.path, held.get(f.path, OWN)) for f in choice.manifest.files
+    }
+    return _Source(tiers[choice.tier_index], choice.manifest, stored)
 
 
 @dataclass(frozen=True)
@@ -127,25 +162,16 @@ def export_checkpoint(
         config.promote.activity_ttl,
     )
     try:
-        choice = choose_copy(
-            tiers,
-            checkpoint_id,
-            node=node,
-            verify=False,  # sizes only here: the conversion verifies every byte it reads
-            excluded=excluded,
-            collective=False,
+        source, (files, size, items) = _export_from_first_usable(
+            tiers, checkpoint_id, destination, node=node, excluded=excluded, reading=reading
         )
-        source = tiers[choice.tier_index]
-        for name in [n for n in reading if n != source.name]:
-            reading.pop(name).release()
-        files, size, items = _export_into(source, choice.manifest, destination)
     finally:
         for activity in reading.values():
             activity.release()
     report = ExportReport(
         checkpoint_id=checkpoint_id,
-        tier=source.name,
-        generation=choice.manifest.generation,
+        tier=source.tier.name,
+        generation=source.manifest.generation,
         destination=str(destination),
         files=files,
         bytes=size,
@@ -153,8 +179,57 @@ def export_checkpoint(
         seconds=time.monotonic() - started,
     )
     logger.info("exported %s from %s to %s: %d files, %d bytes",
-                checkpoint_id, source.name, destination, files, size)  # fmt: skip
+                checkpoint_id, source.tier.name, destination, files, size)  # fmt: skip
     return report
+
+
+def _export_from_first_usable(
+    tiers: list[Tier],
+    checkpoint_id: str,
+    destination: Path,
+    *,
+    node: int,
+    excluded: dict[int, str],
+    reading: dict[str, Activity],
+) -> tuple[_Source, tuple[int, int, int]]:
+    """Export from the fastest usable copy; when reading it fails, from the next one.
+
+    The choice checks sizes only (and mirror copies' CRC32C); the conversion verifies every byte,
+    so a copy can still fail there. Each failed tier is excluded, with its reason, and the choice is
+    made again: it then lists that reason among every tier's when no copy is left. A corrupt byte
+    stays an :class:`IntegrityError` (the CLI's exit 1) even then, naming the other tiers too.
+    """
+    excluded = dict(excluded)
+    mismatch: IntegrityError | None = None
+    while True:
+        try:
+            choice = choose_copy(
+                tiers,
+                checkpoint_id,
+                node=node,
+                verify=False,  # sizes only here: the conversion verifies every byte it reads
+                excluded=excluded,
+                collective=False,
+            )
+        except CheckpointNotFoundError as exc:
+            if mismatch is not None:
+                raise IntegrityError(f"{mismatch}; and {exc}") from exc
+            raise
+        # The faster tiers were unusable: only the chosen and slower ones may still serve.
+        for index in range(choice.tier_index):
+            activity = reading.pop(tiers[index].name, None)
+            if activity is not None:
+                activity.release()
+        source = _source_of(tiers, choice, node)
+        try:
+            return source, _export_into(source, destination)
+        except _SOURCE_FAILURES as exc:
+            if isinstance(exc, IntegrityError) and mismatch is None:
+                mismatch = exc
+            reason = f"reading its copy failed: {exc}".replace("\n", "; ")
+            logger.warning("export of %s: tier %s: %s; trying the next tier",
+                           checkpoint_id, source.tier.name, reason)  # fmt: skip
+            excluded[choice.tier_index] = reason
 
 
 def _check_destination(destination: Path) -> None:
@@ -182,13 +257,13 @@ def _announce(tiers: list[Tier], checkpoint_id: str, ttl: float) -> dict[str, Ac
     return reading
 
 
-def _export_into(tier: Tier, manifest: Manifest, destination: Path) -> tuple[int, int, int]:
+def _export_into(source: _Source, destination: Path) -> tuple[int, int, int]:
     """Convert into a temporary sibling, then rename it to ``destination``: (files, bytes, items)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     temporary = destination.parent / f".{destination.name}.export-{uuid.uuid4().hex[:8]}"
     temporary.mkdir()
     try:
-        result = _convert(tier, manifest, temporary, destination)
+        result = _convert(source, temporary, destination)
         fsync_dir(temporary)
         try:
             os.rename(temporary, destination)  # replaces an empty directory; never a full one
@@ -205,13 +280,14 @@ def _export_into(tier: Tier, manifest: Manifest, destination: Path) -> tuple[int
     return result
 
 
-def _convert(tier: Tier, manifest: Manifest, out: Path, destination: Path) -> tuple[int, int, int]:
+def _convert(source: _Source, out: Path, destination: Path) -> tuple[int, int, int]:
+    tier, manifest = source.tier, source.manifest
     metadata_entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
     if metadata_entry is None:
         raise IntegrityError(
             f"tier {tier.name}: the marker of {manifest.checkpoint_id} names no .metadata file"
         )
-    metadata = _read_metadata(tier, manifest.checkpoint_id, metadata_entry)
+    metadata = _read_metadata(source, metadata_entry)
     per_file: dict[str, Items] = defaultdict(lambda: defaultdict(list))
     for index, location in (metadata.storage_data or {}).items():
         if not isinstance(location, ItemLocation):
@@ -228,9 +304,7 @@ def _convert(tier: Tier, manifest: Manifest, out: Path, destination: Path) -> tu
     files, size = 0, 0
     for entry in sorted(data_files, key=lambda f: f.path):
         items = per_file.get(entry.path, {})
-        written = _convert_file(
-            tier, manifest.checkpoint_id, entry, items, out=out, storage=storage
-        )
+        written = _convert_file(source, entry, items, out=out, storage=storage)
         if written is not None:
             files, size = files + 1, size + written
     metadata.storage_data = storage
@@ -241,9 +315,9 @@ def _convert(tier: Tier, manifest: Manifest, out: Path, destination: Path) -> tu
     return files + 1, size, len(storage)
 
 
-def _read_metadata(tier: Tier, checkpoint_id: str, entry: FileEntry) -> Metadata:
+def _read_metadata(source: _Source, entry: FileEntry) -> Metadata:
     """DCP's metadata of the copy, checked against the marker, unpickled with an allowlist."""
-    path = checkpoint_file(checkpoint_id, entry.path)
+    tier, path = source.tier, source.path(entry)
     blob = tier.read_bytes(path)
     problem = entry_problem(path, entry, len(blob), crc32c(blob))
     if problem is not None:
@@ -255,8 +329,7 @@ def _read_metadata(tier: Tier, checkpoint_id: str, entry: FileEntry) -> Metadata
 
 
 def _convert_file(
-    tier: Tier,
-    checkpoint_id: str,
+    source: _Source,
     entry: FileEntry,
     items: Items,
     *,
@@ -265,17 +338,17 @@ def _convert_file(
 ) -> int | None:
     """Verify one source file and write its items to a file of the same name (none if it has
     none); return the size written."""
-    path = checkpoint_file(checkpoint_id, entry.path)
+    tier, path = source.tier, source.path(entry)
     target = TorchDataFile(out, entry.path.rsplit("/", 1)[-1]) if items else None
     scratch = bytearray(max((location.length for location in items), default=0))
     try:
-        with VerifiedReader(tier, path, entry) as source:
+        with VerifiedReader(tier, path, entry) as reader:
             for location in sorted(items, key=lambda item: item.offset):
                 data = memoryview(scratch)[: location.length]  # written out before the next read
-                source.read_into(location.offset, data)
+                reader.read_into(location.offset, data)
                 info = _append(target, location, data, where=f"tier {tier.name}: {path}")
                 storage.update(dict.fromkeys(items[location], info))
-            source.finish()
+            reader.finish()
     except BaseException:
         if target is not None:
             target.discard()

@@ -34,6 +34,7 @@ from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
+from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
 from tierstore.records.protocol import drop, forget_entry
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
@@ -86,7 +87,8 @@ def find_leftovers(
                              f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
     if tier.capabilities.staging_files:
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
-    found += _unfinished_mirrors(tier, files, stale_after=stale_after, now=now)
+        found += _abandoned_exchange_waits(tier, stale_after=stale_after, now=now)
+    found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for record in records:
         if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
@@ -136,10 +138,12 @@ def _orphan_log_entries(
 
 
 def _unfinished_mirrors(
-    tier: Tier, files: list[FileInfo], *, stale_after: float, now: float
-) -> list[Cleanup]:
+    tier: Tier, files: list[FileInfo], at_work: list[ActivityInfo], *, stale_after: float,
+    now: float,
+) -> list[Cleanup]:  # fmt: skip
     """Mirrored generations without a mirror marker (an exchange cut short by a dead process),
-    untouched for ``stale_after``: a mirror exists only where its marker is."""
+    untouched for ``stale_after``: a mirror exists only where its marker is. Never one that a
+    receiving exchange announces (its ``write`` record), however long it has been quiet."""
     newest: dict[str, float] = {}
     marked: set[str] = set()
     for info in files:
@@ -153,7 +157,9 @@ def _unfinished_mirrors(
         Cleanup(tier.name, "tree", directory,
                 f"peer mirror without a mirror marker; untouched for {now - mtime:.0f}s")
         for directory, mtime in sorted(newest.items())
-        if directory not in marked and now - mtime >= stale_after
+        if directory not in marked
+        and now - mtime >= stale_after
+        and not is_busy(at_work, *directory.split("/")[2:4])
     ]  # fmt: skip
 
 
@@ -174,6 +180,29 @@ def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cl
         if not alive:
             found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
                                  "staging buffers of a writer process that is gone"))  # fmt: skip
+    return found
+
+
+def _abandoned_exchange_waits(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
+    """Exchange-end record directories (PROCESS-mode mirror waits, :mod:`tierstore.records.mirror`)
+    of trainer processes that are gone: locked like staging directories; one without a lock (a
+    record that arrived after its trainer closed) once untouched for ``stale_after``."""
+    found: list[Cleanup] = []
+    for waiter in tier.list_dir(EXCHANGE_ENDS_DIR):
+        relative = exchange_ends_dir(waiter)
+        directory = tier.local_path(relative)
+        if directory is None:
+            continue
+        alive = owner_is_alive(directory)
+        if alive is None:
+            try:
+                idle = now - os.stat(directory).st_mtime
+            except FileNotFoundError:
+                continue
+            alive = idle < stale_after
+        if not alive:
+            found.append(Cleanup(tier.name, "tree", relative,
+                                 "exchange-end records of a trainer process that is gone"))  # fmt: skip
     return found
 
 

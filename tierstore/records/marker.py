@@ -204,17 +204,20 @@ def copy_problems(
     problems: list[str] = []
     for entry in manifest.files if entries is None else entries:
         path = checkpoint_file(manifest.checkpoint_id, entry.path)
-        try:
-            size = tier.stat(path).size
-        except FileNotFoundError:
-            problems.append(f"{path}: missing")
-            continue
-        problem = entry_problem(path, entry, size)
+        problem = size_problem(tier, path, entry)
         if problem is None and verify:
             problem = entry_problem(path, entry, *file_crc32c(tier, path))
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+def size_problem(tier: Tier, path: str, entry: FileEntry) -> str | None:
+    """Why the file stored at ``path`` is not ``entry``'s by presence and size; None when it is."""
+    try:
+        return entry_problem(path, entry, tier.stat(path).size)
+    except FileNotFoundError:
+        return f"{path}: missing"
 
 
 def entry_problem(path: str, entry: FileEntry, size: int, crc: int | None = None) -> str | None:

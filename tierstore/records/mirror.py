@@ -8,10 +8,20 @@ file it names was received, verified against the owner's CRC32C and renamed into
 exists only where its marker is. The owner node records whether its files reached a mirror
 (``<id>/<generation>/mirror/node<owner>.json``): a failed mirror is reduced redundancy, never a failed
 save. Moving the bytes is :mod:`tierstore.dcp.mirror`'s job; this module never imports torch.
+
+An **exchange-end record** (``.tierstore/mirror-ended/<waiter>/<n>.json``) tells a trainer in
+``AsyncCheckpointerType.PROCESS`` mode that the exchange of its ``n``-th handed-over save has ended
+(however it ended): the exchange runs in DCP's checkpoint process, and the trainer's
+``wait_mirrored``/``close`` wait for these records. They live outside the generation directories, so
+an overwrite or retention that drops a generation cannot take them away. The waiting process owns its
+``<waiter>`` directory (named and locked as a staging directory is, see :mod:`tierstore.owners`),
+deletes each record once seen and the directory when it closes or exits; cleanup removes the
+directory of a process that is gone.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -21,22 +31,34 @@ from typing import Any
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
+    INTERNAL_DIR,
     MIRROR_DIR,
     MIRROR_MARKER_PREFIX,
     is_checkpoint_id,
     is_generation,
     mirror_commit_path,
+    mirror_copy_path,
     mirror_id_dir,
     mirror_marker_path,
     mirror_status_path,
 )
+from tierstore.owners import LOCK_NAME
 from tierstore.records.activity import ActivityInfo, is_busy
-from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record
+from tierstore.records.marker import (
+    FileEntry,
+    Manifest,
+    dump_record,
+    file_entry,
+    load_record,
+    size_problem,
+)
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 MIRROR_FORMAT = "tierstore.mirror/1"
 STATUS_FORMAT = "tierstore.mirror-status/1"
+EXCHANGE_ENDS_DIR = f"{INTERNAL_DIR}/mirror-ended"
+"""Tier-relative directory of the exchange-end records, one directory per waiting process."""
 
 
 @dataclass(frozen=True)
@@ -124,14 +146,31 @@ class MirrorStatus:
 
 def publish_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
     """On the holder: the copy of the commit marker, then the mirror marker **last** (a mirror
-    exists only where its marker is), after every file it names was received and verified."""
+    exists only where its marker is), after every file it names was received and verified.
+
+    The protocol's publishing order, for a mirror: the files are checked present at their sizes
+    before the marker and again after it, and a marker over a hole (cleanup removed a file
+    meanwhile) is withdrawn: :class:`IntegrityError` naming the files."""
+    _check_received(tier, marker, "before its mirror marker")
     tier.publish(mirror_commit_path(marker.checkpoint_id, marker.generation), committed,
                  create_only=False)  # fmt: skip
-    tier.publish(
-        mirror_marker_path(marker.checkpoint_id, marker.generation, marker.owner_node),
-        marker.to_json(),
-        create_only=False,
-    )
+    path = mirror_marker_path(marker.checkpoint_id, marker.generation, marker.owner_node)
+    tier.publish(path, marker.to_json(), create_only=False)
+    try:
+        _check_received(tier, marker, "while its mirror marker was published")
+    except IntegrityError:
+        tier.delete(path)
+        raise
+
+
+def _check_received(tier: Tier, marker: MirrorMarker, when: str) -> None:
+    found = (size_problem(tier, mirror_copy_path(marker.checkpoint_id, e.path), e)
+             for e in marker.files)  # fmt: skip
+    if missing := [problem for problem in found if problem is not None]:
+        raise IntegrityError(
+            f"{marker.checkpoint_id}: node {marker.owner_node}'s mirror in tier {tier.describe()}"
+            f" lost files {when}: {'; '.join(missing)}"
+        )
 
 
 def write_status(tier: Tier, status: MirrorStatus) -> None:
@@ -147,6 +186,36 @@ def read_status(tier: Tier, checkpoint_id: str, generation: str, node: int) -> M
         return MirrorStatus.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}")
     except FileNotFoundError:
         return None
+
+
+def exchange_ends_dir(waiter: str) -> str:
+    """Tier-relative directory of the exchange-end records one process waits for."""
+    return f"{EXCHANGE_ENDS_DIR}/{waiter}"
+
+
+def exchange_end_path(waiter: str, number: int) -> str:
+    """Tier-relative path of the record that the exchange of ``waiter``'s ``number``-th handed-over
+    save has ended."""
+    return f"{exchange_ends_dir(waiter)}/{number:08d}.json"
+
+
+def record_exchange_end(tier: Tier, path: str, checkpoint_id: str, generation: str) -> None:
+    """Where an exchange ran: say it ended, for the process waiting for it. Written only while that
+    process still holds its directory (its lock is there): one that closed or died waits for
+    nothing, and a record written for it would be left behind."""
+    if not tier.exists(f"{path.rsplit('/', 1)[0]}/{LOCK_NAME}"):
+        return
+    body = {"checkpoint_id": checkpoint_id, "generation": generation, "at": time.time()}
+    tier.publish(path, json.dumps(body).encode(), create_only=False)
+
+
+def exchange_ended(tier: Tier, path: str) -> bool:
+    """For the waiting process: True, and the record deleted, once the exchange at ``path`` has
+    ended."""
+    if not tier.exists(path):
+        return False
+    tier.delete(path)
+    return True
 
 
 def held_mirrors(tier: Tier, checkpoint_id: str) -> list[MirrorMarker]:

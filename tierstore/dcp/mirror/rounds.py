@@ -20,6 +20,11 @@ dead peer fails the round, never the trainer. A round:
    received, if the save did not commit), then drops that owner's older mirrors beyond the memory
    tier's ``keep`` (double-buffered: the previous one goes only after the new one has its marker);
    the first rank of each owner node records whether its files are mirrored.
+
+In ``AsyncCheckpointerType.PROCESS`` mode the rounds run in DCP's checkpoint process, not in the
+trainer that waits for them (``wait_mirrored``, ``close``): each handed-over save carries the path of
+an *exchange-end record* (:class:`ExchangeWaits`, :mod:`tierstore.records.mirror`), which the worker
+writes when the save's round has ended, however it ended.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import logging
 import os
 import queue
 import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +53,7 @@ from tierstore.dcp.mirror.transport import (
     receive_file,
     wait_all,
 )
+from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,
@@ -55,14 +63,19 @@ from tierstore.ids import (
     parts_dir,
     rank_part_path,
 )
+from tierstore.owners import hold_owner_lock, owner_dir_name
 from tierstore.placement import MirrorConfig, Placement, place
-from tierstore.records.activity import live
+from tierstore.records.activity import held, live
 from tierstore.records.marker import FileEntry, Manifest
 from tierstore.records.mirror import (
     MirrorMarker,
     MirrorStatus,
+    exchange_end_path,
+    exchange_ended,
+    exchange_ends_dir,
     prune_mirrors,
     publish_mirror,
+    record_exchange_end,
     write_status,
 )
 from tierstore.tiers import Tier
@@ -138,6 +151,8 @@ class Round:
     outcome: CommitOutcome = field(default_factory=CommitOutcome)
     number: int = 0
     """This process's count of rounds so far (the same on every rank: rounds run in one order)."""
+    ended_record: str | None = None
+    """PROCESS mode: the exchange-end record the trainer waits for (see :class:`ExchangeWaits`)."""
 
 
 @dataclass(frozen=True)
@@ -225,9 +240,91 @@ class MirrorWorker:
                     "peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id
                 )
             finally:
+                _say_ended(round_)
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
+
+
+def _say_ended(round_: Round) -> None:
+    """Write the round's exchange-end record, if a trainer in another process waits for it."""
+    if round_.ended_record is None:
+        return
+    share = round_.share
+    try:
+        record_exchange_end(round_.tier, round_.ended_record, share.checkpoint_id, share.generation)
+    except Exception as exc:  # noqa: BLE001 - the trainer's wait then times out, with a warning
+        logger.warning("could not record the end of the mirror exchange of %s: %s",
+                       share.checkpoint_id, exc)  # fmt: skip
+
+
+class ExchangeWaits:
+    """The trainer's side of PROCESS mode: which handed-over saves' exchanges have not ended yet.
+
+    Each save handed to DCP's checkpoint process gets the path of a record of its own
+    (:meth:`handover`), which the worker there writes when the save's round ends. The records sit in
+    a directory of this process's, outside every generation directory: an overwrite or retention
+    dropping the save's generation meanwhile cannot remove them (it did remove the status records
+    this used to count, and the wait never ended). The directory is locked for this process's
+    lifetime (:mod:`tierstore.owners`), removed by :meth:`close` or at exit, and by cleanup once
+    this process is gone.
+    """
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        self.waiter = owner_dir_name()
+        self._directory = exchange_ends_dir(self.waiter)
+        self._pending: list[str] = []
+        self._count = 0
+        # handover() runs on DCP's thread that pickles the writer, wait() on the trainer's.
+        self._lock = threading.Lock()
+        local = tier.local_path(self._directory)
+        lock = None if local is None else hold_owner_lock(local)
+        # At exit (however the trainer leaves: no close()), the directory goes with its lock.
+        self._finalizer = weakref.finalize(self, _remove_waits, tier, self._directory, lock)
+
+    def handover(self) -> str:
+        """The record path for the next save handed over (it travels with the pickled writer)."""
+        with self._lock:
+            # Records of exchanges already over go now: a trainer that never waits keeps only
+            # those of the saves in flight, not one per save it ever made.
+            self._collect()
+            self._count += 1
+            path = exchange_end_path(self.waiter, self._count)
+            self._pending.append(path)
+            return path
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Until every handed-over save's exchange has ended; False when ``timeout_s`` passed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._collect():
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Remove the directory and release its lock; records arriving later are not written."""
+        with self._lock:
+            self._pending.clear()
+            self._finalizer()
+
+    def _collect(self) -> int:
+        """Forget (and delete) the records that have arrived; how many are still awaited."""
+        self._pending = [p for p in self._pending if not exchange_ended(self.tier, p)]
+        return len(self._pending)
+
+
+def _remove_waits(tier: Tier, directory: str, lock: int | None) -> None:
+    try:
+        tier.delete_tree(directory)  # the lock file with it: a late exchange then writes nothing
+    except Exception as exc:  # noqa: BLE001 - cleanup removes it once this process is gone
+        logger.warning("could not remove %s: %s", directory, exc)
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 _workers: dict[str, MirrorWorker] = {}
@@ -311,11 +408,15 @@ def run_round(round_: Round) -> None:
         next(s.rank for s in shares if s.coordinator), dict(placement.refused), base,
     )  # fmt: skip
     try:
-        _prepare_incoming(state)
-        errors = _exchange(state)
-        manifest = _share_commit(state, errors)
-        outcomes: list[dict[int, str]] = _gather(errors, state.group)
-        _conclude(state, outcomes, manifest)
+        # Announced in this node's tier while files arrive: its cleanup takes a quiet, markerless
+        # mirror directory for an exchange cut short, and must not remove one still receiving.
+        with held(round_.tier, "write", round_.share.checkpoint_id, round_.share.generation,
+                  ttl=round_.activity_ttl):  # fmt: skip
+            _prepare_incoming(state)
+            errors = _exchange(state)
+            manifest = _share_commit(state, errors)
+            outcomes: list[dict[int, str]] = _gather(errors, state.group)
+            _conclude(state, outcomes, manifest)
     except Exception as exc:  # noqa: BLE001 - a peer died or hung: reduced redundancy, recorded
         _record_broken_round(state, exc)
 
@@ -449,6 +550,7 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
     round_, me, failed, by_node = state.round_, state.me, state.failed, state.by_node
     tier, ckpt, gen = round_.tier, round_.share.checkpoint_id, round_.share.generation
     coordinator_node = state.node_of(state.coordinator)
+    lost: dict[int, str] = {}
     for owner, holder in sorted(state.placement.holder_of.items()):
         moved = [t for t in state.transfers if t.owner_node == owner]
         errors = [e[owner] for e in outcomes if owner in e]
@@ -467,11 +569,19 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             ckpt, gen, owner, holder, tuple(by_node[owner]), tuple(files), manifest.seq,
             crc32c(blob), dict(manifest.topology or {}),
         )  # fmt: skip
-        publish_mirror(tier, blob, marker)
+        try:
+            publish_mirror(tier, blob, marker)
+        except IntegrityError as exc:  # a file went meanwhile: no mirror, and its owner is told
+            lost[owner] = str(exc)
+            _drop_received(tier, ckpt, gen, files)
+            continue
         readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
         prune_mirrors(tier, round_.keep, readers=readers)
-    # Every holder's markers are down before any owner says it is mirrored.
-    _gather(None, state.group)
+    # Every holder's markers are down (or withdrawn, and said so) before any owner says it is
+    # mirrored.
+    for said in _gather(lost, state.group):
+        for owner, reason in said.items():
+            failed.setdefault(owner, reason)
     mine = round_.share.node
     if me != by_node[mine][0]:
         return
