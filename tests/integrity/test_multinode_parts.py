@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from tests.guarantees.test_multinode import HoldRank
 from tests.mirror_jobs import (
@@ -29,7 +30,7 @@ from tests.mirror_jobs import (
     shard_state,
 )
 from tests.workers import run_ranks
-from tierstore import TieredWriter
+from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
 from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.promote.discovery import foreign_parts
@@ -212,3 +213,67 @@ def test_a_multi_node_save_that_commits_last_is_the_newest_everywhere(
     for promoter in (promoters[0], promoters[1], promoters[0]):
         promoter.run_once()
     assert read_manifest(shared, "latest").generation == committed_last.generation
+
+
+def veto_once(view: Any) -> str | None:
+    """Rank 0's gate refuses the third save (rank 1 has written its part by then)."""
+    return "refused" if view.rank == 0 and int(view.value("model.w0")[0]) == 2 else None
+
+
+def overwrite_in_one_job(rank: int, world: int, config: Config) -> None:
+    """One job overwrites ``latest`` five times; the third save fails at rank 0's gate."""
+    for step in range(5):
+        writer = TieredWriter(config, node=rank, overwrite=True, commit_gate=veto_once)
+        try:
+            state = {"model": {f"w{rank}": torch.full((40_000,), float(step))}}
+            dcp.save(state, storage_writer=writer, checkpoint_id="latest")
+        except CheckpointException:
+            assert step == 2, f"save {step} failed"
+
+
+def test_the_coordinator_tells_the_other_node_what_became_of_its_saves(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """A memory tier alone (nothing job-wide for a promoter to learn from): at each save the
+    coordinator tells node 1 what became of its previous saves, so node 1 drops its parts of the
+    replaced and the failed ones, and confirms the final number of the committed one."""
+    config = make_config("memory")
+    run_ranks(overwrite_in_one_job, 2, tmp_path, config)
+    ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
+    current = read_manifest(ram0, "latest").generation
+    held = foreign_parts(ram1)["latest"]
+    # The last save's part, and the one it replaced (dropped at the next save's plan): no more.
+    assert current in held and len(held) == 2, sorted(held)
+    (previous,) = set(held) - {current}
+    assert all(record.confirmed for record in held[previous])
+
+
+def overwrite_latest_with(rank: int, world: int, config: Config, value: float) -> None:
+    writer = TieredWriter(config, node=rank, overwrite=True)
+    state = {"model": {f"w{rank}": torch.full((40_000,), value)}}
+    dcp.save(state, storage_writer=writer, checkpoint_id="latest")
+
+
+def load_latest(rank: int, world: int, config: Config, out: str) -> None:
+    target = {"model": {f"w{rank}": torch.zeros(40_000)}}
+    try:
+        dcp.load(target, storage_reader=TieredReader(config, node=rank), checkpoint_id="latest")
+        Path(out, f"rank{rank}").write_text(str(float(target["model"][f"w{rank}"][0])))
+    except CheckpointException as exc:
+        assert "no tier holds a usable committed copy" in str(exc), exc
+        Path(out, f"rank{rank}").write_text("no usable copy")
+
+
+def test_an_older_generation_is_not_served_when_the_newest_commit_cannot_be_read(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """memory -> shared, no mirror. ``latest`` saved on two nodes and promoted; overwritten, the new
+    commit not promoted yet. A restore on two nodes cannot read the memory copy (its files are
+    spread over the nodes), and must not fall back to the shared tier's older generation."""
+    config = make_config("memory", "shared")
+    run_ranks(overwrite_latest_with, 2, tmp_path, config, 1.0)
+    for node in (1, 0):
+        Promoter(config, node=node).run_once()
+    run_ranks(overwrite_latest_with, 2, tmp_path, config, 2.0)
+    run_ranks(load_latest, 2, tmp_path, config, str(tmp_path))
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["no usable copy"] * 2

@@ -223,6 +223,23 @@ def _probe_window(
     return window
 
 
+def _with_window(
+    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]]
+) -> Known:
+    """``known`` and the commits whose markers a window read (usable or not)."""
+    commits = dict(known.commits)
+    for index, blob, _reason in window:
+        if blob is None:
+            continue
+        try:
+            manifest = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
+        except Exception as exc:  # noqa: BLE001 - a marker that does not parse says nothing
+            logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
+            continue
+        commits[tiers[index].name] = (manifest.seq, manifest.generation)
+    return Known(commits, known.sighted)
+
+
 def _keep_only_the_newest_commit(
     tiers: list[Tier],
     manifests: dict[int, Manifest],
@@ -302,6 +319,9 @@ def choose_copy(
         )  # fmt: skip
         if choice is not None:
             return choice
+        # A later window's copies count only if they hold the newest commit the earlier windows
+        # showed (their unusable copies included: a newer commit spread over nodes, say).
+        known = _with_window(known, tiers, window)
         start = window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
     raise CheckpointNotFoundError(

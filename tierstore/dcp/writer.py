@@ -78,7 +78,7 @@ from tierstore.records.marker import (
 )
 from tierstore.records.mirror import mirrored_ids
 from tierstore.records.parts import PartRecord
-from tierstore.records.protocol import claim, drop, log_commit, publish
+from tierstore.records.protocol import claim, drop, log_commit, publish, settle_parts
 from tierstore.records.sightings import Sighting, read_sightings
 from tierstore.tiers import Tier
 from tierstore.topology import current_host, current_node
@@ -115,6 +115,11 @@ class RankAssignment:
     """Every rank on this rank's node: its node's part is complete once all of them have written."""
     coordinator_host: str = ""
     """The coordinator's host: its node alone holds the marker (recorded in part records)."""
+    settled: tuple[tuple[str, str, int | None], ...] = ()
+    """The coordinator process's recent saves into the tier and their final numbers (None: failed):
+    the other nodes confirm or drop their parts of them (:func:`settle_parts`)."""
+    current: tuple[str, str, int | None] | None = None
+    """The id's marker in the coordinator's tier when the save was planned (generation '': none)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,7 +460,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._writing = hold(self.tier, "write", self._checkpoint_id, self._generation,
                              ttl=self.config.promote.activity_ttl)  # fmt: skip
         # A failed save's record ends with its writer (one finaliser at a time: see _stop_writing).
-        self._writing_ends = weakref.finalize(self, self._writing.release)
+        self._writing_ends = weakref.finalize(
+            self, _abandoned, self._writing, self._look_elsewhere(True), self.tier.name
+        )
         # The commit's place in commit order (what "newest" means): the next number after the
         # highest any tier has logged, claimed create-only in the target.
         self._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
@@ -463,13 +470,15 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._seq = claim(self.tier, self._checkpoint_id, self._generation, floor=floor)
         multi_node = len({r.node for r in self._reports}) > 1
         nodes = [r.node for r in self._reports]
+        settled = tuple(self._look_elsewhere(True).outcomes(self.tier.name)) if multi_node else ()
+        current = self._current_commit(self._checkpoint_id) if multi_node else None
         return [
             dataclasses.replace(
                 plan,
                 storage_data=RankAssignment(
                     self._generation, rank, self._seq, len(plans), multi_node,
                     tuple(r for r, n in enumerate(nodes) if rank < len(nodes) and n == nodes[rank]),
-                    current_host(),
+                    current_host(), settled, current,
                 ),
             )
             for rank, plan in enumerate(plans)
@@ -517,6 +526,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         # until the part record is durable: that node's cleanup never sees the coordinator's
         # record, and would otherwise take a straggler's data for a failed save's leftovers.
         announced = self._announce_part(ckpt, gen, assignment)
+        if announced is not None:  # a node that never sees the coordinator's markers learns here
+            settle_parts(self.tier, list(assignment.settled), current=assignment.current,
+                         stale_after=self.config.promote.stale_after,
+                         ttl=self.config.promote.activity_ttl)  # fmt: skip
         try:
             out = files.write(plan.items, planner)
             if self.commit_gate is not None and out.gate is not None:
@@ -566,24 +579,46 @@ class TieredWriter(StorageWriter, AsyncStager):
         try:
             manifest = self._commit(ckpt, gen, metadata, results)
         except BaseException as exc:
+            published = self._published(ckpt, gen)
+            self._stop_writing(committed=published is not None)
             if mirror is not None:
-                self._tell_mirror_of_failure(mirror, ckpt, gen, exc)
+                self._tell_mirror_of_failure(mirror, published, exc)
             raise
-        finally:
-            self._stop_writing()
+        self._stop_writing(committed=True)
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
 
-    def _tell_mirror_of_failure(
-        self, mirror: Round, ckpt: str, gen: str, exc: BaseException
-    ) -> None:
-        """A failed commit is final only if no marker names the generation (a publish can fail
-        after its rename): the exchange then removes the save's files on every node."""
+    def _current_commit(self, ckpt: str) -> tuple[str, str, int | None]:
+        """``(id, generation, seq)`` of the id's marker in the target ('' and None: none)."""
+        try:
+            marker = read_manifest(self.tier, ckpt)
+        except Exception:  # noqa: BLE001 - no marker, or none readable: nothing to confirm
+            return ckpt, "", None
+        return ckpt, marker.generation, marker.seq
+
+    def _published_generation(self, ckpt: str) -> str | None:
+        """The generation the id's marker in the target names now (None: none readable)."""
+        try:
+            return read_manifest(self.tier, ckpt).generation
+        except Exception:  # noqa: BLE001 - no marker, or none readable
+            return None
+
+    def _published(self, ckpt: str, gen: str) -> Manifest | None:
+        """The marker naming this save's generation, if its publish happened after all (a publish
+        can fail after its rename); None: the save did not commit."""
         try:
             published = read_manifest(self.tier, ckpt)
         except Exception:  # noqa: BLE001 - no marker, or none readable: not this generation's
-            published = None
-        if published is not None and published.generation == gen:
+            return None
+        return published if published.generation == gen else None
+
+    @staticmethod
+    def _tell_mirror_of_failure(
+        mirror: Round, published: Manifest | None, exc: BaseException
+    ) -> None:
+        """A failed commit is final only if no marker names the generation: the exchange then
+        removes the save's files on every node."""
+        if published is not None:
             mirror.outcome.committed(published.to_json())
         else:
             mirror.outcome.failed(f"{type(exc).__name__}: {exc}")
@@ -624,6 +659,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                 self._refuse_committed_id(
                     ckpt, sightings
                 )  # one id, one content: again, just before
+            replaced = self._published_generation(ckpt) if self.overwrite else None
             existing = publish(self.tier, manifest, replace=self.overwrite, node=self.node,
                                log=False, ttl=ttl)  # fmt: skip
             if existing is not None:
@@ -636,6 +672,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             _quietly(lambda: drop(self.tier, ckpt, gen, committed=False, ttl=ttl))
             raise
         elsewhere.committed(self.tier.name, ckpt, manifest.seq or 0, gen)
+        if replaced and replaced != gen:  # dropped here: the other nodes drop their parts of it
+            elsewhere.failed(self.tier.name, ckpt, replaced)
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )
@@ -649,16 +687,21 @@ class TieredWriter(StorageWriter, AsyncStager):
         save too: the other nodes' part records keep the number claimed at planning, and their
         promoters learn the final one from the committed manifest the coordinator's node leaves
         in the job-wide target (:meth:`tierstore.promote.sidecar.Promoter.catalog`)."""
-        if max(highest_in(self.tier), known) > self._seq:
+        # ``known`` never holds this save's own claim: a number there equal to it is another
+        # commit's (a save into another tier that took the same number meanwhile).
+        if highest_in(self.tier) > self._seq or known >= self._seq:
             self._seq = claim(self.tier, ckpt, gen, floor=known)
         return self._seq
 
-    def _stop_writing(self) -> None:
+    def _stop_writing(self, *, committed: bool = False) -> None:
+        """End the planned save's ``write`` record; a save that ends without committing (a veto, a
+        failure on any rank, a refusal) is remembered as failed: the other nodes drop their parts
+        of it at the next save's plan (:func:`settle_parts`)."""
         if self._writing_ends is not None:
             self._writing_ends.detach()  # a writer reused for many saves keeps none of the old ones
             self._writing_ends = None
         if self._writing is not None:
-            self._writing.release()
+            _abandoned(self._writing, None if committed else self._elsewhere, self.tier_name)
             self._writing = None
 
     def _topology(self) -> dict[str, Any] | None:
@@ -678,6 +721,14 @@ class TieredWriter(StorageWriter, AsyncStager):
             "wait_s": max(waits) if waits else None,
             "commit_s": committed_at - started,
         }
+
+
+def _abandoned(writing: Activity, elsewhere: Elsewhere | None, tier_name: str) -> None:
+    """A planned save's ``write`` record ends; with ``elsewhere``, the save did not commit (also
+    when its writer is collected mid-save: a failure before ``finish``)."""
+    writing.release()
+    if elsewhere is not None and writing.generation is not None:
+        elsewhere.failed(tier_name, writing.checkpoint_id, writing.generation)
 
 
 def _quietly(action: Callable[[], object]) -> None:

@@ -84,6 +84,7 @@ def copy_of(manifest: Manifest) -> Copy:
         manifest.step,
         manifest.committed_at,
         manifest.generation,
+        source=str((manifest.provenance or {}).get("tier", "")),
     )
 
 

@@ -42,6 +42,9 @@ class Copy:
     conflicts: frozenset[str] = frozenset()
     """Tiers below holding another content of this id that promotion must not replace (nor be
     replaced by): the copy is kept here and not promoted there (:mod:`tierstore.records.conflicts`)."""
+    source: str = ""
+    """The tier this copy was promoted from ('' for a save's own commit): its commit was made
+    there first, so that tier's marker of the id has named this generation."""
 
 
 Holdings = Mapping[str, Mapping[str, Copy]]
@@ -258,34 +261,38 @@ def superseded_parts(
     tier: str, parts: Mapping[str, Mapping[str, tuple[int | None, bool]]], held: Holdings
 ) -> list[Deletion]:
     """The parts a node holds in ``tier`` of saves another node coordinated that a newer commit of
-    their id, committed in any tier this node sees (``held``), has replaced.
+    their id replaced in ``tier`` itself: a copy this node sees elsewhere (``held``) that was
+    promoted *from* ``tier`` (its marker there named that newer generation, and markers only move
+    forward, so the coordinator's marker no longer names the part's).
 
-    ``parts``: ``{id: {generation: (seq, settled)}}``. A part's number is final once a promoter
-    read it from the coordinator's committed manifest; until then it is the number claimed when
-    the save was planned, and the save may still commit, later, under a higher one. So only a
-    *settled* part is judged: its number is final, or it is older than ``promote.stale_after``
-    (a save that never committed). Without this a node other than the coordinator's keeps every
-    replaced generation forever: the marker swap and the drop of the replaced generation happen
-    on the coordinator's node only. A part no commit supersedes stays (it may be the committed
-    one, and the newer one a save that crashed); an id with copies in conflict stays as it is.
+    ``parts``: ``{id: {generation: (seq, settled)}}``; only a settled part (its number confirmed
+    final) is judged: a planned number says nothing, the save may have committed later under a
+    higher one. Without this a node other than the coordinator's keeps every replaced generation
+    forever: the marker swap and the drop of the replaced generation happen on the coordinator's
+    node only (the coordinator also tells the other nodes at its next save:
+    :func:`tierstore.records.protocol.settle_parts`). An id with copies in conflict stays as it is.
     """
-    committed: dict[str, Copy] = {}
+    passed: dict[str, Copy] = {}
     conflicted: set[str] = set()
     for copies in held.values():
         for copy in copies.values():
             if copy.conflicts:
                 conflicted.add(copy.checkpoint_id)
-            known = committed.get(copy.checkpoint_id)
-            if not copy.partial and (known is None or is_newer(copy, known)):
-                committed[copy.checkpoint_id] = copy
+            known = passed.get(copy.checkpoint_id)
+            if (
+                copy.source == tier
+                and not copy.partial
+                and (known is None or is_newer(copy, known))
+            ):
+                passed[copy.checkpoint_id] = copy
     deletions: list[Deletion] = []
     for checkpoint_id, generations in sorted(parts.items()):
-        newest = committed.get(checkpoint_id)
+        newest = passed.get(checkpoint_id)
         if newest is None or newest.seq is None or checkpoint_id in conflicted:
             continue
         for generation, (seq, settled) in sorted(generations.items()):
             if settled and generation != newest.generation and seq is not None and seq < newest.seq:
-                why = f"a part of a save replaced by commit {newest.seq} ({newest.generation})"
+                why = f"a part of a save replaced in {tier} by commit {newest.seq} ({newest.generation})"
                 deletions.append(Deletion(tier, checkpoint_id, why, generation))
     return deletions
 

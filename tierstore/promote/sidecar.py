@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from tierstore.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
-from tierstore.ids import intent_path, rank_part_path
+from tierstore.ids import intent_path
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve
@@ -50,7 +50,7 @@ from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts
 from tierstore.records.log import highest_in
 from tierstore.records.marker import Manifest
 from tierstore.records.mirror import prune_mirrors, read_status
-from tierstore.records.parts import PartRecord
+from tierstore.records.parts import PartRecord, confirm_part
 from tierstore.records.protocol import Verdict, judge_promotion
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting
 from tierstore.tiers import Tier
@@ -220,12 +220,9 @@ class Promoter:
         if all(r.confirmed for r in records):
             return False
         final = self._final_number(wide, found, first.checkpoint_id, first.generation)
-        if final is None:
-            return False
-        for record in records:
-            path = rank_part_path(record.checkpoint_id, record.generation, record.ranks[0])
-            tier.write_bytes(path, dataclasses.replace(record, seq=final, confirmed=True).to_json())
-        return True
+        return final is not None and confirm_part(
+            tier, first.checkpoint_id, first.generation, final
+        )
 
     def _final_number(
         self, wide: list[Tier], found: dict[str, dict[str, SeenCopy]], checkpoint_id: str,
@@ -515,7 +512,9 @@ class Promoter:
         held = self._copies(found)
         decided = retention(self.config, held, frozenset(in_use), unavailable=self._away())
         decided += self._superseded_parts(found, held, in_use)
-        return [d for d in decided if self._owns(self.by_name[d.tier])]
+        return [
+            d for d in decided if self._owns(self.by_name[d.tier]) and not _unconfirmed(found, d)
+        ]
 
     def _superseded_parts(
         self, found: dict[str, dict[str, SeenCopy]], held: dict[str, dict[str, Copy]],
@@ -541,13 +540,12 @@ class Promoter:
             decided += superseded_parts(tier.name, parts, held)
         return decided
 
-    def _settle_part(self, records: list[PartRecord]) -> tuple[int | None, bool]:
-        """``(seq, settled)`` of this node's part of a save coordinated elsewhere: settled when its
-        number is final (:meth:`_confirm_numbers`), or it is older than ``stale_after``."""
-        first = records[0]
-        if all(r.confirmed for r in records):
-            return first.seq, True
-        return first.seq, time.time() - first.written_at >= self.config.promote.stale_after
+    @staticmethod
+    def _settle_part(records: list[PartRecord]) -> tuple[int | None, bool]:
+        """``(seq, settled)`` of this node's part of a save coordinated elsewhere: settled once its
+        number is final (confirmed: :meth:`_confirm_numbers`, or by the coordinator at its next
+        save). A planned number says nothing: the save may still commit under a higher one."""
+        return records[0].seq, all(r.confirmed for r in records)
 
     def _owns(self, tier: Tier) -> bool:
         return tier.node_local or self.node == COORDINATOR_NODE
@@ -648,3 +646,13 @@ class Promoter:
             lag = max(0.0, time.time() - self._newest_durable_start)
             self.metrics.durable_age.set(lag)
             self.metrics.recovery_point_lag.set(lag)
+
+
+def _unconfirmed(found: dict[str, dict[str, SeenCopy]], deletion: Deletion) -> bool:
+    """True when ``deletion`` is of this node's part of a save coordinated elsewhere whose number is
+    still the planned one: retention ranks by commit order, and that save may have committed after
+    the ones it is ranked below. It waits until its number is confirmed."""
+    seen = found.get(deletion.tier, {}).get(deletion.checkpoint_id)
+    if seen is None or not seen.copy.partial or seen.copy.generation != deletion.generation:
+        return False
+    return not all(record.confirmed for record in seen.parts)

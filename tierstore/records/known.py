@@ -40,6 +40,10 @@ start-up has never been sighted either: that tier's commits (the job's earlier c
 this process, so this process's commits must rank newer than any of them, whatever their numbers."""
 
 
+OUTCOMES = 16
+"""How many of its recent saves' outcomes a coordinator tells the other nodes at each save."""
+
+
 @dataclass(frozen=True)
 class Held:
     """An id committed in another tier: where, and at which commit number (None: unknown)."""
@@ -81,6 +85,8 @@ class Elsewhere:
         """The highest commit number the start-up look found (own commits aside)."""
         self.ids: dict[str, Held] = {}
         self._own: dict[str, Held] = {}
+        self._failed: dict[tuple[str, str], str] = {}
+        """``{(id, generation): tier}`` of this process's saves that failed to commit."""
 
     def look(self, tiers: Iterable[Tier], prober: Prober) -> None:
         """List the given tiers not looked at yet (in parallel, each within the prober's deadline).
@@ -126,6 +132,27 @@ class Elsewhere:
         """This process committed ``checkpoint_id`` (``generation``) as ``seq`` in ``tier_name``."""
         with self._lock:
             self._own[checkpoint_id] = Held(tier_name, seq, generation, time.time())
+
+    def failed(self, tier_name: str, checkpoint_id: str, generation: str) -> None:
+        """This process's save of ``checkpoint_id`` (``generation``) into ``tier_name`` did not
+        commit (no marker names it), or its commit was replaced there and dropped (an overwrite)."""
+        with self._lock:
+            self._failed[(checkpoint_id, generation)] = tier_name
+            while len(self._failed) > 4 * OUTCOMES:  # a long job's replaced generations: the latest
+                del self._failed[next(iter(self._failed))]
+
+    def outcomes(
+        self, tier_name: str, *, limit: int = OUTCOMES
+    ) -> list[tuple[str, str, int | None]]:
+        """``(id, generation, seq)`` of this process's most recent commits into ``tier_name`` and
+        ``(id, generation, None)`` of its saves there that failed or were replaced and dropped: what
+        a coordinator tells the other
+        nodes at its next save (:func:`tierstore.records.protocol.settle_parts`)."""
+        with self._lock:
+            own = [(i, h.generation, h.seq) for i, h in self._own.items() if h.tier == tier_name]
+            failed = [(i, g, None) for (i, g), t in self._failed.items() if t == tier_name]
+        own.sort(key=lambda o: o[2] or 0, reverse=True)
+        return [*own[:limit], *failed[-limit:]]
 
     def _current(self, held: Held | None, sightings: dict[str, Sighting]) -> Held | None:
         """``held`` unless a sighting of its tier was taken after it was learnt."""

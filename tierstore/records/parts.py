@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tierstore.errors import IntegrityError
-from tierstore.ids import is_generation, is_rank_part_name, part_file, parts_dir
+from tierstore.ids import is_generation, is_rank_part_name, part_file, parts_dir, rank_part_path
 from tierstore.records.marker import FileEntry, dump_record, file_entry, load_record
 from tierstore.tiers.base import Tier
 
@@ -96,3 +96,17 @@ def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
                 continue
             found.setdefault(generation, []).append(record)
     return found
+
+
+def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
+    """Rewrite this node's rank part records of ``generation`` with its commit's final number
+    (``confirmed``); True when a record changed. The coordinator may have taken a new number at
+    its commit; until then the records hold the one claimed when the save was planned."""
+    changed = False
+    for record in part_records(tier, checkpoint_id).get(generation, []):
+        if record.confirmed and record.seq == seq:
+            continue
+        path = rank_part_path(checkpoint_id, generation, record.ranks[0])
+        tier.write_bytes(path, replace(record, seq=seq, confirmed=True).to_json())
+        changed = True
+    return changed

@@ -15,6 +15,8 @@ to one tier (it asks no other tier):
   (without them no promoter can start publishing it); (4) asked again: a marker naming it or a live
   activity record covering it keeps the data; (5) its data, then the id's directory if empty.
 * :func:`judge_promotion` — whether a promoted copy may replace the target's copy of its id (pure).
+* :func:`settle_parts` — on a node other than a multi-node save's coordinator's: confirm this node's
+  parts of the saves the coordinator says committed (their final number), drop those it says failed.
 
 Ordering rules, each with a test that fails if it is broken (``tests/records``): files before marker,
 marker before log entry is trusted, marker before data on drop, part records before data on drop.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
@@ -37,6 +40,7 @@ from tierstore.ids import (
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
 from tierstore.records.log import LogEntry, highest_in, read_log
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
+from tierstore.records.parts import confirm_part, part_records
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -212,3 +216,38 @@ def log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> Non
     """Log a commit number claimed elsewhere in ``tier``'s commit log (a node's part of a multi-node
     save: whichever node coordinates next continues from it)."""
     tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=False)
+
+
+def settle_parts(
+    tier: Tier,
+    outcomes: list[tuple[str, str, int | None]],
+    *,
+    current: tuple[str, str, int | None] | None = None,
+    stale_after: float,
+    ttl: float,
+) -> None:
+    """What a node other than the coordinator's learns at a save's plan (it never sees the marker):
+
+    * ``outcomes``, ``(id, generation, seq)`` of the coordinator process's recent saves: its parts
+      of a committed one are confirmed with the final number
+      (:func:`tierstore.records.parts.confirm_part`), its parts of one that failed or that an
+      overwrite replaced and dropped (``seq`` None) are dropped;
+    * ``current``, ``(id, generation, seq)`` of the marker of the id being saved in the
+      coordinator's tier (generation '' when there is none): its parts of that generation are
+      confirmed, and its parts of another generation of the id that have waited longer than
+      ``stale_after`` are dropped: not the current commit there (markers only move forward), they
+      belong to a save that failed, crashed or was replaced, whichever process coordinated it.
+    """
+    for checkpoint_id, generation, seq in outcomes:
+        if seq is None:
+            drop(tier, checkpoint_id, generation, committed=False, ttl=ttl)
+        else:
+            confirm_part(tier, checkpoint_id, generation, seq)
+    if current is None or not current[1]:
+        return
+    checkpoint_id, generation, seq = current
+    confirm_part(tier, checkpoint_id, generation, seq)
+    now = time.time()
+    for other, records in part_records(tier, checkpoint_id).items():
+        if other != generation and now - max(r.written_at for r in records) >= stale_after:
+            drop(tier, checkpoint_id, other, committed=False, ttl=ttl)

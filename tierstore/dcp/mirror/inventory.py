@@ -48,6 +48,8 @@ class PartSeen:
     seq: int
     coordinator_host: str
     """The host of the save's coordinator, whose node alone holds its marker ("" in old records)."""
+    confirmed: bool = False
+    """``seq`` is the commit's final number; otherwise the planned one, which it may exceed."""
 
 
 @dataclass(frozen=True)
@@ -82,21 +84,22 @@ def _gather_evidence(tier: Tier, checkpoint_id: str, probe: NodeProbe) -> None:
         probe.own[tier.name] = (marker.generation, marker.seq)
     for generation, records in part_records(tier, checkpoint_id).items():
         if records and records[0].seq is not None:
-            host = records[0].coordinator_host
-            probe.parts.append(PartSeen(tier.name, generation, records[0].seq, host))
+            host, confirmed = records[0].coordinator_host, all(r.confirmed for r in records)
+            probe.parts.append(PartSeen(tier.name, generation, records[0].seq, host, confirmed))
 
 
 def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
     """Saves of the same id newer than ``manifest`` that live nodes hold evidence of: an own marker
-    in any node-local tier, or a part some node's ranks wrote whose commit the live coordinator's
-    node does not deny. Their marker may have been lost with another node, so the memory copies
-    may be stale.
+    in any node-local tier, or a part some node's ranks wrote that the live coordinator's node does
+    not deny. Their marker may have been lost with another node, so the memory copies may be stale.
 
     Which node's evidence counts: in a node-local tier, only the save's coordinator's node holds
-    its marker. When that node is live (its host probed) and holds a marker of the id in that tier
-    naming another, older commit, the save never committed there (markers only move forward) and
-    its parts elsewhere are the leftovers of a failed save. Otherwise (the coordinator's node gone
-    or wiped, or a record from before hosts were recorded) the part counts.
+    its marker. When that node is live (its host probed) and its marker of the id in that tier names
+    another generation, the part's save is not the current commit there (markers only move
+    forward): it never committed, or a newer one replaced it. Otherwise (the coordinator's node
+    gone or wiped, or a record from before hosts were recorded) the part counts when it may be
+    newer: its confirmed number is higher, or its number is still the one planned (the save may
+    have committed later under a higher one: a multi-node save takes a new number at its commit).
     """
     if manifest.seq is None:
         return []
@@ -108,14 +111,15 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
             if gen != manifest.generation and seq is not None and seq > manifest.seq:
                 newer.add(f"generation {gen} (commit {seq}, committed in tier {name})")
         for part in probe.parts:
-            if part.generation == manifest.generation or part.seq <= manifest.seq:
+            if part.generation == manifest.generation:
+                continue
+            if part.confirmed and part.seq <= manifest.seq:
                 continue
             said = owns.get((part.coordinator_host, part.tier)) if part.coordinator_host else None
-            if said is not None and said[0] != part.generation and (said[1] or 0) < part.seq:
-                continue  # the live coordinator's marker says it never committed
-            newer.add(
-                f"generation {part.generation} (commit {part.seq}, parts in tier {part.tier})"
-            )
+            if said is not None and said[0] != part.generation:
+                continue  # the live coordinator's marker names another generation
+            number = f"commit {part.seq}" if part.confirmed else f"planned as commit {part.seq}"
+            newer.add(f"generation {part.generation} ({number}, parts in tier {part.tier})")
     return sorted(newer)
 
 

@@ -1,0 +1,168 @@
+"""A multi-node save planned first and committed last takes a new number at its commit; the other
+nodes' part records hold the planned one until it is confirmed. Nothing may judge a part by a planned
+number: not retention, not the drop of replaced parts, not the mirror's stale-copy rule.
+
+Each test is a reproduction by an adversarial review: save A of an id is planned (its number claimed)
+and held at rank 0's commit gate, save B commits meanwhile, A commits last under a higher number.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+from torch.distributed.checkpoint.api import CheckpointException
+
+from tests.guarantees.test_multinode import HoldRank
+from tests.integrity.test_multinode_parts import wait_for
+from tests.mirror_jobs import become
+from tests.workers import run_ranks
+from tierstore import TieredReader, TieredWriter, latest_committed
+from tierstore.config import Config, config_from_dict
+from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.tiers import make_tier
+
+A, B = 100.0, 1.0
+"""The values the saves hold: A is planned first and commits last, B commits in between."""
+
+
+def state(rank: int, value: float, size: int) -> dict[str, Any]:
+    return {"model": {f"w{rank}": torch.full((size,), value)}}
+
+
+def save(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, checkpoint_id: str, value: float, size: int,
+    gate: HoldRank | None = None,
+) -> None:  # fmt: skip
+    become(rank)
+    writer = TieredWriter(config, node=rank, overwrite=True, commit_gate=gate)
+    dcp.save(state(rank, value, size), storage_writer=writer, checkpoint_id=checkpoint_id)
+    writer.close()
+
+
+def load(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
+    rank: int, world: int, config: Config, checkpoint_id: str, size: int, out: str
+) -> None:
+    """Resume: what ``latest_committed`` names, and what loading ``checkpoint_id`` gives (or the
+    error), written to ``out`` for the test to judge."""
+    become(rank)
+    latest = latest_committed(config, node=rank)
+    target = state(rank, -1.0, size)
+    try:
+        dcp.load(
+            target, storage_reader=TieredReader(config, node=rank), checkpoint_id=checkpoint_id
+        )
+        got = str(target["model"][f"w{rank}"][0].item())
+    except CheckpointException as exc:
+        got = "no usable copy" if "no tier holds a usable committed copy" in str(exc) else str(exc)
+    Path(out, f"rank{rank}").write_text(f"{latest}|{got}")
+
+
+def a_commits_last(
+    tmp_path: Path, config: Config, ids: tuple[str, str], size: int, between: Callable[[], None]
+) -> None:
+    """Save A of ``ids[0]`` held at its gate, save B of ``ids[1]`` (then ``between()``), A commits
+    last."""
+    a, b = ids
+    gate = HoldRank(0, str(tmp_path / "release"), str(tmp_path / "reached"))
+    (tmp_path / "a").mkdir()
+    job = threading.Thread(
+        target=run_ranks, args=(save, 2, tmp_path / "a", config, a, A, size, gate)
+    )
+    job.start()
+    try:
+        wait_for(gate.reached)
+        run_ranks(save, 2, tmp_path, config, b, B, size)
+        between()
+    finally:
+        Path(gate.release).touch()
+        job.join()
+
+
+def resumed(tmp_path: Path, config: Config, checkpoint_id: str, size: int) -> list[str]:
+    run_ranks(load, 2, tmp_path, config, checkpoint_id, size, str(tmp_path))
+    return [(tmp_path / f"rank{r}").read_text() for r in (0, 1)]
+
+
+def test_a_part_whose_number_is_unconfirmed_is_never_judged_by_it(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """memory -> shared, ``stale_after: 1s``. After A commits, node 1's promoter runs before node 0's
+    has left A's committed manifest in shared: node 1's part of A (planned number below B's) stays,
+    and the promoters then replace B with A in shared."""
+    config = make_config("memory", "shared", promote={"stale_after": "1s"})
+    promoters = [Promoter(config, node=n) for n in (0, 1)]
+    a_commits_last(tmp_path, config, ("latest", "latest"), 20_000,
+                   lambda: [promoters[n].run_once() for n in (1, 0)])  # fmt: skip
+    ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
+    committed_last = read_manifest(ram0, "latest")
+    time.sleep(1.2)  # node 1's part of A is older than stale_after
+    promoters[1].run_once()
+    node1 = [f for f in committed_last.files if f.node == 1]
+    assert copy_problems(ram1, committed_last, verify=False, entries=node1) == []
+    for node in (0, 1, 0, 1):
+        promoters[node].run_once()
+    shared = make_tier(config.tier("shared"), namespace=None, node=0)
+    assert read_manifest(shared, "latest").generation == committed_last.generation
+
+
+def test_retention_on_another_node_never_ranks_parts_by_their_planned_numbers(
+    tmp_path: Path,
+) -> None:
+    """A mirrored memory tier alone, ``keep: 1``; A saves id ``a``, B saves id ``b``. ``a`` is the
+    newest: node 1's retention must not delete its part of ``a`` (ranked by the planned number,
+    below ``b``'s). Node 0 is then lost: ``a`` restores from node 1's memory and its mirrors."""
+    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}", "keep": 1,
+              "mirror": True}]  # fmt: skip
+    config = config_from_dict({"tiers": tiers}, check_paths=False)
+    a_commits_last(tmp_path, config, ("a", "b"), 20_000, lambda: None)
+    for node in (1, 0):
+        Promoter(config, node=node).run_once()
+    shutil.rmtree(tmp_path / "mem" / "0")
+    assert resumed(tmp_path, config, "a", 20_000) == [f"a|{A}"] * 2
+
+
+def test_a_mirror_older_than_a_part_with_an_unconfirmed_number_is_never_served(
+    tmp_path: Path, mount_tmpfs: Callable[[str], Path]
+) -> None:
+    """A mirrored memory tier alone; both saves overwrite ``X``. B is mirrored; A's mirror does not
+    fit on node 1 (reduced redundancy). Node 1 holds B's mirror and its part of A with the planned
+    number (below B's). Neither an export on node 1 nor a restart after node 0 is lost may serve B:
+    A is the last commit."""
+    (tmp_path / "mem").mkdir()
+    memory1 = mount_tmpfs("24m")
+    (tmp_path / "mem" / "1").symlink_to(memory1)
+    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}", "keep": 2,
+              "mirror": {"timeout": "20s"}}]  # fmt: skip
+    config = config_from_dict({"tiers": tiers}, check_paths=False)
+    size = 250_000  # 1 MB shards
+
+    def fill_node_1() -> None:
+        free = shutil.disk_usage(memory1).free
+        (memory1 / "filler").write_bytes(b"\0" * (free - 8 * 2**20))
+
+    a_commits_last(tmp_path, config, ("X", "X"), size, fill_node_1)
+    (memory1 / "filler").unlink()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tiers}))
+    export = subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
+         "X", "--to", str(tmp_path / "export")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert export.returncode != 0, "node 1 exported B's contents under X"
+    assert "evidence of a newer save" in export.stderr, export.stderr
+    shutil.rmtree(tmp_path / "mem" / "0")
+    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
+        "no usable copy"
+    ] * 2
