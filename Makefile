@@ -48,7 +48,7 @@ s3server: $(STAMP)
 	$(BIN)/pytest -q -m s3server --durations=10
 
 soak: $(STAMP)
-	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/records/test_model.py
+	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/records/test_model.py tests/records/test_model_multinode.py
 
 test: lint typecheck unit
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -149,3 +149,18 @@ class DictTierConfig(TierConfig):
 
     def build(self, *, namespace: str | None, node: int) -> DictTier:
         return DictTier(self.name, self.store, namespace)
+
+
+@register
+class NodeDictTierConfig(TierConfig):
+    """``type: nodedict``: a dict tier per node (a simulated node's memory); ``{node}`` in ``store``
+    names each node's store."""
+
+    type: Literal["nodedict"]
+    store: str = Field("node{node}", description="Each node's store; {node} is its index.")
+    node_local: ClassVar[bool] = True
+
+    def build(self, *, namespace: str | None, node: int) -> DictTier:
+        tier = DictTier(self.name, self.store.replace("{node}", str(node)), namespace)
+        tier.node_local = True
+        return tier
