@@ -147,7 +147,11 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         """Such ids of a trainer process that has since died: other processes may not see them
         until node 0's promoter's next pass (the documented window, docs/operations.md)."""
         self.conflicted: set[str] = set()
-        """Ids two saves without ``overwrite`` committed with two contents (rule 6: both kept)."""
+        """Ids two saves without ``overwrite`` committed with two contents (rule 6: both kept), or
+        a save committed while a process the pending save could not know of committed the id."""
+        self.unknown_to_pending: set[str] = set()
+        """Ids committed, while a multi-node save was pending, by a process started after it."""
+        self.pending_outlived_a_process = False
 
     # -- actors -----------------------------------------------------------------------------------
 
@@ -161,6 +165,7 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         known._KNOWN.clear()
         self.window |= self.unsighted
         self.unsighted = set()
+        self.pending_outlived_a_process = self.pending is not None
 
     def _committed(self, checkpoint_id: str, value: int, *, overwrite: bool) -> None:
         """A save returned: learn its generation from the marker that now names it."""
@@ -172,6 +177,8 @@ class MultiNodeProtocol(RuleBasedStateMachine):
                 generations.add(manifest.generation)
         if not overwrite and len(generations) > 1:
             self.conflicted.add(checkpoint_id)  # saved without knowing of the other content
+        if self.pending_outlived_a_process:
+            self.unknown_to_pending.add(checkpoint_id)
         self.last_commit[checkpoint_id] = value
 
     @staticmethod
@@ -195,6 +202,11 @@ class MultiNodeProtocol(RuleBasedStateMachine):
     def finish_multi_node_save(self, crash_after: int | None) -> None:
         save, self.pending = self.pending, None
         assert save is not None
+        if save.checkpoint_id in self.unknown_to_pending:
+            # Another process committed the id while this save was pending, unknown to it: commit
+            # order between them is not decided (rule 6, docs/operations.md's window); both kept.
+            self.conflicted.add(save.checkpoint_id)
+        self.unknown_to_pending, self.pending_outlived_a_process = set(), False
         if crash_after is not None:
             FAULTS.arm(crash_after)
         try:
