@@ -9,9 +9,21 @@ import torch.distributed as dist
 from tierstore.topology import is_distributed
 
 
+class _Alone:
+    """A process that decides alone, whatever groups exist (``dcp.load(no_dist=True)``)."""
+
+    def __repr__(self) -> str:
+        return "ALONE"
+
+
+ALONE: Any = _Alone()
+"""Pass as the group: every helper here acts as in a group of one."""
+
+
 def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
-    """``(rank, world_size)`` in ``group`` (the default group), or ``(0, 1)`` without distributed."""
-    if not is_distributed():
+    """``(rank, world_size)`` in ``group`` (the default group), or ``(0, 1)`` without distributed
+    or for :data:`ALONE`."""
+    if group is ALONE or not is_distributed():
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 

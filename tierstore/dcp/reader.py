@@ -34,7 +34,7 @@ from torch.futures import Future
 from tierstore.bounded import Prober
 from tierstore.checksum import crc32c
 from tierstore.config import Config, as_config
-from tierstore.dcp.collectives import broadcast_object, rank_and_world
+from tierstore.dcp.collectives import ALONE, broadcast_object, rank_and_world
 from tierstore.dcp.layout import ItemLocation, decode_tensor, memory_of
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.inventory import stored_path
@@ -71,6 +71,10 @@ class TieredReader(StorageReader):
         node: this process's node index for node-local tiers (default: :func:`current_node`).
         verify: check every file's CRC32C before choosing a tier (default: ``verify_on_load``).
         process_group: the group passed to ``dcp.load`` (default: the default group).
+        collective: False when this process loads alone in a job whose other ranks do not load
+            (``dcp.load(..., no_dist=True)``): the tier is then chosen by this process alone, and a
+            mirrored memory tier serves only what this node holds. DCP tells a reader nothing of
+            ``no_dist``, so without this the load waits in a collective the other ranks never join.
 
     Raises (through DCP): :class:`~tierstore.errors.CheckpointNotFoundError` listing every tier and
     why it was skipped; :class:`~tierstore.errors.IntegrityError` for a corrupt ``.metadata``.
@@ -84,12 +88,14 @@ class TieredReader(StorageReader):
         node: int | None = None,
         verify: bool | None = None,
         process_group: dist.ProcessGroup | None = None,
+        collective: bool = True,
     ) -> None:
         super().__init__()
         self.config = as_config(config)
         self.node = current_node(node)
         self.verify = self.config.verify_on_load if verify is None else verify
-        self.process_group = process_group
+        self.collective = collective
+        self.process_group = process_group if collective else ALONE
         self._checkpoint_id = (
             None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         )
@@ -175,7 +181,7 @@ class TieredReader(StorageReader):
                 "no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader"
             )
         mirrored = [t.mirror for t in self.tiers() if t.mirror is not None]
-        if mirrored:  # collective: every rank reads metadata; created once per job
+        if mirrored and self.collective:  # every rank reads metadata; created once per job
             job_groups(mirrored[0].timeout)
         try:
             return self._choose_and_read_metadata(self._checkpoint_id)
@@ -197,6 +203,7 @@ class TieredReader(StorageReader):
                 prober=self._prober,
                 before_probe=self._hold_read,
                 sighting_trust=trust_period(self.config.promote.interval),
+                collective=self.collective,
             )
             tier, manifest = tiers[choice.tier_index], choice.manifest
             self._choice = choice
@@ -321,6 +328,8 @@ class TieredReader(StorageReader):
         choice, tier = self._choice, self._tier
         if choice is None or choice.holdings is None or tier is None or tier.mirror is None:
             return requests
+        if not self.collective:
+            return requests  # alone: no peer sends anything
         groups = job_groups(tier.mirror.timeout)
         if groups is None:
             return requests
