@@ -166,3 +166,30 @@ def test_a_mirror_older_than_a_part_with_an_unconfirmed_number_is_never_served(
     assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
         "no usable copy"
     ] * 2
+
+
+def test_a_part_of_a_save_in_flight_survives_another_save_of_its_id(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """``latest`` committed; save A of it is held at its gate longer than ``stale_after``; save B
+    of it (another job) is planned and commits meanwhile. A commits last: its part on node 1 must
+    still be there (B's plan names the id's current marker, which is not A's generation)."""
+    config = make_config("memory", "shared", promote={"stale_after": "1s"})
+    run_ranks(save, 2, tmp_path, config, "latest", 7.0, 20_000)
+    gate = HoldRank(0, str(tmp_path / "release"), str(tmp_path / "reached"))
+    (tmp_path / "a").mkdir()
+    job = threading.Thread(
+        target=run_ranks, args=(save, 2, tmp_path / "a", config, "latest", A, 20_000, gate)
+    )
+    job.start()
+    try:
+        wait_for(gate.reached)
+        time.sleep(1.5)  # A's part on node 1 is older than stale_after when B is planned
+        run_ranks(save, 2, tmp_path, config, "latest", B, 20_000)
+    finally:
+        Path(gate.release).touch()
+        job.join()
+    ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
+    committed_last = read_manifest(ram0, "latest")
+    node1 = [f for f in committed_last.files if f.node == 1]
+    assert copy_problems(ram1, committed_last, verify=False, entries=node1) == []

@@ -6,6 +6,7 @@ record lives in its own node's tier; the other node's cleanup never sees it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -277,3 +278,22 @@ def test_an_older_generation_is_not_served_when_the_newest_commit_cannot_be_read
     run_ranks(overwrite_latest_with, 2, tmp_path, config, 2.0)
     run_ranks(load_latest, 2, tmp_path, config, str(tmp_path))
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["no usable copy"] * 2
+
+
+def test_a_crashed_overwrite_does_not_hide_the_next_commit_after_the_coordinators_node_is_lost(
+    tmp_path: Path,
+) -> None:
+    """``latest`` saved; an overwrite crashes after node 1 wrote its part (its number stays the
+    planned one); the restarted job overwrites ``latest`` again, mirrored; node 0 is lost. The
+    crashed save's part is no evidence against the later commit: it restores from memory."""
+    config = mirror_config(tmp_path, lower=(), keep=2)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"),
+                                str(pids))  # fmt: skip
+    with contextlib.suppress(Exception):  # the job is killed on purpose
+        run_ranks(save_then_crash_an_overwrite, 2, tmp_path, config, gate)
+    plan = [("latest", 3, SMALL, {"overwrite": True})]
+    run_ranks(save_plan, 2, tmp_path, config, (0, 1), plan)
+    shutil.rmtree(memory_root(tmp_path, 0))
+    run_ranks(load_step, 2, tmp_path, config, (0, 1), "latest", ("memory", 3), SMALL)

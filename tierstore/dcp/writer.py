@@ -490,6 +490,10 @@ class TieredWriter(StorageWriter, AsyncStager):
         wrote: list[FileEntry] | None = None
         try:
             wrote, future = self._write_rank(plan, planner, assignment)
+        except BaseException:
+            if self._is_coordinator:  # DCP calls no finish(): the save is over, and failed
+                self._stop_writing()
+            raise
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
@@ -528,7 +532,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         announced = self._announce_part(ckpt, gen, assignment)
         if announced is not None:  # a node that never sees the coordinator's markers learns here
             settle_parts(self.tier, list(assignment.settled), current=assignment.current,
-                         stale_after=self.config.promote.stale_after,
                          ttl=self.config.promote.activity_ttl)  # fmt: skip
         try:
             out = files.write(plan.items, planner)

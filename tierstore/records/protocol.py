@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
@@ -40,7 +39,7 @@ from tierstore.ids import (
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
 from tierstore.records.log import LogEntry, highest_in, read_log
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
-from tierstore.records.parts import confirm_part, part_records
+from tierstore.records.parts import confirm_part
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -223,7 +222,6 @@ def settle_parts(
     outcomes: list[tuple[str, str, int | None]],
     *,
     current: tuple[str, str, int | None] | None = None,
-    stale_after: float,
     ttl: float,
 ) -> None:
     """What a node other than the coordinator's learns at a save's plan (it never sees the marker):
@@ -234,20 +232,13 @@ def settle_parts(
       overwrite replaced and dropped (``seq`` None) are dropped;
     * ``current``, ``(id, generation, seq)`` of the marker of the id being saved in the
       coordinator's tier (generation '' when there is none): its parts of that generation are
-      confirmed, and its parts of another generation of the id that have waited longer than
-      ``stale_after`` are dropped: not the current commit there (markers only move forward), they
-      belong to a save that failed, crashed or was replaced, whichever process coordinated it.
+      confirmed. Nothing is dropped on its account: another generation may belong to a save still
+      in flight (another job or group), or be named by a marker to come (a promotion).
     """
     for checkpoint_id, generation, seq in outcomes:
         if seq is None:
             drop(tier, checkpoint_id, generation, committed=False, ttl=ttl)
         else:
             confirm_part(tier, checkpoint_id, generation, seq)
-    if current is None or not current[1]:
-        return
-    checkpoint_id, generation, seq = current
-    confirm_part(tier, checkpoint_id, generation, seq)
-    now = time.time()
-    for other, records in part_records(tier, checkpoint_id).items():
-        if other != generation and now - max(r.written_at for r in records) >= stale_after:
-            drop(tier, checkpoint_id, other, committed=False, ttl=ttl)
+    if current is not None and current[1]:
+        confirm_part(tier, *current)

@@ -97,9 +97,11 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
     its marker. When that node is live (its host probed) and its marker of the id in that tier names
     another generation, the part's save is not the current commit there (markers only move
     forward): it never committed, or a newer one replaced it. Otherwise (the coordinator's node
-    gone or wiped, or a record from before hosts were recorded) the part counts when it may be
-    newer: its confirmed number is higher, or its number is still the one planned (the save may
-    have committed later under a higher one: a multi-node save takes a new number at its commit).
+    gone or wiped, or a record from before hosts were recorded) the part counts when its number is
+    higher. A multi-node save that commits last takes a higher number than it planned; its mirror
+    exchange tells every rank the committed marker, and each node confirms its part with the final
+    number there (:mod:`tierstore.dcp.mirror.rounds`), so a part still holding its planned number
+    is one whose commit no rank of its job learnt (it crashed, or its exchange broke).
     """
     if manifest.seq is None:
         return []
@@ -111,9 +113,7 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
             if gen != manifest.generation and seq is not None and seq > manifest.seq:
                 newer.add(f"generation {gen} (commit {seq}, committed in tier {name})")
         for part in probe.parts:
-            if part.generation == manifest.generation:
-                continue
-            if part.confirmed and part.seq <= manifest.seq:
+            if part.generation == manifest.generation or part.seq <= manifest.seq:
                 continue
             said = owns.get((part.coordinator_host, part.tier)) if part.coordinator_host else None
             if said is not None and said[0] != part.generation:

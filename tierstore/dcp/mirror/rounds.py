@@ -78,6 +78,7 @@ from tierstore.records.mirror import (
     record_exchange_end,
     write_status,
 )
+from tierstore.records.parts import confirm_part
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -415,6 +416,7 @@ def run_round(round_: Round) -> None:
             _prepare_incoming(state)
             errors = _exchange(state)
             manifest = _share_commit(state, errors)
+            _confirm_own_part(state, manifest)
             outcomes: list[dict[int, str]] = _gather(errors, state.group)
             _conclude(state, outcomes, manifest)
     except Exception as exc:  # noqa: BLE001 - a peer died or hung: reduced redundancy, recorded
@@ -543,6 +545,23 @@ def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
         errors.setdefault(coordinator_node, f"rank {me}: .metadata: {exc}")
     return manifest
+
+
+def _confirm_own_part(state: _State, manifest: Manifest | None) -> None:
+    """Every rank now knows the committed marker: this node's first rank confirms the node's part
+    records with the commit's final number (a multi-node save that committed last took a higher
+    one than it planned; other nodes never see the marker itself)."""
+    round_ = state.round_
+    node = round_.share.node
+    if manifest is None or manifest.seq is None or state.me != state.by_node[node][0]:
+        return
+    if node == state.node_of(state.coordinator):
+        return  # the marker is here
+    try:
+        confirm_part(round_.tier, manifest.checkpoint_id, manifest.generation, manifest.seq)
+    except Exception as exc:  # noqa: BLE001 - the promoter or the next save confirms it
+        logger.warning("peer mirror of %s: cannot confirm node %d's part: %s",
+                       manifest.checkpoint_id, node, exc)  # fmt: skip
 
 
 def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest | None) -> None:
