@@ -193,3 +193,38 @@ def test_a_part_of_a_save_in_flight_survives_another_save_of_its_id(
     committed_last = read_manifest(ram0, "latest")
     node1 = [f for f in committed_last.files if f.node == 1]
     assert copy_problems(ram1, committed_last, verify=False, entries=node1) == []
+
+
+def test_memory_refused_for_a_newer_commit_never_falls_back_to_an_older_generation(
+    tmp_path: Path, mount_tmpfs: Callable[[str], Path]
+) -> None:
+    """A mirrored memory tier above shared. ``X`` saved (mirrored, promoted to shared), then
+    overwritten; the overwrite's mirror does not fit on node 1 and it is not promoted yet. Node 1
+    holds evidence of the newer commit (its own part): memory is refused, and so must be shared's
+    older generation, in an export on node 1 and in a restart after node 0 is lost."""
+    (tmp_path / "mem").mkdir()
+    memory1 = mount_tmpfs("24m")
+    (tmp_path / "mem" / "1").symlink_to(memory1)
+    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}",
+              "mirror": {"timeout": "20s"}},
+             {"name": "shared", "type": "shared", "path": f"{tmp_path}/shared"}]  # fmt: skip
+    config = config_from_dict({"tiers": tiers}, check_paths=False)
+    size = 250_000
+    run_ranks(save, 2, tmp_path, config, "X", B, size)
+    for node in (1, 0):
+        Promoter(config, node=node).run_once()
+    (memory1 / "filler").write_bytes(b"\0" * (shutil.disk_usage(memory1).free - 8 * 2**20))
+    run_ranks(save, 2, tmp_path, config, "X", A, size)
+    (memory1 / "filler").unlink()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tiers}))
+    export = subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
+         "X", "--to", str(tmp_path / "export")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert export.returncode != 0, f"node 1 exported the replaced contents: {export.stdout}"
+    shutil.rmtree(tmp_path / "mem" / "0")
+    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
+        "no usable copy"
+    ] * 2

@@ -113,9 +113,10 @@ def _probe_mirrored(
 
 def _newest_marker(
     tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe]
-) -> tuple[bytes | None, str | None]:
+) -> tuple[bytes | None, str | None, tuple[int, str] | None]:
     """The newest commit among markers found on any node (own or mirrored copies); none when live
-    nodes hold evidence of a newer save of the id (see :func:`inventory.newer_saves`)."""
+    nodes hold evidence of a newer save of the id (see :func:`inventory.newer_saves`), whose
+    ``(seq, generation)`` is returned third: no slower tier's older generation may be served."""
     best: Manifest | None = None
     for blob in set(blobs):
         try:
@@ -128,16 +129,20 @@ def _newest_marker(
         ):
             best = manifest
     if best is None:
-        return None, "; ".join(reasons) or "no commit marker on any node, own or mirrored"
+        return None, "; ".join(reasons) or "no commit marker on any node, own or mirrored", None
     newer = inventory.newer_saves(best, probes)
     if newer:
-        return None, (
-            f"the newest marker held in memory names generation {best.generation} (commit"
-            f" {best.seq}), but live nodes hold evidence of a newer save of this id"
-            f" ({', '.join(newer)}) whose marker is not held in memory by any live node:"
-            " restoring the older contents under this id could undo that save"
+        return (
+            None,
+            (
+                f"the newest marker held in memory names generation {best.generation} (commit"
+                f" {best.seq}), but live nodes hold evidence of a newer save of this id"
+                f" ({', '.join(text for _s, _g, text in newer)}) whose marker is not held in memory"
+                " by any live node: restoring the older contents under this id could undo that save"
+            ),
+            newer[-1][:2],
         )
-    return best.to_json(), None
+    return best.to_json(), None, None
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,7 @@ def choose_copy(
         if rank != 0:
             for index, _blob, _reason in window:
                 before_probe(index)
-        choice = _choose_in_window(
+        choice, known = _choose_in_window(
             tiers, checkpoint_id, window, known, reasons, node=node, verify=verify, group=group,
             excluded=excluded or {}, collective=collective, rank=rank, world=world,
         )  # fmt: skip
@@ -344,9 +349,10 @@ def _choose_in_window(
     collective: bool,
     rank: int,
     world: int,
-) -> Choice | None:
+) -> tuple[Choice | None, Known]:
     """The first usable copy among the window's tiers, decided on every rank alike; else None (the
-    window's reasons are added to ``reasons``)."""
+    window's reasons are added to ``reasons``). Returned with ``known`` and the evidence of newer
+    commits the window's mirrored tiers showed (the same on every rank)."""
     indexes = [index for index, _blob, _reason in window]
     found: dict[int, tuple[bytes | None, str | None]] = {i: (b, r) for i, b, r in window}
     mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes))
@@ -359,7 +365,10 @@ def _choose_in_window(
             probes = [p[index] for _, p in everyone if index in p]
             blobs += [b for probe in probes for b in probe.markers]
             other = [] if reason in (None, "no commit marker") else [f"node of rank 0: {reason}"]
-            found[index] = _newest_marker(tiers[index], blobs, other, probes)
+            blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes)
+            found[index] = (blob, reason)
+            if evidence is not None:  # a newer commit than any marker held: it decides "newest"
+                known = Known({**known.commits, tiers[index].name: evidence}, known.sighted)
     manifests: dict[int, Manifest] = {}
     for index, (blob, reason) in found.items():
         if blob is None:
@@ -399,5 +408,5 @@ def _choose_in_window(
                     if skipped in reasons:
                         logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id,
                                        tiers[skipped].name, "; ".join(reasons[skipped]))  # fmt: skip
-            return Choice(index, manifests[index], holdings.get(index), rank_nodes)
-    return None
+            return Choice(index, manifests[index], holdings.get(index), rank_nodes), known
+    return None, known

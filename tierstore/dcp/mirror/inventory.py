@@ -88,10 +88,11 @@ def _gather_evidence(tier: Tier, checkpoint_id: str, probe: NodeProbe) -> None:
             probe.parts.append(PartSeen(tier.name, generation, records[0].seq, host, confirmed))
 
 
-def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
+def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[tuple[int, str, str]]:
     """Saves of the same id newer than ``manifest`` that live nodes hold evidence of: an own marker
     in any node-local tier, or a part some node's ranks wrote that the live coordinator's node does
     not deny. Their marker may have been lost with another node, so the memory copies may be stale.
+    Each is ``(commit number, generation, description)``, lowest number first.
 
     Which node's evidence counts: in a node-local tier, only the save's coordinator's node holds
     its marker. When that node is live (its host probed) and its marker of the id in that tier names
@@ -107,11 +108,11 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
         return []
     probes = list(probes)
     owns = {(p.host, name): own for p in probes for name, own in p.own.items()}
-    newer: set[str] = set()
+    newer: set[tuple[int, str, str]] = set()
     for probe in probes:
         for name, (gen, seq) in probe.own.items():
             if gen != manifest.generation and seq is not None and seq > manifest.seq:
-                newer.add(f"generation {gen} (commit {seq}, committed in tier {name})")
+                newer.add((seq, gen, f"generation {gen} (commit {seq}, committed in tier {name})"))
         for part in probe.parts:
             if part.generation == manifest.generation or part.seq <= manifest.seq:
                 continue
@@ -119,7 +120,8 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[str]:
             if said is not None and said[0] != part.generation:
                 continue  # the live coordinator's marker names another generation
             number = f"commit {part.seq}" if part.confirmed else f"planned as commit {part.seq}"
-            newer.add(f"generation {part.generation} ({number}, parts in tier {part.tier})")
+            text = f"generation {part.generation} ({number}, parts in tier {part.tier})"
+            newer.add((part.seq, part.generation, text))
     return sorted(newer)
 
 

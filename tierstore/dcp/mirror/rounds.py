@@ -53,7 +53,6 @@ from tierstore.dcp.mirror.transport import (
     receive_file,
     wait_all,
 )
-from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,
@@ -590,12 +589,16 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
         )  # fmt: skip
         try:
             publish_mirror(tier, blob, marker)
-        except IntegrityError as exc:  # a file went meanwhile: no mirror, and its owner is told
-            lost[owner] = str(exc)
-            _drop_received(tier, ckpt, gen, files)
+        except Exception as exc:  # noqa: BLE001 - a file went, or the tier failed: no mirror, said
+            lost[owner] = f"{type(exc).__name__}: {exc}"  # to its owner in the collective below
+            with contextlib.suppress(Exception):
+                _drop_received(tier, ckpt, gen, files)
             continue
-        readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
-        prune_mirrors(tier, round_.keep, readers=readers)
+        try:
+            readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
+            prune_mirrors(tier, round_.keep, readers=readers)
+        except Exception as exc:  # noqa: BLE001 - retention retries at the promoter's next pass
+            logger.warning("peer mirror of %s: retention of the mirrors failed: %s", ckpt, exc)
     # Every holder's markers are down (or withdrawn, and said so) before any owner says it is
     # mirrored.
     for said in _gather(lost, state.group):
