@@ -89,6 +89,19 @@ def a_commits_last(
         job.join()
 
 
+def export_on_node_1(
+    tmp_path: Path, tiers: list[dict[str, Any]], checkpoint_id: str
+) -> subprocess.CompletedProcess[str]:
+    """``tierstore --node 1 restore ID --to DIR``: an export on node 1 alone."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tiers}))
+    return subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
+         checkpoint_id, "--to", str(tmp_path / "export")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
 def resumed(tmp_path: Path, config: Config, checkpoint_id: str, size: int) -> list[str]:
     run_ranks(load, 2, tmp_path, config, checkpoint_id, size, str(tmp_path))
     return [(tmp_path / f"rank{r}").read_text() for r in (0, 1)]
@@ -153,13 +166,7 @@ def test_a_mirror_older_than_a_part_with_an_unconfirmed_number_is_never_served(
 
     a_commits_last(tmp_path, config, ("X", "X"), size, fill_node_1)
     (memory1 / "filler").unlink()
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"tiers": tiers}))
-    export = subprocess.run(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
-         "X", "--to", str(tmp_path / "export")],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+    export = export_on_node_1(tmp_path, tiers, "X")
     assert export.returncode != 0, "node 1 exported B's contents under X"
     assert "evidence of a newer save" in export.stderr, export.stderr
     shutil.rmtree(tmp_path / "mem" / "0")
@@ -216,13 +223,7 @@ def test_memory_refused_for_a_newer_commit_never_falls_back_to_an_older_generati
     (memory1 / "filler").write_bytes(b"\0" * (shutil.disk_usage(memory1).free - 8 * 2**20))
     run_ranks(save, 2, tmp_path, config, "X", A, size)
     (memory1 / "filler").unlink()
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"tiers": tiers}))
-    export = subprocess.run(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
-         "X", "--to", str(tmp_path / "export")],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+    export = export_on_node_1(tmp_path, tiers, "X")
     assert export.returncode != 0, f"node 1 exported the replaced contents: {export.stdout}"
     shutil.rmtree(tmp_path / "mem" / "0")
     assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
