@@ -12,7 +12,14 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from tierstore.errors import IntegrityError
-from tierstore.ids import is_generation, is_rank_part_name, part_file, parts_dir, rank_part_path
+from tierstore.ids import (
+    checkpoint_file,
+    is_generation,
+    is_rank_part_name,
+    part_file,
+    parts_dir,
+    rank_part_path,
+)
 from tierstore.records.marker import FileEntry, dump_record, file_entry, load_record
 from tierstore.tiers.base import Tier
 
@@ -109,4 +116,18 @@ def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | Non
         path = rank_part_path(checkpoint_id, generation, record.ranks[0])
         tier.write_bytes(path, replace(record, seq=seq, confirmed=True).to_json())
         changed = True
+        if _any_missing(tier, checkpoint_id, record):
+            # A drop ran between the listing and the rewrite (retention, a settle at the next
+            # plan): the record just written would stand over missing data, and keep a part no
+            # cleanup removes (another node's parts are left to retention). Take it back.
+            tier.delete(path)
     return changed
+
+
+def _any_missing(tier: Tier, checkpoint_id: str, record: PartRecord) -> bool:
+    for entry in record.files:
+        try:
+            tier.stat(checkpoint_file(checkpoint_id, entry.path))
+        except FileNotFoundError:
+            return True
+    return False
