@@ -36,10 +36,12 @@ from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
+from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.records.protocol import drop
+from tierstore.tiers import Tier
 from tierstore.topology import current_node
 from tierstore.units import parse_duration
 
@@ -278,15 +280,42 @@ def cmd_drop(config: Config, args: argparse.Namespace) -> int:
     done). For settling a conflict, or removing a copy by hand; retention does the rest."""
     checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
     tier = config.make_tier(args.tier, node=current_node(args.node))
+    if args.generation:
+        return _drop_part(config, tier, checkpoint_id, args.generation)
     try:
         generation = read_manifest(tier, checkpoint_id).generation
     except FileNotFoundError:
+        parts = sorted(foreign_parts(tier).get(checkpoint_id, {}))
+        held = (
+            f"; this node holds its parts of saves coordinated elsewhere (generations"
+            f" {', '.join(parts)}): to drop one, pass --generation once the coordinator's node's"
+            " marker is checked not to name it"
+            if parts
+            else ""
+        )
         raise CheckpointNotFoundError(
-            f"checkpoint {checkpoint_id!r} is not committed in tier {tier.describe()}"
+            f"checkpoint {checkpoint_id!r} is not committed in tier {tier.describe()}{held}"
         ) from None
     data_gone = drop(tier, checkpoint_id, generation, ttl=config.promote.activity_ttl)
     print(f"dropped {checkpoint_id} (generation {generation}) from {tier.name}"
           + ("" if data_gone else "; its data stays while a restore reads it"))  # fmt: skip
+    return 0
+
+
+def _drop_part(config: Config, tier: Tier, checkpoint_id: str, generation: str) -> int:
+    """This node's part of a multi-node save coordinated on another node (no marker here): the
+    leftover of a coordinator killed mid-save. The operator names the generation, having checked
+    that the coordinator's node's marker does not name it; work in progress on it keeps it."""
+    if generation not in foreign_parts(tier).get(checkpoint_id, {}):
+        raise CheckpointNotFoundError(
+            f"tier {tier.describe()} holds no part of {checkpoint_id!r} generation {generation}"
+            " saved from another node's coordinator"
+        )
+    if not drop(tier, checkpoint_id, generation, committed=False,
+                ttl=config.promote.activity_ttl):  # fmt: skip
+        print(f"kept {checkpoint_id} (generation {generation}) in {tier.name}: work on it is live")
+        return 1
+    print(f"dropped this node's part of {checkpoint_id} (generation {generation}) from {tier.name}")
     return 0
 
 
@@ -454,6 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dropping.add_argument("checkpoint_id", metavar="ID")
     dropping.add_argument("--tier", required=True, help="the tier to delete the copy from")
+    dropping.add_argument(
+        "--generation",
+        help="drop this node's part of that generation, saved from another node's coordinator"
+        " (a coordinator killed mid-save leaves it; check its node's marker does not name it)",
+    )
     dropping.set_defaults(run=cmd_drop)
     advice = commands.add_parser(
         "advise", help="save interval from the measured stall (Young/Daly)"
