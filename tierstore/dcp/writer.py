@@ -591,29 +591,23 @@ class TieredWriter(StorageWriter, AsyncStager):
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
 
+    def _marker(self, ckpt: str) -> Manifest | None:
+        """The id's marker in the target now; None when there is none (or none readable)."""
+        try:
+            return read_manifest(self.tier, ckpt)
+        except Exception:  # noqa: BLE001 - no marker, or none readable: no commit to speak of
+            return None
+
     def _current_commit(self, ckpt: str) -> tuple[str, str, int | None]:
         """``(id, generation, seq)`` of the id's marker in the target ('' and None: none)."""
-        try:
-            marker = read_manifest(self.tier, ckpt)
-        except Exception:  # noqa: BLE001 - no marker, or none readable: nothing to confirm
-            return ckpt, "", None
-        return ckpt, marker.generation, marker.seq
-
-    def _published_generation(self, ckpt: str) -> str | None:
-        """The generation the id's marker in the target names now (None: none readable)."""
-        try:
-            return read_manifest(self.tier, ckpt).generation
-        except Exception:  # noqa: BLE001 - no marker, or none readable
-            return None
+        marker = self._marker(ckpt)
+        return (ckpt, "", None) if marker is None else (ckpt, marker.generation, marker.seq)
 
     def _published(self, ckpt: str, gen: str) -> Manifest | None:
         """The marker naming this save's generation, if its publish happened after all (a publish
         can fail after its rename); None: the save did not commit."""
-        try:
-            published = read_manifest(self.tier, ckpt)
-        except Exception:  # noqa: BLE001 - no marker, or none readable: not this generation's
-            return None
-        return published if published.generation == gen else None
+        marker = self._marker(ckpt)
+        return marker if marker is not None and marker.generation == gen else None
 
     @staticmethod
     def _tell_mirror_of_failure(
@@ -662,7 +656,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                 self._refuse_committed_id(
                     ckpt, sightings
                 )  # one id, one content: again, just before
-            replaced = self._published_generation(ckpt) if self.overwrite else None
+            replaced = self._marker(ckpt) if self.overwrite else None
             existing = publish(self.tier, manifest, replace=self.overwrite, node=self.node,
                                log=False, ttl=ttl)  # fmt: skip
             if existing is not None:
@@ -675,8 +669,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             _quietly(lambda: drop(self.tier, ckpt, gen, committed=False, ttl=ttl))
             raise
         elsewhere.committed(self.tier.name, ckpt, manifest.seq or 0, gen)
-        if replaced and replaced != gen:  # dropped here: the other nodes drop their parts of it
-            elsewhere.failed(self.tier.name, ckpt, replaced)
+        if replaced is not None and replaced.generation != gen:  # dropped: so are its parts
+            elsewhere.failed(self.tier.name, ckpt, replaced.generation)  # elsewhere, next plan
         logger.info(
             "committed %s in tier %s (%d bytes)", ckpt, self.tier.name, manifest.total_bytes
         )
@@ -687,9 +681,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         unless another save has taken a higher one since in this tier, or a higher one became known
         elsewhere (a save that started later but committed first, a zombie job's late overwrite):
         then a new one, so that commit order is the order in which commits happened. A multi-node
-        save too: the other nodes' part records keep the number claimed at planning, and their
-        promoters learn the final one from the committed manifest the coordinator's node leaves
-        in the job-wide target (:meth:`tierstore.promote.sidecar.Promoter.catalog`)."""
+        save too: the other nodes' part records keep the number claimed at planning until it is
+        confirmed (its mirror exchange, this coordinator's next plan, or the promoter reading the
+        job-wide tier: design.md, rule 2)."""
         # ``known`` never holds this save's own claim: a number there equal to it is another
         # commit's (a save into another tier that took the same number meanwhile).
         if highest_in(self.tier) > self._seq or known >= self._seq:

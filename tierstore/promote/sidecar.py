@@ -104,10 +104,11 @@ class Promoter:
         self.highest: dict[str, int] = {}
         """The highest commit number logged in each tier, as last listed."""
         self._sighted: dict[tuple[str, str], Sighting] = {}
-        self._final: dict[tuple[str, str], int | None] = {}
-        self._unknown: set[tuple[str, str]] = set()
-        """The commit number of multi-node saves, from their committed manifest in a job-wide tier."""
         """``(tier, tier seen)`` -> the sighting last left there (rewritten only when it changes)."""
+        self._final: dict[tuple[str, str], int | None] = {}
+        """The commit number of multi-node saves, from their committed manifest in a job-wide tier."""
+        self._unknown: set[tuple[str, str]] = set()
+        """Generations whose committed manifest was not there this pass (asked again next pass)."""
         self._newest_durable_start: float | None = None
         self._conflicts: dict[str, list[Conflict]] = {}
         """Each tier's conflict records, as the pass's first listing read them."""

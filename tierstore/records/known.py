@@ -86,7 +86,8 @@ class Elsewhere:
         self.ids: dict[str, Held] = {}
         self._own: dict[str, Held] = {}
         self._failed: dict[tuple[str, str], str] = {}
-        """``{(id, generation): tier}`` of this process's saves that failed to commit."""
+        """``{(id, generation): tier}`` of this process's saves that failed to commit, or whose
+        commit an overwrite replaced and dropped (the latest ``4 * OUTCOMES``)."""
 
     def look(self, tiers: Iterable[Tier], prober: Prober) -> None:
         """List the given tiers not looked at yet (in parallel, each within the prober's deadline).
@@ -145,9 +146,9 @@ class Elsewhere:
         self, tier_name: str, *, limit: int = OUTCOMES
     ) -> list[tuple[str, str, int | None]]:
         """``(id, generation, seq)`` of this process's most recent commits into ``tier_name`` and
-        ``(id, generation, None)`` of its saves there that failed or were replaced and dropped: what
-        a coordinator tells the other
-        nodes at its next save (:func:`tierstore.records.protocol.settle_parts`)."""
+        ``(id, generation, None)`` of its saves there that failed or were replaced and dropped:
+        what a coordinator tells the other nodes at its next save
+        (:func:`tierstore.records.protocol.settle_parts`)."""
         with self._lock:
             own = [(i, h.generation, h.seq) for i, h in self._own.items() if h.tier == tier_name]
             failed = [(i, g, None) for (i, g), t in self._failed.items() if t == tier_name]

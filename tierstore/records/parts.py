@@ -88,21 +88,27 @@ def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
     """``{generation: [rank part records]}`` found under ``checkpoint_id`` in ``tier``."""
     found: dict[str, list[PartRecord]] = {}
     for generation in tier.list_dir(checkpoint_id):
-        if not is_generation(generation):
-            continue
-        for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
-            if not is_rank_part_name(name):
-                continue
-            path = part_file(checkpoint_id, generation, name)
-            try:
-                record = PartRecord.from_json(
-                    tier.read_bytes(path), where=f"tier {tier.name}: {path}"
-                )
-            except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
-                logger.warning("ignoring part record: %s", exc)
-                continue
-            found.setdefault(generation, []).append(record)
+        if is_generation(generation) and (
+            records := generation_parts(tier, checkpoint_id, generation)
+        ):
+            found[generation] = records
     return found
+
+
+def generation_parts(tier: Tier, checkpoint_id: str, generation: str) -> list[PartRecord]:
+    """The rank part records of one generation in ``tier`` (a damaged one is skipped, warned)."""
+    records: list[PartRecord] = []
+    for name in tier.list_dir(parts_dir(checkpoint_id, generation)):
+        if not is_rank_part_name(name):
+            continue
+        path = part_file(checkpoint_id, generation, name)
+        try:
+            records.append(
+                PartRecord.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}")
+            )
+        except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
+            logger.warning("ignoring part record: %s", exc)
+    return records
 
 
 def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
@@ -110,7 +116,7 @@ def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | Non
     (``confirmed``); True when a record changed. The coordinator may have taken a new number at
     its commit; until then the records hold the one claimed when the save was planned."""
     changed = False
-    for record in part_records(tier, checkpoint_id).get(generation, []):
+    for record in generation_parts(tier, checkpoint_id, generation):
         if record.confirmed and record.seq == seq:
             continue
         path = rank_part_path(checkpoint_id, generation, record.ranks[0])

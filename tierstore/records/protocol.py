@@ -235,7 +235,12 @@ def settle_parts(
       confirmed. Nothing is dropped on its account: another generation may belong to a save still
       in flight (another job or group), or be named by a marker to come (a promotion).
     """
+    held: dict[str, list[str]] = {}  # the coordinator repeats its outcomes: act on what is here
     for checkpoint_id, generation, seq in outcomes:
+        if checkpoint_id not in held:
+            held[checkpoint_id] = tier.list_dir(checkpoint_id)
+        if generation not in held[checkpoint_id]:
+            continue
         if seq is None:
             drop(tier, checkpoint_id, generation, committed=False, ttl=ttl)
         else:
