@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
 
+from tests.tiers.dict_tier import DictTier
 from tierstore.config import Config
 from tierstore.errors import IntegrityError
 from tierstore.ids import mirror_copy_path, mirror_marker_path
@@ -47,5 +49,29 @@ def test_a_mirror_marker_is_never_published_over_a_missing_file(
     tier = make_config("memory").make_tiers(node=0)[0]
     marker = receive_part_of_a_mirror(tier)
     with pytest.raises(IntegrityError, match=r"r00001-1.distcp: missing"):
+        publish_mirror(tier, b"{}", marker)
+    assert not tier.exists(mirror_marker_path("step_1", GEN, 1))
+
+
+class HoleAtPublish(DictTier):
+    """A store where another actor removes a received file just as the mirror marker lands."""
+
+    victim = ""
+
+    def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
+        super().publish(path, data, create_only=create_only)
+        if "/mirror-node" in path and self.victim:
+            self.delete(self.victim)
+
+
+def test_a_mirror_marker_over_a_file_removed_as_it_was_published_is_withdrawn() -> None:
+    """Files checked, marker published, files checked again: a marker over a hole is taken back."""
+    tier = HoleAtPublish("memory", f"hole-{uuid.uuid4().hex[:8]}", None)
+    entries = (FileEntry(f"{GEN}/r00001-0.distcp", 64, 0, 1, 1),)
+    for entry in entries:
+        tier.write_bytes(mirror_copy_path("step_1", entry.path), b"x" * entry.size)
+    tier.victim = mirror_copy_path("step_1", entries[0].path)
+    marker = MirrorMarker("step_1", GEN, 1, 0, (1,), entries, 3, 0)
+    with pytest.raises(IntegrityError, match=r"while its mirror marker was published"):
         publish_mirror(tier, b"{}", marker)
     assert not tier.exists(mirror_marker_path("step_1", GEN, 1))
