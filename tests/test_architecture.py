@@ -20,7 +20,7 @@ LAYERS = {
     "tierstore.tiers": 1,
     "tierstore.config": 2,
     "tierstore.records": 3,
-    "tierstore.audit": 4,
+    "tierstore.audit": 4, "tierstore.status": 4,
     "tierstore.dcp": 5, "tierstore.promote": 5,
     "tierstore.cli": 6, "tierstore": 6,
 }  # fmt: skip

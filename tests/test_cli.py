@@ -51,14 +51,14 @@ def test_ls_table_and_json(config_file: Path, capsys: pytest.CaptureFixture[str]
     save(config_file, "step_000200", tier="s3")
     assert main(["--config", str(config_file), "ls"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "STEP", "TIERS", "SIZE", "AGE"]
-    assert lines[1].split()[:3] == ["step_000200", "200", "memory,s3"]
-    assert lines[2].split()[:3] == ["step_000100", "100", "memory"]
+    assert lines[0].split() == ["ID", "STEP", "TIERS", "DURABLE", "SIZE", "AGE"]
+    assert lines[1].split()[:4] == ["step_000200", "200", "memory,s3", "yes"]
+    assert lines[2].split()[:4] == ["step_000100", "100", "memory", "no"]
     assert main(["--config", str(config_file), "ls", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [(e["id"], e["tiers"]) for e in listed] == [
-        ("step_000200", ["memory", "s3"]),
-        ("step_000100", ["memory"]),
+    assert [(e["id"], e["tiers"], e["durable"]) for e in listed] == [
+        ("step_000200", ["memory", "s3"], True),
+        ("step_000100", ["memory"], False),
     ]
     assert all(e["bytes"] > 0 and "stall_s" in e and "commit_s" in e for e in listed)
 

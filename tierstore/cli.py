@@ -41,33 +41,13 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.records.protocol import drop
+from tierstore.status import gather_status, render
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
-from tierstore.units import parse_duration
+from tierstore.units import human_age, human_bytes, parse_duration
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
-
-
-def human_bytes(count: float) -> str:
-    """``1536`` -> ``1.5 KiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_age(seconds: float) -> str:
-    """``93`` -> ``1m33s``."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def print_table(rows: Sequence[Sequence[str]]) -> None:
@@ -100,21 +80,33 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
         print(f"tierstore: tier {name} is unreachable, not listed: {why}", file=sys.stderr)
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
         indent = None if args.watch else 1
-        print(json.dumps([entry.as_dict() for entry in listings], indent=indent))
+        durable = config.tiers[-1].name
+        print(json.dumps([{**e.as_dict(), "durable": durable in e.tiers} for e in listings],
+                         indent=indent))  # fmt: skip
         return 0
     if not listings:
         print("no committed checkpoints")
         return 0
-    rows = [("ID", "STEP", "TIERS", "SIZE", "AGE")]
+    rows = [("ID", "STEP", "TIERS", "DURABLE", "SIZE", "AGE")]
     now = time.time()
     for entry in listings:
         step = "-" if entry.step is None else str(entry.step)
         age = human_age(now - entry.committed_at)
-        rows.append(
-            (entry.checkpoint_id, step, ",".join(entry.tiers), human_bytes(entry.bytes), age)
-        )
+        durable = "yes" if config.tiers[-1].name in entry.tiers else "no"
+        rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), durable,
+                     human_bytes(entry.bytes), age))  # fmt: skip
     print_table(rows)
     return 0
+
+
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    """Show each tier, the recovery point, the mirrors and the promoters (exit 1 if a problem)."""
+    report = gather_status(config, args.nodes or [current_node(args.node)])
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        print("\n".join(render(report)))
+    return 0 if report.ok else EXIT_MISMATCH
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
@@ -444,6 +436,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--interval", type=_interval, default=2.0, metavar="S",
                     help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)")  # fmt: skip
     ls.set_defaults(run=cmd_ls)
+    status = commands.add_parser(
+        "status", help="tiers, recovery point, mirrors and promoters at a glance (exit 1: problems)"
+    )
+    status.add_argument(
+        "--nodes", type=_node_list, default=None, metavar="N,N",
+        help="show the node-local tiers, mirrors and promoters of these nodes (default: this one)",
+    )  # fmt: skip
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(run=cmd_status)
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
     verify.add_argument("checkpoint_id", metavar="ID", nargs="?")
     verify.add_argument("--all", action="store_true", help="every committed copy in every tier")

@@ -16,6 +16,7 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     .tierstore/seen/<tier>.json      what the promoter last saw in another tier (records/sightings.py)
     .tierstore/conflicts/<id>~<gen>~<tier>.json  a copy kept beside another content of its id in
                                      that tier (see records/conflicts.py)
+    .tierstore/promoter/node00001.json  how node 1's promoter last fared (records/promoter_state.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -340,6 +341,15 @@ records/sightings.py): a save or restore in this tier reads it instead of asking
 def sighting_path(tier_name: str) -> str:
     """Tier-relative path of the record of what was seen in the tier called ``tier_name``."""
     return f"{SIGHTINGS_DIR}/{tier_name}.json"
+
+
+PROMOTER_DIR = f"{INTERNAL_DIR}/promoter"
+"""Tier-relative directory of the promoters' state records (see records/promoter_state.py)."""
+
+
+def promoter_state_path(node: int) -> str:
+    """Tier-relative path of the state record of node ``node``'s promoter."""
+    return f"{PROMOTER_DIR}/node{node:05d}.json"
 
 
 CONFLICTS_DIR = f"{INTERNAL_DIR}/conflicts"

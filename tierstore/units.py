@@ -52,3 +52,24 @@ class StrictModel(BaseModel):
     """Immutable, unknown keys refused: every part of the configuration is one of these."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+def human_bytes(count: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(seconds: float) -> str:
+    """``93`` -> ``1m33s``."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

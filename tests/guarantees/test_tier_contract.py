@@ -208,3 +208,13 @@ def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
     tier.remove_if_empty("e/full")
     tier.remove_if_empty("e/missing")
     assert tier.list_dir("e") == []
+
+
+def test_space_is_the_filesystems_usage_or_none_where_a_tier_cannot_tell(tier: Tier) -> None:
+    space = tier.space()  # before the first write too: the root need not exist yet
+    if tier.capabilities.local_files:
+        assert space is not None and 0 < space.used <= space.total
+        tier.write_bytes("s/file", b"x")
+        assert tier.space() is not None
+    else:
+        assert space is None, f"{tier.type} has no filesystem whose space it could report"

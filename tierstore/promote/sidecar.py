@@ -51,6 +51,7 @@ from tierstore.records.log import highest_in
 from tierstore.records.marker import Manifest
 from tierstore.records.mirror import prune_mirrors, read_status
 from tierstore.records.parts import PartRecord, confirm_part
+from tierstore.records.promoter_state import PromoterState, write_state
 from tierstore.records.protocol import Verdict, judge_promotion
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting
 from tierstore.tiers import Tier
@@ -112,6 +113,9 @@ class Promoter:
         self._newest_durable_start: float | None = None
         self._conflicts: dict[str, list[Conflict]] = {}
         """Each tier's conflict records, as the pass's first listing read them."""
+        self._started_at = time.time()
+        self._passes = 0
+        self._backlog = 0
         for tier in self.tiers:
             tier.observe_retries(self._count_retry(tier.name))
 
@@ -142,8 +146,10 @@ class Promoter:
         while True:
             try:
                 report = self.run_once()
+                self._record_state(None)
             except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
                 self.health.pass_failed(str(exc))
+                self._record_state(str(exc))
                 logger.error(
                     "promoter pass failed, retrying in %.0f s: %s",
                     self.config.promote.interval,
@@ -336,7 +342,28 @@ class Promoter:
             event("tier_available", tier=tier_name)
         self._export_availability(tier_name)
 
+    def _record_state(self, error: str | None) -> None:
+        """Leave how this pass ended where ``tierstore status`` reads it: the node-local tiers this
+        promoter looks after, or its first tier when it has none (records/promoter_state.py)."""
+        if error is None:
+            self._passes += 1
+        state = PromoterState(
+            node=self.node, interval=self.config.promote.interval,
+            stall_after=self.health.stall_after, passes=self._passes,
+            last_error=None if error is None else error.replace("\n", "; "),
+            unreachable=dict(self.unreachable), unavailable=tuple(sorted(self.unavailable)),
+            backlog=self._backlog, started_at=self._started_at,
+        )  # fmt: skip
+        for tier in [t for t in self.tiers if t.node_local] or self.tiers[:1]:
+            if tier.name in self.unreachable:
+                continue
+            try:
+                write_state(tier, state)
+            except (TierstoreError, OSError) as exc:  # advisory: never stops the promoter
+                logger.warning("cannot record the promoter's state in tier %s: %s", tier.name, exc)
+
     def _set_backlog(self, planned: list[Promotion]) -> None:
+        self._backlog = len(planned)
         for tier in self.tiers[1:]:
             self.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in planned))
 

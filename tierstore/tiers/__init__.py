@@ -6,7 +6,7 @@ import it before loading a configuration that names it.
 """
 
 from tierstore.tiers import local, memory, s3, shared
-from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, TierConfig
+from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Space, Tier, TierConfig
 from tierstore.tiers.registry import make_tier, register, tier_types
 
 BUILT_IN = (memory, local, shared, s3)
@@ -17,6 +17,7 @@ __all__ = [
     "Capabilities",
     "FileInfo",
     "IncompleteWrite",
+    "Space",
     "Tier",
     "TierConfig",
     "make_tier",

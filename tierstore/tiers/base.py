@@ -51,6 +51,14 @@ class FileInfo:
 
 
 @dataclass(frozen=True)
+class Space:
+    """How full the storage under a tier is: the filesystem's ``used`` and ``total`` bytes."""
+
+    used: int
+    total: int
+
+
+@dataclass(frozen=True)
 class IncompleteWrite:
     """A write that never published: a temp file, an incomplete multipart upload.
 
@@ -253,6 +261,12 @@ class Tier(abc.ABC):
     def discard_incomplete(self, write: IncompleteWrite) -> None:
         """Remove one write listed by :meth:`incomplete_writes` (gone already is fine)."""
         self.delete(write.path)
+
+    def space(self) -> Space | None:
+        """How full the storage holding this tier is (for ``tierstore status``), or None when the
+        tier cannot tell (an object store has no capacity to report). May block as long as a
+        listing: ask it within ``probe_timeout``."""
+        return None
 
     def observe_retries(self, callback: Callable[[BaseException], None] | None) -> None:
         """Have ``callback`` told of each transient error retried (metrics); tiers that never

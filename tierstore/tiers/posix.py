@@ -24,6 +24,7 @@ from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
     IncompleteWrite,
+    Space,
     Tier,
     TierConfig,
     WriteStream,
@@ -94,6 +95,18 @@ class PosixTier(Tier):
     def local_path(self, path: str) -> str:
         """The real path of ``path`` in this tier."""
         return str(self._path(path))
+
+    def space(self) -> Space:
+        """The filesystem's usage under the tier root (its nearest existing parent before the
+        first save creates it)."""
+        where = self.base
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            usage = shutil.disk_usage(where)
+        except OSError as exc:
+            raise self._unavailable(exc, "measure the space of", str(where)) from exc
+        return Space(used=usage.used, total=usage.total)
 
     def _unavailable(self, exc: OSError, action: str, path: str) -> TierUnavailableError:
         reason = exc.strerror or str(exc)

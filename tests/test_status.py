@@ -1,0 +1,177 @@
+"""``tierstore status``: tiers against retention and space, the recovery point, mirrors, promoters."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from tests.training import Trainer
+from tierstore import TieredWriter
+from tierstore.cli import main
+from tierstore.config import load_config
+from tierstore.promote.sidecar import Promoter
+from tierstore.records.marker import read_manifest
+from tierstore.records.mirror import MirrorStatus, write_status
+from tierstore.records.promoter_state import PromoterState, read_state, write_state
+from tierstore.status import gather_status
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    specs = tier_specs("memory", "local", memory={"keep": 2, "mirror": True})
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": specs}))
+    return path
+
+
+def save(path: Path, checkpoint_id: str, steps: int = 1) -> None:
+    trainer = Trainer(seed=0)
+    trainer.train(steps)
+    dcp.save(trainer.state(), storage_writer=TieredWriter(str(path)), checkpoint_id=checkpoint_id)
+
+
+def status(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(["--config", str(path), "status", *extra])
+    return code, capsys.readouterr().out
+
+
+def test_before_any_promoter_runs_status_says_so_and_exits_1(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = status(config_file, capsys)
+    assert code == 1
+    assert "promoter: node 0 no promoter has run on this node" in out
+    assert "recovery point" not in out, "nothing committed: no recovery point to speak of"
+
+
+def test_after_a_promoter_pass_every_tier_and_the_recovery_point_are_shown(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_000001")
+    save(config_file, "step_000002")
+    save(config_file, "step_000003")
+    assert Promoter(load_config(config_file)).run(once=True) == 0
+    code, out = status(config_file, capsys)
+    lines = out.splitlines()
+    assert lines[0].split() == ["TIER", "NODE", "STATE", "CHECKPOINTS", "SIZE", "SPACE", "NEWEST",
+                                "LAG"]  # fmt: skip
+    memory, local = lines[1].split(), lines[2].split()
+    assert memory[:4] == ["memory", "0", "ok", "2/2"], "retention kept 2 of keep 2"
+    assert memory[-2] == "step_000003"
+    assert local[:4] == ["local", "0", "ok", "3"]
+    assert "%)" in lines[1], "the filesystem's space under the tier, with its share used"
+    assert "recovery point: step_000003 in the durable tier" in out
+    assert "promoter: node 0 ok: last pass" in out and "1 passes" in out
+    # A save without a process group makes no mirror exchange, so no record: unknown, no problem.
+    assert "mirror: memory node 0: step_000003 unknown (no mirror record yet)" in out
+    assert code == 0 and out.rstrip().endswith("problems: none"), out
+    report = json.loads(status(config_file, capsys, "--json")[1])
+    assert report["durable"]["checkpoint_id"] == "step_000003"
+    assert report["recovery_point_lag_s"] >= 0
+    by_name = {t["name"]: t for t in report["tiers"]}
+    assert by_name["memory"]["checkpoints"] == 2 and by_name["memory"]["keep"] == 2
+    assert by_name["local"]["checkpoints"] == 3 and by_name["local"]["durable"] is True
+    assert by_name["local"]["bytes"] == 3 * read_manifest_bytes(config_file, "step_000003")
+    assert 0 < by_name["memory"]["space"]["used"] <= by_name["memory"]["space"]["total"]
+    assert report["promoters"][0]["state"]["passes"] == 1
+    assert report["ok"] is True and report["problems"] == []
+
+
+def read_manifest_bytes(path: Path, checkpoint_id: str) -> int:
+    config = load_config(path)
+    return read_manifest(config.make_tiers(node=0)[-1], checkpoint_id).total_bytes
+
+
+def test_a_mirror_not_held_and_a_held_one_read_from_the_owners_record(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_000001")
+    assert Promoter(load_config(config_file)).run(once=True) == 0
+    memory = load_config(config_file).make_tiers(node=0)[0]
+    generation = read_manifest(memory, "step_000001").generation
+    write_status(memory, MirrorStatus("step_000001", generation, 0, None, False, "partner away"))
+    code, out = status(config_file, capsys)
+    assert code == 1
+    assert "mirror: memory node 0: step_000001 NOT mirrored (partner away)" in out
+    assert "step_000001 has no peer mirror (reduced redundancy): partner away" in out
+    write_status(memory, MirrorStatus("step_000001", generation, 0, 1, True))
+    code, out = status(config_file, capsys)
+    assert "mirror: memory node 0: step_000001 held by node 1" in out
+    assert code == 0, out
+
+
+def test_a_stale_or_failing_promoter_is_a_problem(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = load_config(config_file).make_tiers(node=0)[0]
+    old = PromoterState(node=0, interval=10, stall_after=300, passes=7, last_error=None,
+                        at=time.time() - 1000)  # fmt: skip
+    write_state(memory, old)
+    code, out = status(config_file, capsys)
+    assert code == 1
+    assert "promoter of node 0: stuck or stopped: last pass 1000 s ago (bound 300 s)" in out
+    failing = PromoterState(node=0, interval=10, stall_after=300, passes=7,
+                            last_error="tier local: disk full")  # fmt: skip
+    write_state(memory, failing)
+    code, out = status(config_file, capsys)
+    assert code == 1 and "failing: last pass 0 s ago failed: tier local: disk full" in out
+
+
+def test_the_promoter_records_each_pass_in_its_node_local_tiers(config_file: Path) -> None:
+    config = load_config(config_file)
+    promoter = Promoter(config, node=3)
+    assert promoter.run(once=True) == 0
+    assert promoter.run(once=True) == 0
+    for tier in config.make_tiers(node=3):
+        state = read_state(tier, 3)
+        assert state is not None and state.passes == 2 and state.last_error is None
+        assert state.health()[0]
+    assert read_state(config.make_tiers(node=0)[0], 3) is None, "node 3's tiers only"
+
+
+def test_an_unreachable_tier_is_reported_within_probe_timeout(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    with socket.socket() as probe:  # a port nobody listens on: every request is refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    s3 = {"name": "s3", "type": "s3", "url": "s3://away/ckpt", "max_attempts": 2,
+          "endpoint_url": f"http://127.0.0.1:{closed}"}  # fmt: skip
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump(
+        {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
+    ))  # fmt: skip
+    save(path, "step_000001")
+    started = time.monotonic()
+    report = gather_status(load_config(path), [0])
+    assert time.monotonic() - started < 10
+    away = next(t for t in report.tiers if t.name == "s3")
+    assert not away.reachable and away.node is None and away.error
+    code, out = status(path, capsys)
+    assert code == 1
+    assert re.search(r"^s3\s+-\s+unreachable", out, re.MULTILINE), out
+    assert "tier s3 is unreachable" in out
+    assert re.search(r"^memory\s+0\s+ok\s+1 ", out, re.MULTILINE), "the other tier is still shown"
+
+
+def test_nodes_lists_each_nodes_local_tiers_and_promoters(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_000001")
+    assert Promoter(load_config(config_file), node=0).run(once=True) == 0
+    report = json.loads(status(config_file, capsys, "--nodes", "0,1", "--json")[1])
+    assert [(t["name"], t["node"]) for t in report["tiers"]] == [
+        ("memory", 0), ("local", 0), ("memory", 1), ("local", 1),
+    ]  # fmt: skip
+    assert [(p["node"], p["ok"]) for p in report["promoters"]] == [(0, True), (1, False)]
+    assert report["tiers"][2]["checkpoints"] == 0, "node 1 saved nothing"
