@@ -73,6 +73,12 @@ class StagingConfig(StrictModel):
     )
 
 
+class MetricsConfig(StrictModel):
+    """Trainer-side metrics: each rank's save stall, times and bytes in a file per rank, served by
+    the node's promoter on its ``/metrics`` (see :mod:`tierstore.save_metrics`)."""
+        description="Directory each rank writes its save metrics to (rank-NNNNN.prom), on the"
+        " node's local disk or tmpfs; may contain {node}; none: trainer-side metrics are off.",
+        """The directory on node ``node`` (``{node}`` replaced); None when metrics are off."""
 class Config(StrictModel):
     """A validated, immutable tierstore configuration (see :func:`load_config`)."""
 
@@ -106,6 +112,7 @@ class Config(StrictModel):
     @classmethod
     def _dispatch_on_type(cls, tiers: Any) -> Any:
         """Raw mappings become their registered type's model (``config_from_dict`` does it first,
+    metrics: MetricsConfig = MetricsConfig()
         with per-key error locations; this covers ``Config(tiers=[{...}])``)."""
         if not isinstance(tiers, list | tuple):
             return tiers
@@ -287,6 +294,10 @@ def _root_key(root: str) -> str:
     """A tier root as a comparable location: URLs as written, paths resolved (symlinks, ``..``)."""
     return root.rstrip("/") if "://" in root else os.path.realpath(root)
 
+    metrics = expanded.get("metrics")
+    directory = metrics.get("directory") if isinstance(metrics, dict) else None
+    if isinstance(metrics, dict) and isinstance(directory, str) and directory.strip():
+        expanded["metrics"] = {**metrics, "directory": str(base / directory)}
 
 def _check_separate_roots(config: Config, source: str, node: int) -> None:
     """Two tiers on one directory (or one inside the other's) would see each other's checkpoints as
@@ -303,6 +314,7 @@ def _check_separate_roots(config: Config, source: str, node: int) -> None:
                     f"{source}: tiers[{later}].{key}: tier {tier.name!r} ({root}) and tier"
                     f" {other.name!r} ({other_root}) share a location: each tier needs a"
                     " directory or prefix of its own, neither inside the other"
+        _check_metrics_directory(config, source, this_node)
                 )
 
 
@@ -329,6 +341,10 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Co
     """Read, expand and validate the YAML file at ``path``.
 
     Raises :class:`ConfigError` (``FILE: KEY: what was expected``) for an unreadable file, malformed
+def _check_metrics_directory(config: Config, source: str, node: int) -> None:
+    """The metrics directory is created, must be writable, and must stay out of every tier's
+    wanted = config.metrics.directory_for(node)
+    where = f"{source}: metrics.directory"
     YAML, duplicate or unknown keys, wrong types, unknown tier types, duplicate tier names, a missing
     ``path``/``url``, an unset ``${VAR}`` or (with ``check_paths``) a POSIX tier path that cannot be
     created or written. POSIX tier directories are created on this node as a side effect.

@@ -80,6 +80,7 @@ from tierstore.records.mirror import mirrored_ids
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import claim, drop, log_commit, publish, settle_parts
 from tierstore.records.sightings import Sighting, read_sightings
+from tierstore.save_metrics import SaveRecorder
 from tierstore.tiers import Tier
 from tierstore.topology import current_host, current_node
 
@@ -195,6 +196,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         """PROCESS mode: the exchanges of saves handed to DCP's checkpoint process, not yet ended."""
         self._handover: str | None = None
         """In DCP's checkpoint process: the exchange-end record the trainer waits for."""
+        self._save_metrics = SaveRecorder(self.config.metrics.directory_for(self.node))
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -438,6 +440,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         report = self._stage_report or RankReport(node=self.node, started_at=self._started_at)
         report = dataclasses.replace(report, host=current_host(), highest_seq=self._node_highest())
         self._stage_report = None
+        self._save_metrics.staged(report.stall_s, report.wait_s)
         return dataclasses.replace(plan, storage_data=report)
 
     def _node_highest(self) -> int:
@@ -488,16 +491,19 @@ class TieredWriter(StorageWriter, AsyncStager):
         """Write this rank's items; the future completes only when they are durable in the tier."""
         assignment = plan.storage_data
         wrote: list[FileEntry] | None = None
+        began = time.time()
         try:
             wrote, future = self._write_rank(plan, planner, assignment)
         except BaseException:
             if self._is_coordinator:  # DCP calls no finish(): the save is over, and failed
                 self._stop_writing()
+            self._save_metrics.failed(self._rank, self.tier_name,
             raise
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
         return future
+        self._save_metrics.written(self._rank, self.tier_name, nbytes=sum(f.size for f in wrote),
 
     def _hand_to_mirror(self, assignment: object, files: list[FileEntry] | None) -> None:
         assert self._checkpoint_id is not None and self.tier.mirror is not None
@@ -589,10 +595,15 @@ class TieredWriter(StorageWriter, AsyncStager):
             raise
         self._stop_writing(committed=True)
         if mirror is not None:
+            self._record_commit(published)
             mirror.outcome.committed(manifest.to_json())
 
     def _marker(self, ckpt: str) -> Manifest | None:
         """The id's marker in the target now; None when there is none (or none readable)."""
+        self._record_commit(manifest)
+    def _record_commit(self, manifest: Manifest | None) -> None:
+            self._save_metrics.failed(self._rank, self.tier_name)
+            self._save_metrics.committed(self._rank, self.tier_name, commit_s=commit_s)
         try:
             return read_manifest(self.tier, ckpt)
         except Exception:  # noqa: BLE001 - no marker, or none readable: no commit to speak of

@@ -46,6 +46,7 @@ class PromoterHealth:
         self._lock = threading.Lock()
         self._last_beat = clock()  # starting counts: a first pass may take a while to list tiers
         self._passes = 0
+        self._failed_passes = 0
         self._last_error: str | None = None
 
     def beat(self) -> None:
@@ -67,7 +68,13 @@ class PromoterHealth:
         now = self._clock()
         with self._lock:
             self._last_beat = now
+            self._failed_passes += 1
             self._last_error = error.replace("\n", "; ")
+
+    def passes(self) -> tuple[int, int]:
+        """``(finished, failed)``: the passes that ran to their end, and those that failed."""
+        with self._lock:
+            return self._passes, self._failed_passes
 
     def liveness(self) -> Verdict:
         """Alive while the last heartbeat is at most ``stall_after`` seconds old."""

@@ -1,14 +1,23 @@
 """Prometheus metrics of the promoter (``tierstore promote --metrics-port N``).
 
 One registry per promoter, no module-level state. Served over HTTP at ``/metrics`` (by
-:mod:`tierstore.promote.endpoint`, beside the ``/healthz`` and ``/readyz`` probes).
+:mod:`tierstore.promote.endpoint`, beside the ``/healthz`` and ``/readyz`` probes). Once the promoter
+is watched (:meth:`PromoterMetrics.watch`), the registry also answers what the probes answer, as
+gauges, and the node's trainer-side metrics: every rank's file in ``metrics.directory``
+(:mod:`tierstore.save_metrics`), read at each scrape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tierstore.promote.endpoint import serve
+from tierstore.promote.health import PromoterHealth
+from tierstore.save_metrics import read_directory
 
 
 class PromoterMetrics:
@@ -81,9 +90,74 @@ class PromoterMetrics:
             "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass",
             registry=r,
         )  # fmt: skip
+        self._watching: list[Collector] = []
+
+    def watch(
+        self, health: PromoterHealth, trainer_files: str | None, *, stale_after: float = 0.0
+    ) -> None:
+        """Export ``health`` at every scrape, and the trainer-side files in ``trainer_files`` (a
+        directory; None: none). Watching again replaces what was watched."""
+        for collector in self._watching:
+            self.registry.unregister(collector)
+        self._watching = [_HealthCollector(health)]
+        self.registry.register(self._watching[0])
+        if trainer_files is not None:
+            own = {name for metric in self.registry.collect() for name in _names(metric)}
+            self._watching.append(_TrainerFiles(trainer_files, stale_after, own))
+            self.registry.register(self._watching[1])
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``addr:port`` (port 0 picks a free one); return the port.
 
         Metrics only: :meth:`tierstore.promote.sidecar.Promoter.serve` adds the probes."""
         return int(serve(self.registry, None, port, addr).server_port)
+
+
+def _names(metric: Metric) -> set[str]:
+    return {metric.name, *(sample.name for sample in metric.samples)}
+
+
+class _HealthCollector:
+    """The probes' answers and the pass counts of one promoter loop, as asked at each scrape: the
+    loop may be wedged while the HTTP thread still answers, so these are computed, not stored."""
+
+    def __init__(self, health: PromoterHealth) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        finished, failed = self.health.passes()
+        yield GaugeMetricFamily(
+            "tierstore_promoter_live",
+            "1 while the promoter loop makes progress within its bound (what /healthz answers);"
+            " 0: stuck",
+            value=1 if self.health.liveness().ok else 0,
+        )
+        yield GaugeMetricFamily(
+            "tierstore_promoter_ready",
+            "1 once a pass has finished and while the loop is live (what /readyz answers)",
+            value=1 if self.health.readiness().ok else 0,
+        )
+        yield CounterMetricFamily(
+            "tierstore_promoter_passes", "Promoter passes that ran to their end", value=finished
+        )
+        yield CounterMetricFamily(
+            "tierstore_promoter_failed_passes",
+            "Promoter passes that ended with an error (retried after promote.interval)",
+            value=failed,
+        )
+
+
+class _TrainerFiles:
+    """The trainer-side metrics of this node's ranks, read from their files at each scrape.
+
+    Families the promoter itself exports are left out (a file must not shadow them)."""
+
+    def __init__(self, directory: str, stale_after: float, reserved: set[str]) -> None:
+        self.directory = directory
+        self.stale_after = stale_after
+        self.reserved = reserved
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in read_directory(self.directory, stale_after=self.stale_after):
+            if not _names(metric) & self.reserved:
+                yield metric

@@ -96,6 +96,7 @@ class Promoter:
         self.stopping = threading.Event()
         self.cancel = threading.Event()
         self.cache = MarkerCache()
+        self.metrics.watch(self.health, config.metrics.directory_for(self.node),
         self.prober = Prober(config.probe_timeout)
         self._last_gc = 0.0
         self.unavailable: set[str] = set()
