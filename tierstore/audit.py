@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tierstore.config import Config
 from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.progress import ByteProgress
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import FileEntry, Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
@@ -37,8 +38,15 @@ class CopyAudit:
         return not self.problems
 
 
-def audit_copy(tiers_by_node: dict[int, Tier], checkpoint_id: str, marker_node: int) -> CopyAudit:
-    """Audit the copy whose marker is in ``tiers_by_node[marker_node]``; each file on its node."""
+def audit_copy(
+    tiers_by_node: dict[int, Tier],
+    checkpoint_id: str,
+    marker_node: int,
+    *,
+    show_progress: bool = False,
+) -> CopyAudit:
+    """Audit the copy whose marker is in ``tiers_by_node[marker_node]``; each file on its node
+    (``show_progress``: a bar on a terminal while its bytes are read)."""
     tier = tiers_by_node[marker_node]
     try:
         manifest = read_manifest(tier, checkpoint_id)
@@ -46,16 +54,22 @@ def audit_copy(tiers_by_node: dict[int, Tier], checkpoint_id: str, marker_node: 
         return CopyAudit(tier.name, checkpoint_id, None, 0, 0, 0, (str(exc),))
     problems: list[str] = []
     checked = not_checked = 0
-    for node, entries in _files_by_node(manifest, tier.node_local, marker_node).items():
-        holder = tiers_by_node.get(node)
-        if holder is None:
-            not_checked += len(entries)
-            continue
-        try:
-            problems += copy_problems(holder, manifest, verify=True, entries=entries)
-        except (TierstoreError, OSError) as exc:
-            problems.append(f"node {node}: cannot read: {exc}")
-        checked += len(entries)
+    by_node = _files_by_node(manifest, tier.node_local, marker_node)
+    total = sum(e.size for n, es in by_node.items() if n in tiers_by_node for e in es)
+    with ByteProgress(f"verify {checkpoint_id} in {tier.name}", total,
+                      enabled=show_progress) as bar:  # fmt: skip
+        for node, entries in by_node.items():
+            holder = tiers_by_node.get(node)
+            if holder is None:
+                not_checked += len(entries)
+                continue
+            try:
+                problems += copy_problems(
+                    holder, manifest, verify=True, entries=entries, progress=bar.update
+                )
+            except (TierstoreError, OSError) as exc:
+                problems.append(f"node {node}: cannot read: {exc}")
+            checked += len(entries)
     return CopyAudit(tier.name, checkpoint_id, manifest.generation, checked, not_checked,
                      manifest.total_bytes, tuple(problems))  # fmt: skip
 
@@ -70,8 +84,11 @@ def _files_by_node(
     return grouped
 
 
-def audit_all(config: Config, nodes: Iterable[int]) -> list[CopyAudit]:
-    """Every committed copy in every tier, as seen from ``nodes`` (see the module docstring)."""
+def audit_all(
+    config: Config, nodes: Iterable[int], *, show_progress: bool = False
+) -> list[CopyAudit]:
+    """Every committed copy in every tier, as seen from ``nodes`` (see the module docstring);
+    ``show_progress``: a bar per copy on a terminal."""
     nodes = sorted(set(nodes))
     audits: list[CopyAudit] = []
     for index, tier_config in enumerate(config.tiers):
@@ -79,5 +96,5 @@ def audit_all(config: Config, nodes: Iterable[int]) -> list[CopyAudit]:
         tiers = {n: config.make_tiers(node=n)[index] for n in seen_from}
         for node, tier in tiers.items():
             for checkpoint_id in sorted(marker_times(tier)):
-                audits.append(audit_copy(tiers, checkpoint_id, node))
+                audits.append(audit_copy(tiers, checkpoint_id, node, show_progress=show_progress))
     return audits

@@ -36,6 +36,7 @@ from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
+from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
@@ -133,7 +134,9 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
             continue
         holders += 1
         here = [f for f in manifest.files if not tier.node_local or f.node == catalog.node]
-        problems = copy_problems(tier, manifest, verify=True, entries=here)
+        label = f"verify {checkpoint_id} in {tier.name}"
+        with ByteProgress(label, sum(f.size for f in here)) as bar:
+            problems = copy_problems(tier, manifest, verify=True, entries=here, progress=bar.update)
         skipped = len(manifest.files) - len(here)
         note = f" ({skipped} files on other nodes not checked)" if skipped else ""
         if problems:
@@ -149,7 +152,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
 def _verify_all(config: Config, args: argparse.Namespace) -> int:
     nodes = args.nodes or [current_node(args.node)]
-    audits = audit_all(config, nodes)
+    audits = audit_all(config, nodes, show_progress=True)
     if args.json:
         print(json.dumps([{**asdict(a), "ok": a.ok} for a in audits], indent=1))
     else:
@@ -175,7 +178,7 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         report = export_checkpoint(
-            config, args.checkpoint_id, args.to, tier=args.tier, node=args.node
+            config, args.checkpoint_id, args.to, tier=args.tier, node=args.node, show_progress=True
         )
     except IntegrityError as exc:
         print(f"tierstore: error: {exc}".replace("\n", "; "), file=sys.stderr)

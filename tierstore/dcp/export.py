@@ -50,6 +50,7 @@ from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
 from tierstore.dcp.verified_read import VerifiedReader
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierUnavailableError
 from tierstore.ids import is_metadata_file, validate_checkpoint_id
+from tierstore.progress import ByteProgress
 from tierstore.records.activity import Activity, hold
 from tierstore.records.marker import FileEntry, Manifest, entry_problem
 from tierstore.tiers import Tier
@@ -124,6 +125,7 @@ def export_checkpoint(
     *,
     tier: str | None = None,
     node: int | None = None,
+    show_progress: bool = False,
 ) -> ExportReport:
     """Write committed checkpoint ``checkpoint_id`` to the new directory ``dest`` in torch's format.
 
@@ -134,6 +136,8 @@ def export_checkpoint(
             created if missing.
         tier: export from this tier only (default: the fastest with a usable committed copy).
         node: this process's node index for node-local tiers (default: :func:`current_node`).
+        show_progress: a bar on standard error while the bytes are converted, if it is a terminal
+            (``tierstore restore``); never in logs or pipes.
 
     Raises:
         InvalidCheckpointIdError: ``checkpoint_id`` is not a valid id.
@@ -163,7 +167,13 @@ def export_checkpoint(
     )
     try:
         source, (files, size, items) = _export_from_first_usable(
-            tiers, checkpoint_id, destination, node=node, excluded=excluded, reading=reading
+            tiers,
+            checkpoint_id,
+            destination,
+            node=node,
+            excluded=excluded,
+            reading=reading,
+            show_progress=show_progress,
         )
     finally:
         for activity in reading.values():
@@ -191,6 +201,7 @@ def _export_from_first_usable(
     node: int,
     excluded: dict[int, str],
     reading: dict[str, Activity],
+    show_progress: bool,
 ) -> tuple[_Source, tuple[int, int, int]]:
     """Export from the fastest usable copy; when reading it fails, from the next one.
 
@@ -221,8 +232,11 @@ def _export_from_first_usable(
             if activity is not None:
                 activity.release()
         source = _source_of(tiers, choice, node)
+        label = f"restore {checkpoint_id} from {source.tier.name}"
+        total = sum(f.size for f in source.manifest.files) if show_progress else 0
         try:
-            return source, _export_into(source, destination)
+            with ByteProgress(label, total, enabled=show_progress) as bar:
+                return source, _export_into(source, destination, bar)
         except _SOURCE_FAILURES as exc:
             if isinstance(exc, IntegrityError) and mismatch is None:
                 mismatch = exc
@@ -257,13 +271,13 @@ def _announce(tiers: list[Tier], checkpoint_id: str, ttl: float) -> dict[str, Ac
     return reading
 
 
-def _export_into(source: _Source, destination: Path) -> tuple[int, int, int]:
+def _export_into(source: _Source, destination: Path, bar: ByteProgress) -> tuple[int, int, int]:
     """Convert into a temporary sibling, then rename it to ``destination``: (files, bytes, items)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     temporary = destination.parent / f".{destination.name}.export-{uuid.uuid4().hex[:8]}"
     temporary.mkdir()
     try:
-        result = _convert(source, temporary, destination)
+        result = _convert(source, temporary, destination, bar)
         fsync_dir(temporary)
         try:
             os.rename(temporary, destination)  # replaces an empty directory; never a full one
@@ -280,7 +294,9 @@ def _export_into(source: _Source, destination: Path) -> tuple[int, int, int]:
     return result
 
 
-def _convert(source: _Source, out: Path, destination: Path) -> tuple[int, int, int]:
+def _convert(
+    source: _Source, out: Path, destination: Path, bar: ByteProgress
+) -> tuple[int, int, int]:
     tier, manifest = source.tier, source.manifest
     metadata_entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
     if metadata_entry is None:
@@ -288,6 +304,7 @@ def _convert(source: _Source, out: Path, destination: Path) -> tuple[int, int, i
             f"tier {tier.name}: the marker of {manifest.checkpoint_id} names no .metadata file"
         )
     metadata = _read_metadata(source, metadata_entry)
+    bar.update(metadata_entry.size)
     per_file: dict[str, Items] = defaultdict(lambda: defaultdict(list))
     for index, location in (metadata.storage_data or {}).items():
         if not isinstance(location, ItemLocation):
@@ -304,7 +321,7 @@ def _convert(source: _Source, out: Path, destination: Path) -> tuple[int, int, i
     files, size = 0, 0
     for entry in sorted(data_files, key=lambda f: f.path):
         items = per_file.get(entry.path, {})
-        written = _convert_file(source, entry, items, out=out, storage=storage)
+        written = _convert_file(source, entry, items, out=out, storage=storage, bar=bar)
         if written is not None:
             files, size = files + 1, size + written
     metadata.storage_data = storage
@@ -335,6 +352,7 @@ def _convert_file(
     *,
     out: Path,
     storage: dict[MetadataIndex, _StorageInfo],
+    bar: ByteProgress,
 ) -> int | None:
     """Verify one source file and write its items to a file of the same name (none if it has
     none); return the size written."""
@@ -348,7 +366,9 @@ def _convert_file(
                 reader.read_into(location.offset, data)
                 info = _append(target, location, data, where=f"tier {tier.name}: {path}")
                 storage.update(dict.fromkeys(items[location], info))
+                bar.update(location.length)
             reader.finish()
+        bar.update(entry.size - sum(location.length for location in items))
     except BaseException:
         if target is not None:
             target.discard()

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
+from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import SeenCopy
-from tierstore.promote.progress import TransferProgress
 from tierstore.promote.transfer import copy_files
 from tierstore.records.activity import ACTIVITY_TTL, held
 from tierstore.records.marker import FileEntry, Manifest, read_manifest
@@ -171,8 +171,8 @@ class PromotionJob:
             return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
         if (judged := self._judge_before_copying()) is not None:
             return judged  # the target's copy of the id stays: nothing to copy
-        label = f"{self.checkpoint_id} {self.source.name}->{self.target.name}"
-        progress = TransferProgress(label, sum(e.size for e in entries))
+        label = f"promote {self.checkpoint_id} {self.source.name}->{self.target.name}"
+        progress = ByteProgress(label, sum(e.size for e in entries))
 
         def copied_chunk(count: int) -> None:
             progress.update(count)
@@ -180,10 +180,11 @@ class PromotionJob:
                 self.heartbeat()
 
         try:
-            copied = copy_files(
-                self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
-                stopping=self.stopping, cancel=self.cancel, progress=copied_chunk,
-            )  # fmt: skip
+            with progress:
+                copied = copy_files(
+                    self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
+                    stopping=self.stopping, cancel=self.cancel, progress=copied_chunk,
+                )  # fmt: skip
         except IntegrityError:
             # The source is damaged: this will not get better by retrying. Remove what was copied.
             for entry in entries:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -181,12 +181,16 @@ def publish_manifest(tier: Tier, manifest: Manifest, *, create_only: bool) -> No
     tier.publish(marker_path(manifest.checkpoint_id), manifest.to_json(), create_only=create_only)
 
 
-def file_crc32c(tier: Tier, path: str) -> tuple[int, int]:
-    """``(size, crc32c)`` of a stored file, read in chunks."""
+def file_crc32c(
+    tier: Tier, path: str, progress: Callable[[int], None] | None = None
+) -> tuple[int, int]:
+    """``(size, crc32c)`` of a stored file, read in chunks (each one's size told to ``progress``)."""
     size, value = 0, 0
     for chunk in tier.iter_chunks(path):
         size += len(chunk)
         value = crc32c(chunk, value)
+        if progress is not None:
+            progress(len(chunk))
     return size, value
 
 
@@ -196,17 +200,19 @@ def copy_problems(
     *,
     verify: bool,
     entries: Iterable[FileEntry] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """What makes a copy unusable: one line per missing, short/long or (``verify``) corrupt file.
 
     ``entries`` limits the check to some files (a rank's share; a node's files); default all.
+    ``progress`` is told the size of each chunk read to verify.
     """
     problems: list[str] = []
     for entry in manifest.files if entries is None else entries:
         path = checkpoint_file(manifest.checkpoint_id, entry.path)
         problem = size_problem(tier, path, entry)
         if problem is None and verify:
-            problem = entry_problem(path, entry, *file_crc32c(tier, path))
+            problem = entry_problem(path, entry, *file_crc32c(tier, path, progress))
         if problem is not None:
             problems.append(problem)
     return problems
