@@ -17,6 +17,7 @@ LAYERS = {
     "tierstore.errors": 0, "tierstore.version": 0, "tierstore.ids": 0, "tierstore.units": 0,
     "tierstore.checksum": 0, "tierstore.topology": 0, "tierstore.owners": 0,
     "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0, "tierstore.bounded": 0,
+    "tierstore.progress": 0,
     "tierstore.save_metrics": 0,
     "tierstore.tiers": 1,
     "tierstore.config": 2,
