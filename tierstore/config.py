@@ -76,9 +76,32 @@ class StagingConfig(StrictModel):
 class MetricsConfig(StrictModel):
     """Trainer-side metrics: each rank's save stall, times and bytes in a file per rank, served by
     the node's promoter on its ``/metrics`` (see :mod:`tierstore.save_metrics`)."""
+
+    directory: str | None = Field(
+        None,
         description="Directory each rank writes its save metrics to (rank-NNNNN.prom), on the"
         " node's local disk or tmpfs; may contain {node}; none: trainer-side metrics are off.",
+    )
+    stale_after: Duration = Field(
+        86400.0, description="The promoter leaves out files not rewritten for this long (0: never)."
+    )
+
+    @field_validator("directory")
+    @classmethod
+    def _a_path_with_node_only(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("expected a directory, got an empty string")
+        if "{" in value.replace("{node}", "") or "}" in value.replace("{node}", ""):
+            raise ValueError(f"expected a path whose only placeholder is {{node}}, got {value!r}")
+        return value
+
+    def directory_for(self, node: int) -> str | None:
         """The directory on node ``node`` (``{node}`` replaced); None when metrics are off."""
+        return None if self.directory is None else self.directory.replace("{node}", str(node))
+
+
 class Config(StrictModel):
     """A validated, immutable tierstore configuration (see :func:`load_config`)."""
 
@@ -89,6 +112,7 @@ class Config(StrictModel):
     )
     promote: PromoteConfig = PromoteConfig()
     staging: StagingConfig = StagingConfig()
+    metrics: MetricsConfig = MetricsConfig()
     verify_on_load: bool = Field(False, description="Check CRC32C of every file read on load.")
     check_finite: bool = Field(False, description="Refuse to commit NaN/Inf floating tensors.")
     probe_timeout: Duration = Field(
@@ -112,7 +136,6 @@ class Config(StrictModel):
     @classmethod
     def _dispatch_on_type(cls, tiers: Any) -> Any:
         """Raw mappings become their registered type's model (``config_from_dict`` does it first,
-    metrics: MetricsConfig = MetricsConfig()
         with per-key error locations; this covers ``Config(tiers=[{...}])``)."""
         if not isinstance(tiers, list | tuple):
             return tiers
@@ -271,6 +294,10 @@ def config_from_dict(
             if tier is not None:
                 tiers.append(tier)
         expanded["tiers"] = tiers if not lines else tiers or None
+    metrics = expanded.get("metrics")
+    directory = metrics.get("directory") if isinstance(metrics, dict) else None
+    if isinstance(metrics, dict) and isinstance(directory, str) and directory.strip():
+        expanded["metrics"] = {**metrics, "directory": str(base / directory)}
     try:
         config = Config.model_validate(expanded)
     except ValidationError as exc:
@@ -287,6 +314,7 @@ def config_from_dict(
                 key, expected = problem
                 raise ConfigError(f"{source}: tiers[{index}].{key}: {expected}")
         _check_separate_roots(config, source, this_node)
+        _check_metrics_directory(config, source, this_node)
     return config
 
 
@@ -294,10 +322,6 @@ def _root_key(root: str) -> str:
     """A tier root as a comparable location: URLs as written, paths resolved (symlinks, ``..``)."""
     return root.rstrip("/") if "://" in root else os.path.realpath(root)
 
-    metrics = expanded.get("metrics")
-    directory = metrics.get("directory") if isinstance(metrics, dict) else None
-    if isinstance(metrics, dict) and isinstance(directory, str) and directory.strip():
-        expanded["metrics"] = {**metrics, "directory": str(base / directory)}
 
 def _check_separate_roots(config: Config, source: str, node: int) -> None:
     """Two tiers on one directory (or one inside the other's) would see each other's checkpoints as
@@ -314,8 +338,34 @@ def _check_separate_roots(config: Config, source: str, node: int) -> None:
                     f"{source}: tiers[{later}].{key}: tier {tier.name!r} ({root}) and tier"
                     f" {other.name!r} ({other_root}) share a location: each tier needs a"
                     " directory or prefix of its own, neither inside the other"
-        _check_metrics_directory(config, source, this_node)
                 )
+
+
+def _check_metrics_directory(config: Config, source: str, node: int) -> None:
+    """The metrics directory is created, must be writable, and must stay out of every tier's
+    directory: a tier takes what is in its directory for its own (cleanup removes leftovers)."""
+    wanted = config.metrics.directory_for(node)
+    if wanted is None:
+        return
+    where = f"{source}: metrics.directory"
+    directory = _root_key(wanted)
+    for tier in config.make_tiers(node=node):
+        root = _root_key(tier.root)
+        if "://" not in root and (
+            (directory + "/").startswith(root + "/") or (root + "/").startswith(directory + "/")
+        ):
+            raise ConfigError(
+                f"{where}: expected a directory outside every tier's, got {wanted!r}, which"
+                f" shares a location with tier {tier.name!r} ({root})"
+            )
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        raise ConfigError(
+            f"{where}: expected a writable directory, got {wanted!r} ({exc.strerror or exc})"
+        ) from None
 
 
 def _validate_tier(
@@ -341,10 +391,6 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Co
     """Read, expand and validate the YAML file at ``path``.
 
     Raises :class:`ConfigError` (``FILE: KEY: what was expected``) for an unreadable file, malformed
-def _check_metrics_directory(config: Config, source: str, node: int) -> None:
-    """The metrics directory is created, must be writable, and must stay out of every tier's
-    wanted = config.metrics.directory_for(node)
-    where = f"{source}: metrics.directory"
     YAML, duplicate or unknown keys, wrong types, unknown tier types, duplicate tier names, a missing
     ``path``/``url``, an unset ``${VAR}`` or (with ``check_paths``) a POSIX tier path that cannot be
     created or written. POSIX tier directories are created on this node as a side effect.

@@ -498,12 +498,15 @@ class TieredWriter(StorageWriter, AsyncStager):
             if self._is_coordinator:  # DCP calls no finish(): the save is over, and failed
                 self._stop_writing()
             self._save_metrics.failed(self._rank, self.tier_name,
+                                  save_s=time.time() - self._started_at)  # fmt: skip
             raise
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
-        return future
+        ended = time.time()  # metrics: after the files are durable, off the trainer's thread
         self._save_metrics.written(self._rank, self.tier_name, nbytes=sum(f.size for f in wrote),
+                                   write_s=ended - began, save_s=ended - self._started_at)  # fmt: skip
+        return future
 
     def _hand_to_mirror(self, assignment: object, files: list[FileEntry] | None) -> None:
         assert self._checkpoint_id is not None and self.tier.mirror is not None
@@ -592,18 +595,23 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._stop_writing(committed=published is not None)
             if mirror is not None:
                 self._tell_mirror_of_failure(mirror, published, exc)
+            self._record_commit(published)
             raise
         self._stop_writing(committed=True)
         if mirror is not None:
-            self._record_commit(published)
             mirror.outcome.committed(manifest.to_json())
+        self._record_commit(manifest)
+
+    def _record_commit(self, manifest: Manifest | None) -> None:
+        """Metrics: the coordinator committed the save (``manifest``), or it failed (None)."""
+        if manifest is None:
+            self._save_metrics.failed(self._rank, self.tier_name)
+        else:
+            commit_s = float(manifest.timings.get("commit_s") or 0.0)
+            self._save_metrics.committed(self._rank, self.tier_name, commit_s=commit_s)
 
     def _marker(self, ckpt: str) -> Manifest | None:
         """The id's marker in the target now; None when there is none (or none readable)."""
-        self._record_commit(manifest)
-    def _record_commit(self, manifest: Manifest | None) -> None:
-            self._save_metrics.failed(self._rank, self.tier_name)
-            self._save_metrics.committed(self._rank, self.tier_name, commit_s=commit_s)
         try:
             return read_manifest(self.tier, ckpt)
         except Exception:  # noqa: BLE001 - no marker, or none readable: no commit to speak of

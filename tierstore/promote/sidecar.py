@@ -91,12 +91,13 @@ class Promoter:
         self.node = current_node(node)
         self.metrics = metrics or PromoterMetrics()
         self.health = PromoterHealth(stall_bound(config.promote.interval))
+        self.metrics.watch(self.health, config.metrics.directory_for(self.node),
+                           stale_after=config.metrics.stale_after)  # fmt: skip
         self.tiers = config.make_tiers(node=self.node)
         self.by_name = {t.name: t for t in self.tiers}
         self.stopping = threading.Event()
         self.cancel = threading.Event()
         self.cache = MarkerCache()
-        self.metrics.watch(self.health, config.metrics.directory_for(self.node),
         self.prober = Prober(config.probe_timeout)
         self._last_gc = 0.0
         self.unavailable: set[str] = set()
