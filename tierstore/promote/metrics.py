@@ -86,6 +86,13 @@ class PromoterMetrics:
             " started; grows while that tier is away",
             registry=r,
         )
+        self.newest_age = Gauge(
+            "tierstore_newest_checkpoint_age_seconds",
+            "Seconds since the newest checkpoint seen committed in a tier was started (this node's"
+            " view); grows while the tier is away or nothing newer reaches it",
+            ["tier"],
+            registry=r,
+        )
         self.last_pass = Gauge(
             "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass",
             registry=r,

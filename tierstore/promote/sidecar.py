@@ -112,7 +112,8 @@ class Promoter:
         """The commit number of multi-node saves, from their committed manifest in a job-wide tier."""
         self._unknown: set[tuple[str, str]] = set()
         """Generations whose committed manifest was not there this pass (asked again next pass)."""
-        self._newest_durable_start: float | None = None
+        self._newest_starts: dict[str, float] = {}
+        """When the newest checkpoint seen in each tier was started (kept while a tier is away)."""
         self._conflicts: dict[str, list[Conflict]] = {}
         """Each tier's conflict records, as the pass's first listing read them."""
         self._started_at = time.time()
@@ -662,18 +663,23 @@ class Promoter:
                 self.metrics.mirrored.labels(tier.name).set(1 if status.mirrored else 0)
 
     def _update_durable_age(self, found: dict[str, dict[str, SeenCopy]]) -> None:
-        """The recovery-point lag: how old the newest durable checkpoint is. While the durable tier
-        cannot be listed, the last one seen there is still the newest known, and the lag grows."""
-        durable = found.get(self.tiers[-1].name)
-        starts = [
-            float(s.manifest.timings.get("started_at") or s.copy.committed_at)
-            for s in (durable or {}).values()
-            if s.manifest is not None
-        ]
-        if starts:
-            self._newest_durable_start = max(starts)
-        if self._newest_durable_start is not None:
-            lag = max(0.0, time.time() - self._newest_durable_start)
+        """How old the newest checkpoint of each tier is, and of the durable (last) one above all:
+        the recovery-point lag. While a tier cannot be listed, the last one seen there is still the
+        newest known, and its age grows."""
+        now = time.time()
+        for tier in self.tiers:
+            starts = [
+                float(s.manifest.timings.get("started_at") or s.copy.committed_at)
+                for s in found.get(tier.name, {}).values()
+                if s.manifest is not None
+            ]
+            if starts:
+                self._newest_starts[tier.name] = max(starts)
+            if tier.name in self._newest_starts:
+                age = max(0.0, now - self._newest_starts[tier.name])
+                self.metrics.newest_age.labels(tier.name).set(age)
+        if self.tiers[-1].name in self._newest_starts:
+            lag = max(0.0, now - self._newest_starts[self.tiers[-1].name])
             self.metrics.durable_age.set(lag)
             self.metrics.recovery_point_lag.set(lag)
 
