@@ -242,7 +242,14 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
     if args.metrics_port is not None:
-        port = promoter.serve(args.metrics_port, args.metrics_addr)
+        try:
+            port = promoter.serve(args.metrics_port, args.metrics_addr)
+        except OSError as exc:  # a port another job holds: say which, and which flag sets it
+            raise TierstoreError(
+                f"--metrics-port {args.metrics_port}: cannot listen on"
+                f" {args.metrics_addr}:{args.metrics_port}: {exc.strerror or exc}"
+                " (choose a free port with --metrics-port, or 0 for any free port)"
+            ) from exc
         logging.getLogger(__name__).info(
             "metrics on http://%s:%d/metrics, probes at /healthz and /readyz",
             args.metrics_addr,
