@@ -1,0 +1,55 @@
+# shellcheck shell=bash
+# Shell functions train.sbatch and node.sh share (sourced, not run).
+
+# listeners PORT: the socket inodes listening on PORT on this host, on any address (IPv4 or IPv6).
+# Reads /proc/net/tcp{,6} (state 0A is LISTEN), so it needs no ss, netstat or lsof.
+listeners() {
+  awk -v port="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == port {
+    print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# port_in_use PORT: true when a socket on this host listens on PORT.
+port_in_use() {
+  [ -n "$(listeners "$1")" ]
+}
+
+# listens PID PORT: true when process PID itself holds a socket listening on PORT.
+listens() {
+  local inode
+  for inode in $(listeners "$2"); do
+    readlink "/proc/$1/fd/"* 2>/dev/null | grep -qx "socket:\[${inode}\]" && return 0
+  done
+  return 1
+}
+
+# free_port PORT: PORT, or the next one above it that nothing listens on.
+free_port() {
+  local port=$1
+  while port_in_use "${port}"; do
+    port=$((port + 1))
+  done
+  echo "${port}"
+}
+
+# wait_for PID: the exit status of the child PID, however many trapped signals interrupt the wait.
+wait_for() {
+  local status again
+  while true; do
+    wait "$1"
+    status=$?
+    [ "${status}" -gt 128 ] || return "${status}"
+    if ! kill -0 "$1" 2>/dev/null; then  # gone: killed by a signal, or it exited as a trap ran
+      wait "$1"  # the child's own status where the shell kept it (bash 5), else 127
+      again=$?
+      [ "${again}" = 127 ] && return "${status}"
+      return "${again}"
+    fi
+  done
+}
+
+# pause SECONDS: sleep, but let a trapped signal end it at once (a foreground sleep would delay
+# the trap until it finished). The sleep holds no output open, so nothing waits for it.
+pause() {
+  sleep "$1" >/dev/null 2>&1 &
+  wait "$!"
+}
