@@ -218,3 +218,12 @@ def test_space_is_the_filesystems_usage_or_none_where_a_tier_cannot_tell(tier: T
         assert tier.space() is not None
     else:
         assert space is None, f"{tier.type} has no filesystem whose space it could report"
+
+
+def test_an_empty_file_reads_as_empty(tier: Tier) -> None:
+    """A zero-byte file (a commit-log entry, a marker cut to nothing) reads as ``b""``: S3 answers
+    a ranged GET of an empty object with 416, which must not read as an unavailable tier."""
+    tier.write_bytes("e/empty", b"")
+    assert tier.read_bytes("e/empty") == b""
+    assert b"".join(tier.iter_chunks("e/empty")) == b""
+    assert tier.stat("e/empty").size == 0
