@@ -333,6 +333,36 @@ def test_two_ranks_of_a_job_each_keep_their_file_served_by_one_promoter(
     assert value(found, "tierstore_saves_committed_total", rank="1", tier="memory") is None
 
 
+def process_mode_saves(rank: int, world: int, config: Config) -> None:
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    writer = TieredWriter(config)
+    for step in (1, 2):
+        dcp.async_save(
+            {"w": torch.randn(2048), "step": step},
+            storage_writer=writer,
+            checkpoint_id=f"step_{step}",
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+        ).result()
+    writer.close()
+
+
+def test_saves_run_in_dcps_checkpoint_process_count_like_the_trainers(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    metrics = tmp_path / "metrics"
+    config = make_config("memory", metrics={"directory": str(metrics)})
+    run_ranks(process_mode_saves, 1, tmp_path, config)
+    found = of_rank(metrics, 0)
+    at = {"rank": "0", "tier": "memory"}
+    assert value(found, "tierstore_saves_committed_total", **at) == 2
+    assert value(found, "tierstore_save_stall_seconds_count", **at) == 2  # staged in the trainer
+    assert value(found, "tierstore_save_last_wait_seconds", **at) is not None
+    assert value(found, "tierstore_save_written_bytes_total", **at) == rank_bytes(
+        config, "step_1"
+    ) + rank_bytes(config, "step_2")
+
+
 # -- configuration ---------------------------------------------------------------------------------
 
 
