@@ -17,7 +17,9 @@ TRAINER_FLAGS = {"--config", "--run-dir", "--steps", "--save-every"}
 """examples/train_gpt.py's documented flags (used until the script exists; then its argparse)."""
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - what a promoter others scrape must bind
 """``--metrics-addr`` wherever another pod or host scrapes the promoter."""
-DRILL_FLAGS = {"--tier", "--world-size", "--entry", "--loss-log", "--steps", "--tolerance"}
+DRILL_FLAGS = {
+    "--tier", "--world-size", "--entry", "--loss-log", "--steps", "--tolerance", "--prom-file",
+}  # fmt: skip
 """``tierstore drill``'s own flags as the deploy files use them (the step function's follow ``--``)."""
 
 

@@ -3,7 +3,12 @@ with kustomize, and validate against the Kubernetes schemas (strict: unknown fie
 
 from __future__ import annotations
 
+import copy
+import os
+import re
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,15 @@ from tests.deploy.contract import (
     parse_tierstore,
     trainer_flags,
 )
-from tests.deploy.tools import DEPLOY, pip_tool, system_tool
+from tests.deploy.pod_security import BASELINE, RESTRICTED, violations
+from tests.deploy.tools import DEPLOY, assert_shellcheck_clean, system_tool
 
 K8S = DEPLOY / "kubernetes"
 BASE = K8S / "base"
+DRILL = K8S / "components" / "restore-drill"
+RUN_DIR_VOLUME = K8S / "components" / "run-dir-volume"
+OVERLAYS = {"base": BASE, "full": K8S / "overlays" / "full",
+            "restricted": K8S / "overlays" / "restricted"}  # fmt: skip
 K8S_VERSIONS = ["1.33", latest_version()]
 """1.33: native sidecars (init containers with restartPolicy: Always) are GA."""
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -146,7 +156,9 @@ def test_the_node_local_tiers_are_mounted_where_the_config_puts_them() -> None:
         assert at.get(prefixes["memory"]) == "memory-tier", f"{name}: memory tier not mounted"
         assert at.get(prefixes["local"]) == "nvme", f"{name}: local tier not mounted"
     assert volume("memory-tier")["emptyDir"]["medium"] == "Memory"
-    assert "hostPath" in volume("nvme")
+    # Directory, not DirectoryOrCreate: without the NVMe mounted the pod must not start (it would
+    # fill the node's root disk).
+    assert volume("nvme")["hostPath"]["type"] == "Directory"
 
 
 def test_the_config_comes_from_the_generated_configmap() -> None:
@@ -190,9 +202,6 @@ def test_the_trainer_runs_train_gpt_with_its_documented_flags() -> None:
     assert parsed.node_rank == int(variables["TIERSTORE_NODE"])  # GROUP_RANK = TIERSTORE_NODE
     check_trainer_args(trainer_args, config_mount(container("trainer")))
     check_batch_fits(trainer_args, int(parsed.nnodes) * int(parsed.nproc_per_node))
-    # The final save drains inside the grace period: the save, then the sidecar's own grace.
-    grace = pod()["terminationGracePeriodSeconds"]
-    assert parsed.shutdown_timeout + config().promote.grace_period < grace
     assert "SIGTERM" in parsed.signals_to_handle.split(",")
     (drain,) = shell.invocations(argvs, "tierstore")
     args = parse_tierstore(drain)
@@ -200,40 +209,143 @@ def test_the_trainer_runs_train_gpt_with_its_documented_flags() -> None:
     assert args.config == config_mount(container("trainer"))
 
 
-def test_train_sh_passes_shellcheck() -> None:
-    result = subprocess.run(
-        [pip_tool("shellcheck"), "--shell=bash", str(BASE / "train.sh")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0 and result.stdout == "", result.stdout
+def test_the_stop_fits_the_grace_period_of_a_reclaimed_spot_vm() -> None:
+    argvs = shell.commands(trainer_script(), trainer_env())
+    (torchrun,) = shell.invocations(argvs, "torchrun")
+    parsed, _ = check_torchrun_args(torchrun)
+    (bounded,) = shell.invocations(argvs, "timeout")
+    kill_after = int(bounded[0].removeprefix("--kill-after="))
+    drain = int(bounded[1])
+    assert bounded[2] == "tierstore", "the drain is the bounded command"
+    grace = pod()["terminationGracePeriodSeconds"]
+    # 30 s (GCP, Azure) to 2 min (AWS): a longer grace period is cut short by the node anyway.
+    assert grace <= 120
+    # The save, the drain until SIGKILL, then the promoter sidecar's own grace period.
+    assert parsed.shutdown_timeout + drain + kill_after + config().promote.grace_period < grace
 
 
-def test_the_restore_drill_cronjob_uses_the_mounted_config_and_the_drill_flags() -> None:
-    folder = K8S / "components" / "restore-drill"
-    (cronjob,) = load(folder / "cronjob.yaml")
-    (drill,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    command = drill["command"]
-    assert command[0] == "tierstore"
-    assert command[command.index("--config") + 1] == config_mount(drill)
+def test_disruptions_do_not_count_against_the_job() -> None:
+    spec = job()["spec"]
+    (rule,) = spec["podFailurePolicy"]["rules"]
+    assert rule["action"] == "Ignore"
+    assert rule["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    # Other failures count per index, and one index out of retries ends the Job.
+    assert spec["backoffLimitPerIndex"] > 0 and spec["maxFailedIndexes"] == 0
+    assert "backoffLimit" not in spec, (
+        "one budget shared by every index is what pre-emptions drained"
+    )
+    assert pod()["restartPolicy"] == "Never", "podFailurePolicy and backoffLimitPerIndex need it"
+    assert spec["podReplacementPolicy"] == "Failed", "never two pods of one index at once"
+
+
+def test_the_entry_scripts_pass_shellcheck() -> None:
+    for script in (BASE / "train.sh", DRILL / "drill.sh"):
+        assert_shellcheck_clean(script)
+
+
+def cronjob() -> Doc:
+    (found,) = load(DRILL / "cronjob.yaml")
+    return found
+
+
+def drill_container() -> Doc:
+    (found,) = cronjob()["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def test_the_restore_drill_uses_the_mounted_config_and_the_training_jobs_flags() -> None:
+    drill = drill_container()
+    assert drill["command"] == ["bash", f"{Path(config_mount(drill)).parent}/drill.sh"]
+    variables = {e["name"]: str(e.get("value", "0")) for e in drill["env"]}
+    script = (DRILL / "drill.sh").read_text()
+    variables = shell.assignments(script, variables)
+    defaulted = set(re.findall(r"\$\{(\w+):-", script))
+    undefined = shell.variables(script) - set(variables) - defaulted - {"status"}
+    assert not undefined, f"drill.sh uses {sorted(undefined)}, not set in the drill's env"
+    (command,) = shell.invocations(shell.commands(script, variables), "tierstore")
     at, split = command.index("drill"), command.index("--")
     assert {a for a in command[at + 1 : split] if a.startswith("--")} == DRILL_FLAGS
-    parse_tierstore(command[1:])
+    args = parse_tierstore(command)
+    assert args.config == config_mount(drill)
     # The step function gets the training job's own flags: the same config and LR schedule.
     entry_args = command[split + 1 :]
     assert entry_args[entry_args.index("--config") + 1] == config_mount(drill)
     flags = [a for a in entry_args if a.startswith("--")]
     assert not set(flags) - trainer_flags(), f"train_gpt.py has no {flags}"
-    (job,) = [d for d in base_docs() if d["kind"] == "Job"]
-    trainer_env = {e["name"]: e.get("value") for c in job["spec"]["template"]["spec"]["containers"]
-                   for e in c.get("env", [])}  # fmt: skip
+    trainer = {e["name"]: e.get("value") for e in container("trainer")["env"]}
     for flag, variable in (("--steps", "STEPS"), ("--global-batch", "GLOBAL_BATCH"),
                            ("--micro-batch", "MICRO_BATCH")):  # fmt: skip
-        assert entry_args[entry_args.index(flag) + 1] == trainer_env[variable], flag
-    (patch,) = load(folder / "job-run-dir.yaml")
-    (trainer,) = patch["spec"]["template"]["spec"]["containers"]
-    run_dir = {e["name"]: e["value"] for e in trainer["env"]}["RUN_DIR"]
-    loss_log = command[command.index("--loss-log") + 1]
-    assert Path(loss_log).parent == Path(run_dir), "the drill reads the run's own loss log"
+        assert entry_args[entry_args.index(flag) + 1] == trainer[variable], flag
+    (patch,) = load(RUN_DIR_VOLUME / "job-run-dir.yaml")
+    (patched,) = patch["spec"]["template"]["spec"]["containers"]
+    run_dir = {e["name"]: e["value"] for e in patched["env"]}["RUN_DIR"]
+    assert Path(args.loss_log).parent == Path(run_dir), "the drill reads the run's own loss log"
+
+
+def test_the_restore_drill_requests_resources_and_cannot_hang_forever() -> None:
+    drill = drill_container()
+    requests = drill["resources"]["requests"]
+    assert {"cpu", "memory"} <= set(requests) and drill["resources"]["limits"]["memory"]
+    spec = cronjob()["spec"]
+    assert (
+        spec["concurrencyPolicy"] == "Forbid"
+        and spec["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    )
+    runs = [m for m in drill["volumeMounts"] if m["name"] == "runs"]
+    assert runs and all(m.get("readOnly") for m in runs), "the drill only reads the run directory"
+
+
+def test_the_run_directory_claim_is_explicit_and_names_its_class() -> None:
+    # The base trainer mounts no claim: only the run-dir-volume component does, on purpose.
+    assert not [v for v in pod()["volumes"] if "persistentVolumeClaim" in v]
+    (claim,) = load(RUN_DIR_VOLUME / "runs-pvc.yaml")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["storageClassName"], "never the default class (often ReadWriteOnce only)"
+    built = {d["kind"]: d for d in kustomize(OVERLAYS["full"])}
+    assert built["PersistentVolumeClaim"]["spec"]["storageClassName"]
+
+
+def test_drill_sh_pushes_the_drills_metrics_and_keeps_its_status(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "tierstore"
+    fake.write_text(  # writes --prom-file as the drill does, and fails as a mismatching drill does
+        '#!/bin/bash\nwhile [ "$1" != --prom-file ]; do shift; done\n'
+        'echo "tierstore_drill_success{tier=\\"s3\\"} 0" >"$2"\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    pushed: list[tuple[str, str, bytes]] = []
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            pushed.append((self.command, self.path, body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+        "RUN_DIR": "/runs/gpt-demo", "STEPS": "10", "GLOBAL_BATCH": "8", "MICRO_BATCH": "8",
+        "POD_NAMESPACE": "ml", "PUSHGATEWAY_URL": f"http://127.0.0.1:{server.server_port}/",
+    }  # fmt: skip
+    try:
+        result = subprocess.run(
+            ["bash", str(DRILL / "drill.sh")], env=env, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        quiet = subprocess.run(
+            ["bash", str(DRILL / "drill.sh")], env={**env, "PUSHGATEWAY_URL": ""},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert result.returncode == quiet.returncode == 1, "the Job fails when the drill fails"
+    assert pushed == [("PUT", "/metrics/job/tierstore_drill/namespace/ml",
+                       b'tierstore_drill_success{tier="s3"} 0\n')]  # fmt: skip
 
 
 def builtin(docs: list[Doc]) -> list[Doc]:
@@ -270,9 +382,9 @@ def kustomize(folder: Path) -> list[Doc]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-@pytest.mark.parametrize("folder", [BASE, K8S / "overlays" / "full"], ids=["base", "full"])
-def test_kustomize_builds_and_the_output_validates(folder: Path) -> None:
-    docs = kustomize(folder)
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_kustomize_builds_and_the_output_validates(name: str) -> None:
+    docs = kustomize(OVERLAYS[name])
     kinds = sorted(d["kind"] for d in docs)
     assert {"ConfigMap", "Job", "Service"} <= set(kinds)
     for version in K8S_VERSIONS:
@@ -284,3 +396,68 @@ def test_kustomize_builds_and_the_output_validates(folder: Path) -> None:
     for doc in built_jobs:  # kustomize rewrote every reference to the hashed ConfigMap name
         text = yaml.safe_dump(doc)
         assert configmap["metadata"]["name"] in text
+
+
+def pod_templates(docs: list[Doc]) -> dict[str, Doc]:
+    """Every pod spec in ``docs``, by the kind and name of what makes the pods."""
+    found = {}
+    for doc in docs:
+        if doc["kind"] == "Job":
+            found[f"Job/{doc['metadata']['name']}"] = doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":
+            template = doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            found[f"CronJob/{doc['metadata']['name']}"] = template
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_every_pod_meets_pod_security_restricted_but_for_the_nvme_hostpath(name: str) -> None:
+    pods = pod_templates(kustomize(OVERLAYS[name]))
+    assert pods
+    for what, spec in pods.items():
+        for level in (BASELINE, RESTRICTED):
+            found = violations(spec, level)
+            if name != "restricted" and what.startswith("Job/"):
+                # hostPath: forbidden by both levels; the namespace needs "privileged".
+                assert found and all(v.startswith("volume nvme:") for v in found), found
+            else:
+                assert found == [], f"{name} {what} is refused by {level}: {found}"
+
+
+def test_the_pod_security_check_finds_each_rule_broken() -> None:
+    spec = copy.deepcopy(pod_templates(kustomize(OVERLAYS["restricted"]))["Job/gpt-train"])
+    assert violations(spec, RESTRICTED) == []
+    spec["hostNetwork"] = True
+    trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
+    context = trainer["securityContext"]
+    context.update(privileged=True, allowPrivilegeEscalation=True, runAsUser=0,
+                   capabilities={"add": ["SYS_ADMIN"]})  # fmt: skip
+    promoter = spec["initContainers"][0]
+    promoter["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
+    del spec["securityContext"]["runAsNonRoot"]
+    found = "\n".join(violations(spec, RESTRICTED))
+    for rule in ("spec.hostNetwork", "trainer: privileged", "trainer: adds capabilities ['SYS_ADMIN']",
+                 "trainer: allowPrivilegeEscalation", "trainer: runAsNonRoot", "trainer: runAsUser 0",
+                 "promoter: seccomp Unconfined", "trainer: capabilities do not drop ALL"):  # fmt: skip
+        assert rule in found, f"{rule!r} not found in:\n{found}"
+
+
+def test_every_container_has_a_read_only_root_and_a_writable_tmp() -> None:
+    for name, folder in OVERLAYS.items():
+        for what, spec in pod_templates(kustomize(folder)).items():
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True, (
+                    name,
+                    what,
+                    c["name"],
+                )
+                assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, (what, c["name"])
+                assert {"name": "HOME", "value": "/tmp"} in c["env"], (what, c["name"])
+
+
+def test_the_restricted_overlay_puts_the_local_tier_on_an_ephemeral_nvme_volume() -> None:
+    built = pod_templates(kustomize(OVERLAYS["restricted"]))["Job/gpt-train"]
+    (nvme,) = [v for v in built["volumes"] if v["name"] == "nvme"]
+    assert set(nvme) == {"name", "ephemeral"}
+    claim = nvme["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] and claim["accessModes"] == ["ReadWriteOnce"]

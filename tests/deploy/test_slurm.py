@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 
 from tests.deploy import shell
 from tests.deploy.contract import (
@@ -16,7 +15,7 @@ from tests.deploy.contract import (
     config,
     parse_tierstore,
 )
-from tests.deploy.tools import DEPLOY, pip_tool
+from tests.deploy.tools import DEPLOY, assert_shellcheck_clean
 
 SLURM = DEPLOY / "slurm"
 SBATCH = SLURM / "train.sbatch"
@@ -65,11 +64,7 @@ def directives() -> dict[str, str]:
 
 def test_shellcheck_finds_nothing() -> None:
     for path in (SBATCH, NODE_SH, SLURM / "lib.sh"):
-        result = subprocess.run(
-            [pip_tool("shellcheck"), "--external-sources", str(path)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert result.returncode == 0 and result.stdout == "", result.stdout
+        assert_shellcheck_clean(path)
 
 
 def test_every_tierstore_call_parses_and_uses_this_nodes_index() -> None:

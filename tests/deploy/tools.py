@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,3 +28,12 @@ def system_tool(name: str, why: str) -> str:
     if found is None:
         pytest.skip(f"{name} is not installed: {why} not checked")
     return found
+
+
+def assert_shellcheck_clean(script: Path) -> None:
+    """shellcheck finds nothing in ``script`` (bash; the files it sources are followed)."""
+    result = subprocess.run(
+        [pip_tool("shellcheck"), "--shell=bash", "--external-sources", str(script)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stdout == "", result.stdout

@@ -6,16 +6,21 @@
 # only, so the script forwards it to torchrun, which forwards it to its workers (torchrun handles
 # SIGTERM by default); the workers save at the next step all ranks agree on, wait for the commit and
 # exit 0. --shutdown-timeout is how long torchrun lets them do so before SIGKILL (default 30 s).
-# Budget, all inside the pod's terminationGracePeriodSeconds (600 s): up to 300 s for the save, then
-# the drain, then the promoter sidecar's own promote.grace_period (30 s) after this container exits.
+#
+# The stop budget, inside the pod's terminationGracePeriodSeconds (120 s, a reclaimed spot VM's
+# notice at most): the save, then the drain (SIGTERM at DRAIN_TIMEOUT, SIGKILL 5 s later: a killed
+# promotion is redone by the next run), then the promoter sidecar's promote.grace_period (30 s)
+# after this container exits. With a 30 s notice only the save into host memory is sure to finish.
 set -uo pipefail
 
 CONFIG=/etc/tierstore/tierstore.yaml
+SAVE_TIMEOUT=45
+DRAIN_TIMEOUT=30
 
 torchrun \
   --nnodes "${NNODES}" --nproc-per-node "${NPROC_PER_NODE}" \
   --node-rank "${TIERSTORE_NODE}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" \
-  --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout 300 \
+  --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout "${SAVE_TIMEOUT}" \
   /opt/tierstore/examples/train_gpt.py \
   --config "${CONFIG}" --run-dir "${RUN_DIR}" --steps "${STEPS}" --save-every "${SAVE_EVERY}" \
   --global-batch "${GLOBAL_BATCH}" --micro-batch "${MICRO_BATCH}" &
@@ -42,5 +47,6 @@ done
 # Promote what the last save left in host memory and on the NVMe before the pod (and its memory-backed
 # emptyDir) is gone. The sidecar may be promoting the same checkpoint: promotion is idempotent and two
 # promoters cannot both commit it. --node defaults to $TIERSTORE_NODE.
-tierstore --config "${CONFIG}" promote --once || echo "train.sh: final promotion failed (exit $?)" >&2
+timeout --kill-after=5 "${DRAIN_TIMEOUT}" tierstore --config "${CONFIG}" promote --once ||
+  echo "train.sh: the final promotion did not finish (exit $?); the next run's promoters retry" >&2
 exit "${status}"

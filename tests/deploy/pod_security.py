@@ -1,0 +1,75 @@
+"""The Kubernetes Pod Security Standards ("baseline" and "restricted", as of Kubernetes 1.33), checked
+on a pod spec the way the admission controller checks it: :func:`violations` names each rule a pod
+breaks. https://kubernetes.io/docs/concepts/security/pod-security-standards/"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASELINE, RESTRICTED = "baseline", "restricted"
+BASELINE_CAPABILITIES = frozenset({
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+})  # fmt: skip
+RESTRICTED_VOLUMES = frozenset({
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+})  # fmt: skip
+SECCOMP_ALLOWED = frozenset({"RuntimeDefault", "Localhost"})
+
+Spec = dict[str, Any]
+
+
+def _containers(pod: Spec) -> list[Spec]:
+    return [*pod.get("initContainers", []), *pod.get("containers", []),
+            *pod.get("ephemeralContainers", [])]  # fmt: skip
+
+
+def _baseline(pod: Spec) -> list[str]:
+    found = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    found += [f"volume {v['name']}: hostPath" for v in pod.get("volumes", []) if "hostPath" in v]
+    for c in _containers(pod):
+        context = c.get("securityContext", {})
+        if context.get("privileged"):
+            found.append(f"container {c['name']}: privileged")
+        added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        if added:
+            found.append(f"container {c['name']}: adds capabilities {sorted(added)}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            found.append(f"container {c['name']}: hostPort")
+        if context.get("seccompProfile", {}).get("type") == "Unconfined":
+            found.append(f"container {c['name']}: seccomp Unconfined")
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "Unconfined":
+        found.append("pod: seccomp Unconfined")
+    return found
+
+
+def _restricted(pod: Spec) -> list[str]:
+    found = []
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
+    pod_context = pod.get("securityContext", {})
+    pod_seccomp = pod_context.get("seccompProfile", {}).get("type")
+    for c in _containers(pod):
+        context, name = c.get("securityContext", {}), c["name"]
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"container {name}: allowPrivilegeEscalation not false")
+        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
+            found.append(f"container {name}: runAsNonRoot not true")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            found.append(f"container {name}: runAsUser 0")
+        if context.get("seccompProfile", {}).get("type", pod_seccomp) not in SECCOMP_ALLOWED:
+            found.append(f"container {name}: no RuntimeDefault or Localhost seccomp profile")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"container {name}: capabilities do not drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"container {name}: adds capabilities beyond NET_BIND_SERVICE")
+    return found
+
+
+def violations(pod: Spec, level: str) -> list[str]:
+    """What in ``pod`` (a pod spec) the Pod Security ``level`` forbids; empty when it is admitted."""
+    return _baseline(pod) + (_restricted(pod) if level == RESTRICTED else [])
