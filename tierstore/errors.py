@@ -57,3 +57,17 @@ class CommitVetoedError(TierstoreError):
 
 class NonFiniteTensorError(CommitVetoedError):
     """``check_finite`` found NaN or Inf in a floating-point tensor; the message names the tensor."""
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line, for a terminal or a log line: its lines stripped and joined with
+    ``"; "``, except after a line ending with ``:`` (a heading and the list under it read as one
+    sentence: ``no tier holds ...: memory (...): no commit marker; s3 (...): ...``)."""
+    joined = ""
+    for line in (part.strip() for part in message.splitlines()):
+        if not line:
+            continue
+        if joined:
+            joined += " " if joined.endswith(":") else "; "
+        joined += line
+    return joined

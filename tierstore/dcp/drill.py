@@ -10,12 +10,23 @@ rank with a :class:`DrillContext` and returns an iterable of ``(step, loss)``: i
 optimizer as training does (from ``ctx.argv``, the arguments after ``--``), restores inside
 ``with ctx.restoring(): dcp.load(state, storage_reader=ctx.reader, checkpoint_id=ctx.checkpoint_id)``
 and then trains ``ctx.steps`` steps, yielding the step number and the loss the training job would
-log for it (the global mean, the same on every rank). Rank 0's values are compared.
+log for it (the global mean, the same on every rank). Rank 0's values are compared. The entry sees
+``sys.argv`` as a script would: its own name, then ``ctx.argv``.
+
+A drill runs at least :data:`MIN_STEPS` steps. The first step's loss is computed before any update:
+it checks the restored weights only. The second follows one update made with the restored optimizer
+state and the learning rate the optimizer carries. Only the third follows an update whose learning
+rate the restored LR scheduler set (a scheduler steps after the optimizer): a wrong or missing
+schedule state passes a drill of two steps. A schedule whose error shows only later needs more steps.
 
 The loss log is JSON lines with ``step`` and ``loss`` fields (other lines are ignored; the last line
 for a step wins, so a resumed job's log works). What a drill measures: the restore's duration on each
 rank, the recovery time objective (from the drill's start to the moment every rank has restored,
 process start-up included) and the bytes each tier served.
+
+A failed drill says why in one line per distinct cause (the innermost tierstore error, not DCP's
+nested tracebacks: :mod:`tierstore.dcp.drill_cause`); the full tracebacks are in
+:attr:`DrillReport.details`.
 """
 
 from __future__ import annotations
@@ -44,6 +55,13 @@ from torch.multiprocessing.spawn import (
 )
 
 from tierstore.config import Config
+from tierstore.dcp.drill_cause import (
+    Tee,
+    WatchedReader,
+    exit_cause,
+    failure_cause,
+    set_up_rank_logging,
+)
 from tierstore.dcp.reader import TieredReader
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
@@ -51,6 +69,9 @@ from tierstore.records.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 DrillEntry = Callable[["DrillContext"], Iterable[tuple[int, float]]]
+MIN_STEPS = 3
+"""The fewest steps a drill runs: the third step's loss is the first that shows the restored LR
+schedule (see the module docstring)."""
 
 
 @dataclass
@@ -77,7 +98,8 @@ class DrillContext:
 
 @dataclass
 class DrillReport:
-    """The outcome of one drill (``passed`` is the verdict, ``reason`` says why when it failed)."""
+    """The outcome of one drill: ``passed`` is the verdict, ``reason`` says why in one line (for a
+    pass: how close the losses came); ``details`` holds each failed rank's full traceback."""
 
     checkpoint_id: str
     tier: str
@@ -93,6 +115,7 @@ class DrillReport:
     rto_s: float | None = None
     bytes_read: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
+    details: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -202,18 +225,25 @@ class _Job:
     argv: tuple[str, ...]
     node: int
     workdir: str
+    verbose: bool = False
 
 
 def _rank_main(rank: int, job: _Job) -> None:
     """One rank of the drill job: restore through the entry, train, write the outcome to a file."""
     outcome: dict[str, Any] = {}
+    set_up_rank_logging(rank, job.verbose)
+    printed = Tee(sys.stderr)
+    reader: WatchedReader | None = None
     try:
         dist.init_process_group("gloo", init_method=f"file://{job.workdir}/rendezvous",
                                 rank=rank, world_size=job.world_size)  # fmt: skip
         # A drill proves the bytes too: every file's CRC32C is checked, whatever verify_on_load says.
-        reader = TieredReader(job.config, node=job.node, verify=True)
+        reader = WatchedReader(job.config, node=job.node, verify=True)
         ctx = DrillContext(job.checkpoint_id, rank, job.world_size, job.steps, job.argv, reader)
-        results = [(int(s), float(v)) for s, v in resolve_entry(job.entry)(ctx)]
+        entry = resolve_entry(job.entry)
+        sys.argv = [Path(job.entry.rpartition(":")[0]).name, *job.argv]  # its parser's name, flags
+        with contextlib.redirect_stderr(printed):
+            results = [(int(s), float(v)) for s, v in entry(ctx)]
         if ctx.restore_s is None:
             raise TierstoreError("the entry never restored inside ctx.restoring()")
         if reader.chosen_tier is None:
@@ -224,9 +254,13 @@ def _rank_main(rank: int, job: _Job) -> None:
             )
         outcome = {"results": results, "restore_s": ctx.restore_s, "restored_at": ctx.restored_at,
                    "tier": reader.chosen_tier, "bytes_read": reader.bytes_read}  # fmt: skip
+    except SystemExit as exc:
+        cause = exit_cause(exc, printed.getvalue(), entry=job.entry, argv=job.argv)
+        outcome = {"error": cause[:2000],
+                   "traceback": "".join(traceback.format_exception(exc))}  # fmt: skip
     except BaseException as exc:  # noqa: BLE001 - reported to the drill, which decides
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        outcome = {"error": last[:2000]}
+        cause = failure_cause(exc, fallback=reader.error if reader is not None else None)
+        outcome = {"error": cause[:2000], "traceback": "".join(traceback.format_exception(exc))}
     finally:
         Path(job.workdir, f"rank{rank}.json").write_text(json.dumps(outcome))
         try:
@@ -262,11 +296,20 @@ def run_drill(
     tolerance: float = 1e-4,
     timeout_s: float = 600.0,
     node: int = 0,
+    verbose: bool = False,
 ) -> DrillReport:
     """Run one drill (see the module docstring) and return its report; never raises for a failure
-    of the checkpoint or of the step function, only for bad arguments."""
-    if world_size < 1 or steps < 1:
-        raise TierstoreError("drill: --world-size and --steps must be at least 1")
+    of the checkpoint or of the step function, only for bad arguments (``steps`` below
+    :data:`MIN_STEPS` among them). ``verbose``: the ranks log at INFO, with tracebacks."""
+    if world_size < 1:
+        raise TierstoreError(f"drill: --world-size {world_size}: expected at least 1")
+    if steps < MIN_STEPS:
+        raise TierstoreError(
+            f"drill: --steps {steps}: expected at least {MIN_STEPS}. The first step's loss comes"
+            " before any update, the second after one update at the learning rate the optimizer"
+            " restored; only the third shows the restored LR schedule, so fewer steps pass a wrong"
+            " schedule"
+        )
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise TierstoreError(f"drill: --tolerance {tolerance}: expected a finite number >= 0")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -285,12 +328,14 @@ def run_drill(
         checkpoint, tier_name, world_size, False, "", tolerance, started_at=started
     )
     with tempfile.TemporaryDirectory(prefix="tierstore-drill-") as workdir:
-        job = _Job(only, checkpoint, world_size, steps, entry, tuple(argv), node, workdir)
+        job = _Job(only, checkpoint, world_size, steps, entry, tuple(argv), node, workdir, verbose)
         problem = _spawn(job, timeout_s)
         outcomes = [_read_outcome(Path(workdir, f"rank{r}.json")) for r in range(world_size)]
-    errors = [f"rank {r}: {o['error']}" for r, o in enumerate(outcomes) if "error" in o]
+    report.details = [f"rank {r}:\n{o['traceback']}" for r, o in enumerate(outcomes)
+                      if "traceback" in o]  # fmt: skip
+    errors = _by_cause(outcomes)
     if problem or errors:
-        report.reason = problem or "; ".join(errors)
+        report.reason = problem or errors
         return report
     report.restore_s = max(o["restore_s"] for o in outcomes)
     report.rto_s = max(o["restored_at"] for o in outcomes) - started
@@ -320,6 +365,15 @@ def _spawn(job: _Job, timeout_s: float) -> str:
             if process.is_alive():
                 process.kill()
     return ""
+
+
+def _by_cause(outcomes: list[dict[str, Any]]) -> str:
+    """``rank 0, 1: why; rank 2: why``: each distinct cause once, with the ranks it stopped."""
+    ranks: dict[str, list[str]] = {}
+    for rank, outcome in enumerate(outcomes):
+        if "error" in outcome:
+            ranks.setdefault(outcome["error"], []).append(str(rank))
+    return "; ".join(f"rank {', '.join(who)}: {why}" for why, who in ranks.items())
 
 
 def _read_outcome(path: Path) -> dict[str, Any]:
@@ -352,4 +406,12 @@ def _compare(report: DrillReport, results: list[list[Any]], logged: dict[int, fl
                             f" {error:.3g} > {report.tolerance:g})")  # fmt: skip
     report.max_relative_error = worst
     report.passed = not problems
-    report.reason = "; ".join(problems) if problems else "every loss matches the training log"
+    if problems:
+        report.reason = "; ".join(problems)
+    elif worst == 0.0:
+        report.reason = f"all {len(results)} losses equal the training log's"
+    else:  # a pass, not a match: say how close
+        report.reason = (
+            f"losses within tolerance {report.tolerance:g} of the training log, max deviation"
+            f" {worst:.3g} (relative)"
+        )
