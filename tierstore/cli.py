@@ -33,7 +33,7 @@ from typing import Any
 
 from tierstore.audit import audit_all
 from tierstore.config import Config, load_config
-from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
+from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
 from tierstore.progress import ByteProgress
@@ -181,8 +181,11 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
             config, args.checkpoint_id, args.to, tier=args.tier, node=args.node, show_progress=True
         )
     except IntegrityError as exc:
-        print(f"tierstore: error: {exc}".replace("\n", "; "), file=sys.stderr)
+        print(f"tierstore: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_MISMATCH
+    except CheckpointNotFoundError as exc:
+        held = _committed_ids(config, args.node, args.tier, args.checkpoint_id)
+        raise CheckpointNotFoundError(f"{one_line(str(exc))}{held}") from None
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:
@@ -191,6 +194,24 @@ def cmd_restore(config: Config, args: argparse.Namespace) -> int:
             f" {report.files} files, {human_bytes(report.bytes)} in {report.seconds:.2f} s"
         )
     return 0
+
+
+_IDS_SHOWN = 5
+"""Ids a "not found" message lists at most."""
+
+
+def _committed_ids(config: Config, node: int | None, tier: str | None, wanted: str) -> str:
+    """What the tiers searched do hold, for a restore of an id none holds (``""`` when they hold
+    ``wanted`` but no usable copy: the reasons already say why)."""
+    searched = config.model_copy(update={"tiers": (config.tier(tier),)}) if tier else config
+    ids = [entry.checkpoint_id for entry in Catalog(searched, node=node).listings()]
+    where = f"tier {tier}" if tier else "the tiers searched"
+    if wanted in ids:
+        return ""
+    if not ids:
+        return f"; nothing is committed in {where}"
+    more = f" and {len(ids) - _IDS_SHOWN} more" if len(ids) > _IDS_SHOWN else ""
+    return f"; committed in {where}, newest first: {', '.join(ids[:_IDS_SHOWN])}{more}"
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -210,6 +231,7 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
         config, entry=args.entry, loss_log=args.loss_log, world_size=args.world_size,
         steps=args.steps, tier=args.tier, checkpoint_id=args.checkpoint, argv=entry_args,
         tolerance=args.tolerance, timeout_s=args.timeout, node=current_node(args.node),
+        verbose=args.verbose,
     )  # fmt: skip
     lines = report.prometheus()
     if args.prom_file:
@@ -226,6 +248,9 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
         print(f"  restore {restore}, RTO {rto}, read {read}")
         for step, loss, logged in zip(report.steps, report.losses, report.logged, strict=True):
             print(f"  step {step}: loss {loss!r} logged {logged!r}")
+        if args.verbose:  # the one-line reason is the innermost error; the tracebacks say where
+            for detail in report.details:
+                print(f"  {detail.rstrip()}".replace("\n", "\n  "))
         print(lines[0])
     return 0 if report.passed else EXIT_MISMATCH
 
@@ -352,11 +377,18 @@ def cmd_advise(config: Config, args: argparse.Namespace) -> int:
 Command = Callable[[Config, argparse.Namespace], int]
 
 
-def _interval(text: str) -> float:
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``500ms``, ``30s``, ``5m``, ``6h`` or ``7d``: every duration a command
+    takes, read as the configuration reads them (:func:`~tierstore.units.parse_duration`)."""
     try:
-        seconds = parse_duration(text)
+        return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _interval(text: str) -> float:
+    """A :func:`_duration` above zero."""
+    seconds = _duration(text)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive interval, got {text!r}")
     return seconds
@@ -405,16 +437,18 @@ def add_drill_parser(commands: Any) -> None:
         help="this checkpoint (default: the newest in the tier)",
     )
     drill.add_argument("--world-size", type=int, default=1, help="processes in the drill job")
-    drill.add_argument("--steps", type=int, default=3, help="training steps after the restore")
+    drill.add_argument("--steps", type=int, default=3,
+                       help="training steps after the restore (at least 3: the third is the first"
+                       " whose loss shows the restored LR schedule)")  # fmt: skip
     drill.add_argument(
         "--tolerance", type=float, default=1e-4, help="largest relative loss difference that passes"
     )
     drill.add_argument(
         "--timeout",
-        type=float,
+        type=_duration,
         default=600.0,
-        metavar="SECONDS",
-        help="fail when the drill job runs longer",
+        metavar="DURATION",
+        help="fail when the drill job runs longer: seconds, or 90s, 10m (default: 10m)",
     )
     drill.add_argument(
         "--prom-file",
@@ -435,10 +469,7 @@ def add_drill_parser(commands: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands register themselves here)."""
     parser = argparse.ArgumentParser(prog="tierstore", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=os.environ.get("TIERSTORE_CONFIG"),
-                        help="YAML configuration (default: $TIERSTORE_CONFIG)")  # fmt: skip
-    parser.add_argument("--node", type=int, default=None, help="node index for node-local tiers")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    add_global_options(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
@@ -503,26 +534,77 @@ def build_parser() -> argparse.ArgumentParser:
     advice = commands.add_parser(
         "advise", help="save interval from the measured stall (Young/Daly)"
     )
-    advice.add_argument(
-        "--mtbf", type=float, required=True, metavar="SECONDS", help="mean time between failures"
-    )
-    advice.add_argument(
-        "--restart", type=float, default=0.0, metavar="SECONDS", help="time to restart and restore"
-    )
+    advice.add_argument("--mtbf", type=_interval, required=True, metavar="DURATION",
+                        help="mean time between failures of the job: seconds, or 30m, 6h, 2d")  # fmt: skip
+    advice.add_argument("--restart", type=_duration, default=0.0, metavar="DURATION",
+                        help="time to restart and restore: seconds, or 90s, 5m (default: 0)")  # fmt: skip
     advice.add_argument("--last", type=int, default=20, help="use the N newest checkpoints' stalls")
     advice.add_argument("--json", action="store_true", help="print JSON")
     advice.set_defaults(run=cmd_advise)
+    for command in commands.choices.values():  # `ls --config F` as well as `--config F ls`
+        add_global_options(command, after_command=True)
     return parser
+
+
+def add_global_options(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:
+    """``--config``, ``--node``, ``-v``, ``-q``: on the main parser with their defaults; on each
+    command's parser (``after_command``) without any, so that given there they override, and not
+    given they leave what was given before the command."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if after_command else value
+
+    parser.add_argument("--config", default=default(os.environ.get("TIERSTORE_CONFIG")),
+                        help="YAML configuration (default: $TIERSTORE_CONFIG)")  # fmt: skip
+    parser.add_argument("--node", type=int, default=default(None),
+                        help="node index for node-local tiers")  # fmt: skip
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", default=default(False),
+                          help="debug detail from tierstore, INFO from the libraries it uses;"
+                          " drill: the failed ranks' tracebacks")  # fmt: skip
+    loudness.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                          help="warnings and errors only (promote logs each action at INFO)")  # fmt: skip
+
+
+DAEMONS = frozenset({"promote"})
+"""Commands that run unattended: their INFO lines (a promotion, a deletion, a cleanup each) are the
+record of what happened, so they log at INFO unless ``-q``. The others print what they did."""
+
+
+def set_up_logging(args: argparse.Namespace) -> dict[str, int]:
+    """Log lines to stderr: tierstore's at DEBUG with ``-v``, WARNING with ``-q``, else INFO for
+    :data:`DAEMONS` and WARNING for the rest; other libraries' at INFO with ``-v``, else WARNING.
+    Returns the levels it replaced, for :func:`restore_logging`."""
+    if args.quiet:
+        level = logging.WARNING
+    elif args.verbose:
+        level = logging.DEBUG
+    else:
+        level = logging.INFO if args.command in DAEMONS else logging.WARNING
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    replaced = {}
+    for name in {"tierstore", __name__}:  # run as `python -m tierstore.cli`, this module's too
+        replaced[name] = logging.getLogger(name).level
+        logging.getLogger(name).setLevel(level)
+    return replaced
+
+
+def restore_logging(replaced: dict[str, int]) -> None:
+    """Put back the levels :func:`set_up_logging` replaced (``main`` called in-process, twice)."""
+    for name, level in replaced.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run a command; one-line errors with exit code 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.verbose and args.quiet:  # one before the command, one after it
+        parser.error("-v and -q contradict each other: pass one")
+    replaced = set_up_logging(args)
     try:
         if not args.config:
             raise TierstoreError("no configuration: pass --config FILE or set TIERSTORE_CONFIG")
@@ -530,11 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run: Command = args.run
         return run(config, args)
     except (TierstoreError, OSError, ValueError) as exc:
-        message = str(exc).replace("\n", "; ")
-        print(f"tierstore: error: {message}", file=sys.stderr)
+        print(f"tierstore: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    finally:
+        restore_logging(replaced)
 
 
 if __name__ == "__main__":

@@ -407,8 +407,34 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Co
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: {where}: malformed YAML: {problem}") from None
+        hint = _placeholder_hint(text, mark.line if mark else None)
+        raise ConfigError(f"{source}: {where}: malformed YAML: {problem}{hint}") from None
     return config_from_dict(data, source=str(Path(source).resolve()), check_paths=check_paths)
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_PLACEHOLDER_VALUE = re.compile(r"([\w-]+):\s*([^\s,{}]*\{\w+\}[^\s,}]*)")
+
+
+def _placeholder_hint(text: str, line: int | None) -> str:
+    """A hint for a YAML error at ``line`` (0-based) whose line, or the one before, holds an
+    unquoted placeholder such as ``{node}``: in flow style (``{name: ram, path: /x/{node}}``) a brace
+    opens a mapping, and the error (``expected ',' or '}'``) does not say so."""
+    if line is None:
+        return ""
+    lines = text.splitlines()
+    for number in (line, line - 1):
+        if not 0 <= number < len(lines):
+            continue
+        unquoted = _QUOTED.sub("", lines[number])
+        found = _PLACEHOLDER_VALUE.search(unquoted)
+        if found:
+            key, value = found.groups()
+            return (
+                f" (line {number + 1}: an unquoted {{...}} opens a YAML mapping; quote the value:"
+                f" {key}: '{value}')"
+            )
+    return ""
 
 
 def as_config(config: Config | str | os.PathLike[str]) -> Config:

@@ -405,7 +405,9 @@ def _choose_in_window(
         if index in manifests and index not in reasons:
             if rank == 0:
                 for skipped in range(index):
-                    if skipped in reasons:
+                    # An excluded tier is the caller's decision, which it reported (or was asked
+                    # for: `restore --tier`): warning of it again would be noise.
+                    if skipped in reasons and skipped not in excluded:
                         logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id,
                                        tiers[skipped].name, "; ".join(reasons[skipped]))  # fmt: skip
             return Choice(index, manifests[index], holdings.get(index), rank_nodes), known

@@ -59,6 +59,11 @@ from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 COORDINATOR_NODE = 0
+_KEPT = {
+    Verdict.SAME: "the target already holds this commit",
+    Verdict.KEEP_NEWER: "the target holds a newer commit of the id",
+}
+"""Why a promotion published nothing, by the protocol's verdict on the target's marker."""
 
 
 def event(name: str, **fields: object) -> None:
@@ -161,6 +166,9 @@ class Promoter:
                 if once:
                     return 1
                 report = PassReport()
+            logger.debug("pass: %d promoted, %d failed, %d deleted, %d cleaned; unreachable: %s",
+                         len(report.promoted), len(report.failed), len(report.deleted),
+                         len(report.cleaned), ", ".join(self.unreachable) or "none")  # fmt: skip
             if once:  # a drain: anything left undone (a failed copy, a tier away) is an error
                 return 1 if report.failed or self.unreachable else 0
             if self.stopping.wait(self.config.promote.interval):
@@ -372,6 +380,8 @@ class Promoter:
 
     def _promote(self, promotion: Promotion, found: SeenCopy, report: PassReport) -> None:
         source, target = self.by_name[promotion.source], self.by_name[promotion.target]
+        logger.debug("promoting %s (generation %s) from %s to %s", promotion.checkpoint_id,
+                     found.copy.generation, source.name, target.name)  # fmt: skip
         job = PromotionJob(
             source, target, found, node=self.node, durable=target is self.tiers[-1],
             workers=self.config.promote.workers, stopping=self.stopping, cancel=self.cancel,
@@ -404,9 +414,14 @@ class Promoter:
             self.metrics.checkpoints_promoted.labels(target.name).inc()
             self.metrics.promotion_seconds.labels(target.name).observe(seconds)
             report.promoted.append(promotion)
+        if outcome.verdict in (Verdict.SAME, Verdict.KEEP_NEWER):  # nothing of ours was published
+            event("promotion_skipped", checkpoint=promotion.checkpoint_id, source=source.name,
+                  target=target.name, reason=_KEPT[outcome.verdict])  # fmt: skip
+            return
+        # Every byte copied was checked against the marker's CRC32C on the way (transfer.py).
         event("promoted" if outcome.committed else "part_copied", checkpoint=promotion.checkpoint_id,
               source=source.name, target=target.name, node=self.node, bytes=outcome.copied,
-              seconds=seconds)  # fmt: skip
+              seconds=seconds, verified="crc32c")  # fmt: skip
 
     def _report_conflict(
         self, source: Tier, target: Tier, found: SeenCopy, existing: Manifest

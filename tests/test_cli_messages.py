@@ -1,0 +1,196 @@
+"""What the ``tierstore`` command says when something is off: one clear line, the right exit code.
+
+Global options after the command, durations wherever a command takes one, an unknown id on restore,
+a tier the user excluded, an unquoted ``{node}`` in flow-style YAML. All in-process (``main([...])``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from tierstore import TieredWriter
+from tierstore.cli import EXIT_ERROR, build_parser, main
+from tierstore.config import load_config
+from tierstore.promote.sidecar import Promoter
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": tier_specs("memory", "local")}))
+    return path
+
+
+def save(path: Path, *checkpoint_ids: str) -> None:
+    """Small async saves (they record the stall ``advise`` reads)."""
+    writer = TieredWriter(str(path))
+    for number, checkpoint_id in enumerate(checkpoint_ids):
+        state = {"w": torch.arange(4096, dtype=torch.float32) + number}
+        dcp.async_save(state, storage_writer=writer, checkpoint_id=checkpoint_id).result()
+    writer.close()
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a failed command wrote to stderr (asserted to be one)."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tierstore: error: "), err
+    return err
+
+
+# -- global options after the command ------------------------------------------------------------
+
+
+def test_global_options_are_accepted_after_the_command(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["ls", "--config", str(config_file), "--node", "0", "-v"]) == 0
+    assert "no committed checkpoints" in capsys.readouterr().out
+    assert main(["--config", str(config_file), "ls", "--json"]) == 0  # the old form still works
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_an_option_after_the_command_overrides_the_one_before_and_absent_keeps_it(
+    config_file: Path, tmp_path: Path
+) -> None:
+    parser = build_parser()
+    missing = str(tmp_path / "missing.yaml")
+    after = parser.parse_args(["--config", missing, "--node", "3", "ls", "--config", "x.yaml"])
+    assert (after.config, after.node, after.verbose, after.quiet) == ("x.yaml", 3, False, False)
+    before = parser.parse_args(["--config", missing, "-q", "ls"])
+    assert (before.config, before.node, before.quiet) == (missing, None, True)
+    assert main(["--config", missing, "ls", "--config", str(config_file)]) == 0
+
+
+def test_verbose_and_quiet_together_are_refused(config_file: Path) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", str(config_file), "-v", "ls", "-q"])
+    assert stopped.value.code == EXIT_ERROR
+
+
+# -- durations -------------------------------------------------------------------------------------
+
+
+def test_advise_takes_durations_like_the_configuration(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_0001", "step_0002")
+    assert main(["--config", str(config_file), "advise", "--mtbf", "6h", "--restart", "1m",
+                 "--json"]) == 0  # fmt: skip
+    words = json.loads(capsys.readouterr().out)
+    assert main(["--config", str(config_file), "advise", "--mtbf", "21600", "--restart", "60",
+                 "--json"]) == 0  # fmt: skip
+    seconds = json.loads(capsys.readouterr().out)
+    assert (words["mtbf_s"], words["restart_s"]) == (21600.0, 60.0)
+    assert words["daly_s"] == seconds["daly_s"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["advise", "--mtbf", "6 hours"], "expected a duration such as 10s, 5m or 1h"),
+        (["advise", "--mtbf", "0"], "expected a positive interval"),
+        (["drill", "--entry", "m:f", "--loss-log", "x", "--timeout", "soon"], "--timeout"),
+    ],
+)
+def test_a_bad_duration_is_refused_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--config", "x.yaml", *argv])
+    assert stopped.value.code == EXIT_ERROR
+    assert message in capsys.readouterr().err
+
+
+def test_every_duration_option_reads_units() -> None:
+    parser = build_parser()
+    drill = parser.parse_args(["drill", "--entry", "m:f", "--loss-log", "x", "--timeout", "10m"])
+    watch = parser.parse_args(["ls", "--watch", "--interval", "500ms"])
+    advice = parser.parse_args(["advise", "--mtbf", "2d", "--restart", "90s"])
+    assert (drill.timeout, watch.interval, advice.mtbf, advice.restart) == (600, 0.5, 172800, 90)
+
+
+# -- restore ---------------------------------------------------------------------------------------
+
+
+def test_restore_of_an_unknown_id_names_it_the_tiers_searched_and_what_is_there(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "out")
+    assert main(["--config", str(config_file), "restore", "step_0404", "--to", out]) == EXIT_ERROR
+    err = error_line(capsys)
+    assert ":;" not in err
+    assert "checkpoint 'step_0404'" in err
+    assert "memory (" in err and "local (" in err
+    assert err.rstrip().endswith("nothing is committed in the tiers searched")
+
+    save(config_file, "step_0001", "step_0002")
+    assert main(["--config", str(config_file), "restore", "step_0404", "--to", out]) == EXIT_ERROR
+    err = error_line(capsys)
+    assert err.rstrip().endswith(
+        "committed in the tiers searched, newest first: step_0002, step_0001"
+    )
+    assert main(["--config", str(config_file), "restore", "step_0404", "--to", out,
+                 "--tier", "local"]) == EXIT_ERROR  # fmt: skip
+    assert error_line(capsys).rstrip().endswith("nothing is committed in tier local")
+    assert not Path(out).exists()
+
+
+def test_restore_from_a_named_tier_does_not_warn_of_the_tiers_not_asked_for(
+    config_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    save(config_file, "step_0001")
+    Promoter(load_config(config_file)).run_once()  # now in memory and local
+    with caplog.at_level(logging.WARNING):
+        assert main(["--config", str(config_file), "restore", "step_0001", "--to",
+                     str(tmp_path / "out"), "--tier", "local"]) == 0  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (tmp_path / "out" / ".metadata").exists()
+
+
+def test_restore_still_warns_of_a_tier_it_had_to_skip(
+    config_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    save(config_file, "step_0001")
+    Promoter(load_config(config_file)).run_once()
+    memory = next((tmp_path / "memory").rglob("*.distcp"))
+    memory.write_bytes(memory.read_bytes()[:-1])  # a truncated file: the choice skips memory
+    with caplog.at_level(logging.WARNING):
+        assert main(["--config", str(config_file), "restore", "step_0001", "--to",
+                     str(tmp_path / "out")]) == 0  # fmt: skip
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "skipping tier memory" in warned
+
+
+# -- the configuration file ------------------------------------------------------------------------
+
+
+def test_an_unquoted_placeholder_in_flow_style_yaml_gets_a_hint_naming_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "flow.yaml"
+    path.write_text(
+        f"namespace: run\ntiers:\n  - {{name: ram, type: memory, path: {tmp_path}/{{node}}}}\n"
+    )
+    assert main(["--config", str(path), "ls"]) == EXIT_ERROR
+    err = error_line(capsys)
+    assert f"{path}: line 3, column" in err
+    assert f"quote the value: path: '{tmp_path}/{{node}}'" in err
+
+
+def test_yaml_errors_without_a_placeholder_get_no_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("tiers:\n  - {name: ram, type: memory, path: '/x/{node}', keep: [}\n")
+    assert main(["--config", str(path), "ls"]) == EXIT_ERROR
+    err = error_line(capsys)
+    assert "malformed YAML" in err and "quote the value" not in err
