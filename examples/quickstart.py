@@ -147,9 +147,9 @@ def run(work: Path, endpoint: str) -> None:
         restore(cfg, latest, saved)
 
     with step(
-        "tierstore advise --mtbf 3600 --restart 60: the save interval from the measured stalls"
+        "tierstore advise --mtbf 1h --restart 1m: the save interval from the measured stalls"
     ):
-        tierstore_cli(["--config", str(path), "advise", "--mtbf", "3600", "--restart", "60"])
+        tierstore_cli(["--config", str(path), "advise", "--mtbf", "1h", "--restart", "1m"])
 
     with step("train 5 more; the run's final checkpoint straight to s3 (tier='s3')"):
         train(model, optimizer, 5)
@@ -161,8 +161,9 @@ def run(work: Path, endpoint: str) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="   %(levelname)s %(name)s: %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the embedded S3 server's access log
-    # the promoter's promoted/deleted events
-    logging.getLogger("tierstore.promote.sidecar").setLevel(logging.INFO)
+    # the promoter's promoted/deleted events, and which checkpoint and tier a restore takes
+    for name in ("tierstore.promote.sidecar", "tierstore.dcp.latest", "tierstore.dcp.reader"):
+        logging.getLogger(name).setLevel(logging.INFO)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")

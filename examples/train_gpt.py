@@ -184,13 +184,24 @@ def setup_distributed() -> None:
 
 
 def resume(trainer: Trainer, config_path: str, requested: str | None) -> tuple[str | None, str]:
-    """Load ``requested`` (a rollback) or the newest restorable checkpoint; return (id, tier)."""
+    """Load ``requested`` (a rollback) or the newest restorable checkpoint; return (id, tier).
+
+    Rank 0 logs the decision: what it resumed from, from which tier and how long it took, or that
+    it starts fresh (tierstore's own lines say which tiers it looked in, and any it could not reach).
+    """
+    started = time.monotonic()
     config = load_config(config_path)
     checkpoint = requested or latest_committed(config)
     if checkpoint is None:
+        if trainer.rank == 0:
+            logger.info("no committed checkpoint: starting fresh")
         return None, "-"
     reader = TieredReader(config)
     trainer.load(reader, checkpoint)
+    if trainer.rank == 0:
+        logger.info("resumed from %s%s, tier %s, in %.2f s", checkpoint,
+                    " (rollback: --resume-from)" if requested else "", reader.chosen_tier,
+                    time.monotonic() - started)  # fmt: skip
     return checkpoint, reader.chosen_tier or "-"
 
 

@@ -49,13 +49,15 @@ class Run:
             "--run-dir", str(self.run_dir), *SCHEDULE, *flags,
         ]  # fmt: skip
 
-    def train(self, nproc: int, *flags: str, timeout: float = 240) -> None:
-        """Train to completion; fail the test with the job's output if it fails."""
+    def train(self, nproc: int, *flags: str, timeout: float = 240) -> str:
+        """Train to completion and return the job's log (stderr); fail the test with the job's
+        output if it fails."""
         done = subprocess.run(self.command(nproc, *flags), capture_output=True, text=True,
                               timeout=timeout, env=_env(), check=False)  # fmt: skip
         assert done.returncode == 0, (
             f"training failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         )
+        return done.stderr
 
     def start(
         self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()

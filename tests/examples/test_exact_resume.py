@@ -49,14 +49,19 @@ def test_resume_after_the_memory_tier_is_wiped_reads_the_next_tier(
     tmp_path: Path, reference: dict[int, float]
 ) -> None:
     run = new_run(tmp_path)
-    run.train(2, "--stop-after", "8", "--async-mode", "process")
+    first = run.train(2, "--stop-after", "8", "--async-mode", "process")
     promote_once(run)
     shutil.rmtree(tmp_path / "ram")  # the node rebooted: host memory is gone
 
-    run.train(2, "--stop-after", "16", "--async-mode", "process")
+    second = run.train(2, "--stop-after", "16", "--async-mode", "process")
 
     resumed = run.starts()[-1]
     assert (resumed["resumed_from"], resumed["tier"]) == ("step_00000008", "local")
+    # The job's log says what it decided, once (rank 0), and tierstore's lines say why.
+    assert first.count("train_gpt: no committed checkpoint: starting fresh") == 1, first[-3000:]
+    assert "no committed checkpoint this job can restore in tiers ram, local" in first
+    assert second.count("train_gpt: resumed from step_00000008, tier local, in ") == 1, second
+    assert "latest committed checkpoint: step_00000008, restorable from tier local" in second
     assert run.losses() == {step: reference[step] for step in range(9, 17)}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from tierstore.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy
-from tierstore.errors import CheckpointNotFoundError, TierstoreError
+from tierstore.errors import CheckpointNotFoundError, TierstoreError, one_line
 from tierstore.records.catalog import Catalog, marker_times
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import mirrored_ids
@@ -48,7 +49,11 @@ def latest_committed(
     share of the candidate copies and the ranks agree, so every rank returns the same id. With
     ``collective=False`` (or without distributed) it is the newest checkpoint this process alone can
     restore. Raises :class:`~tierstore.errors.TierstoreError` on every rank when rank 0 cannot list.
+
+    Rank 0 logs the answer at INFO (the id and the tier it would restore from, or that there is
+    none, naming the tiers that could not be listed), and at WARNING the newer ids it passed over.
     """
+    started = time.monotonic()
     config = as_config(config)
     distributed = collective and is_distributed()
     group = process_group if distributed else None
@@ -58,10 +63,10 @@ def latest_committed(
     prober = Prober(config.probe_timeout)
     skipped: list[str] = []
     mirrored = [t for t in tiers if t.mirror is not None]
+    catalog = Catalog(config, node=this_node, tiers=tiers)
     if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
-        candidates = _with_peer_candidates(config, this_node, mirrored, group, rank, distributed)
+        candidates = _with_peer_candidates(catalog, mirrored, group, rank, distributed)
     else:
-        catalog = Catalog(config, node=this_node, tiers=tiers)
         candidates = catalog.candidates() if rank == 0 else iter(())
     while True:
         batch: tuple[list[str], str | None] = ([], None)
@@ -74,20 +79,47 @@ def latest_committed(
         if error is not None:
             raise TierstoreError(f"finding the latest checkpoint failed on rank 0: {error}")
         if not ids:
+            if rank == 0:
+                _log_none(tiers, catalog.unreachable, skipped, time.monotonic() - started)
             return None
         for checkpoint_id in ids:
             try:
-                choose_copy(tiers, checkpoint_id, node=this_node, verify=False, group=group,
-                            collective=distributed, prober=prober,
-                            sighting_trust=trust_period(config.promote.interval))  # fmt: skip
+                choice = choose_copy(tiers, checkpoint_id, node=this_node, verify=False,
+                                     group=group, collective=distributed, prober=prober,
+                                     sighting_trust=trust_period(config.promote.interval))  # fmt: skip
             except CheckpointNotFoundError as exc:  # the same verdict on every rank
                 skipped.append(checkpoint_id)
-                logger.info("latest: %s is not restorable by this job: %s", checkpoint_id, exc)
+                if rank == 0:
+                    logger.info("latest: %s is not restorable by this job: %s", checkpoint_id,
+                                one_line(str(exc)))  # fmt: skip
                 continue
             if skipped and rank == 0:
                 logger.warning("latest restorable checkpoint is %s; newer but not restorable by"
                                " this job: %s", checkpoint_id, ", ".join(skipped))  # fmt: skip
+            if rank == 0:
+                away = _unreachable(catalog.unreachable)
+                logger.info("latest committed checkpoint: %s, restorable from tier %s (found in"
+                            " %.2f s)%s", checkpoint_id, tiers[choice.tier_index].name,
+                            time.monotonic() - started, away)  # fmt: skip
             return checkpoint_id
+
+
+def _unreachable(unreachable: dict[str, str]) -> str:
+    """``; tiers not reachable, not searched: s3 (why)`` for a log line, or ``""``."""
+    if not unreachable:
+        return ""
+    named = ", ".join(f"{name} ({one_line(why)})" for name, why in sorted(unreachable.items()))
+    return f"; not reachable, not searched: {named}"
+
+
+def _log_none(
+    tiers: list[Tier], unreachable: dict[str, str], skipped: list[str], seconds: float
+) -> None:
+    """Rank 0's line when no checkpoint is restorable: the caller starts fresh."""
+    passed = f"; committed but not restorable by this job: {', '.join(skipped)}" if skipped else ""
+    logger.info("no committed checkpoint this job can restore in tiers %s (looked in %.2f s)%s%s",
+                ", ".join(t.name for t in tiers), seconds, passed,
+                _unreachable(unreachable))  # fmt: skip
 
 
 def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
@@ -106,8 +138,8 @@ def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
     return found
 
 
-def _with_peer_candidates(  # noqa: PLR0917 - one call site, all of it context
-    config: Config, node: int, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int,
+def _with_peer_candidates(
+    catalog: Catalog, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int,
     collective: bool,
 ) -> Iterator[str]:  # fmt: skip
     """Rank 0's candidates merged with what every node holds in mirrored memory tiers: the
@@ -127,4 +159,4 @@ def _with_peer_candidates(  # noqa: PLR0917 - one call site, all of it context
         for checkpoint_id, seq in held.items():
             known = elsewhere.get(checkpoint_id)
             elsewhere[checkpoint_id] = seq if known is None else max(known, seq or 0)
-    return Catalog(config, node=node).candidates(also=elsewhere)
+    return catalog.candidates(also=elsewhere)

@@ -19,6 +19,7 @@ import io
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,9 @@ class TieredReader(StorageReader):
         self._count_lock = threading.Lock()
         self._choice: Choice | None = None
         self._prober = Prober(self.config.probe_timeout)
+        self._began = (0.0, 0)
+        """When the current load's ``read_metadata`` began, and :attr:`bytes_read` then (for the
+        load's log line)."""
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -180,6 +184,7 @@ class TieredReader(StorageReader):
             raise TierstoreError(
                 "no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader"
             )
+        self._began = (time.monotonic(), self._bytes_read)
         mirrored = [t.mirror for t in self.tiers() if t.mirror is not None]
         if mirrored and self.collective:  # every rank reads metadata; created once per job
             job_groups(mirrored[0].timeout)
@@ -217,6 +222,10 @@ class TieredReader(StorageReader):
             raise IntegrityError(f"{where}: not DCP metadata")
         _check_item_locations(metadata, manifest, where)
         self._tier = tier
+        if rank_and_world(self.process_group)[0] == 0:
+            logger.info("restore of %s: from tier %s (commit %s, generation %s), the fastest with"
+                        " a usable copy", checkpoint_id, tier.name, manifest.seq,
+                        manifest.generation)  # fmt: skip
         self._stop_reading(keep=tier.name)  # other tiers may trim this id again
         self._storage = dict(metadata.storage_data or {})
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
@@ -316,6 +325,11 @@ class TieredReader(StorageReader):
                     self._read_object(path, file_requests, planner, sizes.get(path))
         finally:  # the data is in memory: cleanup and retention may act on this id again
             self._stop_reading()
+        if rank_and_world(self.process_group)[0] == 0:
+            began, bytes_before = self._began
+            logger.info("restored %s from tier %s: rank 0 read %d bytes, %.2f s since the load"
+                        " began", self._checkpoint_id, tier.name, self._bytes_read - bytes_before,
+                        time.monotonic() - began)  # fmt: skip
         future: Future[None] = Future()
         future.set_result(None)
         return future
