@@ -668,6 +668,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             seq=self._seq_at_commit(ckpt, gen, elsewhere.highest_known(self.tier.name, sightings)),
             overwrite=self.overwrite,
             unseen_tiers=tuple(elsewhere.unseen(self.tier.name, sightings)),
+            namespace=self.config.namespace or "",
         )
         ttl = self.config.promote.activity_ttl
         try:

@@ -69,6 +69,10 @@ class Manifest:
     """Tiers the save knew nothing of: unreachable when its process started, and never seen by the
     promoter since (:mod:`tierstore.records.known`). Promotion into one of them never replaces, nor
     is replaced by, another content of the id there: both are kept (a conflict)."""
+    namespace: str | None = None
+    """The namespace of the run that committed it (``""``: none); None in markers from before this
+    field. A tier reads only markers of its own namespace (:func:`read_manifest`): one copied from
+    another run under the same id names that run's files and commit number, not this run's."""
 
     @property
     def step(self) -> int | None:
@@ -119,6 +123,7 @@ class Manifest:
                 topology=body.get("topology"),
                 overwrite=None if body.get("overwrite") is None else bool(body["overwrite"]),
                 unseen_tiers=tuple(str(t) for t in body.get("unseen_tiers") or ()),
+                namespace=None if body.get("namespace") is None else str(body["namespace"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
@@ -167,12 +172,19 @@ def read_manifest(tier: Tier, checkpoint_id: str) -> Manifest:
     """The marker of ``checkpoint_id`` in ``tier``.
 
     Raises ``FileNotFoundError`` when there is no marker (not committed there) and
-    :class:`IntegrityError` when the marker is malformed or names another checkpoint.
+    :class:`IntegrityError` when the marker is malformed, names another checkpoint or was
+    committed by a run of another namespace (copied here: its files and number are not this run's).
     """
     where = f"tier {tier.name}: {marker_path(checkpoint_id)}"
     manifest = Manifest.from_json(tier.read_bytes(marker_path(checkpoint_id)), where=where)
     if manifest.checkpoint_id != checkpoint_id:
         raise IntegrityError(f"{where}: marker names checkpoint {manifest.checkpoint_id!r}")
+    if None not in (manifest.namespace, tier.namespace) and manifest.namespace != tier.namespace:
+        raise IntegrityError(
+            f"{where}: marker of namespace {manifest.namespace!r} in a tier of namespace"
+            f" {tier.namespace!r}: copied from another run, not a copy of this one (move it back"
+            " to its own namespace, or delete it)"
+        )
     return manifest
 
 

@@ -121,6 +121,9 @@ class Tier(abc.ABC):
     """What this tier can do (see :class:`Capabilities`)."""
     mirror: MirrorConfig | None = None
     """Peer mirroring of a node-local tier into a partner node's host memory (memory tiers)."""
+    namespace: str | None = None
+    """The namespace its root holds (``""``: none), set by :func:`~tierstore.tiers.make_tier`;
+    None for a tier made otherwise (unknown: markers are not checked against it)."""
 
     def describe(self) -> str:
         """``name (type, root)`` for messages."""

@@ -42,4 +42,6 @@ def config_model(type_name: str) -> type[TierConfig] | None:
 
 def make_tier(config: TierConfig, *, namespace: str | None, node: int) -> Tier:
     """Build the adapter for one configured tier, as seen from ``node``."""
-    return config.build(namespace=namespace, node=node)
+    tier = config.build(namespace=namespace, node=node)
+    tier.namespace = namespace or ""
+    return tier
