@@ -1,19 +1,28 @@
-"""deploy/systemd: the promoter unit stops gracefully, is hardened without hiding /dev/shm, and
-passes ``systemd-analyze verify``."""
+"""deploy/systemd: the promoter unit stops gracefully, does not restart on a configuration error,
+is hardened without hiding /dev/shm, passes ``systemd-analyze verify``, and its install steps create
+the user it runs as and the memory tier's directory."""
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.deploy.contract import ALL_INTERFACES, config, node_local_prefixes, parse_tierstore
 from tests.deploy.tools import DEPLOY, system_tool
+from tierstore.cli import EXIT_ERROR
 from tierstore.units import parse_duration
 
-UNIT = DEPLOY / "systemd" / "tierstore-promoter.service"
-ENV_EXAMPLE = DEPLOY / "systemd" / "promoter.env.example"
+SYSTEMD = DEPLOY / "systemd"
+UNIT = SYSTEMD / "tierstore-promoter.service"
+ENV_EXAMPLE = SYSTEMD / "promoter.env.example"
+SYSUSERS = SYSTEMD / "tierstore-sysusers.conf"
+TMPFILES = SYSTEMD / "tierstore-tmpfiles.conf"
 
 
 def settings() -> dict[str, str]:
@@ -84,3 +93,71 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     )
     # verify exits 0 on unknown keys and bad values too; it only says so: silence is the check.
     assert result.returncode == 0 and (result.stdout + result.stderr).strip() == "", result.stderr
+
+
+def test_a_configuration_error_is_not_restarted() -> None:
+    unit = settings()
+    assert unit["Restart"] == "on-failure"
+    # tierstore exits 2 on a bad configuration or a metrics port in use: a restart cannot cure it.
+    assert str(EXIT_ERROR) in unit["RestartPreventExitStatus"].split()
+    section = UNIT.read_text().split("[Service]")[0]
+    assert re.search(r"^StartLimitBurst=\d+$", section, re.MULTILINE), "other failures stop too"
+
+
+def install_steps() -> list[list[str]]:
+    """The install commands in the unit's header comment, as argv."""
+    header = UNIT.read_text().split("[Unit]")[0]
+    return [shlex.split(line.removeprefix("#").split("#")[0])
+            for line in header.splitlines() if line.startswith("#   ")]  # fmt: skip
+
+
+def test_the_install_steps_install_every_file_and_create_the_user_first() -> None:
+    steps = install_steps()
+    installed = {Path(step[-2]).name: step[-1] for step in steps if step[0] == "install"}
+    shipped = {p.name for p in SYSTEMD.iterdir()} | {"tierstore.yaml"}
+    assert set(installed) == shipped, "every file in deploy/systemd is installed"
+    assert installed[SYSUSERS.name] == "/etc/sysusers.d/tierstore.conf"
+    assert installed[TMPFILES.name] == "/etc/tmpfiles.d/tierstore.conf"
+    assert installed[ENV_EXAMPLE.name] == settings()["EnvironmentFile"]
+    commands = [step[0] for step in steps]
+    assert ["systemd-sysusers", "/etc/sysusers.d/tierstore.conf"] in steps
+    assert ["systemd-tmpfiles", "--create", "/etc/tmpfiles.d/tierstore.conf"] in steps
+    # The user exists before the unit starts (else: status 217/USER).
+    assert commands.index("systemd-sysusers") < commands.index("systemctl")
+
+
+def sysusers_root(tmp_path: Path) -> tuple[Path, dict[str, list[str]], dict[str, list[str]]]:
+    """A root directory after ``systemd-sysusers --root`` with our file; its passwd and group."""
+    sysusers = system_tool("systemd-sysusers", "the sysusers.d file")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    subprocess.run([sysusers, f"--root={root}", str(SYSUSERS)], check=True, capture_output=True)
+
+    def table(name: str) -> dict[str, list[str]]:
+        rows = (root / "etc" / name).read_text().splitlines()
+        return {row.split(":")[0]: row.split(":") for row in rows}
+
+    return root, table("passwd"), table("group")
+
+
+def test_sysusers_creates_the_user_and_group_the_unit_runs_as(tmp_path: Path) -> None:
+    _, users, groups = sysusers_root(tmp_path)
+    unit = settings()
+    user, group = users[unit["User"]], groups[unit["Group"]]
+    assert user[2] != "0" and user[3] == group[2], "a system user whose own group is Group="
+    assert user[6].endswith("nologin")
+
+
+def test_tmpfiles_creates_the_memory_tier_directory_for_that_user(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("systemd-tmpfiles can set an owner as root only: not checked")
+    tmpfiles = system_tool("systemd-tmpfiles", "the tmpfiles.d file")
+    root, users, _ = sysusers_root(tmp_path)
+    subprocess.run(
+        [tmpfiles, f"--root={root}", "--create", str(TMPFILES)], check=True, capture_output=True
+    )
+    memory = node_local_prefixes()["memory"]
+    made = (root / memory.lstrip("/")).stat()
+    user = users[settings()["User"]]
+    assert (made.st_uid, made.st_gid) == (int(user[2]), int(user[3]))
+    assert made.st_mode & 0o777 == 0o750
