@@ -199,7 +199,7 @@ def _names_the_damage(text: str, injected: Injected, world: World) -> bool:
     wrong with it is that a newer commit of the id exists)."""
     if injected.kind == "delete-marker":
         return "no commit marker" in text
-    if injected.kind == "marker-other-generation":
+    if injected.kind == "marker-other-generation":  # verify names the files that marker names
         return Manifest.from_json(world.foreign.other_generation, where="").generation in text
     return injected.path in text
 
@@ -219,6 +219,7 @@ def check_restore(world: World, injected: Injected) -> None:
         said = " | ".join(warned)
         assert f"skipping tier {injected.tier}" in said, f"{injected}: no warning: {said}"
         assert _names_the_damage(said, injected, world), f"{injected}: warned {said}"
+        assert injected.kind == "delete-marker" or injected.path in said, f"{injected}: {said}"
         return
     _, state = fresh_target()
     before = copy.deepcopy(state)
@@ -228,6 +229,8 @@ def check_restore(world: World, injected: Injected) -> None:
     message = str(caught.value)
     assert f"{injected.tier} (" in message, f"{injected}: the error names no tier: {message}"
     assert _names_the_damage(message, injected, world), f"{injected}: the error says {message}"
+    assert injected.kind == "delete-marker" or injected.path in message, f"{injected}: {message}"
+    assert f"tierstore verify {ID}" in message, f"{injected}: the error says not what to do"
 
 
 def check_verify(world: World, injected: Injected) -> None:

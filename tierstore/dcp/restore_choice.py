@@ -28,7 +28,7 @@ from tierstore.bounded import Prober
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
-from tierstore.ids import is_newer_commit
+from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
 from tierstore.records.sightings import read_sightings, trusted
@@ -269,8 +269,9 @@ def _keep_only_the_newest_commit(
         ):
             del manifests[index]
             reasons[index] = [
-                f"holds generation {manifest.generation} (seq {manifest.seq}), older than"
-                f" {newest[1]} (seq {newest[0]}) committed in tier {newest[2]}"
+                f"its marker {marker_path(manifest.checkpoint_id)} names generation"
+                f" {manifest.generation} (seq {manifest.seq}), older than {newest[1]}"
+                f" (seq {newest[0]}) committed in tier {newest[2]}"
             ]
 
 
@@ -329,6 +330,8 @@ def choose_copy(
         known = _with_window(known, tiers, window)
         start = window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
+    lines.append(f"`tierstore verify {checkpoint_id}` checks every copy; `tierstore ls` lists the"
+                 " checkpoints that can be restored instead")  # fmt: skip
     raise CheckpointNotFoundError(
         f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
         + "\n".join(lines)
