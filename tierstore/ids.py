@@ -238,6 +238,16 @@ def parse_activity_path(path: str) -> tuple[str, str, str | None] | None:
     return parts[0], parts[1], generation
 
 
+CLOCK_DIR = f"{INTERNAL_DIR}/clock"
+"""Tier-relative directory of clock probes: a file written to read the tier's own time (see
+records/clock.py), deleted at once; one left by a process that died is removed by cleanup."""
+
+
+def clock_probe_path(token: str) -> str:
+    """Tier-relative path of one clock probe (``token``: unique to the process and call)."""
+    return f"{CLOCK_DIR}/{token}"
+
+
 COMMITS_DIR = f"{INTERNAL_DIR}/commits"
 """Tier-relative directory of the commit log (see records/log.py)."""
 

@@ -2,9 +2,10 @@
 of holders that are gone.
 
 Only things that no marker (or, on a non-coordinator node, no part record) refers to are touched, only
-once they have been left alone for ``promote.stale_after``, and never a generation that a live
-activity record names (a save, promotion or restore at work: see :mod:`tierstore.records.activity`), however
-old or invisible its files look. Temp files and incomplete multipart uploads are found and discarded
+once they have been left alone for ``promote.stale_after`` (by the tier's clock, never this host's:
+:mod:`tierstore.records.clock`), and never a generation that a live activity record names (a save,
+promotion or restore at work: see :mod:`tierstore.records.activity`), however old or invisible its
+files look. Temp files and incomplete multipart uploads are found and discarded
 by the tier itself (:meth:`~tierstore.tiers.base.Tier.incomplete_writes`). Committed checkpoints are
 removed only by retention (:mod:`tierstore.promote.retention`).
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 from tierstore.ids import (
+    CLOCK_DIR,
     COMMITS_DIR,
     MARKER_NAME,
     MIRROR_DIR,
@@ -33,6 +34,7 @@ from tierstore.ids import (
 from tierstore.owners import owner_is_alive, owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
+from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
 from tierstore.records.protocol import drop, forget_entry
@@ -68,8 +70,12 @@ def find_leftovers(
     started before holds its record before writing anything, and keeps it until its marker is
     published, so each listed generation is either named by a live record or by a marker read
     after it, or truly abandoned.
+
+    Every age is taken on the tier's clock (``now`` defaults to
+    :func:`~tierstore.records.clock.tier_now`, read before the listing): this host's clock, however
+    far off, never makes a live record look expired or a file in flight look abandoned.
     """
-    now = time.time() if now is None else now
+    now = tier_now(tier) if now is None else now
     files = tier.find("")
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
@@ -90,6 +96,11 @@ def find_leftovers(
         found += _abandoned_exchange_waits(tier, stale_after=stale_after, now=now)
     found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
+    found += [
+        Cleanup(tier.name, "file", info.path, "clock probe of a process that stopped")
+        for info in files
+        if info.path.startswith(f"{CLOCK_DIR}/") and now - info.mtime >= activity_ttl
+    ]
     for record in records:
         if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
             found.append(Cleanup(tier.name, "file", record.path,

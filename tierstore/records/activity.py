@@ -12,11 +12,11 @@ the tier it works on, ``.tierstore/activity/<kind>~<id>~<generation>~<token>.jso
 A record lives while its holder refreshes it: :data:`HEARTBEAT` rewrites every held record each
 ``ttl / 4`` seconds (``promote.activity_ttl`` in the YAML, 60 s by default), and a record whose last
 write is older than ``ttl`` is the leftover of a holder that died (cleanup removes it after twice
-that). Liveness compares the record's modification time, as the tier reports it, with this host's
-clock, never a pid: a sidecar in another PID namespace, container or node judges the same way.
-Clocks of the hosts sharing a tier must agree to well within ``ttl`` (NTP does). Holding a record
-costs one small write per refresh; a failed refresh (the tier briefly unreachable) is logged, and
-the next one retries.
+that). Liveness compares the record's modification time, as the tier stamps it, with the tier's own
+clock (:func:`tierstore.records.clock.tier_now`), never with this host's clock nor a pid: a sidecar in
+another PID namespace, container or node, or on a host whose clock is hours off, judges the same way.
+Holding a record costs one small write per refresh; a failed refresh (the tier briefly unreachable)
+is logged, and the next one retries.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
+from tierstore.records.clock import tier_now
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -116,8 +117,9 @@ def held(
 
 
 def activities(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
-    """Every record in ``tier``, live or not (``age``: seconds since its last refresh)."""
-    now = time.time() if now is None else now
+    """Every record in ``tier``, live or not (``age``: seconds since its last refresh, by the tier's
+    clock unless ``now`` is given on it)."""
+    now = tier_now(tier) if now is None else now
     found = []
     for info in tier.find(ACTIVITY_DIR):
         parsed = parse_activity_path(info.path)
@@ -128,7 +130,7 @@ def activities(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
 
 
 def live(tier: Tier, *, ttl: float = ACTIVITY_TTL, now: float | None = None) -> list[ActivityInfo]:
-    """The records of holders still at work (refreshed within ``ttl`` seconds)."""
+    """The records of holders still at work (refreshed within ``ttl`` seconds, by the tier's clock)."""
     return [a for a in activities(tier, now=now) if a.age < ttl]
 
 

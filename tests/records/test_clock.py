@@ -1,0 +1,57 @@
+"""Ages are taken on the tier's clock: this process's clock, however far off, changes no verdict.
+
+The real skew (other processes under ``faketime``) is in tests/guarantees/test_clock_skew.py; here
+this process's ``time.time()`` is moved, which the tier's file times do not follow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tierstore.config import Config
+from tierstore.ids import CLOCK_DIR, clock_probe_path, generation_dir
+from tierstore.promote.cleanup import find_leftovers
+from tierstore.records.activity import held, live
+from tierstore.records.clock import tier_now
+from tierstore.tiers import Tier
+
+GEN = "g0000000000010000000"
+
+
+def memory_tier(make_config: Callable[..., Config]) -> Tier:
+    tier: Tier = make_config("memory").make_tiers(node=0)[0]
+    return tier
+
+
+@pytest.mark.parametrize("skew", [2 * 3600.0, -2 * 3600.0, 86400.0])
+def test_live_work_stays_live_whatever_this_host_clock_says(
+    skew: float, make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = memory_tier(make_config)
+    tier.write_bytes(f"{generation_dir('step_1', GEN)}/r00000-0.distcp", b"x" * 64)
+    with held(tier, "write", "step_1", GEN):
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + skew)
+        assert abs(tier_now(tier) - real()) < 5, "the tier's clock, not this process's"
+        assert [r.checkpoint_id for r in live(tier)] == ["step_1"]
+        assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0) == []
+
+
+def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(
+    make_config: Callable[..., Config],
+) -> None:
+    tier = memory_tier(make_config)
+    tier_now(tier)
+    assert tier.find(CLOCK_DIR) == []
+    left = clock_probe_path("host~123~abc")  # a process that died between write and delete
+    tier.write_bytes(left, b"")
+    assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0) == [], "it may be at work"
+    path = tier.local_path(left)
+    assert path is not None
+    os.utime(path, (time.time() - 61, time.time() - 61))
+    (cleanup,) = find_leftovers(tier, stale_after=600.0, activity_ttl=60.0)
+    assert cleanup.path == left
