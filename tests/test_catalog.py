@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 
 from tierstore import Catalog, TieredWriter, latest_committed
 from tierstore.config import Config
-from tierstore.ids import COMMITS_DIR, marker_path, newest_first, step_of
+from tierstore.ids import COMMITS_DIR, SIGHTINGS_DIR, marker_path, newest_first, step_of
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
 from tierstore.records.protocol import claim
@@ -150,10 +150,11 @@ def test_an_overwrite_in_flight_keeps_the_id_at_its_committed_place(
 
 
 class _NoDataListing(PosixTier):
-    """A tier that fails the test if anything lists below the root recursively (data files)."""
+    """A tier that fails the test if anything lists below the root recursively (data files); the
+    commit log and the sightings are tierstore's own small directories."""
 
     def find(self, path: str = "") -> list[FileInfo]:
-        if not path.startswith(COMMITS_DIR):
+        if not path.startswith((COMMITS_DIR, SIGHTINGS_DIR)):
             raise AssertionError(f"listed data files under {path!r}")
         return super().find(path)
 

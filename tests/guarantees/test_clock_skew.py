@@ -6,11 +6,17 @@ its ``time.time()``; file times stay those the kernel or the S3 server stamps, a
 clock is off over a tier it does not stamp). The documented limit is ``activity_ttl / 2`` (30 s by
 default, docs/operations.md "Clocks"); every skew here is beyond it. ``.ci/run`` installs faketime, so
 a missing one fails these tests instead of skipping them.
+
+Python under libfaketime 0.9.10: with the monotonic clock faked (the default) a timed wait on a lock
+or event never times out (it waits on a monotonic deadline years away) though it wakes when
+notified; with ``FAKETIME_DONT_FAKE_MONOTONIC=1``, ``time.sleep`` fails with EINVAL. The commands
+run here pass under both (``SKEWS``); the skewed trainer keeps the default and waits by polling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -30,10 +36,12 @@ from tests.conftest import open_uploads
 from tests.guarantees.test_concurrency import assert_audit_clean, loaded, paused_save, state_of
 from tierstore import TieredWriter, latest_committed
 from tierstore.audit import audit_all
+from tierstore.cli import main
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import CLOCK_DIR, PROMOTER_DIR, generation_dir
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import held
+from tierstore.records.marker import read_manifest
 from tierstore.records.promoter_state import read_state
 from tierstore.tiers import Tier
 
@@ -48,6 +56,8 @@ SKEWS = [
 ]
 """``(command, faketime offset, real monotonic clock)``: both directions, both commands, every
 offset beyond the limit; libfaketime's monotonic clock faked and not."""
+BESIDE_TRAINERS = [("promote", "+0s"), ("gc", "+0s"), ("promote", "+2h"), ("gc", "-1d")]
+"""The promoters that run while a trainer two hours behind holds a save in flight."""
 SECONDS = {"h": 3600.0, "d": 86400.0, "s": 1.0}
 
 
@@ -205,3 +215,83 @@ def test_a_skewed_promoter_or_gc_never_deletes_work_in_flight_or_a_copy_being_re
     # With the read over, retention on a true clock does its job: nothing was merely frozen.
     Promoter(config).run_once()
     assert [a.checkpoint_id for a in audit_all(config, [0])] == ["step_000003"]
+
+
+def trainer(config_path: Path, offset: str, *actions: str) -> subprocess.Popen[str]:
+    """A trainer process (:mod:`tests.guarantees.skewed_trainer`) whose clock is ``offset`` off."""
+    argv = [sys.executable, "-m", "tests.guarantees.skewed_trainer", str(config_path), *actions]
+    return subprocess.Popen(
+        [faketime(), "-f", offset, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def finished(process: subprocess.Popen[str]) -> None:
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+
+
+def test_a_skewed_trainer_orders_nothing_and_loses_nothing(
+    tier_specs: Callable[..., list[dict[str, Any]]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Trainers two hours ahead and two hours behind save, overwrite and pause a save in flight
+    while promoters on a true clock and two hours ahead run: the newest is the last commit (the
+    overwrite by the trainer whose clock reads earliest, its generation named four hours before
+    the one it replaces), promotion lets it replace the older copy below, and nothing in flight
+    is deleted."""
+    config, path = write_config(tmp_path, tier_specs("memory", "local"))
+    memory, local = config.make_tiers(node=0)
+    save(config, "step_000001", 1.0)
+    finished(trainer(path, "+2h", "save:step_000002:2"))
+    original = read_manifest(memory, "step_000002").generation
+    behind = trainer(path, "-2h", "save:step_000003:3", "pause:step_000004:4",
+                     "overwrite:step_000002:22")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "reached").exists():
+            assert behind.poll() is None and time.monotonic() < deadline, "no pause reached"
+            time.sleep(0.05)
+        committed_at = read_manifest(memory, "step_000003").committed_at
+        assert abs(committed_at - (time.time() - 7200)) < 120, "the trainer's clock is 2 h behind"
+        before = files_of(memory)
+        for command, offset in BESIDE_TRAINERS:
+            said = cli(path, command, offset, real_monotonic=False)
+            now = files_of(memory)
+            gone = sorted(p for p in before if now.get(p) != before[p])
+            assert gone == [], f"{command} at {offset} removed work in flight: {said}"
+    finally:
+        (tmp_path / "go").touch()
+    finished(behind)
+    cli(path, "promote", "+0s", real_monotonic=False)
+    assert latest_committed(config) == "step_000002", "the last commit is the newest"
+    assert loaded(config, "step_000002") == 22.0
+    assert main(["--config", str(path), "ls", "--json"]) == 0
+    listed = [entry["id"] for entry in json.loads(capsys.readouterr().out)]
+    assert listed == ["step_000002", "step_000004", "step_000003", "step_000001"]
+    overwrite = read_manifest(memory, "step_000002")
+    assert overwrite.generation < original, "the overwrite's name carries the earlier clock"
+    assert read_manifest(local, "step_000002").generation == overwrite.generation
+    assert_audit_clean(config)
+
+
+@pytest.mark.parametrize("offset", ["-2h", "+2h"])
+def test_what_a_skewed_trainer_knows_of_other_tiers_is_ordered_without_its_clock(
+    offset: str, tier_specs: Callable[..., list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """A save believes the newer of the promoter's sighting of a tier and its own look there or
+    commit there; which is newer must not come from comparing the promoter's clock with its own.
+
+    ``a`` is promoted to ``local`` (the promoter's sighting of local in memory names it), then
+    dropped from both tiers by an operator. A trainer on a skewed clock saves ``a`` (its start-up
+    look, newer than the sighting, finds ``a`` nowhere: it commits), then ``final`` straight into
+    ``local``, then ``final`` again (its own commit is newer than the sighting: refused)."""
+    config, path = write_config(tmp_path, tier_specs("memory", "local"))
+    save(config, "a", 1.0)
+    cli(path, "promote", "+0s", real_monotonic=False)
+    for tier in ("local", "memory"):
+        assert main(["--config", str(path), "drop", "a", "--tier", tier]) == 0
+    finished(trainer(path, offset, "save:a:4", "save:final:5:local", "refused:final:6"))
+    assert loaded(config, "a") == 4.0
+    assert loaded(config, "final") == 5.0

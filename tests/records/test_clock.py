@@ -13,10 +13,11 @@ from collections.abc import Callable
 import pytest
 
 from tierstore.config import Config
-from tierstore.ids import CLOCK_DIR, clock_probe_path, generation_dir
+from tierstore.ids import CLOCK_DIR, clock_probe_path, generation_dir, sighting_path
 from tierstore.promote.cleanup import find_leftovers
 from tierstore.records.activity import held, live
 from tierstore.records.clock import tier_now
+from tierstore.records.sightings import Sighting, read_sightings, record_sighting, trusted
 from tierstore.tiers import Tier
 
 GEN = "g0000000000010000000"
@@ -55,3 +56,18 @@ def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(
     os.utime(path, (time.time() - 61, time.time() - 61))
     (cleanup,) = find_leftovers(tier, stale_after=600.0, activity_ttl=60.0)
     assert cleanup.path == left
+
+
+def test_a_sighting_is_as_old_as_its_record_whatever_the_promoter_clock_wrote_in_it(
+    make_config: Callable[..., Config],
+) -> None:
+    """A promoter two hours ahead stamps ``seen_at`` two hours into the future; a restore must not
+    trust that sighting for two more hours once the promoter has stopped writing it."""
+    tier = memory_tier(make_config)
+    record_sighting(tier, Sighting("s3", 7, {"a": (7, GEN)}, seen_at=time.time() + 7200))
+    path = tier.local_path(sighting_path("s3"))
+    assert path is not None
+    os.utime(path, (time.time() - 100, time.time() - 100))  # the promoter stopped 100 s ago
+    (sighting,) = read_sightings(tier).values()
+    assert abs(sighting.seen_at - (time.time() - 100)) < 5
+    assert trusted(read_sightings(tier), max_age=30.0) == {}

@@ -13,14 +13,18 @@ time read back, the probe deleted. The observer's own clock then does not matter
 What stays clock-dependent: a shared filesystem whose *clients* stamp file times (Lustre does) stamps
 each file with its writer's clock, the probe included; there the clocks of the hosts writing the tier
 must agree within half of ``activity_ttl`` (see docs/operations.md, "Clocks"), as such filesystems
-require anyway. Times written *inside* records (a marker's ``committed_at``, a sighting's
-``seen_at``) are for people and metrics; nothing is deleted by them.
+require anyway. Where a process orders its own knowledge against a record another host wrote (a
+promoter's sighting against its own start-up look), it reads the record's time as the tier stamped
+it, moved onto its own clock (:func:`clock_offset`), never the time the writer put inside. Times
+written inside records (a marker's ``committed_at``, a sighting's ``seen_at`` as written) are for
+people and metrics.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 
 from tierstore.ids import clock_probe_path
@@ -46,4 +50,13 @@ def tier_now(tier: Tier) -> float:
         tier.delete(path)
 
 
-__all__ = ["tier_now"]
+def clock_offset(tier: Tier) -> float:
+    """How far this host's clock is ahead of ``tier``'s (seconds; negative: behind), to within the
+    time a probe takes and the tier's time resolution. A file time ``t`` from the tier is
+    ``t + clock_offset(tier)`` on this host's clock: comparable with this process's own times."""
+    before = time.time()
+    at = tier_now(tier)
+    return (before + time.time()) / 2 - at
+
+
+__all__ = ["clock_offset", "tier_now"]

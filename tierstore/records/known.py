@@ -70,9 +70,10 @@ class Elsewhere:
     """One process's knowledge of a namespace's tiers (see the module docstring). Thread-safe.
 
     Of two sources about one tier, the more recent decides: the start-up look, the promoter's
-    sighting (``seen_at``), this process's own commit. So an id retention deleted since the look
-    is not refused once a later sighting lacks it, and a sighting taken before this process's own
-    ``tier=`` commit does not hide that commit.
+    sighting (``seen_at``, on this process's clock: see
+    :func:`~tierstore.records.sightings.read_sightings`), this process's own commit. So an id
+    retention deleted since the look is not refused once a later sighting lacks it, and a sighting
+    taken before this process's own ``tier=`` commit does not hide that commit.
     """
 
     def __init__(self) -> None:

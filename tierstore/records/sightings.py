@@ -8,13 +8,15 @@ in tier L as a *sighting* in every tier T it looks after: ``.tierstore/seen/<L>.
 highest commit number and ``{id: (seq, generation)}`` for every id committed in L. Writers and readers of
 T read the sightings in T: one small read, however slow or far L is.
 
-A sighting is as old as the promoter's last look (``seen_at``): it is rewritten when what it says
-changes, and at least every ``promote.interval`` while the promoter runs. Between two passes a slower
-tier may change behind it only by a save made straight into it (``tier=``): within the saving process
-that commit is known at once (:mod:`tierstore.records.known`); elsewhere after the promoter's next pass.
-Restores therefore trust a sighting only while it is fresh (:func:`trusted`, three promoter intervals
-and at least 30 s): with no promoter running, the slower tier is asked again, within ``probe_timeout``.
-Saves use every sighting, however old: what they add (ids taken, the highest number) only grows.
+A sighting is as old as the promoter's last look (``seen_at``: when its record was written, read on
+the reader's clock from the time the tier stamped, see :func:`read_sightings`): it is rewritten when
+what it says changes, and at least every ``promote.interval`` while the promoter runs. Between two
+passes a slower tier may change behind it only by a save made straight into it (``tier=``): within
+the saving process that commit is known at once (:mod:`tierstore.records.known`); elsewhere after
+the promoter's next pass. Restores therefore trust a sighting only while it is fresh (:func:`trusted`,
+three promoter intervals and at least 30 s): with no promoter running, the slower tier is asked
+again, within ``probe_timeout``. Saves use every sighting, however old: what they add (ids taken, the
+highest number) only grows.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tierstore.errors import TierstoreError
 from tierstore.ids import SIGHTINGS_DIR, is_checkpoint_id, is_generation, sighting_path
+from tierstore.records.clock import clock_offset
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -86,19 +90,38 @@ class Sighting:
 
 
 def read_sightings(tier: Tier) -> dict[str, Sighting]:
-    """``{other tier name: Sighting}`` recorded in ``tier``; a damaged record is skipped (warned)."""
+    """``{other tier name: Sighting}`` recorded in ``tier``; a damaged record is skipped (warned).
+
+    Each ``seen_at`` is when its record was written *on this host's clock*: the record's time as
+    the tier stamped it, moved by how far this host's clock is from the tier's
+    (:func:`~tierstore.records.clock.clock_offset`), not the promoter's clock written inside. So
+    freshness, and which of a sighting and this process's own look or commit is newer, never
+    depend on how far the promoter's clock is from this one. A reader that cannot write the tier
+    (read-only credentials: ``ls``, ``status``) cannot probe its clock and keeps the promoter's
+    times: it deletes nothing and saves nothing there.
+    """
     found: dict[str, Sighting] = {}
-    for name in tier.list_dir(SIGHTINGS_DIR):
-        if not name.endswith(".json"):
-            continue
-        path = f"{SIGHTINGS_DIR}/{name}"
+    files = [f for f in tier.find(SIGHTINGS_DIR) if f.path.endswith(".json")]
+    offset: float | None = 0.0
+    if files:
         try:
-            sighting = Sighting.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}")
+            offset = clock_offset(tier)
+        except (TierstoreError, OSError) as exc:
+            logger.debug("cannot probe the clock of tier %s (%s): promoter times kept", tier.name,
+                         exc)  # fmt: skip
+            offset = None
+    for info in files:
+        try:
+            sighting = Sighting.from_json(
+                tier.read_bytes(info.path), where=f"tier {tier.name}: {info.path}"
+            )
         except FileNotFoundError:
             continue
         except ValueError as exc:
             logger.warning("ignoring %s", exc)
             continue
+        if offset is not None:
+            sighting = replace(sighting, seen_at=info.mtime + offset)
         found[sighting.tier] = sighting
     return found
 
