@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
@@ -175,3 +178,135 @@ def test_nodes_lists_each_nodes_local_tiers_and_promoters(
     ]  # fmt: skip
     assert [(p["node"], p["ok"]) for p in report["promoters"]] == [(0, True), (1, False)]
     assert report["tiers"][2]["checkpoints"] == 0, "node 1 saved nothing"
+
+
+@contextlib.contextmanager
+def hung_file(path: Path) -> Iterator[None]:
+    """``path`` becomes a FIFO: reading it blocks, as a file on a hung mount does. Released (a
+    writer opens and closes it) when the block ends, so the reading thread ends too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def shared_config(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    """A local disk and a shared filesystem: tiers that can hang (host memory cannot)."""
+    path = tmp_path / "tierstore.yaml"
+    specs = tier_specs("local", "shared")
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": specs, "probe_timeout": "1s"}))
+    return path
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_forever(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    path = shared_config(tmp_path, tier_specs)
+    save(path, "step_000001")
+    save(path, "step_000002")
+    assert Promoter(load_config(path)).run(once=True) == 0
+    shared_root = tmp_path / "shared" / "run"
+    with hung_file(shared_root / "step_000002" / "commit.json"):
+        started = time.monotonic()
+        assert main(["--config", str(path), "status"]) == 1
+        out = capsys.readouterr().out
+        assert time.monotonic() - started < 8, "status waited on a hung marker read"
+        assert re.search(r"^shared\s+-\s+unreachable", out, re.MULTILINE), out
+        assert "read the marker of step_000002 within 1s" in out
+        started = time.monotonic()
+        assert main(["--config", str(path), "ls"]) == 0
+        listed = capsys.readouterr()
+        assert time.monotonic() - started < 8, "ls waited on a hung marker read"
+        assert "tier shared is unreachable, not listed" in listed.err
+        assert ",shared" not in listed.out, "a tier left out is not named as a holder"
+    local_root = tmp_path / "local" / "0" / "run"
+    with hung_file(local_root / ".tierstore" / "promoter" / "node00000.json"):
+        config = load_config(path)
+        started = time.monotonic()
+        report = gather_status(config, [0])
+        assert time.monotonic() - started < 8, "status waited on a hung promoter record"
+        assert not report.promoters[0].ok
+
+
+def test_read_only_commands_create_and_write_nothing_in_the_tiers(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    path = shared_config(tmp_path, tier_specs)
+    for command in (["status"], ["status", "--json"], ["ls"], ["ls", "--json"]):
+        code = main(["--config", str(path), *command])
+        assert code in (0, 1), capsys.readouterr().err
+    capsys.readouterr()
+    assert not (tmp_path / "local").exists() and not (tmp_path / "shared").exists()
+
+
+def test_status_reports_what_the_promoter_could_not_do(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = load_config(config_file).make_tiers(node=0)[0]
+    state = PromoterState(
+        node=0, interval=10, stall_after=300, passes=3, last_error=None,
+        unreachable={"s3": "no answer within 10s"}, unavailable=("local",),
+        failed=("step_000003 memory->local: No space left on device",),
+    )  # fmt: skip
+    write_state(memory, state)
+    code, out = status(config_file, capsys)
+    assert code == 1
+    assert "promoter of node 0: tier local refuses writes" in out
+    assert "promoter of node 0: could not list tier s3: no answer within 10s" in out
+    assert "promoter of node 0: promotion failed: step_000003 memory->local: No space" in out
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"at": time.time() + 3600}, "in the future"),
+        ({"at": float("nan")}, "malformed"),
+        ({"stall_after": float("inf")}, "malformed"),
+    ],
+)
+def test_a_promoter_record_from_the_future_or_not_finite_is_no_sign_of_health(
+    config_file: Path, capsys: pytest.CaptureFixture[str], change: dict[str, float], why: str
+) -> None:
+    memory = load_config(config_file).make_tiers(node=0)[0]
+    fields: dict[str, Any] = {"node": 0, "interval": 10, "stall_after": 300, "passes": 1,
+                              "last_error": None, **change}  # fmt: skip
+    write_state(memory, PromoterState(**fields))
+    code, out = status(config_file, capsys, "--json")
+    report = json.loads(out)  # standard JSON: no NaN or Infinity tokens
+    assert code == 1 and not report["promoters"][0]["ok"]
+    assert why in report["promoters"][0]["why"]
+
+
+def test_max_lag_makes_an_old_recovery_point_a_problem(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(config_file, "step_000001")
+    assert Promoter(load_config(config_file)).run(once=True) == 0
+    assert status(config_file, capsys)[0] == 0
+    time.sleep(1.2)
+    code, out = status(config_file, capsys, "--max-lag", "1s")
+    assert code == 1 and "recovery point is" in out and "older than --max-lag 1s" in out
+
+
+def test_a_full_durable_tier_the_promoter_cannot_write_is_a_problem_in_status(
+    small_tmpfs: Path, tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    specs = tier_specs("memory", "shared", shared={"path": str(small_tmpfs)})
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": specs}))
+    dcp.save({"w": torch.full((1_000_000,), 1.0)},  # 4 MB: more than the 1 MiB tmpfs holds
+             storage_writer=TieredWriter(str(path)), checkpoint_id="step_000001")  # fmt: skip
+    assert Promoter(load_config(path)).run(once=True) == 1, "the promotion failed: ENOSPC"
+    code, out = status(path, capsys)
+    assert code == 1
+    assert "promoter of node 0: tier shared refuses writes" in out
+    assert "promotion failed: step_000001 memory->shared" in out and "No space left" in out
+    assert "no checkpoint is in the durable tier yet" in out

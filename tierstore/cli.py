@@ -47,6 +47,8 @@ from tierstore.tiers import Tier
 from tierstore.topology import current_node
 from tierstore.units import human_age, human_bytes, parse_duration
 
+READ_ONLY = frozenset({"ls", "status", "verify", "advise"})
+"""Commands that never write into a tier."""
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
 
@@ -102,7 +104,7 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     """Show each tier, the recovery point, the mirrors and the promoters (exit 1 if a problem)."""
-    report = gather_status(config, args.nodes or [current_node(args.node)])
+    report = gather_status(config, args.nodes or [current_node(args.node)], max_lag=args.max_lag)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:
@@ -484,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes", type=_node_list, default=None, metavar="N,N",
         help="show the node-local tiers, mirrors and promoters of these nodes (default: this one)",
     )  # fmt: skip
+    status.add_argument(
+        "--max-lag", type=_interval, default=None, metavar="DURATION",
+        help="a recovery point older than this (1h, 30m) is a problem: exit 1",
+    )  # fmt: skip
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(run=cmd_status)
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
@@ -608,7 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.config:
             raise TierstoreError("no configuration: pass --config FILE or set TIERSTORE_CONFIG")
-        config = load_config(args.config)
+        # Commands that only read must not create tier directories or write probe files (a
+        # read-only or hung mount would fail or hold them before they report anything).
+        config = load_config(args.config, check_paths=args.command not in READ_ONLY)
         run: Command = args.run
         return run(config, args)
     except (TierstoreError, OSError, ValueError) as exc:

@@ -10,12 +10,14 @@ mirror of each node's part of the newest checkpoint in each mirrored tier, and e
 Node-local tiers are shown for each node asked for (``--nodes``; by default this node's): where one
 node cannot see another's memory or disk, ask on that node. Job-wide tiers are listed once.
 
-Nothing here writes; every question to a tier is bounded by ``probe_timeout``, so a hung tier is
-reported, never waited for.
+Nothing here writes (the CLI loads the configuration without creating tier directories for it);
+every question to a tier is bounded by ``probe_timeout``, so a hung tier is reported, never waited
+for.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,7 +27,7 @@ from tierstore.config import Config
 from tierstore.errors import TierstoreError
 from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import read_manifest
-from tierstore.records.mirror import read_status
+from tierstore.records.mirror import MirrorStatus, read_status
 from tierstore.records.promoter_state import PromoterState, read_state
 from tierstore.tiers import Space, Tier
 from tierstore.units import human_age, human_bytes
@@ -103,6 +105,8 @@ class StatusReport:
     durable: Newest | None = None
     """The newest checkpoint in the last (durable) tier."""
     at: float = field(default_factory=time.time)
+    max_lag: float | None = None
+    """A recovery point older than this many seconds is a problem (``--max-lag``)."""
 
     @property
     def recovery_point_lag_s(self) -> float | None:
@@ -122,6 +126,10 @@ class StatusReport:
             and any(t.durable and t.reachable for t in self.tiers)
         ):
             found.append("no checkpoint is in the durable tier yet")
+        lag = self.recovery_point_lag_s
+        if self.max_lag is not None and lag is not None and lag > self.max_lag:
+            found.append(f"the recovery point is {human_age(lag)} old, older than --max-lag"
+                         f" {human_age(self.max_lag)}")  # fmt: skip
         for mirror in self.mirrors:
             if mirror.mirrored is False:
                 found.append(
@@ -131,6 +139,10 @@ class StatusReport:
         for promoter in self.promoters:
             if not promoter.ok:
                 found.append(f"promoter of node {promoter.node}: {promoter.why}")
+            if promoter.state is not None:
+                found += [
+                    f"promoter of node {promoter.node}: {p}" for p in promoter.state.troubles()
+                ]
         return found
 
     @property
@@ -165,11 +177,16 @@ class StatusReport:
 
 
 def gather_status(
-    config: Config, nodes: Sequence[int], *, now: float | None = None
+    config: Config,
+    nodes: Sequence[int],
+    *,
+    now: float | None = None,
+    max_lag: float | None = None,
 ) -> StatusReport:
     """The status of every tier of ``config`` as seen from ``nodes`` (the first lists the job-wide
-    tiers too), their mirrors and their promoters."""
-    report = StatusReport(at=time.time() if now is None else now)
+    tiers too), their mirrors and their promoters; ``max_lag``: seconds past which the recovery
+    point is a problem."""
+    report = StatusReport(at=time.time() if now is None else now, max_lag=max_lag)
     last = config.tiers[-1].name
     prober = Prober(config.probe_timeout)
     for index, node in enumerate(nodes):
@@ -190,8 +207,11 @@ def gather_status(
             )  # fmt: skip
             report.tiers.append(status)
             if status.reachable and status.newest is not None and tier.mirror is not None:
-                report.mirrors.append(_mirror_state(tier, node, status.newest.checkpoint_id))
-        report.promoters.append(_promoter_view(tiers, node, report.at))
+                report.mirrors.append(
+                    _mirror_state(tier, node, status.newest.checkpoint_id, prober)
+                )
+        away = {t.name for t in report.tiers if not t.reachable}
+        report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))
     report.newest = _newest([t.newest for t in report.tiers])
     report.durable = _newest([t.newest for t in report.tiers if t.durable])
     return report
@@ -230,10 +250,14 @@ def _tier_status(
     )  # fmt: skip
 
 
-def _mirror_state(tier: Tier, node: int, checkpoint_id: str) -> MirrorState:
-    try:
+def _mirror_state(tier: Tier, node: int, checkpoint_id: str, prober: Prober) -> MirrorState:
+    def question() -> MirrorStatus | None:
         generation = read_manifest(tier, checkpoint_id).generation
-        status = read_status(tier, checkpoint_id, generation, node)
+        return read_status(tier, checkpoint_id, generation, node)
+
+    try:
+        status = prober.ask(tier.name, question, what="read a mirror record",
+                            direct=tier.capabilities.staging_files)  # fmt: skip
     except FileNotFoundError:  # deleted by retention since it was listed
         return MirrorState(tier.name, node, checkpoint_id, None, reason="gone since listed")
     except (TierstoreError, OSError) as exc:
@@ -244,13 +268,23 @@ def _mirror_state(tier: Tier, node: int, checkpoint_id: str) -> MirrorState:
                        status.reason)  # fmt: skip
 
 
-def _promoter_view(tiers: list[Tier], node: int, now: float) -> PromoterView:
-    """The newest record node ``node``'s promoter left in the tiers it writes it to."""
+def _promoter_view(
+    tiers: list[Tier], node: int, now: float, prober: Prober, away: set[str]
+) -> PromoterView:
+    """The newest record node ``node``'s promoter left in the tiers it writes it to (``away``:
+    tiers that did not answer, not asked again)."""
     newest: PromoterState | None = None
     problems = []
     for tier in [t for t in tiers if t.node_local] or tiers[:1]:
+        if tier.name in away:
+            problems.append(
+                f"its record in tier {tier.name} cannot be read: the tier is unreachable"
+            )
+            continue
         try:
-            state = read_state(tier, node)
+            state = prober.ask(tier.name, functools.partial(read_state, tier, node),
+                               what="read the promoter's record",
+                               direct=tier.capabilities.staging_files)  # fmt: skip
         except (TierstoreError, OSError) as exc:
             problems.append(str(exc))
             continue

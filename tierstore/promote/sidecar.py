@@ -154,7 +154,7 @@ class Promoter:
         while True:
             try:
                 report = self.run_once()
-                self._record_state(None)
+                self._record_state(None, report.failed)
             except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
                 self.health.pass_failed(str(exc))
                 self._record_state(str(exc))
@@ -353,7 +353,9 @@ class Promoter:
             event("tier_available", tier=tier_name)
         self._export_availability(tier_name)
 
-    def _record_state(self, error: str | None) -> None:
+    def _record_state(
+        self, error: str | None, failed: list[tuple[Promotion, str]] | None = None
+    ) -> None:
         """Leave how this pass ended where ``tierstore status`` reads it: the node-local tiers this
         promoter looks after, or its first tier when it has none (records/promoter_state.py)."""
         if error is None:
@@ -364,6 +366,10 @@ class Promoter:
             last_error=None if error is None else error.replace("\n", "; "),
             unreachable=dict(self.unreachable), unavailable=tuple(sorted(self.unavailable)),
             backlog=self._backlog, started_at=self._started_at,
+            failed=tuple(
+                f"{p.checkpoint_id} {p.source}->{p.target}: {why}".replace("\n", "; ")
+                for p, why in failed or ()
+            ),
         )  # fmt: skip
         for tier in [t for t in self.tiers if t.node_local] or self.tiers[:1]:
             if tier.name in self.unreachable:

@@ -152,6 +152,8 @@ class Catalog:
         for checkpoint_id in scanned.keys() - found.keys():
             found[checkpoint_id] = None
             for tier_name in scanned[checkpoint_id]:
+                if tier_name in self.unreachable:  # its reads were not answered: not waited for
+                    continue
                 try:
                     found[checkpoint_id] = read_manifest(by_name[tier_name], checkpoint_id).seq
                     break
@@ -239,17 +241,31 @@ class Catalog:
         jobs = [(i, name) for i, tiers in scanned.items() for name in tiers]
 
         def load(job: tuple[str, str]) -> Manifest | None:
-            try:
-                return read_manifest(by_name[job[1]], job[0])
+            checkpoint_id, name = job
+            tier = by_name[name]
+            if name in self.unreachable:  # one unanswered read: the others are not waited for
+                return None
+            try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
+                return self.prober.ask(name, functools.partial(read_manifest, tier, checkpoint_id),
+                                       what=f"read the marker of {checkpoint_id}",
+                                       direct=tier.capabilities.staging_files)  # fmt: skip
+            except TierUnavailableError as exc:
+                if name not in self.unreachable:
+                    logger.warning("tier %s is unreachable, left out: %s", name, exc)
+                self.unreachable[name] = str(exc)
+                return None
             except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls
-                logger.warning("ignoring marker of %s in %s: %s", job[0], job[1], exc)
+                logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, name, exc)
                 return None
 
         with ThreadPoolExecutor(16) as pool:
             manifests = dict(zip(jobs, pool.map(load, jobs), strict=True))
         listings = []
         for checkpoint_id in self.newest_first(scanned):
-            held = [n for n in by_name if manifests.get((checkpoint_id, n)) is not None]
+            held = [
+                n for n in by_name
+                if n not in self.unreachable and manifests.get((checkpoint_id, n)) is not None
+            ]  # fmt: skip
             if not held:
                 continue
             first = manifests[(checkpoint_id, held[0])]

@@ -13,6 +13,7 @@ trusted.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -24,6 +25,8 @@ from tierstore.records.marker import dump_record, load_record
 from tierstore.tiers import Tier
 
 FORMAT = "tierstore.promoter/1"
+CLOCK_TOLERANCE = 30.0
+"""Seconds a record may be stamped ahead of the reader's clock (hosts' clocks differ a little)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class PromoterState:
     """Tiers that refused writes (full, read-only) at the last promotion into them."""
     backlog: int = 0
     """Promotions still waiting at the end of the last pass."""
+    failed: tuple[str, ...] = ()
+    """The last pass's failed promotions, one line each (``id source->target: why``)."""
     started_at: float = 0.0
     """When this promoter started (epoch seconds)."""
     at: float = field(default_factory=time.time)
@@ -56,6 +61,7 @@ class PromoterState:
         """Serialize."""
         body = asdict(self)
         body["unavailable"] = list(self.unavailable)
+        body["failed"] = list(self.failed)
         return dump_record(FORMAT, body, ())
 
     @classmethod
@@ -64,7 +70,7 @@ class PromoterState:
         try:
             body = load_record(FORMAT, data)
             error = body.get("last_error")
-            return cls(
+            state = cls(
                 node=int(body["node"]),
                 interval=float(body["interval"]),
                 stall_after=float(body["stall_after"]),
@@ -73,17 +79,29 @@ class PromoterState:
                 unreachable={str(k): str(v) for k, v in dict(body["unreachable"]).items()},
                 unavailable=tuple(str(t) for t in body["unavailable"]),
                 backlog=int(body["backlog"]),
+                failed=tuple(str(line) for line in body.get("failed", ())),
                 started_at=float(body["started_at"]),
                 at=float(body["at"]),
                 host=str(body["host"]),
                 pid=int(body["pid"]),
             )
+            times = (state.interval, state.stall_after, state.started_at, state.at)
+            if not all(math.isfinite(value) for value in times):
+                raise ValueError(f"a time that is not a finite number: {times}")
+            return state
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"{where}: malformed promoter state ({exc})") from None
 
     def health(self, now: float | None = None) -> tuple[bool, str]:
-        """``(ok, why)``: ok while the last pass is younger than :attr:`stall_after` and finished."""
+        """``(ok, why)``: ok while the last pass is younger than :attr:`stall_after` and finished.
+        A record stamped in the future (by more than :data:`CLOCK_TOLERANCE`) says nothing about
+        now: the promoter's clock ran ahead, and it may have stopped since."""
         age = (time.time() if now is None else now) - self.at
+        if age < -CLOCK_TOLERANCE:
+            return False, (
+                f"cannot tell: its last record is stamped {-age:.0f} s in the future (its clock"
+                " is ahead of this host's)"
+            )
         if age > self.stall_after:
             return (
                 False,
@@ -92,6 +110,19 @@ class PromoterState:
         if self.last_error is not None:
             return False, f"failing: last pass {age:.0f} s ago failed: {self.last_error}"
         return True, f"ok: last pass {age:.0f} s ago, {self.passes} passes"
+
+    def troubles(self) -> list[str]:
+        """What the last pass could not do, one line each: tiers it could not list, tiers that
+        refused writes, promotions that failed."""
+        found = [
+            f"could not list tier {tier}: {why}" for tier, why in sorted(self.unreachable.items())
+        ]
+        found += [
+            f"tier {tier} refuses writes (full or read-only): promotions route around it"
+            for tier in self.unavailable
+        ]
+        found += [f"promotion failed: {line}" for line in self.failed]
+        return found
 
 
 def write_state(tier: Tier, state: PromoterState) -> None:
