@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,24 @@ def test_the_cli_and_the_promoter_run_without_loading_torch(modules_to_import: s
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def _layout_block() -> str:
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    section = design.split("## Package layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_the_design_docs_file_map_names_every_module_and_only_modules_that_exist() -> None:
+    """docs/design.md's package layout is the map a newcomer reads: every module and subpackage is
+    on it, and nothing on it is gone."""
+    block = _layout_block()
+    named = set(re.findall(r"\b([a-z_0-9]+\.py)\b", block))
+    dirs = set(re.findall(r"\b([a-z_0-9]+)/", block))
+    files = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    packages = {p.parent.name for p in PACKAGE.rglob("__init__.py")}
+    assert sorted(files - named) == [], "modules missing from docs/design.md's package layout"
+    assert sorted(named - files) == [], (
+        "docs/design.md's package layout names modules that are gone"
+    )
+    assert sorted(packages - dirs) == [], "packages missing from docs/design.md's package layout"
