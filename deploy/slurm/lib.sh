@@ -22,11 +22,18 @@ listens() {
   return 1
 }
 
-# free_port PORT: PORT, or the next one above it that nothing listens on.
+# free_port PORT: PORT, or the next one above it that nothing listens on, within PORT_SEARCH (100)
+# ports: the callers' ranges are chosen so that the search never reaches the next range or the
+# kernel's ephemeral ports. Fails, naming the range, when every port in it is taken.
+PORT_SEARCH=100
 free_port() {
   local port=$1
   while port_in_use "${port}"; do
     port=$((port + 1))
+    if [ "${port}" -ge $(($1 + PORT_SEARCH)) ]; then
+      echo "no free port in $1-$((port - 1)): every one has a listener on this host" >&2
+      return 1
+    fi
   done
   echo "${port}"
 }

@@ -43,8 +43,9 @@ trap 'note_stop SIGUSR1' USR1
 trap 'note_stop SIGTERM' TERM
 trap 'note_stop SIGINT' INT
 
-# Derived from the job id by train.sbatch; another job on this node may hold it already.
-port=$(free_port "${METRICS_PORT}")
+# Derived from the job id by train.sbatch; another job on this node may hold it already. With no
+# free port near it, the promoter tries the derived one and its bind error names it.
+port=$(free_port "${METRICS_PORT}") || port=${METRICS_PORT}
 [ "${port}" = "${METRICS_PORT}" ] || say "port ${METRICS_PORT} is in use here: metrics on ${port}"
 
 start_promoter() {

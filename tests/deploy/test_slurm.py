@@ -99,10 +99,12 @@ def test_one_task_per_node_with_its_cpus_and_no_kill_on_a_nodes_stop_status() ->
 def test_ports_come_from_the_job_id() -> None:
     text = script()
     assert re.search(
-        r"^MASTER_PORT=\$\(free_port \$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)\)$", text, re.M
+        r"^MASTER_PORT=\$\(free_port \$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)\) \|\| exit 1$",
+        text,
+        re.M,
     )
     assert re.search(r"^METRICS_PORT=\$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)$", text, re.M)
-    assert re.search(r'^port=\$\(free_port "\$\{METRICS_PORT\}"\)$', NODE_SH.read_text(), re.M)
+    assert re.search(r'^port=\$\(free_port "\$\{METRICS_PORT\}"\) \|\| ', NODE_SH.read_text(), re.M)
 
 
 def test_the_stop_fits_in_the_signals_lead_time() -> None:

@@ -69,12 +69,12 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
 
 @pytest.fixture
 def job_id() -> Iterator[int]:
-    """A job id whose derived ports (rendezvous 20000 + id % 10000, metrics 30000 + id % 2000)
+    """A job id whose derived ports (rendezvous 20000 + id % 9900, metrics 30000 + id % 2000)
     this test holds, so the scripts must move to the next free ones."""
     for candidate in range(4242, 4342):
         held = []
         try:
-            for port in (20000 + candidate % 10000, 30000 + candidate % 2000):
+            for port in (20000 + candidate % 9900, 30000 + candidate % 2000):
                 listener = socket.socket()
                 held.append(listener)
                 listener.bind(("127.0.0.1", port))
@@ -115,7 +115,7 @@ def test_sigusr1_before_the_time_limit_does_the_same_on_job_derived_free_ports(
     events = job.events()
     assert_saved_drained_stopped(events, "USR1", job_id)
     assert status == 0
-    master = 20000 + job_id % 10000
+    master = 20000 + job_id % 9900
     assert f"--master-port {master + 1} " in events[at(events, r"^torchrun node=0 start")]
     metrics = 30000 + job_id % 2000
     ports = {int(p) for p in re.findall(r"^promoter node=\d start port=(\d+)$", "\n".join(events),
@@ -216,3 +216,18 @@ def test_the_promoters_bind_error_names_the_port_and_the_flag(tmp_path: Path) ->
     assert result.returncode == 2  # a configuration error: systemd does not restart it
     assert f"--metrics-port {port}: cannot listen on 0.0.0.0:{port}: " in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_free_port_gives_up_naming_the_range_instead_of_climbing_into_the_next(
+    tmp_path: Path,
+) -> None:
+    """The rendezvous range (20000 + id % 9900) must never climb into the metrics range (30000 +
+    id % 2000), nor that one into the kernel's ephemeral ports: the search stops after 100 ports."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        script = f"source {DEPLOY / 'slurm' / 'lib.sh'}; PORT_SEARCH=1; free_port {port}"
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"no free port in {port}-{port}" in done.stderr
