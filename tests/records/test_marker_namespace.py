@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tierstore import Catalog, IntegrityError, TieredWriter, latest_committed
+from tierstore import Catalog, IntegrityError, TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.ids import marker_path
+from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 
 
@@ -51,3 +52,23 @@ def test_a_marker_without_a_namespace_is_read_anywhere(make_config: Callable[...
     tier.publish(marker_path("x"), json.dumps(body).encode(), create_only=False)
     assert read_manifest(tier, "x").namespace is None
     assert latest_committed(config, collective=False) == "x"
+
+
+def test_a_foreign_marker_in_a_mirrored_memory_tier_gives_way_to_the_next_tier(
+    make_config: Callable[..., Config],
+) -> None:
+    """The mirrored memory tier reads markers through its own path (each node's copy and the peer
+    mirrors it holds); a marker of another run there must be refused the same way, so the restore
+    falls back to the next tier instead of refusing it as older than the foreign commit."""
+    tiers = {"memory": {"mirror": True}}
+    run = make_config("memory", "local", namespace="run", tiers=tiers)
+    other = make_config("memory", "local", namespace="other", tiers=tiers)
+    for checkpoint_id in ("a", "b", "x"):  # the foreign x is that run's third commit
+        _save(other, checkpoint_id)
+    dcp.save({"w": torch.full((8,), 7.0)}, storage_writer=TieredWriter(run), checkpoint_id="x")
+    assert Promoter(run).run(once=True) == 0
+    (memory, _local), (theirs, _) = run.make_tiers(node=0), other.make_tiers(node=0)
+    memory.publish(marker_path("x"), theirs.read_bytes(marker_path("x")), create_only=False)
+    state = {"w": torch.zeros(8)}
+    dcp.load(state, storage_reader=TieredReader(run, collective=False), checkpoint_id="x")
+    assert torch.equal(state["w"], torch.full((8,), 7.0))

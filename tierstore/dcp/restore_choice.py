@@ -30,7 +30,7 @@ from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
-from tierstore.records.marker import Manifest, copy_problems, read_manifest
+from tierstore.records.marker import Manifest, copy_problems, parse_marker, read_manifest
 from tierstore.records.sightings import read_sightings, trusted
 from tierstore.tiers import Tier
 
@@ -120,7 +120,7 @@ def _newest_marker(
     best: Manifest | None = None
     for blob in set(blobs):
         try:
-            manifest = Manifest.from_json(blob, where=f"tier {tier.name}")
+            manifest = parse_marker(tier, blob, where=f"tier {tier.name}")
         except Exception as exc:  # noqa: BLE001 - one bad copy; others may do
             reasons.append(str(exc))
             continue
@@ -237,7 +237,7 @@ def _with_window(
         if blob is None:
             continue
         try:
-            manifest = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
+            manifest = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
         except Exception as exc:  # noqa: BLE001 - a marker that does not parse says nothing
             logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
             continue
@@ -377,7 +377,7 @@ def _choose_in_window(
         if blob is None:
             reasons[index] = [reason or "no commit marker"]
         else:
-            manifests[index] = Manifest.from_json(blob, where=f"tier {tiers[index].name}")
+            manifests[index] = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
     _keep_only_the_newest_commit(tiers, manifests, reasons, known)
     for index, reason in excluded.items():
         if index in manifests or index in found:

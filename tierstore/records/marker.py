@@ -176,8 +176,19 @@ def read_manifest(tier: Tier, checkpoint_id: str) -> Manifest:
     committed by a run of another namespace (copied here: its files and number are not this run's).
     """
     where = f"tier {tier.name}: {marker_path(checkpoint_id)}"
-    manifest = Manifest.from_json(tier.read_bytes(marker_path(checkpoint_id)), where=where)
-    if manifest.checkpoint_id != checkpoint_id:
+    return parse_marker(
+        tier, tier.read_bytes(marker_path(checkpoint_id)), where=where, checkpoint_id=checkpoint_id
+    )
+
+
+def parse_marker(
+    tier: Tier, data: bytes, *, where: str, checkpoint_id: str | None = None
+) -> Manifest:
+    """A marker's bytes read from ``tier`` (its own file, or a copy held in a peer's mirror), with
+    the checks of :func:`read_manifest`: :class:`IntegrityError` naming ``where`` when malformed,
+    of another checkpoint than ``checkpoint_id`` (when given), or of another namespace."""
+    manifest = Manifest.from_json(data, where=where)
+    if checkpoint_id is not None and manifest.checkpoint_id != checkpoint_id:
         raise IntegrityError(f"{where}: marker names checkpoint {manifest.checkpoint_id!r}")
     if None not in (manifest.namespace, tier.namespace) and manifest.namespace != tier.namespace:
         raise IntegrityError(
