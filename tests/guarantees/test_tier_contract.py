@@ -135,16 +135,6 @@ def test_marker_publish_create_only(tier: Tier) -> None:
     assert tier.read_bytes("m/commit.json") == b'{"v": 3}'
 
 
-def test_upload_file(tier: Tier, tmp_path: Path) -> None:
-    source = tmp_path / "source.bin"
-    payload = os.urandom(11 * 2**20)
-    source.write_bytes(payload)
-    seen: list[int] = []
-    tier.upload_file("u/copy.bin", str(source), progress=seen.append)
-    assert tier.read_bytes("u/copy.bin") == payload
-    assert sum(seen) == len(payload)
-
-
 def test_describe_names_the_tier(tier: Tier) -> None:
     assert tier.name in tier.describe() and tier.type in tier.describe()
 

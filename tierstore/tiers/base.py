@@ -36,8 +36,6 @@ from tierstore.ids import validate_checkpoint_id
 from tierstore.placement import MirrorConfig
 from tierstore.units import StrictModel
 
-ProgressCallback = Callable[[int], None]
-"""Called with the number of bytes just transferred."""
 TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
 
 
@@ -150,17 +148,6 @@ class Tier(abc.ABC):
         With ``create_only`` the publish fails with ``FileExistsError`` if ``path`` exists, so two
         writers racing on one name cannot both succeed.
         """
-
-    def upload_file(
-        self, path: str, local_file: str, progress: ProgressCallback | None = None
-    ) -> None:
-        """Copy a local file into the tier at ``path`` (durable and atomic, as :meth:`open_write`)."""
-        chunk = self.capabilities.transfer_chunk
-        with open(local_file, "rb") as source, self.open_write(path) as stream:
-            for data in iter(lambda: source.read(chunk), b""):
-                stream.write(data)
-                if progress:
-                    progress(len(data))
 
     def adopt(self, path: str, source_file: str) -> None:
         """Move ``source_file`` (durable, on this tier's filesystem) to ``path`` without copying.

@@ -24,7 +24,6 @@ from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
     IncompleteWrite,
-    ProgressCallback,
     Tier,
     WriteStream,
 )
@@ -224,16 +223,6 @@ class S3Tier(Tier):
         except BaseException:
             upload.abort()
             raise
-
-    def upload_file(
-        self, path: str, local_file: str, progress: ProgressCallback | None = None
-    ) -> None:
-        """Copy a local file, ``part_size`` at a time with ``concurrency`` parts in flight."""
-        with open(local_file, "rb") as source, self.open_write(path) as stream:
-            for chunk in iter(lambda: source.read(self.part_size), b""):
-                stream.write(chunk)
-                if progress:
-                    progress(len(chunk))
 
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
         """One PUT; with ``create_only`` (and ``create_only_markers``) ``If-None-Match: *``."""
