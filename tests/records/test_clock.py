@@ -13,10 +13,21 @@ from collections.abc import Callable
 import pytest
 
 from tierstore.config import Config
-from tierstore.ids import CLOCK_DIR, clock_probe_path, generation_dir, sighting_path
+from tierstore.ids import (
+    CLOCK_DIR,
+    checkpoint_file,
+    clock_probe_path,
+    generation_dir,
+    rank_part_path,
+    sighting_path,
+)
+from tierstore.promote import discovery
 from tierstore.promote.cleanup import find_leftovers
+from tierstore.promote.discovery import SETTLE, MarkerCache, discover
 from tierstore.records.activity import held, live
 from tierstore.records.clock import tier_now
+from tierstore.records.marker import FileEntry
+from tierstore.records.parts import PartRecord
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting, trusted
 from tierstore.tiers import Tier
 
@@ -71,3 +82,38 @@ def test_a_sighting_is_as_old_as_its_record_whatever_the_promoter_clock_wrote_in
     (sighting,) = read_sightings(tier).values()
     assert abs(sighting.seen_at - (time.time() - 100)) < 5
     assert trusted(read_sightings(tier), max_age=30.0) == {}
+
+
+def test_a_part_waiting_for_promotion_is_as_old_as_its_record_not_its_writer_clock(
+    make_config: Callable[..., Config],
+) -> None:
+    """Node 1's part of a save coordinated elsewhere, written by a trainer two hours behind: it is
+    held for promotion ``stale_after`` from when it was written, not two hours less."""
+    tier = make_config("memory").make_tiers(node=1)[0]
+    entry = FileEntry(f"{GEN}/r00001-0.distcp", 8, 0, 1, 1)
+    tier.write_bytes(checkpoint_file("x", entry.path), b"12345678")
+    record = PartRecord("x", GEN, 1, (1,), (entry,), seq=3, node_ranks=(1,),
+                        written_at=time.time() - 7200)  # fmt: skip
+    tier.write_bytes(rank_part_path("x", GEN, 1), record.to_json())
+    (seen,) = discover(tier, MarkerCache()).values()
+    assert seen.copy.partial
+    assert abs(seen.copy.committed_at - time.time()) < 5
+
+
+def test_a_marker_is_trusted_from_the_cache_only_once_read_well_after_it_was_listed(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Times may be whole seconds: a marker replaced within the second keeps its mtime. This host
+    two hours ahead of the tier must not take a marker written just now for a settled one."""
+    tier = memory_tier(make_config)
+    reads: list[str] = []
+    monkeypatch.setattr(discovery, "read_manifest",
+                        lambda _tier, cid: reads.append(cid) or f"read {len(reads)}")  # fmt: skip
+    real_time, real_monotonic = time.time, time.monotonic
+    monkeypatch.setattr(time, "time", lambda: real_time() + 7200)
+    cache, mtime = MarkerCache(), real_time()  # the tier stamps the marker now
+    assert cache.read(tier, "x", mtime) == "read 1"
+    assert cache.read(tier, "x", mtime) == "read 2", "maybe replaced within the second: read again"
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + SETTLE + 1)
+    assert cache.read(tier, "x", mtime) == "read 3"
+    assert cache.read(tier, "x", mtime) == "read 3", "read long after it was listed: settled"

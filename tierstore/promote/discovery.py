@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from tierstore.ids import (
     is_checkpoint_id,
     marker_path,
+    rank_part_path,
     step_of,
 )
 from tierstore.promote.policy import Copy
 from tierstore.records.catalog import marker_times
+from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
@@ -41,16 +43,28 @@ class SeenCopy:
     parts: tuple[PartRecord, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Cached:
+    mtime: float
+    manifest: Manifest
+    listed: float
+    """When (this process's monotonic clock) a listing first showed the marker at ``mtime``."""
+    read_at: float
+    """When (the same clock) ``manifest`` was read."""
+
+
 @dataclass
 class MarkerCache:
     """Parsed markers keyed by (tier, id), valid while the listing shows the same mtime.
 
     Stores with a coarse clock (S3 and some filesystems: 1 s) give a marker replaced within the same
-    second the same mtime, so a marker modified within the last :data:`SETTLE` seconds is always
-    read again; only a marker that has settled is trusted from the cache.
+    second the same mtime, so a marker is trusted from the cache only once it was read at least
+    :data:`SETTLE` seconds after a listing already showed that mtime: a replacement after that read
+    has a later mtime. Both times are this process's monotonic clock, never compared with the
+    tier's: a promoter whose clock is off trusts nothing sooner.
     """
 
-    entries: dict[tuple[str, str], tuple[float, Manifest]] = field(default_factory=dict)
+    entries: dict[tuple[str, str], _Cached] = field(default_factory=dict)
     foreign: set[tuple[str, str]] = field(default_factory=set)
     """``(tier, name)`` of the foreign files in tier roots already warned about (once per run)."""
 
@@ -65,15 +79,18 @@ class MarkerCache:
         """The marker's manifest, from the cache when it cannot have changed since."""
         key = (tier.name, checkpoint_id)
         cached = self.entries.get(key)
-        if cached is not None and cached[0] == mtime and time.time() - mtime > SETTLE:
-            return cached[1]
+        same = cached is not None and cached.mtime == mtime
+        if cached is not None and same and cached.read_at - cached.listed >= SETTLE:
+            return cached.manifest
+        listed = cached.listed if cached is not None and same else time.monotonic()
         manifest = read_manifest(tier, checkpoint_id)
-        self.entries[key] = (mtime, manifest)
+        self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
         return manifest
 
 
 SETTLE = 2.0
-"""Seconds after its mtime before a marker is trusted from the cache (mtimes may be whole seconds)."""
+"""Seconds between first listing a marker's mtime and reading it before the read is trusted from the
+cache (mtimes may be whole seconds)."""
 
 
 def copy_of(manifest: Manifest) -> Copy:
@@ -121,6 +138,7 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts)
     if not tier.node_local:
         return sources
+    clock = _TierTimes(tier)
     for checkpoint_id in tier.list_dir(""):
         if checkpoint_id in sources or not is_checkpoint_id(checkpoint_id):
             continue
@@ -141,11 +159,30 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         if not set(records[0].node_ranks) <= written:
             continue  # some of this node's ranks are still writing: the part is not complete
         first = records[0]
-        copy = Copy(
-            checkpoint_id, first.seq, step_of(checkpoint_id), first.written_at, newest, partial=True
-        )
+        try:
+            at = clock.written(rank_part_path(checkpoint_id, newest, first.ranks[0]))
+        except FileNotFoundError:
+            continue  # dropped while this looked
+        copy = Copy(checkpoint_id, first.seq, step_of(checkpoint_id), at, newest, partial=True)
         sources[checkpoint_id] = SeenCopy(copy, None, records)
     return sources
+
+
+class _TierTimes:
+    """When files of one tier were written, on this host's clock: the time the tier stamped, moved
+    by how far this host's clock is from the tier's (probed once, when first needed). A part's age
+    must not come from the ``written_at`` its writer's clock put in it: retention stops holding a
+    part for promotion after ``stale_after``, and a trainer whose clock runs behind would make it
+    look old at once."""
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        self.offset: float | None = None
+
+    def written(self, path: str) -> float:
+        if self.offset is None:
+            self.offset = clock_offset(self.tier)
+        return self.tier.stat(path).mtime + self.offset
 
 
 def foreign_parts(tier: Tier) -> dict[str, dict[str, list[PartRecord]]]:
