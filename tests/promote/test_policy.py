@@ -6,11 +6,22 @@ from typing import Any
 
 import pytest
 
-from tierstore.config import Config, config_from_dict
-from tierstore.promote.policy import Copy, Deletion, Promotion, every_for, promotions, retention
+from tierstore.config import config_from_dict
+from tierstore.promote.policy import (
+    Copy,
+    Deletion,
+    Promotion,
+    Rules,
+    TierRules,
+    every_for,
+    promotions,
+    retention,
+)
+from tierstore.promote.rules import rules_of
 
 
-def config(*tiers: dict[str, Any], every: int = 1) -> Config:
+def config(*tiers: dict[str, Any], every: int = 1) -> Rules:
+    """The rules of a configuration with these tiers (YAML fields, read as the promoter reads them)."""
     specs = []
     for index, extra in enumerate(tiers):
         kind = extra.pop("type", "shared" if index else "memory")
@@ -20,7 +31,9 @@ def config(*tiers: dict[str, Any], every: int = 1) -> Config:
         else:
             spec.setdefault("url", "s3://bucket/x")
         specs.append(spec)
-    return config_from_dict({"tiers": specs, "promote": {"every": every}}, check_paths=False)
+    return rules_of(
+        config_from_dict({"tiers": specs, "promote": {"every": every}}, check_paths=False)
+    )
 
 
 def copies(*seqs: int) -> dict[str, Copy]:
@@ -129,7 +142,7 @@ def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
     }
     young = retention(cfg, {"t0": part}, now=1000.0 + 60)
     assert young == [], "within stale_after it may still commit elsewhere: kept for promotion"
-    old = retention(cfg, {"t0": part}, now=1000.0 + cfg.promote.stale_after + 1)
+    old = retention(cfg, {"t0": part}, now=1000.0 + cfg.stale_after + 1)
     assert ids(old) == ["step_0001@t0"], "a failed save's part is released (beyond keep)"
 
 
@@ -146,3 +159,25 @@ def test_a_refusing_middle_tier_is_routed_around_but_the_durable_tier_is_waited_
     assert ids(retention(cfg, {"t0": copies(1, 2)}, unavailable=frozenset({"t2"}))) == [], (
         "nothing leaves host memory while the durable tier refuses it"
     )
+
+
+def test_the_rules_of_a_configuration_are_its_tiers_yaml_fields() -> None:
+    rules = config({"keep": 2, "pin": ["a"]}, {"keep_every": 10, "every": 3}, every=5)
+    assert rules.tiers == (
+        TierRules("t0", node_local=True, keep=2, pin=("a",)),
+        TierRules("t1", keep_every=10, every=3),
+    )
+    assert rules.durable_every == 5 and rules.stale_after == 3600.0
+
+
+def test_the_policy_is_pure_it_imports_no_configuration() -> None:
+    import ast
+    import inspect
+
+    from tierstore.promote import policy
+
+    imported = {
+        node.module for node in ast.walk(ast.parse(inspect.getsource(policy)))
+        if isinstance(node, ast.ImportFrom)
+    }  # fmt: skip
+    assert imported <= {"__future__", "collections.abc", "dataclasses", "tierstore.ids"}, imported

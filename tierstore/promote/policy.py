@@ -23,9 +23,32 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tierstore.config import Config
 from tierstore.ids import is_newer_commit, newest_first
-from tierstore.tiers import TierConfig
+
+
+@dataclass(frozen=True)
+class TierRules:
+    """One tier's rules: its YAML ``keep``, ``keep_every``, ``pin`` and ``every``."""
+
+    name: str
+    node_local: bool = False
+    """Each node has its own copy of the tier (a durable copy is one in a job-wide tier)."""
+    keep: int | None = None
+    keep_every: int | None = None
+    pin: tuple[str, ...] = ()
+    every: int | None = None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Everything the policy decides by: the tiers' rules, fastest first, and the promoter's
+    (built from a configuration by :func:`tierstore.promote.rules.rules_of`)."""
+
+    tiers: tuple[TierRules, ...]
+    durable_every: int = 1
+    """``promote.every``: the last (durable) tier's frequency unless it sets its own ``every``."""
+    stale_after: float = 3600.0
+    """``promote.stale_after``: how long a node's part of an unseen commit waits for promotion."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +93,12 @@ class Deletion:
     generation: str = ""
 
 
-def every_for(config: Config, index: int) -> int:
+def every_for(rules: Rules, index: int) -> int:
     """The promotion frequency of tier ``index`` (see the module docstring)."""
-    tier = config.tiers[index]
+    tier = rules.tiers[index]
     if tier.every is not None:
         return tier.every
-    return config.promote.every if index == len(config.tiers) - 1 else 1
+    return rules.durable_every if index == len(rules.tiers) - 1 else 1
 
 
 def is_selected(copy: Copy, every: int) -> bool:
@@ -106,7 +129,7 @@ def _ordered(copies: Iterable[Copy]) -> list[Copy]:
     return [by_id[i] for i in newest_first((c.checkpoint_id, c.seq) for c in by_id.values())]
 
 
-def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
+def kept_by_rules(tier: TierRules, copies: Iterable[Copy]) -> dict[str, str]:
     """``{id: why it is kept}`` under the tier's own keep/keep_every/pin rules (newest always)."""
     ordered = _ordered(copies)
     kept: dict[str, str] = {}
@@ -124,7 +147,7 @@ def kept_by_rules(tier: TierConfig, copies: Iterable[Copy]) -> dict[str, str]:
     return kept
 
 
-def routed_around(config: Config, unavailable: frozenset[str]) -> frozenset[str]:
+def routed_around(rules: Rules, unavailable: frozenset[str]) -> frozenset[str]:
     """The refusing or unreachable tiers that promotion routes around: every one but the last
     (durable) tier.
 
@@ -132,11 +155,11 @@ def routed_around(config: Config, unavailable: frozenset[str]) -> frozenset[str]
     above keep the newest checkpoint it lacks (see :func:`retention`) until it returns, and it is
     retried every pass.
     """
-    return unavailable - {config.tiers[-1].name}
+    return unavailable - {rules.tiers[-1].name}
 
 
 def promotions(
-    config: Config, held: Holdings, unavailable: frozenset[str] = frozenset()
+    rules: Rules, held: Holdings, unavailable: frozenset[str] = frozenset()
 ) -> list[Promotion]:
     """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most).
 
@@ -144,16 +167,16 @@ def promotions(
     retried every pass), but the tiers below no longer wait for them; they copy from the nearest
     tier above that holds the checkpoint.
     """
-    names = [t.name for t in config.tiers]
-    skipped = routed_around(config, unavailable)
+    names = [t.name for t in rules.tiers]
+    skipped = routed_around(rules, unavailable)
     planned: list[Promotion] = []
     for index in range(1, len(names)):
         arriving_above = {
             (c.checkpoint_id, c.generation)
-            for c in _missing_in(config, held, index - 1)
+            for c in _missing_in(rules, held, index - 1)
             if names[index - 1] not in skipped
         }
-        for copy in _missing_in(config, held, index):
+        for copy in _missing_in(rules, held, index):
             if (copy.checkpoint_id, copy.generation) in arriving_above:
                 continue  # it reaches this tier from the one right above, once it is there
             sources = [  # only a tier holding this very generation may be copied from
@@ -167,7 +190,7 @@ def promotions(
     return planned
 
 
-def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
+def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     """Copies held above tier ``index`` that belong in it but are not there yet (newest first).
 
     A copy is identified by id **and generation**: an id held here at an older generation (it was
@@ -176,9 +199,9 @@ def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
     a tier when it is selected by the tier's ``every`` and the tier's retention would keep it:
     nothing is promoted only to be deleted at once.
     """
-    names = [t.name for t in config.tiers]
+    names = [t.name for t in rules.tiers]
     here = held.get(names[index], {})
-    every = every_for(config, index)
+    every = every_for(rules, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
     candidates = [
@@ -190,12 +213,12 @@ def _missing_in(config: Config, held: Holdings, index: int) -> list[Copy]:
             or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
         )
     ]
-    kept = kept_by_rules(config.tiers[index], [*here.values(), *candidates])
+    kept = kept_by_rules(rules.tiers[index], [*here.values(), *candidates])
     return [c for c in candidates if c.checkpoint_id in kept]
 
 
 def retention(
-    config: Config,
+    rules: Rules,
     held: Holdings,
     in_use: frozenset[str] = frozenset(),
     *,
@@ -212,18 +235,16 @@ def retention(
     memory forever.
     """
     now = time.time() if now is None else now
-    stale = config.promote.stale_after
-    names = [t.name for t in config.tiers]
-    kept = {
-        n: kept_by_rules(config.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)
-    }
-    skipped = routed_around(config, unavailable)
+    stale = rules.stale_after
+    names = [t.name for t in rules.tiers]
+    kept = {n: kept_by_rules(rules.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)}
+    skipped = routed_around(rules, unavailable)
     pending: set[tuple[str, str]] = set()
     for j in range(1, len(names)):
         if names[j] in skipped:
             continue
         missing = [
-            c for c in _missing_in(config, held, j)
+            c for c in _missing_in(rules, held, j)
             if not (c.partial and now - c.committed_at >= stale)
         ]  # fmt: skip
         if names[j] in unavailable:
@@ -231,7 +252,7 @@ def retention(
             # beyond their own rules, so that saves keep committing while it is gone.
             missing = missing[:1]
         pending |= {(n, c.checkpoint_id) for c in missing for n in names[:j]}
-    durable = [t.name for t in config.tiers if not t.node_local]
+    durable = [t.name for t in rules.tiers if not t.node_local]
     deletions: list[Deletion] = []
     for name in names:
         for checkpoint_id in held.get(name, {}):
@@ -250,7 +271,7 @@ def retention(
                 Deletion(
                     name,
                     checkpoint_id,
-                    _why_deleted(config.tiers[names.index(name)]),
+                    _why_deleted(rules.tiers[names.index(name)]),
                     held[name][checkpoint_id].generation,
                 )
             )
@@ -297,7 +318,7 @@ def superseded_parts(
     return deletions
 
 
-def _why_deleted(tier: TierConfig) -> str:
+def _why_deleted(tier: TierRules) -> str:
     rules = [f"keep: {tier.keep}"]
     if tier.keep_every:
         rules.append(f"keep_every: {tier.keep_every}")

@@ -44,6 +44,7 @@ from tierstore.promote.policy import (
     superseded_parts,
 )
 from tierstore.promote.retention import delete_copies
+from tierstore.promote.rules import rules_of
 from tierstore.promote.transfer import Cancelled
 from tierstore.records.activity import live
 from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts, record_conflict
@@ -95,6 +96,7 @@ class Promoter:
         self.config = config
         self.node = current_node(node)
         self.metrics = metrics or PromoterMetrics()
+        self.rules = rules_of(config)
         self.health = PromoterHealth(stall_bound(config.promote.interval))
         self.metrics.watch(self.health, config.metrics.directory_for(self.node),
                            stale_after=config.metrics.stale_after)  # fmt: skip
@@ -329,7 +331,7 @@ class Promoter:
         return {name: {i: s.copy for i, s in seen.items()} for name, seen in found.items()}
 
     def _plan(self, found: dict[str, dict[str, SeenCopy]]) -> list[Promotion]:
-        planned = promotions(self.config, self._copies(found), self._away())
+        planned = promotions(self.rules, self._copies(found), self._away())
         mine = []
         for promotion in planned:
             if promotion.source in self.unreachable or promotion.target in self.unreachable:
@@ -562,7 +564,7 @@ class Promoter:
                 )
                 return []
         held = self._copies(found)
-        decided = retention(self.config, held, frozenset(in_use), unavailable=self._away())
+        decided = retention(self.rules, held, frozenset(in_use), unavailable=self._away())
         decided += self._superseded_parts(found, held, in_use)
         return [
             d for d in decided if self._owns(self.by_name[d.tier]) and not _unconfirmed(found, d)
