@@ -26,9 +26,11 @@ cannot be written is logged once per recorder and skipped.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -206,25 +208,50 @@ def _replace(path: str, text: bytes) -> None:
     the node, and the trainer's disk is not theirs to wait on."""
     directory, name = os.path.split(path)
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # not *.prom: never read
-    with open(temporary, "wb") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:  # a full disk: leave no temporary file behind
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+MAX_FILE_BYTES = 1 << 20
+"""A rank's file holds a few dozen lines; anything larger is not one, and is not read whole."""
+
+
+def read_small_text(path: str) -> str:
+    """The UTF-8 text of the regular file ``path``. ``ValueError`` for anything else: a FIFO or a
+    device (opened without blocking, never read), a file over :data:`MAX_FILE_BYTES`, bytes that
+    are not UTF-8. ``FileNotFoundError`` when it is not there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than a metrics file holds")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 def read_values(path: str, rank: int) -> Values:
-    """The series ``rank`` left in ``path`` (empty if there is no file, or none readable)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return {}
+    """The series ``rank`` left in ``path`` (empty if there is no file, or none readable: the
+    counts then start over, with one log line)."""
     values: Values = {}
     try:
+        text = read_small_text(path)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in SAMPLE_NAMES and sample.labels.get("rank") == str(rank):
                     values[(sample.labels.get("tier", ""), sample.name)] = float(sample.value)
-    except ValueError as exc:
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         logger.warning("%s is not Prometheus text (counting again from 0): %s", path, exc)
         return {}
     return values
@@ -267,6 +294,14 @@ class _Snapshot:
                 yield metric
 
 
+def _rank_of_file(name: str) -> str | None:
+    """``"7"`` for ``rank-00007.prom``; None for any other file (whose series carry no rank)."""
+    number = name.removeprefix("rank-").removesuffix(".prom")
+    if name.startswith("rank-") and number.isdigit():
+        return str(int(number))
+    return None
+
+
 def read_directory(
     directory: str, *, stale_after: float = 0.0, now: float | None = None
 ) -> list[Metric]:
@@ -283,13 +318,16 @@ def read_directory(
         )
     except FileNotFoundError:
         return []
+    except OSError as exc:  # not a directory, unreadable: the promoter's own metrics still serve
+        logger.warning("cannot list the metrics directory %s: %s", directory, exc)
+        return []
     for name in names:
         path = os.path.join(directory, name)
+        owner = _rank_of_file(name)
         try:
             if stale_after > 0 and now - os.stat(path).st_mtime > stale_after:
                 continue
-            with open(path, encoding="utf-8") as handle:
-                families = list(text_string_to_metric_families(handle.read()))
+            families = list(text_string_to_metric_families(read_small_text(path)))
         except (OSError, ValueError) as exc:
             logger.warning("skipping metrics file %s: %s", path, exc)
             continue
@@ -302,6 +340,8 @@ def read_directory(
                                family.name, path, family.type, into.type)  # fmt: skip
                 continue
             for sample in family.samples:  # a series twice would fail the whole scrape
+                if sample.labels.get("rank") != owner:
+                    continue  # a rank's series come from that rank's own file only
                 key = (sample.name, frozenset(sample.labels.items()))
                 if key not in seen:
                     seen.add(key)
