@@ -34,6 +34,7 @@ import yaml
 
 from tests.conftest import open_uploads
 from tests.guarantees.test_concurrency import assert_audit_clean, loaded, paused_save, state_of
+from tests.s3server import SeaweedServer
 from tierstore import TieredWriter, latest_committed
 from tierstore.audit import audit_all
 from tierstore.cli import main
@@ -56,9 +57,21 @@ SKEWS = [
 ]
 """``(command, faketime offset, real monotonic clock)``: both directions, both commands, every
 offset beyond the limit; libfaketime's monotonic clock faked and not."""
+REAL_S3_SKEWS = [
+    ("promote", "+10m", False),
+    ("gc", "-10m", True),
+    ("promote", "-90s", True),
+    ("gc", "+90s", False),
+    ("promote", "+2h", False),
+    ("gc", "-2h", True),
+]
+"""A real S3 server refuses requests signed more than 15 minutes from its time
+(``RequestTimeTooSkewed``): beyond that the tier is unreachable to the skewed promoter, which
+deletes nothing there and fails."""
+S3_SIGNING_SKEW = 15 * 60
 BESIDE_TRAINERS = [("promote", "+0s"), ("gc", "+0s"), ("promote", "+2h"), ("gc", "-1d")]
 """The promoters that run while a trainer two hours behind holds a save in flight."""
-SECONDS = {"h": 3600.0, "d": 86400.0, "s": 1.0}
+SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 def faketime() -> str:
@@ -90,13 +103,19 @@ def run_skewed(
     )  # fmt: skip
 
 
-def cli(config_path: Path, command: str, offset: str, *, real_monotonic: bool) -> str:
-    """``tierstore --config F promote --once`` or ``gc``, on a skewed clock; its output."""
+def cli(
+    config_path: Path, command: str, offset: str, *, real_monotonic: bool, refused: bool = False
+) -> str:
+    """``tierstore --config F promote --once`` or ``gc``, on a skewed clock; its output.
+    ``refused``: S3 refuses its requests (signed too far from the server's time): it says so
+    (``promote --once`` fails; ``gc`` logs the tier as unreachable)."""
     argv = [sys.executable, "-m", "tierstore.cli", "--config", str(config_path), command]
     argv += ["--once"] if command == "promote" else []
     done = run_skewed(offset, argv, real_monotonic=real_monotonic)
-    assert done.returncode == 0, f"{command} at {offset}: {done.stdout}{done.stderr}"
-    return done.stdout + done.stderr
+    said = f"{command} at {offset}: {done.stdout}{done.stderr}"
+    assert ("RequestTimeTooSkewed" in said) is refused, said
+    assert done.returncode != 0 if refused and command == "promote" else done.returncode == 0, said
+    return said
 
 
 def save(config: Config, checkpoint_id: str, value: float) -> None:
@@ -179,7 +198,29 @@ def test_a_skewed_promoter_or_gc_never_deletes_work_in_flight_or_a_copy_being_re
     multipart upload still open, and a restore reading an older copy that retention (keep: 1) no
     longer keeps: ``promote --once`` and ``gc`` running hours or a day ahead or behind delete none of
     it, while the record each promoter leaves shows its clock was off."""
-    config, path = write_config(tmp_path, tier_specs(kind, **{kind: {"keep": 1}}))
+    skewed_promoters_leave_work_in_flight(tmp_path, tier_specs(kind, **{kind: {"keep": 1}}), SKEWS)
+
+
+def test_on_a_real_s3_server_a_skewed_promoter_deletes_nothing_in_flight(
+    seaweed: SeaweedServer, seaweed_bucket: str, tmp_path: Path
+) -> None:
+    """The same against SeaweedFS: its own clock stamps ``LastModified`` and the uploads' start;
+    beyond 15 minutes it refuses the skewed promoter's requests (which then deletes nothing)."""
+    spec = {"name": "s3", "type": "s3", "url": f"s3://{seaweed_bucket}/ckpt", "keep": 1,
+            "endpoint_url": seaweed.endpoint, "max_attempts": 3, "part_size": "5MiB"}  # fmt: skip
+    skewed_promoters_leave_work_in_flight(tmp_path, [spec], REAL_S3_SKEWS, signed=True)
+
+
+def skewed_promoters_leave_work_in_flight(
+    tmp_path: Path,
+    specs: list[dict[str, Any]],
+    skews: list[tuple[str, str, bool]],
+    *,
+    signed: bool = False,
+) -> None:
+    """The scenario of the two tests above, over one tier with ``keep: 1``; ``signed``: the server
+    checks request times (see :data:`REAL_S3_SKEWS`)."""
+    config, path = write_config(tmp_path, specs)
     (tier,) = config.make_tiers(node=0)
     for step in (1, 2):
         save(config, f"step_{step:06d}", float(step))
@@ -192,16 +233,19 @@ def test_a_skewed_promoter_or_gc_never_deletes_work_in_flight_or_a_copy_being_re
         try:
             (generation,) = tier.list_dir("step_000003")
             straggler = f"{generation_dir('step_000003', generation)}/r00001-0.distcp"
-            with upload_in_flight(tier, straggler) if kind == "s3" else contextlib.nullcontext():
+            s3 = tier.capabilities.multipart
+            with upload_in_flight(tier, straggler) if s3 else contextlib.nullcontext():
                 before = files_of(tier)
-                for command, offset, real_monotonic in SKEWS:
-                    said = cli(path, command, offset, real_monotonic=real_monotonic)
+                for command, offset, real_monotonic in skews:
+                    refused = signed and abs(offset_seconds(offset)) > S3_SIGNING_SKEW
+                    said = cli(path, command, offset, real_monotonic=real_monotonic,
+                               refused=refused)  # fmt: skip
                     now = files_of(tier)
                     gone = sorted(p for p in before if now.get(p) != before[p])
                     assert gone == [], f"{command} at {offset} removed work in flight: {said}"
-                    if kind == "s3":
+                    if s3:
                         assert straggler in open_uploads(tier), f"{command} at {offset}: {said}"
-                    if command == "promote":  # its state record carries its clock
+                    if command == "promote" and not refused:  # its state record: its clock
                         state = read_state(tier, 0)
                         assert state is not None
                         assert abs(state.at - time.time() - offset_seconds(offset)) < 120
