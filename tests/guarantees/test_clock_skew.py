@@ -266,7 +266,7 @@ def trainer(config_path: Path, offset: str, *actions: str) -> subprocess.Popen[s
     argv = [sys.executable, "-m", "tests.guarantees.skewed_trainer", str(config_path), *actions]
     return subprocess.Popen(
         [faketime(), "-f", offset, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
+        text=True, cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from
     )  # fmt: skip
 
 
