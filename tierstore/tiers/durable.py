@@ -2,7 +2,9 @@
 
 Every name this module creates is durable before the call returns: file contents are fsynced before a
 name points at them, and a new, renamed or removed name is made durable by fsyncing its directory
-(directories created on the way are made durable in their parents the same way).
+(directories created on the way are made durable in their parents the same way). An fsync error is
+never retried and trusted: the write fails, and a new name whose directory fsync failed is removed
+again (:func:`withdraw_name`) before the error reaches the caller.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def withdraw_name(path: Path, inode: int) -> None:
+    """Remove ``path`` if it still names the file ``inode``: a name just created whose directory
+    fsync failed. The caller reports the write as failed, so nothing may stay visible under it."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def make_dirs_durable(directory: Path) -> None:

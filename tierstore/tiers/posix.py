@@ -35,9 +35,21 @@ from tierstore.tiers.durable import (
     is_temporary,
     make_dirs_durable,
     temp_name_for,
+    withdraw_name,
 )
 
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+_ADVICE = {
+    errno.ENOSPC: "free space on its filesystem or lower the tier's keep",
+    errno.EDQUOT: "raise the quota, free space or lower the tier's keep",
+    errno.EIO: "check the device and its filesystem (kernel log); nothing is retried over an I/O error",
+    errno.EROFS: "remount the filesystem read-write",
+    errno.EACCES: "check the permissions of the tier's directory and files",
+    errno.EPERM: "check the permissions of the tier's directory and files",
+    errno.ENOTDIR: "a file stands where the tier needs a directory: move it away",
+    errno.ENOENT: "check that the tier's directory exists",
+}
+"""What to do about each error that makes a directory tier unusable (said in its message)."""
 POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True, create_only_publish=True)
 
 
@@ -110,13 +122,17 @@ class PosixTier(Tier):
 
     def _unavailable(self, exc: OSError, action: str, path: str) -> TierUnavailableError:
         reason = exc.strerror or str(exc)
+        advice = f"; {_ADVICE[exc.errno]}" if exc.errno in _ADVICE else ""
         return TierUnavailableError(
-            f"tier {self.describe()}: cannot {action} {path!r}: {reason}", tier=self.name
+            f"tier {self.describe()}: cannot {action} {path!r}: {reason}{advice}", tier=self.name
         )
 
     @contextmanager
     def open_write(self, path: str) -> Iterator[WriteStream]:
-        """Stream to a hidden temp file; fsync, rename over ``path``, fsync the directory."""
+        """Stream to a hidden temp file; fsync, rename over ``path``, fsync the directory.
+
+        A new name whose directory fsync fails is removed again; a replaced one keeps the new file
+        (the old one is gone either way)."""
         target = self._path(path)
         temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
@@ -130,11 +146,17 @@ class PosixTier(Tier):
         try:
             yield FdStream(fd)
             os.fsync(fd)  # the bytes are durable before any name points at them
+            inode, fresh = os.fstat(fd).st_ino, not os.path.lexists(target)
             os.close(fd)
             fd = -1
             os.rename(temp, target)
             published = True
-            fsync_dir(target.parent)  # ...and the name is durable before we report success
+            try:
+                fsync_dir(target.parent)  # ...and the name is durable before we report success
+            except OSError:
+                if fresh:
+                    withdraw_name(target, inode)
+                raise
         except OSError as exc:
             if exc.errno in _UNAVAILABLE:
                 raise self._unavailable(exc, "write", path) from exc
@@ -146,7 +168,10 @@ class PosixTier(Tier):
                 temp.unlink(missing_ok=True)
 
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
-        """Temp file, fsync, then ``link`` (create-only: fails if taken) or ``rename``; fsync dir."""
+        """Temp file, fsync, then ``link`` (create-only: fails if taken) or ``rename``; fsync dir.
+
+        If the directory fsync fails, a new name is removed again before the error is raised: a
+        marker is never left standing after an fsync error (a replaced one keeps the new file)."""
         target = self._path(path)
         temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
@@ -155,8 +180,10 @@ class PosixTier(Tier):
             try:
                 FdStream(fd).write(data)
                 os.fsync(fd)
+                inode = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
+            fresh = create_only or not os.path.lexists(target)
             if create_only:
                 try:
                     os.link(temp, target)  # atomic and exclusive: EEXIST if another writer won
@@ -164,7 +191,12 @@ class PosixTier(Tier):
                     temp.unlink(missing_ok=True)
             else:
                 os.rename(temp, target)
-            fsync_dir(target.parent)
+            try:
+                fsync_dir(target.parent)
+            except OSError:
+                if fresh:
+                    withdraw_name(target, inode)
+                raise
         except FileExistsError:
             raise
         except OSError as exc:
@@ -182,27 +214,43 @@ class PosixTier(Tier):
         fsync_dir(Path(source_file).parent)
 
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """``pread`` the range; a short file yields fewer bytes."""
-        try:
-            file = open(self._path(path), "rb", buffering=0)  # noqa: SIM115 - closed below
-        except NotADirectoryError as exc:  # a path through a foreign file: no such file
-            raise FileNotFoundError(errno.ENOENT, "no such file", str(self._path(path))) from exc
-        with file as f:
+        """``pread`` the range; a short file yields fewer bytes. An unreadable file (permissions,
+        an I/O error) raises :class:`TierUnavailableError` naming the tier, the file and what to do."""
+        with self._reading(path):
+            try:
+                file = open(self._path(path), "rb", buffering=0)  # noqa: SIM115 - closed below
+            except NotADirectoryError as exc:  # a path through a foreign file: no such file
+                raise FileNotFoundError(
+                    errno.ENOENT, "no such file", str(self._path(path))
+                ) from exc
+        with file as f, self._reading(path):
             f.seek(offset)
             return f.read() if length is None else _read_exact(f, length)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         """``preadv`` straight into ``out`` (e.g. a tensor's memory): no intermediate copy."""
-        fd = os.open(self._path(path), os.O_RDONLY)
+        with self._reading(path):
+            fd = os.open(self._path(path), os.O_RDONLY)
+            try:
+                view = out.cast("B")
+                while view:
+                    got = os.preadv(fd, [view], offset)
+                    if got == 0:
+                        raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
+                    view, offset = view[got:], offset + got
+            finally:
+                os.close(fd)
+
+    @contextmanager
+    def _reading(self, path: str) -> Iterator[None]:
+        """A read of ``path`` that fails on permissions or an I/O error raises
+        :class:`TierUnavailableError` (tier, file, what to do); a missing file stays a builtin."""
         try:
-            view = out.cast("B")
-            while view:
-                got = os.preadv(fd, [view], offset)
-                if got == 0:
-                    raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
-                view, offset = view[got:], offset + got
-        finally:
-            os.close(fd)
+            yield
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE:
+                raise self._unavailable(exc, "read", path) from exc
+            raise
 
     def stat(self, path: str) -> FileInfo:
         """``os.stat``; ``FileNotFoundError`` for a missing file or a directory, and for a path
