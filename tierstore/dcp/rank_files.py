@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import io
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -45,10 +46,11 @@ from tierstore.dcp.layout import (
 )
 from tierstore.dcp.slab_use import use_of
 from tierstore.dcp.staging import SlabInfo
-from tierstore.errors import NonFiniteTensorError, StaleStagedStateError
+from tierstore.errors import NonFiniteTensorError, StaleStagedStateError, TierUnavailableError
 from tierstore.ids import checkpoint_file, data_file
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
+from tierstore.tiers.base import WriteStream
 
 logger = logging.getLogger(__name__)
 _ADOPT_SHARE = 0.75
@@ -134,6 +136,26 @@ class RankFileWriter:
                 " stage() or async_save to this tier in this process); nothing was written. A"
                 " staged state is good until the next stage: stage the state again to save it"
             )
+
+    @contextlib.contextmanager
+    def _open(self, full: str, size: int) -> Iterator[WriteStream]:
+        """``tier.open_write(full)`` for a file of ``size`` bytes: a full tier's error says how many
+        bytes the file needs and how many are free (the tier alone knows neither)."""
+        try:
+            with self.tier.open_write(full) as stream:
+                self.out.written.append(full)
+                yield stream
+        except TierUnavailableError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
+            try:
+                space = self.tier.space()
+            except TierUnavailableError:
+                space = None
+            free = "" if space is None else f", {space.total - space.used} are free"
+            raise TierUnavailableError(f"{exc} (the file needs {size} bytes{free})",
+                                       tier=exc.tier) from cause  # fmt: skip
 
     def _rel(self, index: int) -> str:
         return data_file(self.generation, self.rank, index)
@@ -228,8 +250,7 @@ class RankFileWriter:
             if not self._adopt(full, self.slab.path):
                 sink = None  # adopted by another save meanwhile: write it out after all
         if sink is None:
-            with self.tier.open_write(full) as stream:
-                self.out.written.append(full)
+            with self._open(full, self.slab.nbytes) as stream:
                 sink, results = scan(stream.write)
         self.out.results.extend(results)
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
@@ -296,18 +317,21 @@ class RankFileWriter:
     ) -> None:
         """Stream tensors (64-byte aligned raw bytes), then byte items, into one new file."""
         full = checkpoint_file(self.checkpoint_id, rel)
-        with self.tier.open_write(full) as stream:
-            self.out.written.append(full)
-            with ChunkSink(stream.write) as sink:
-                sink.feed(memoryview(header(uuid.uuid4().bytes)))
-                for item, tensor in tensors:
-                    self._add_tensor(sink, rel, item, tensor)
-                for item, buffer, encoding in blobs:
-                    sink.pad_to(aligned(sink.size))
-                    offset = sink.size
-                    sink.feed(buffer)
-                    location = ItemLocation(rel, offset, len(buffer), encoding)
-                    self.out.results.append(WriteResult(item.index, len(buffer), location))
+        size = HEADER_SIZE
+        for _item, tensor in tensors:
+            size = aligned(size) + tensor.numel() * tensor.element_size()
+        for _item, buffer, _encoding in blobs:
+            size = aligned(size) + len(buffer)
+        with self._open(full, size) as stream, ChunkSink(stream.write) as sink:
+            sink.feed(memoryview(header(uuid.uuid4().bytes)))
+            for item, tensor in tensors:
+                self._add_tensor(sink, rel, item, tensor)
+            for item, buffer, encoding in blobs:
+                sink.pad_to(aligned(sink.size))
+                offset = sink.size
+                sink.feed(buffer)
+                location = ItemLocation(rel, offset, len(buffer), encoding)
+                self.out.results.append(WriteResult(item.index, len(buffer), location))
         self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
 
 
