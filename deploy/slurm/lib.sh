@@ -38,6 +38,27 @@ free_port() {
   echo "${port}"
 }
 
+# stopped_status DIR NODES: 75 when every node left 75 ("stopped, saved, drained") or 0 in DIR/node-N,
+# else the first other status found: srun reports only the highest status, and 75 is higher than a
+# crashed node's 1. A node that left none (DIR not on a shared file system) cannot tell: it counts as
+# stopped, with a warning.
+stopped_status() {
+  local n found
+  for ((n = 0; n < $2; n++)); do
+    found=$(cat "$1/node-${n}" 2>/dev/null || echo unknown)
+    case "${found}" in
+      0 | 75) ;;
+      unknown) echo "node ${n} left no exit status in $1: counted as stopped" >&2 ;;
+      *)
+        echo "node ${n} exited with status ${found}, not stopped by the signal: not requeued" >&2
+        echo "${found}"
+        return
+        ;;
+    esac
+  done
+  echo 75
+}
+
 # wait_for PID: the exit status of the child PID, however many trapped signals interrupt the wait.
 wait_for() {
   local status again

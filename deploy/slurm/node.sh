@@ -25,6 +25,9 @@ source "$(dirname "$0")/lib.sh"
 readonly STOPPED=75 NO_PROMOTER=78
 PROMOTER_START_TIMEOUT=${PROMOTER_START_TIMEOUT:-120}
 PROMOTER_RESTART_DELAY=${PROMOTER_RESTART_DELAY:-10}
+# After SIGTERM, the drain and the promoter get promote.grace_period (30 s) for their files in
+# flight, and this much before SIGKILL: a promoter stuck in a hung mount must not hold the node.
+STOP_GRACE=${STOP_GRACE:-35}
 node=${SLURM_NODEID}
 
 say() {
@@ -114,24 +117,44 @@ if [ "${stopping}" = 0 ]; then
   done
   wait_for "${trainer}"
   status=$?
+  # Only a stop that came while torchrun ran made its workers save: one that comes after a crash
+  # (the other nodes being stopped) must not turn that crash into "stopped, saved, drained".
+  stopped_training=${stopping}
   say "torchrun exited with status ${status}"
+else
+  stopped_training=1
 fi
 
 # Promote what the last save left in host memory and on the NVMe: the next allocation may land on
 # other nodes. Beside the running promoter this is safe (two promoters never both commit a copy).
 # On timeout the drain finishes its files in flight within promote.grace_period, then stops.
 say "draining the final save down the tiers (at most ${DRAIN_TIMEOUT} s)"
-(trap '' USR1 && exec timeout "${DRAIN_TIMEOUT}" \
+(trap '' USR1 && exec timeout --kill-after="${STOP_GRACE}" "${DRAIN_TIMEOUT}" \
   tierstore --config "${CONFIG}" --node "${node}" promote --once) &
 wait_for "$!" || say "the drain did not finish (status $?); the next run's promoters retry"
 
+# SIGTERM: the promoter finishes its files in flight within promote.grace_period and exits 0;
+# SIGKILL after STOP_GRACE if it is stuck (a hung mount).
 if kill -0 "${promoter}" 2>/dev/null; then
-  kill -TERM "${promoter}"  # finishes its files in flight within promote.grace_period, exits 0
+  kill -TERM "${promoter}"
+  waited=0
+  while kill -0 "${promoter}" 2>/dev/null && [ "${waited}" -lt "${STOP_GRACE}" ]; do
+    pause 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "${promoter}" 2>/dev/null; then
+    say "the promoter did not stop within ${STOP_GRACE} s of SIGTERM; killing it"
+    kill -KILL "${promoter}" 2>/dev/null
+  fi
 fi
 wait_for "${promoter}"
 [ -z "${sd_file}" ] || rm -f "${sd_file}"
 
-if [ "${status}" != 0 ] && [ "${stopping}" = 1 ]; then
-  exit "${STOPPED}"  # torchrun exits 1 after a handled signal even when every worker saved
+# torchrun exits 1 after a handled signal even when every worker saved.
+if [ "${status}" != 0 ] && [ "${stopped_training}" = 1 ]; then
+  status=${STOPPED}
 fi
+# train.sbatch requeues only if every node stopped: srun reports the highest status, and 75 is
+# higher than a crashed node's 1.
+[ -z "${NODE_STATUS_DIR:-}" ] || echo "${status}" >"${NODE_STATUS_DIR}/node-${node}"
 exit "${status}"

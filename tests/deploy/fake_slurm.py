@@ -76,11 +76,14 @@ echo "torchrun node=${node} start $*" >>"${EVENTS}"
 signalled=0
 trap 'echo "torchrun node=${node} got USR1" >>"${EVENTS}"; signalled=1' USR1
 trap 'echo "torchrun node=${node} got TERM" >>"${EVENTS}"; signalled=1' TERM
-for ((i = 0; i < ${FAKE_TRAIN_TENTHS:-600}; i++)); do
+tenths=${FAKE_TRAIN_TENTHS:-600}
+[ "${FAKE_CRASH_NODE:-}" = "${node}" ] && tenths=5  # this node's training crashes after 0.5 s
+for ((i = 0; i < tenths; i++)); do
   [ "${signalled}" = 1 ] && break
   sleep 0.1
 done
 code=0
+[ "${FAKE_CRASH_NODE:-}" = "${node}" ] && [ "${signalled}" = 0 ] && code=1
 if [ "${signalled}" = 1 ]; then
   sleep 1  # the final save
   code=1   # torchrun's status after a handled signal
@@ -96,6 +99,10 @@ node = args[args.index("--node") + 1]
 log = open(os.environ["EVENTS"], "a", buffering=1)
 if "--once" in args:
     log.write(f"drain node={node} start\\n")
+    if os.environ.get("FAKE_DRAIN_HANGS"):  # a hung mount: deaf to SIGTERM, only SIGKILL ends it
+        signal.signal(signal.SIGTERM, lambda *_: log.write(f"drain node={node} got TERM\\n"))
+        while True:
+            time.sleep(0.1)
     time.sleep(0.3)
     log.write(f"drain node={node} exit 0\\n")
     sys.exit(0)
@@ -122,6 +129,8 @@ if dies and not os.path.exists(dies):
     sys.exit(1)
 while not stopping:
     time.sleep(0.05)
+while os.environ.get("FAKE_PROMOTER_HANGS"):  # stuck in a hung mount: only SIGKILL ends it
+    time.sleep(0.1)
 time.sleep(0.2)  # the files in flight
 log.write(f"promoter node={node} exit 0\\n")
 """

@@ -120,10 +120,14 @@ def test_the_stop_fits_in_the_signals_lead_time() -> None:
     save, drain = int(env["SAVE_TIMEOUT"]), int(env["DRAIN_TIMEOUT"])
     assert parsed.shutdown_timeout == save
     (drain_line,) = [x for x in shell.logical_lines(NODE_SH.read_text()) if "promote --once" in x]
-    assert re.search(r'timeout "\$\{DRAIN_TIMEOUT\}"\s+tierstore ', drain_line), "a bounded drain"
-    # The save, the drain and its files in flight, then the promoter's own grace period.
+    bounded = r'timeout --kill-after="\$\{STOP_GRACE\}" "\$\{DRAIN_TIMEOUT\}"\s+tierstore '
+    assert re.search(bounded, drain_line), "a bounded drain, killed if it outlives its grace"
+    stop_grace = int(shell.assignments(NODE_SH.read_text(), batch_env())["STOP_GRACE"])
     grace = config().promote.grace_period
-    assert save + drain + 2 * grace < int(match.group(1))
+    assert stop_grace > grace, "SIGKILL only after the files in flight had promote.grace_period"
+    # The save, the drain, then its files in flight and the promoter's stop, each at most
+    # STOP_GRACE before SIGKILL.
+    assert save + drain + 2 * stop_grace < int(match.group(1))
 
 
 def test_the_batch_shell_forwards_sigusr1_for_both_signals_and_requeues_on_75() -> None:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -231,3 +232,38 @@ def test_free_port_gives_up_naming_the_range_instead_of_climbing_into_the_next(
         done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 1 and done.stdout == ""
     assert f"no free port in {port}-{port}" in done.stderr
+
+
+def test_a_drain_and_a_promoter_deaf_to_sigterm_are_killed_and_the_job_still_requeues(
+    launch: Callable[..., Job],
+) -> None:
+    """A hung mount must not hold the stop past its budget: the drain gets DRAIN_TIMEOUT, then
+    SIGTERM, then SIGKILL after STOP_GRACE; the promoter SIGTERM, then SIGKILL after STOP_GRACE."""
+    job = launch(FAKE_DRAIN_HANGS="1", FAKE_PROMOTER_HANGS="1", DRAIN_TIMEOUT="1", STOP_GRACE="1")
+    job.training()
+    started = time.monotonic()
+    job.process.send_signal(signal.SIGUSR1)
+    status, out, err = job.finish(timeout=60)
+    events = job.events()
+    assert status == 0 and "requeueing 42" in out, err
+    assert count(events, r"^drain node=\d got TERM") == NODES
+    assert count(events, r"^drain node=\d exit") == 0, "the drains were killed, not finished"
+    assert count(events, r"^promoter node=\d exit") == 0, "the promoters were killed"
+    assert err.count("did not stop within 1 s of SIGTERM; killing it") == NODES
+    assert time.monotonic() - started < 30
+
+
+def test_a_crash_on_one_node_is_not_requeued_when_the_others_are_stopped_later(
+    launch: Callable[..., Job],
+) -> None:
+    """srun reports the highest task status, and 75 (stopped, saved, drained) is higher than a
+    crash's 1: the batch shell asks every node, and a crash ends the job."""
+    job = launch(FAKE_CRASH_NODE="1")
+    job.wait_for_event(r"^torchrun node=1 exit 1$")
+    job.wait_for_event(r"^drain node=1 exit 0$")
+    job.process.send_signal(signal.SIGUSR1)  # the time limit nears for the node still training
+    status, out, err = job.finish()
+    events = job.events()
+    assert f"job step exited with status {STOPPED}" in out, "srun: the highest status"
+    assert status == 1 and count(events, r"^scontrol requeue") == 0
+    assert "node 1 exited with status 1, not stopped by the signal: not requeued" in err
