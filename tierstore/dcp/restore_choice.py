@@ -400,10 +400,13 @@ def _choose_in_window(
         if tiers[index].mirror is not None:
             holdings[index] = inventory.by_node([h.get(index, {}) for _, h in gathered], rank_nodes)
             findings.append({index: inventory.unheld(manifest, holdings[index])})
-    for index in manifests:
+    for index, manifest in manifests.items():
         issues = [p for item in findings for p in item.get(index, [])]
-        if issues:
-            reasons[index] = sorted(set(issues))
+        if issues:  # the marker first: it is what names these files (or what is wrong itself)
+            reasons[index] = [
+                f"its marker {marker_path(checkpoint_id)} names generation {manifest.generation},"
+                " whose files are not usable", *sorted(set(issues)),
+            ]  # fmt: skip
     for index in indexes:
         if index in manifests and index not in reasons:
             if rank == 0:
