@@ -100,6 +100,8 @@ class RankFileWriter:
         self.tier, self.checkpoint_id, self.generation = tier, checkpoint_id, generation
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
+        self.sha256 = tier.signing is not None
+        """Signed markers name each file's SHA-256 too: computed beside the CRC, in this pass."""
 
     @staticmethod
     def _hold_slab(tensor: torch.Tensor, holding: set[int], held: contextlib.ExitStack) -> None:
@@ -202,7 +204,7 @@ class RankFileWriter:
             write: Callable[[memoryview], object] | None,
         ) -> tuple[ChunkSink, list[WriteResult]]:
             results: list[WriteResult] = []
-            with ChunkSink(write) as sink:
+            with ChunkSink(write, sha256=self.sha256) as sink:
                 _scan_into(sink, results)
             return sink, results
 
@@ -232,7 +234,9 @@ class RankFileWriter:
                 self.out.written.append(full)
                 sink, results = scan(stream.write)
         self.out.results.extend(results)
-        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+        self.out.files.append(
+            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
+        )
 
     def _adoptable(self) -> bool:
         """Whether file 0 can be the slab's file itself, renamed into the checkpoint.
@@ -298,7 +302,7 @@ class RankFileWriter:
         full = checkpoint_file(self.checkpoint_id, rel)
         with self.tier.open_write(full) as stream:
             self.out.written.append(full)
-            with ChunkSink(stream.write) as sink:
+            with ChunkSink(stream.write, sha256=self.sha256) as sink:
                 sink.feed(memoryview(header(uuid.uuid4().bytes)))
                 for item, tensor in tensors:
                     self._add_tensor(sink, rel, item, tensor)
@@ -308,7 +312,9 @@ class RankFileWriter:
                     sink.feed(buffer)
                     location = ItemLocation(rel, offset, len(buffer), encoding)
                     self.out.results.append(WriteResult(item.index, len(buffer), location))
-        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+        self.out.files.append(
+            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
+        )
 
 
 __all__ = ["HEADER_SIZE", "RankFileWriter", "RankOutput"]
