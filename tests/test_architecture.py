@@ -16,7 +16,8 @@ SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
 
 LAYERS = {
     "tierstore.errors": 0, "tierstore.version": 0, "tierstore.ids": 0, "tierstore.units": 0,
-    "tierstore.checksum": 0, "tierstore.topology": 0, "tierstore.owners": 0,
+    "tierstore.checksum": 0, "tierstore.signing": 0, "tierstore.topology": 0,
+    "tierstore.owners": 0,
     "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0, "tierstore.bounded": 0,
     "tierstore.progress": 0,
     "tierstore.save_metrics": 0,

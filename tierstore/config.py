@@ -28,6 +28,7 @@ from pydantic import Field, SerializeAsAny, ValidationError, field_validator
 
 from tierstore.errors import ConfigError
 from tierstore.ids import ID_PATTERN
+from tierstore.signing import DEFAULT_KEY_ENV, SigningKeys, keys_from_env
 from tierstore.tiers import Tier, TierConfig, make_tier, tier_types
 from tierstore.tiers.registry import config_model
 from tierstore.topology import current_node
@@ -102,6 +103,45 @@ class MetricsConfig(StrictModel):
         return None if self.directory is None else self.directory.replace("{node}", str(node))
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SigningConfig(StrictModel):
+    """Optional signing of commit markers (see :mod:`tierstore.signing`). The YAML names the
+    environment variables that hold the keys; a key itself never appears in the YAML."""
+
+    key_env: str = Field(
+        DEFAULT_KEY_ENV,
+        description="Environment variable holding the job's signing key; signing is on when it is"
+        " set (markers are signed, and unsigned or mis-signed ones are refused).",
+    )
+    verify_key_envs: tuple[str, ...] = Field(
+        (), description="Environment variables of older keys still accepted (key rotation)."
+    )
+    require: bool = Field(
+        False, description="Refuse to start when the key_env variable is not set."
+    )
+
+    @field_validator("key_env")
+    @classmethod
+    def _an_env_name(cls, value: str) -> str:
+        if not _ENV_NAME.fullmatch(value):
+            raise ValueError(f"expected an environment variable name, got {value!r}")
+        return value
+
+    @field_validator("verify_key_envs")
+    @classmethod
+    def _env_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            cls._an_env_name(name)
+        return value
+
+    def keys(self) -> SigningKeys | None:
+        """The keys, read from the environment now; None when signing is off. ConfigError naming
+        the variable when ``require`` and it is unset (see :func:`keys_from_env`)."""
+        return keys_from_env(self.key_env, self.verify_key_envs, self.require)
+
+
 class Config(StrictModel):
     """A validated, immutable tierstore configuration (see :func:`load_config`)."""
 
@@ -113,6 +153,7 @@ class Config(StrictModel):
     promote: PromoteConfig = PromoteConfig()
     staging: StagingConfig = StagingConfig()
     metrics: MetricsConfig = MetricsConfig()
+    signing: SigningConfig = SigningConfig()
     verify_on_load: bool = Field(False, description="Check CRC32C of every file read on load.")
     check_finite: bool = Field(False, description="Refuse to commit NaN/Inf floating tensors.")
     probe_timeout: Duration = Field(
@@ -171,11 +212,14 @@ class Config(StrictModel):
 
     def make_tier(self, name: str, *, node: int) -> Tier:
         """The tier called ``name``, as seen from ``node``."""
-        return make_tier(self.tier(name), namespace=self.namespace, node=node)
+        return make_tier(
+            self.tier(name), namespace=self.namespace, node=node, signing=self.signing.keys()
+        )
 
     def make_tiers(self, *, node: int) -> list[Tier]:
         """Every configured tier, fastest first, as seen from ``node``."""
-        return [make_tier(t, namespace=self.namespace, node=node) for t in self.tiers]
+        keys = self.signing.keys()
+        return [make_tier(t, namespace=self.namespace, node=node, signing=keys) for t in self.tiers]
 
 
 def _unknown_type(tag: object) -> str:
@@ -307,6 +351,10 @@ def config_from_dict(
         lines += [f"{source}: {_format_loc(e['loc'])}: {_describe(e)}" for e in errors]
     if lines:
         raise ConfigError("\n".join(lines)) from None
+    try:
+        config.signing.keys()  # require: true without the key fails here, at load
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if check_paths:
         this_node = current_node(node)
         for index, tier in enumerate(config.tiers):

@@ -40,7 +40,7 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.layout import ItemLocation, decode_tensor
 from tierstore.dcp.mirror.inventory import OWN, stored_path
@@ -336,7 +336,8 @@ def _read_metadata(source: _Source, entry: FileEntry) -> Metadata:
     """DCP's metadata of the copy, checked against the marker, unpickled with an allowlist."""
     tier, path = source.tier, source.path(entry)
     blob = tier.read_bytes(path)
-    problem = entry_problem(path, entry, len(blob), crc32c(blob))
+    sha = sha256_hex(blob) if entry.sha256 is not None else None
+    problem = entry_problem(path, entry, len(blob), crc32c(blob), sha)
     if problem is not None:
         raise IntegrityError(f"tier {tier.name}: {problem}")
     metadata = load_metadata(blob, where=f"tier {tier.name}: {path}")

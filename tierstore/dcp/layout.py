@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import Digest
 from tierstore.errors import NonFiniteTensorError
 
 ALIGN = 64
@@ -128,16 +128,19 @@ def is_checked_dtype(dtype: torch.dtype) -> bool:
 
 
 class ChunkSink:
-    """Consumes the bytes of one file in order: CRC32C always, a write when a stream is given.
+    """Consumes the bytes of one file in order: CRC32C always (and SHA-256 when ``sha256``, for a
+    signed marker), a write when a stream is given.
 
     When writing, the CRC runs on a helper thread, in order, overlapping the write (crc32c releases
     the GIL), so checksumming adds no time to a disk or tmpfs write. Use it as a context manager, or
     read :attr:`crc` once everything was fed: both wait for the helper.
     """
 
-    def __init__(self, write: Callable[[memoryview], object] | None) -> None:
+    def __init__(
+        self, write: Callable[[memoryview], object] | None, *, sha256: bool = False
+    ) -> None:
         self._write = write
-        self._crc = 0
+        self._digest = Digest(sha256=sha256)
         self.size = 0
         self._queue: queue.SimpleQueue[memoryview | None] | None = None
         self._helper: threading.Thread | None = None
@@ -149,7 +152,7 @@ class ChunkSink:
     def _drain(self) -> None:
         assert self._queue is not None
         while (view := self._queue.get()) is not None:
-            self._crc = crc32c(view, self._crc)
+            self._digest.update(view)
 
     def __enter__(self) -> ChunkSink:
         return self
@@ -167,7 +170,13 @@ class ChunkSink:
     def crc(self) -> int:
         """The CRC32C of everything fed so far (waits for the helper thread)."""
         self._finish()
-        return self._crc
+        return self._digest.crc
+
+    @property
+    def sha256(self) -> str | None:
+        """The SHA-256 of everything fed so far, if asked for (waits for the helper thread)."""
+        self._finish()
+        return self._digest.sha256
 
     def feed(self, view: memoryview) -> None:
         """One chunk: write it (if writing), fold it into the CRC."""
@@ -176,7 +185,7 @@ class ChunkSink:
         if self._queue is not None:
             self._queue.put(view)  # the memory stays alive: it belongs to the caller's tensors
         else:
-            self._crc = crc32c(view, self._crc)
+            self._digest.update(view)
         self.size += len(view)
 
     def feed_span(self, whole: memoryview, start: int, end: int) -> None:

@@ -102,6 +102,8 @@ class RankFileWriter:
         self.tier, self.checkpoint_id, self.generation = tier, checkpoint_id, generation
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
+        self.sha256 = tier.signing is not None
+        """Signed markers name each file's SHA-256 too: computed beside the CRC, in this pass."""
 
     @staticmethod
     def _hold_slab(tensor: torch.Tensor, holding: set[int], held: contextlib.ExitStack) -> None:
@@ -224,7 +226,7 @@ class RankFileWriter:
             write: Callable[[memoryview], object] | None,
         ) -> tuple[ChunkSink, list[WriteResult]]:
             results: list[WriteResult] = []
-            with ChunkSink(write) as sink:
+            with ChunkSink(write, sha256=self.sha256) as sink:
                 _scan_into(sink, results)
             return sink, results
 
@@ -253,7 +255,9 @@ class RankFileWriter:
             with self._open(full, self.slab.nbytes) as stream:
                 sink, results = scan(stream.write)
         self.out.results.extend(results)
-        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+        self.out.files.append(
+            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
+        )
 
     def _adoptable(self) -> bool:
         """Whether file 0 can be the slab's file itself, renamed into the checkpoint.
@@ -322,7 +326,7 @@ class RankFileWriter:
             size = aligned(size) + tensor.numel() * tensor.element_size()
         for _item, buffer, _encoding in blobs:
             size = aligned(size) + len(buffer)
-        with self._open(full, size) as stream, ChunkSink(stream.write) as sink:
+        with self._open(full, size) as stream, ChunkSink(stream.write, sha256=self.sha256) as sink:
             sink.feed(memoryview(header(uuid.uuid4().bytes)))
             for item, tensor in tensors:
                 self._add_tensor(sink, rel, item, tensor)
@@ -332,7 +336,9 @@ class RankFileWriter:
                 sink.feed(buffer)
                 location = ItemLocation(rel, offset, len(buffer), encoding)
                 self.out.results.append(WriteResult(item.index, len(buffer), location))
-        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node))
+        self.out.files.append(
+            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
+        )
 
 
 __all__ = ["HEADER_SIZE", "RankFileWriter", "RankOutput"]

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from tierstore.bounded import Prober
-from tierstore.checksum import crc32c
+from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import ALONE, broadcast_object, rank_and_world
 from tierstore.dcp.layout import ItemLocation, decode_tensor, memory_of
@@ -94,7 +94,10 @@ class TieredReader(StorageReader):
         super().__init__()
         self.config = as_config(config)
         self.node = current_node(node)
-        self.verify = self.config.verify_on_load if verify is None else verify
+        self.signing = self.config.signing.keys() is not None
+        # With the job's key, every file is checked against its signed SHA-256 before the tier is
+        # chosen: a tier writer could otherwise swap a data file whose byte items DCP unpickles.
+        self.verify = (self.config.verify_on_load if verify is None else verify) or self.signing
         self.collective = collective
         self.process_group = process_group if collective else ALONE
         self._checkpoint_id = (
@@ -250,7 +253,9 @@ class TieredReader(StorageReader):
                 path = self._stored(entry.path)
                 blob = tier.read_bytes(path)
                 self._count(len(blob))
-                blob = entry_problem(path, entry, len(blob), crc32c(blob)) or blob
+                # Checked before anything unpickles it: a signed marker's SHA-256 too.
+                sha = sha256_hex(blob) if entry.sha256 is not None else None
+                blob = entry_problem(path, entry, len(blob), crc32c(blob), sha) or blob
             except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
                 blob = f"{path}: {exc}"
         return broadcast_object(blob, self.process_group, src=source), where
@@ -306,6 +311,10 @@ class TieredReader(StorageReader):
         )
         try:
             requests = self._serve_from_peers(requests, planner)
+            if self.signing:  # byte items are unpickled: only from bytes checked as they are read
+                self._read_verified_bytes([r for r in requests if r[0].type == LoadItemType.BYTE_IO],
+                                          planner)  # fmt: skip
+                requests = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
             if tier.capabilities.local_files:
                 tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
                 with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
@@ -333,6 +342,30 @@ class TieredReader(StorageReader):
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _read_verified_bytes(
+        self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    ) -> None:
+        """Byte items of a signed checkpoint: each file holding some is read whole, once, and
+        checked against the SHA-256 in the signed marker before any of its items is delivered
+        (DCP unpickles byte items). A mismatch raises :class:`IntegrityError` naming tier and file."""
+        assert self._tier is not None and self._choice is not None
+        entries = {f.path: f for f in self._choice.manifest.files}
+        per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
+        for request in requests:
+            per_file[request[1].path].append(request)
+        for rel, file_requests in per_file.items():
+            full, entry = self._stored(rel), entries.get(rel)
+            if entry is None:
+                raise IntegrityError(f"tier {self._tier.name}: {full}: not named by the marker")
+            blob = self._tier.read_bytes(full)
+            self._count(len(blob))
+            problem = entry_problem(full, entry, len(blob), crc32c(blob), sha256_hex(blob))
+            if problem is not None or entry.sha256 is None:
+                raise IntegrityError(f"tier {self._tier.name}: {problem or full + ': no SHA-256'}")
+            for item, location in file_requests:
+                data = memoryview(blob)[location.offset : location.offset + location.length]
+                self._deliver(item, location, data, planner)
 
     def _serve_from_peers(
         self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner

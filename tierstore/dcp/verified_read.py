@@ -1,8 +1,9 @@
 """Reading one stored file front to back, once, checking it against its commit-marker entry.
 
 An export needs every item of a data file and must verify the whole file (header and padding
-included) against the CRC32C in the marker. Reading the file once, in order, does both: every byte
-passes through the CRC on its way, items are cut out of the stream as they go by, and the
+included) against the CRC32C in the marker (and its SHA-256, when the marker is signed). Reading
+the file once, in order, does both: every byte passes through the checksums on its way, items are
+cut out of the stream as they go by, and the
 comparison with the marker happens when the end is reached. Nothing read is trusted before
 :meth:`VerifiedReader.finish` returns, so callers write what they read only somewhere they can
 discard. The next chunk is fetched while the caller works on the current one (an S3 GET overlaps
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.records.marker import FileEntry, entry_problem
 from tierstore.tiers import Tier
@@ -43,7 +44,7 @@ class VerifiedReader:
         self._chunks = _read_ahead(tier.iter_chunks(path))
         self._pending = memoryview(b"")
         self._position = 0
-        self._crc = 0
+        self._digest = Digest(sha256=entry.sha256 is not None)
 
     def __enter__(self) -> VerifiedReader:
         return self
@@ -58,7 +59,7 @@ class VerifiedReader:
         chunk = next(self._chunks, None)
         if chunk is None:
             return False
-        self._crc = crc32c(chunk, self._crc)
+        self._digest.update(chunk)
         self._pending = memoryview(chunk)
         return True
 
@@ -96,7 +97,9 @@ class VerifiedReader:
         while self._pending or self._refill():
             self._position += len(self._pending)
             self._pending = memoryview(b"")
-        problem = entry_problem(self.path, self.entry, self._position, self._crc)
+        problem = entry_problem(
+            self.path, self.entry, self._position, self._digest.crc, self._digest.sha256
+        )
         if problem is not None:
             raise IntegrityError(f"tier {self.tier.name}: {problem}")
         return self._position

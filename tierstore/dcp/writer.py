@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierstore.bounded import Prober
-from tierstore.checksum import crc32c
+from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
@@ -75,6 +75,7 @@ from tierstore.records.marker import (
     FileEntry,
     Manifest,
     read_manifest,
+    signed,
 )
 from tierstore.records.mirror import mirrored_ids
 from tierstore.records.parts import PartRecord
@@ -655,7 +656,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         meta_rel = metadata_file(gen)
         self.tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
-        files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node))
+        keys = self.tier.signing
+        digest = sha256_hex(blob) if keys is not None else None
+        files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node, digest))
         sightings = read_sightings(self.tier)
         elsewhere = self._look_elsewhere(True)
         manifest = Manifest(
@@ -670,6 +673,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             unseen_tiers=tuple(elsewhere.unseen(self.tier.name, sightings)),
             namespace=self.config.namespace or "",
         )
+        manifest = signed(manifest, keys)  # last: the signature covers every field above
         ttl = self.config.promote.activity_ttl
         try:
             if not self.overwrite:

@@ -1,8 +1,9 @@
 """Copying committed bytes between tiers: the same bytes, verified on the way, never re-serialised.
 
-Each file is streamed from the source to the target and its size and CRC32C are checked against the
-source's marker while it passes; a mismatch aborts that file before it becomes visible in the target
-(POSIX: the temp file is dropped; S3: the multipart upload is aborted) and raises
+Each file is streamed from the source to the target and its size and CRC32C (and SHA-256, when the
+marker is signed) are checked against the source's marker while it passes; a mismatch aborts that
+file before it becomes visible in the target (POSIX: the temp file is dropped; S3: the multipart
+upload is aborted) and raises
 :class:`~tierstore.errors.IntegrityError` naming tier and file. No torch on this path.
 """
 
@@ -13,10 +14,10 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file
-from tierstore.records.marker import FileEntry
+from tierstore.records.marker import FileEntry, entry_problem
 from tierstore.tiers import Tier
 
 CHUNK = 8 * 2**20
@@ -48,11 +49,11 @@ def _has_verified_copy(target: Tier, path: str, entry: FileEntry) -> bool:
     local = target.local_path(path)
     if local is None or not os.path.isfile(local) or os.path.getsize(local) != entry.size:
         return False
-    value = 0
+    digest = Digest(sha256=entry.sha256 is not None)
     with open(local, "rb", buffering=0) as f:
         while data := f.read(CHUNK):
-            value = crc32c(data, value)
-    return value == entry.crc32c
+            digest.update(data)
+    return entry_problem(path, entry, entry.size, digest.crc, digest.sha256) is None
 
 
 def copy_file(
@@ -75,21 +76,23 @@ def copy_file(
             progress(entry.size)
         return 0
     chunk = target.capabilities.transfer_chunk
-    size, value = 0, 0
+    size, digest = 0, Digest(sha256=entry.sha256 is not None)
     with target.open_write(path) as stream:
         for data in _chunks(source, path, chunk):
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"copy of {path} to {target.name} cancelled")
             size += len(data)
-            value = crc32c(data, value)
+            digest.update(data)
             stream.write(data)
             if progress:
                 progress(len(data))
-        if size != entry.size or value != entry.crc32c:
+        if size != entry.size or digest.crc != entry.crc32c:
             raise IntegrityError(
-                f"tier {source.name}: {path}: {size} bytes with CRC32C {value:08x}, marker says"
-                f" {entry.size} bytes with {entry.crc32c:08x}; not promoted"
+                f"tier {source.name}: {path}: {size} bytes with CRC32C {digest.crc:08x}, marker"
+                f" says {entry.size} bytes with {entry.crc32c:08x}; not promoted"
             )
+        if problem := entry_problem(path, entry, size, digest.crc, digest.sha256):
+            raise IntegrityError(f"tier {source.name}: {problem}; not promoted")
     return size
 
 

@@ -4,6 +4,11 @@ A checkpoint exists in a tier only where its marker is (``<id>/commit.json``). T
 file of the copy (data files and DCP's ``.metadata``) with its size and CRC32C, plus the world size, the
 writer's version, the commit time, and the save's timings. A copy is *usable* when its marker parses
 and every file it names is present at the named size (and, when verifying, has the named CRC32C).
+
+When the job signs (:mod:`tierstore.signing`), every file entry also carries the file's SHA-256, and
+the marker carries an HMAC over its *signed body* (:func:`signed_body`): the fields that say what the
+content is, none that promotion changes, so the signature travels unchanged to every tier. A tier
+with the job's keys reads only markers whose signature one of them makes (:func:`parse_marker`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
     checked_file_path,
@@ -24,6 +29,7 @@ from tierstore.ids import (
     marker_path,
     step_of,
 )
+from tierstore.signing import SigningKeys
 from tierstore.tiers.base import Tier
 from tierstore.version import __version__
 
@@ -42,6 +48,8 @@ class FileEntry:
     """The rank that wrote it (None for DCP's metadata, written by the coordinator)."""
     node: int = 0
     """The node whose node-local tiers hold it."""
+    sha256: str | None = None
+    """SHA-256 (64 hex digits), recorded when the job signs its markers; None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ class Manifest:
     """The namespace of the run that committed it (``""``: none); None in markers from before this
     field. A tier reads only markers of its own namespace (:func:`read_manifest`): one copied from
     another run under the same id names that run's files and commit number, not this run's."""
+    signature: str | None = None
+    """``hmac-sha256:<hex>`` over :func:`signed_body` when the job signs; None otherwise."""
 
     @property
     def step(self) -> int | None:
@@ -124,6 +134,7 @@ class Manifest:
                 overwrite=None if body.get("overwrite") is None else bool(body["overwrite"]),
                 unseen_tiers=tuple(str(t) for t in body.get("unseen_tiers") or ()),
                 namespace=None if body.get("namespace") is None else str(body["namespace"]),
+                signature=None if body.get("signature") is None else str(body["signature"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed commit marker ({exc})") from None
@@ -131,8 +142,64 @@ class Manifest:
 
 def dump_record(format_: str, body: dict[str, Any], files: tuple[FileEntry, ...]) -> bytes:
     """A record's JSON bytes: ``format`` first, file entries with CRCs as 8 hex digits."""
-    body["files"] = [{**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in files]
+    body["files"] = [_file_json(f) for f in files]
     return json.dumps({"format": format_, **body}, indent=1, sort_keys=True).encode()
+
+
+def _file_json(f: FileEntry) -> dict[str, Any]:
+    entry = {**asdict(f), "crc32c": f"{f.crc32c:08x}"}
+    if f.sha256 is None:
+        del entry["sha256"]  # unsigned jobs write the records they always wrote
+    return entry
+
+
+SIGNED_FORMAT = "tierstore.signed/1"
+
+
+def signed_body(manifest: Manifest) -> bytes:
+    """The bytes a marker's signature covers: what identifies the content (id, namespace,
+    generation, world size, commit number, whether it was an overwrite, and every file's path,
+    size, CRC32C, SHA-256, rank and node), as canonical JSON. Not the commit time, timings,
+    provenance, topology or version: promotion changes some of them, and none says what the
+    content is."""
+    body = {
+        "format": SIGNED_FORMAT,
+        "checkpoint_id": manifest.checkpoint_id,
+        "namespace": manifest.namespace,
+        "generation": manifest.generation,
+        "world_size": manifest.world_size,
+        "seq": manifest.seq,
+        "overwrite": manifest.overwrite,
+        "files": [
+            {**asdict(f), "crc32c": f"{f.crc32c:08x}"}
+            for f in sorted(manifest.files, key=lambda f: f.path)
+        ],
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def signed(manifest: Manifest, keys: SigningKeys | None) -> Manifest:
+    """``manifest`` signed with ``keys`` (unchanged when signing is off); every file must carry
+    its SHA-256 (ValueError otherwise: a signature over CRCs alone would protect nothing)."""
+    if keys is None:
+        return manifest
+    if missing := [f.path for f in manifest.files if f.sha256 is None]:
+        raise ValueError(f"cannot sign {manifest.checkpoint_id}: no SHA-256 for {missing}")
+    return replace(manifest, signature=keys.sign(signed_body(manifest)))
+
+
+def signature_problem(manifest: Manifest, keys: SigningKeys) -> str | None:
+    """Why ``manifest`` is not signed by one of ``keys`` (one line, naming the key's variable);
+    None when it is."""
+    if manifest.signature is None:
+        return f"unsigned commit marker (signing is on: {keys.key_env} is set)"
+    if not keys.accepts(signed_body(manifest), manifest.signature):
+        return (
+            f"commit marker signature does not match the key in {keys.key_env} or an accepted key"
+        )
+    if missing := [f.path for f in manifest.files if f.sha256 is None]:
+        return f"signed commit marker names no SHA-256 for {', '.join(missing)}"
+    return None
 
 
 def load_record(format_: str, data: bytes) -> dict[str, Any]:
@@ -151,7 +218,15 @@ def file_entry(checkpoint_id: str, generation: str, f: Mapping[str, Any]) -> Fil
         crc32c=int(str(f["crc32c"]), 16),
         rank=None if f.get("rank") is None else int(f["rank"]),
         node=int(f.get("node", 0)),
+        sha256=None if f.get("sha256") is None else _sha256(f["sha256"]),
     )
+
+
+def _sha256(value: object) -> str:
+    text = str(value)
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise ValueError(f"bad sha256 {text!r}")
+    return text
 
 
 def _checked(checkpoint_id: str, generation: str, path: str) -> str:
@@ -196,6 +271,8 @@ def parse_marker(
             f" {tier.namespace!r}: copied from another run, not a copy of this one (move it back"
             " to its own namespace, or delete it)"
         )
+    if tier.signing is not None and (problem := signature_problem(manifest, tier.signing)):
+        raise IntegrityError(f"{where}: {problem}; refused (nothing it names is read)")
     return manifest
 
 
@@ -208,13 +285,21 @@ def file_crc32c(
     tier: Tier, path: str, progress: Callable[[int], None] | None = None
 ) -> tuple[int, int]:
     """``(size, crc32c)`` of a stored file, read in chunks (each one's size told to ``progress``)."""
-    size, value = 0, 0
+    size, crc, _sha = file_digests(tier, path, progress, sha256=False)
+    return size, crc
+
+
+def file_digests(
+    tier: Tier, path: str, progress: Callable[[int], None] | None = None, *, sha256: bool
+) -> tuple[int, int, str | None]:
+    """``(size, crc32c, sha256)`` of a stored file, in one pass (``sha256``: None unless asked)."""
+    size, digest = 0, Digest(sha256=sha256)
     for chunk in tier.iter_chunks(path):
         size += len(chunk)
-        value = crc32c(chunk, value)
+        digest.update(chunk)
         if progress is not None:
             progress(len(chunk))
-    return size, value
+    return size, digest.crc, digest.sha256
 
 
 def copy_problems(
@@ -235,7 +320,8 @@ def copy_problems(
         path = checkpoint_file(manifest.checkpoint_id, entry.path)
         problem = size_problem(tier, path, entry)
         if problem is None and verify:
-            problem = entry_problem(path, entry, *file_crc32c(tier, path, progress))
+            sha = entry.sha256 is not None
+            problem = entry_problem(path, entry, *file_digests(tier, path, progress, sha256=sha))
         if problem is not None:
             problems.append(problem)
     return problems
@@ -249,11 +335,16 @@ def size_problem(tier: Tier, path: str, entry: FileEntry) -> str | None:
         return f"{path}: missing"
 
 
-def entry_problem(path: str, entry: FileEntry, size: int, crc: int | None = None) -> str | None:
-    """Why a stored file of ``size`` bytes (and CRC32C ``crc``, when known) does not match its
-    marker ``entry``, as one line naming ``path`` and what was expected; None when it matches."""
+def entry_problem(
+    path: str, entry: FileEntry, size: int, crc: int | None = None, sha256: str | None = None
+) -> str | None:
+    """Why a stored file of ``size`` bytes (and CRC32C ``crc``, SHA-256 ``sha256``, when known)
+    does not match its marker ``entry``, as one line naming ``path`` and what was expected; None
+    when it matches. The SHA-256 is compared when both the entry and the caller have one."""
     if size != entry.size:
         return f"{path}: {size} bytes, marker says {entry.size}"
     if crc is not None and crc != entry.crc32c:
         return f"{path}: CRC32C {crc:08x}, marker says {entry.crc32c:08x}"
+    if sha256 is not None and entry.sha256 is not None and sha256 != entry.sha256:
+        return f"{path}: SHA-256 {sha256[:16]}..., marker says {entry.sha256[:16]}..."
     return None

@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 
 from tierstore.ids import validate_checkpoint_id
 from tierstore.placement import MirrorConfig
+from tierstore.signing import SigningKeys
 from tierstore.units import StrictModel
 
 TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
@@ -122,6 +123,9 @@ class Tier(abc.ABC):
     namespace: str | None = None
     """The namespace its root holds (``""``: none), set by :func:`~tierstore.tiers.make_tier`;
     None for a tier made otherwise (unknown: markers are not checked against it)."""
+    signing: SigningKeys | None = None
+    """The job's signing keys, set by :func:`~tierstore.tiers.make_tier` when signing is on:
+    markers read from this tier must carry a valid signature (:mod:`tierstore.signing`)."""
 
     def describe(self) -> str:
         """``name (type, root)`` for messages."""

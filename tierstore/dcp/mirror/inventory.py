@@ -25,7 +25,7 @@ from tierstore.records.marker import (
     FileEntry,
     Manifest,
     entry_problem,
-    file_crc32c,
+    file_digests,
     read_manifest,
 )
 from tierstore.records.mirror import held_mirrors, mirrored_commits
@@ -139,7 +139,10 @@ def _matches(tier: Tier, path: str, entry: FileEntry, *, verify: bool) -> bool:
         return False
     if entry_problem(path, entry, size) is not None:
         return False
-    return not verify or entry_problem(path, entry, *file_crc32c(tier, path)) is None
+    if not verify:
+        return True
+    digests = file_digests(tier, path, sha256=entry.sha256 is not None)
+    return entry_problem(path, entry, *digests) is None
 
 
 def node_share(manifest: Manifest, rank: int, rank_nodes: list[int]) -> list[FileEntry]:
