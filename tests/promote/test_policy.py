@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -144,6 +145,12 @@ def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
     assert young == [], "within stale_after it may still commit elsewhere: kept for promotion"
     old = retention(cfg, {"t0": part}, now=1000.0 + cfg.stale_after + 1)
     assert ids(old) == ["step_0001@t0"], "a failed save's part is released (beyond keep)"
+    confirmed = {i: dataclasses.replace(c, confirmed=True) for i, c in part.items()}
+    held = retention(cfg, {"t0": confirmed}, now=1000.0 + cfg.stale_after + 1)
+    assert held == [], "a part of a save known committed waits for promotion like any commit"
+    promoted = {"t0": confirmed, "t1": {i: dataclasses.replace(c, partial=False, source="t0")
+                                        for i, c in confirmed.items()}}  # fmt: skip
+    assert ids(retention(cfg, promoted, now=1000.0 + cfg.stale_after + 1)) == ["step_0001@t0"]
 
 
 def test_a_refusing_middle_tier_is_routed_around_but_the_durable_tier_is_waited_for() -> None:

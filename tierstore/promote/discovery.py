@@ -163,7 +163,10 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
             at = clock.written(rank_part_path(checkpoint_id, newest, first.ranks[0]))
         except FileNotFoundError:
             continue  # dropped while this looked
-        copy = Copy(checkpoint_id, first.seq, step_of(checkpoint_id), at, newest, partial=True)
+        copy = Copy(
+            checkpoint_id, first.seq, step_of(checkpoint_id), at, newest, partial=True,
+            confirmed=all(record.confirmed for record in records),
+        )  # fmt: skip
         sources[checkpoint_id] = SeenCopy(copy, None, records)
     return sources
 

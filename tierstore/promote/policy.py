@@ -62,6 +62,9 @@ class Copy:
     generation: str
     partial: bool = False
     """Only this node's part, seen through part records: the commit itself is not visible here."""
+    confirmed: bool = False
+    """Of a partial copy: its save is known to have committed under its number (the coordinator
+    confirmed it): it is held for promotion like any commit, however old."""
     conflicts: frozenset[str] = frozenset()
     """Tiers below holding another content of this id that promotion must not replace (nor be
     replaced by): the copy is kept here and not promoted there (:mod:`tierstore.records.conflicts`)."""
@@ -232,7 +235,8 @@ def retention(
 
     A node's part of a save whose commit it cannot see (``partial``) waits for promotion only for
     ``promote.stale_after``: a save that failed on another node never commits, and must not hold
-    memory forever.
+    memory forever. A part whose save is confirmed committed waits like any commit: released
+    unpromoted, it would leave the coordinator's marker over missing files.
     """
     now = time.time() if now is None else now
     stale = rules.stale_after
@@ -245,7 +249,7 @@ def retention(
             continue
         missing = [
             c for c in _missing_in(rules, held, j)
-            if not (c.partial and now - c.committed_at >= stale)
+            if not (c.partial and not c.confirmed and now - c.committed_at >= stale)
         ]  # fmt: skip
         if names[j] in unavailable:
             # The durable tier is away: the tiers above hold only the newest checkpoint it lacks
