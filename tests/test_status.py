@@ -310,3 +310,21 @@ def test_a_full_durable_tier_the_promoter_cannot_write_is_a_problem_in_status(
     assert "promoter of node 0: tier shared refuses writes" in out
     assert "promotion failed: step_000001 memory->shared" in out and "No space left" in out
     assert "no checkpoint is in the durable tier yet" in out
+
+
+def test_gc_cleans_what_it_can_reach_and_exits_1_naming_a_tier_it_could_not(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    s3 = {"name": "s3", "type": "s3", "url": "s3://away/ckpt", "max_attempts": 2,
+          "endpoint_url": f"http://127.0.0.1:{closed}"}  # fmt: skip
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump(
+        {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
+    ))  # fmt: skip
+    assert main(["--config", str(path), "gc"]) == 1
+    err = capsys.readouterr().err
+    assert "tierstore: tier s3 is unreachable, not cleaned:" in err

@@ -300,7 +300,11 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
         print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")
     if not deletions:
         print("retention: nothing to delete")
-    return 0
+    for name, why in sorted(promoter.unreachable.items()):  # what could be reached was done
+        print(
+            f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr
+        )
+    return EXIT_MISMATCH if promoter.unreachable else 0
 
 
 def cmd_drop(config: Config, args: argparse.Namespace) -> int:
