@@ -5,15 +5,15 @@ keeps serving its own metrics and every honest rank's (issue 26 review)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.hung_files import fifo_at
 from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.save_metrics import MAX_FILE_BYTES, SaveRecorder, rank_file, read_directory
@@ -41,17 +41,6 @@ def within(seconds: float, work: Callable[[], object]) -> bool:
     return not thread.is_alive()
 
 
-@contextlib.contextmanager
-def fifo(path: Path) -> Iterator[None]:
-    """A FIFO at ``path`` (opening it to read blocks); released at the end so no thread stays."""
-    os.mkfifo(path)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-
-
 def scrape_own_and_ranks(directory: Path) -> dict[str, float]:
     metrics = PromoterMetrics()
     metrics.watch(PromoterHealth(300.0), str(directory), stale_after=0.0)
@@ -68,7 +57,7 @@ def scrape_own_and_ranks(directory: Path) -> dict[str, float]:
 @pytest.mark.timeout(60, method="thread")
 def test_a_fifo_for_a_ranks_file_neither_stalls_the_save_nor_the_scrape(tmp_path: Path) -> None:
     record(tmp_path, rank=1)
-    with fifo(tmp_path / rank_file(0)):
+    with fifo_at(tmp_path / rank_file(0)):
         assert within(5, lambda: record(tmp_path, rank=0)), "the save waited on its metrics file"
         assert within(5, lambda: read_directory(str(tmp_path))), "the scrape waited on a FIFO"
         assert written(tmp_path, 1) == 1

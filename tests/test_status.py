@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
+from tests.hung_files import fifo_at, refusing_s3_tier
 from tests.training import Trainer
 from tierstore import TieredWriter
 from tierstore.cli import main
@@ -145,11 +143,7 @@ def test_an_unreachable_tier_is_reported_within_probe_timeout(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    with socket.socket() as probe:  # a port nobody listens on: every request is refused
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
-    s3 = {"name": "s3", "type": "s3", "url": "s3://away/ckpt", "max_attempts": 2,
-          "endpoint_url": f"http://127.0.0.1:{closed}"}  # fmt: skip
+    s3 = refusing_s3_tier()
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump(
         {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
@@ -180,20 +174,6 @@ def test_nodes_lists_each_nodes_local_tiers_and_promoters(
     assert report["tiers"][2]["checkpoints"] == 0, "node 1 saved nothing"
 
 
-@contextlib.contextmanager
-def hung_file(path: Path) -> Iterator[None]:
-    """``path`` becomes a FIFO: reading it blocks, as a file on a hung mount does. Released (a
-    writer opens and closes it) when the block ends, so the reading thread ends too."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    os.mkfifo(path)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-
-
 def shared_config(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
     """A local disk and a shared filesystem: tiers that can hang (host memory cannot)."""
     path = tmp_path / "tierstore.yaml"
@@ -212,7 +192,7 @@ def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_
     save(path, "step_000002")
     assert Promoter(load_config(path)).run(once=True) == 0
     shared_root = tmp_path / "shared" / "run"
-    with hung_file(shared_root / "step_000002" / "commit.json"):
+    with fifo_at(shared_root / "step_000002" / "commit.json"):
         started = time.monotonic()
         assert main(["--config", str(path), "status"]) == 1
         out = capsys.readouterr().out
@@ -226,7 +206,7 @@ def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_
         assert "tier shared is unreachable, not listed" in listed.err
         assert ",shared" not in listed.out, "a tier left out is not named as a holder"
     local_root = tmp_path / "local" / "0" / "run"
-    with hung_file(local_root / ".tierstore" / "promoter" / "node00000.json"):
+    with fifo_at(local_root / ".tierstore" / "promoter" / "node00000.json"):
         config = load_config(path)
         started = time.monotonic()
         report = gather_status(config, [0])
@@ -316,11 +296,7 @@ def test_gc_cleans_what_it_can_reach_and_exits_1_naming_a_tier_it_could_not(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
-    s3 = {"name": "s3", "type": "s3", "url": "s3://away/ckpt", "max_attempts": 2,
-          "endpoint_url": f"http://127.0.0.1:{closed}"}  # fmt: skip
+    s3 = refusing_s3_tier()
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump(
         {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
