@@ -139,15 +139,19 @@ def test_the_promoter_records_each_pass_in_its_node_local_tiers(config_file: Pat
     assert read_state(config.make_tiers(node=0)[0], 3) is None, "node 3's tiers only"
 
 
+def memory_and_refusing_s3(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    """A configuration file: a memory tier, then an S3 tier whose endpoint refuses every request."""
+    path = tmp_path / "tierstore.yaml"
+    tiers = [*tier_specs("memory"), refusing_s3_tier()]
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": tiers, "probe_timeout": "2s"}))
+    return path
+
+
 def test_an_unreachable_tier_is_reported_within_probe_timeout(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    s3 = refusing_s3_tier()
-    path = tmp_path / "tierstore.yaml"
-    path.write_text(yaml.safe_dump(
-        {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
-    ))  # fmt: skip
+    path = memory_and_refusing_s3(tmp_path, tier_specs)
     save(path, "step_000001")
     started = time.monotonic()
     report = gather_status(load_config(path), [0])
@@ -296,11 +300,7 @@ def test_gc_cleans_what_it_can_reach_and_exits_1_naming_a_tier_it_could_not(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    s3 = refusing_s3_tier()
-    path = tmp_path / "tierstore.yaml"
-    path.write_text(yaml.safe_dump(
-        {"namespace": "run", "tiers": [*tier_specs("memory"), s3], "probe_timeout": "2s"}
-    ))  # fmt: skip
+    path = memory_and_refusing_s3(tmp_path, tier_specs)
     assert main(["--config", str(path), "gc"]) == 1
     err = capsys.readouterr().err
     assert "tierstore: tier s3 is unreachable, not cleaned:" in err
