@@ -92,23 +92,34 @@ def promote_until(config: Config, node: int, stop: threading.Event, errors: list
         stop.wait(0.1)
 
 
+def start_sidecar(
+    config: Config, node: int, errors: list[Any]
+) -> tuple[threading.Thread, threading.Event]:
+    """Start ``node``'s sidecar thread; set the returned event to stop it."""
+    stop = threading.Event()
+    sidecar = threading.Thread(target=promote_until, args=(config, node, stop, errors))
+    sidecar.start()
+    return sidecar, stop
+
+
 def test_saves_overwrites_and_restores_with_promoters_gc_and_a_replaced_node(
     tmp_path: Path,
 ) -> None:
     config = stress_config(tmp_path)
-    stop, errors = threading.Event(), []  # type: ignore[var-annotated]
-    sidecars = [
-        threading.Thread(target=promote_until, args=(config, node, stop, errors)) for node in (0, 1)
-    ]
-    for sidecar in sidecars:
-        sidecar.start()
+    errors: list[Any] = []
+    sidecars = {node: start_sidecar(config, node, errors) for node in (0, 1)}
     try:
         run_ranks(rounds, 2, tmp_path, config, ["host-a", "host-b"], [1, 2, 3, 4], None)
-        shutil.rmtree(memory_root(tmp_path, 0))  # the coordinator's node is replaced
+        # The coordinator's node is replaced: its sidecar goes with the host, its memory is empty.
+        old_sidecar, old_stop = sidecars.pop(0)
+        old_stop.set()
+        old_sidecar.join()
+        shutil.rmtree(memory_root(tmp_path, 0))
+        sidecars[0] = start_sidecar(config, 0, errors)
         run_ranks(rounds, 2, tmp_path, config, ["host-c", "host-b"], [5, 6, 7, 8], 4)
     finally:
-        stop.set()
-        for sidecar in sidecars:
+        for sidecar, stop in sidecars.values():
+            stop.set()
             sidecar.join()
     assert errors == []
     # A node's part whose commit number it never saw confirmed is judged once stale_after passed.
