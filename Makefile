@@ -4,15 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test quick lint typecheck unit procs s3server soak bench standalone goodput clean
+.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
 #   make test      lint, types and every lane: the README's test command and .ci/run
 #   make procs     only the tests that start processes (multi-rank jobs, CLI, torchrun, tools)
 #   make s3server  only the tests against the real S3 server (SeaweedFS)
+#   make faults    the long randomised fault sweeps (FAULT_SEEDS seeds each; make test runs a few)
 #   make soak      the long run of the commit protocol's model (hypothesis, many examples)
-QUICK := not procs and not s3server and not slow
+QUICK := not procs and not s3server and not slow and not faults
+FAULT_SEEDS ?= 20
 
 help:
 	@sed -n 's/^#   make/make/p' Makefile
@@ -46,6 +48,9 @@ procs: $(STAMP)
 
 s3server: $(STAMP)
 	$(BIN)/pytest -q -m s3server --durations=10
+
+faults: $(STAMP)
+	TIERSTORE_FAULT_SEEDS=$(FAULT_SEEDS) $(BIN)/pytest -q -m faults -s --durations=10
 
 soak: $(STAMP)
 	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/records/test_model.py tests/records/test_model_multinode.py
