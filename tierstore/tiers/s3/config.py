@@ -27,6 +27,9 @@ class S3TierConfig(TierConfig):
     concurrency: int = Field(8, ge=1, le=256, description="Parts in flight per file.")
     max_attempts: int = Field(8, ge=1, le=100, description="Attempts per idempotent request.")
     max_retry_time: Duration = Field(120.0, description="Bound on one request's retries.")
+    read_timeout: Duration = Field(
+        60.0, description="Wait this long for each answer (or its next bytes); then retry."
+    )
     checksum: Literal["crc32", "none"] = Field(
         "crc32",
         description="Send a CRC32 with every part/object (S3 verifies it); none for stores that reject it.",

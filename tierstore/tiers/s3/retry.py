@@ -1,14 +1,19 @@
 """Retries for object-store calls: a value-like policy wrapped around idempotent operations only.
 
-Transient means: throttling (``SlowDown``, HTTP 429/503), other 5xx answers, and connection or timeout
-errors. The decision reads the structured error (HTTP status, S3 error code) that botocore attaches,
-never the message text. Waits are jittered exponential; the total is bounded in attempts and time.
+Transient means: throttling (``SlowDown``, HTTP 429/503), other 5xx answers, connection or timeout
+errors, and a body damaged on the way (the store's ``BadDigest`` for a request whose checksum does not
+match, botocore's checksum error for a response): the bytes we hold are good, so sending or fetching
+them again is the cure. The decision reads the structured error (HTTP status, S3 error code) that
+botocore attaches, never the message text. Waits are jittered exponential; the total is bounded in
+attempts and time, and a call that runs out raises :class:`RetriesExhausted`, which says how many
+attempts it made and for how long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,6 +37,8 @@ _THROTTLING = frozenset(
         "ServiceUnavailable",
     }
 )
+_DAMAGED_IN_TRANSIT = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "IncompleteBody"})
+"""HTTP 400 answers about a request body that arrived other than it was sent."""
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,
     botocore.exceptions.HTTPClientError,
@@ -72,13 +79,28 @@ def is_transient(exc: BaseException) -> bool:
     answer = s3_error(exc)
     if answer is not None:
         status, code = answer
-        return status >= 500 or status == 429 or code in _THROTTLING
+        return status >= 500 or status == 429 or code in _THROTTLING | _DAMAGED_IN_TRANSIT
+    if any(isinstance(error, botocore.exceptions.FlexibleChecksumError) for error in causes(exc)):
+        return True  # a response body that does not match the checksum the store sent with it
     return any(isinstance(error, _CONNECTION_ERRORS) for error in causes(exc))
 
 
 def is_connection_failure(exc: BaseException) -> bool:
     """True when no HTTP answer came back at all (refused, unreachable, timed out)."""
-    return s3_error(exc) is None and is_transient(exc)
+    return s3_error(exc) is None and any(isinstance(e, _CONNECTION_ERRORS) for e in causes(exc))
+
+
+class RetriesExhausted(Exception):  # noqa: N818 - reads as what happened, like StopIteration
+    """A transient failure that outlived the retry budget; the last error is its ``__cause__``."""
+
+    def __init__(self, what: str, attempts: int, elapsed: float, last: BaseException) -> None:
+        super().__init__(f"{what}: gave up after {attempts} attempts in {elapsed:.1f} s: {last}")
+        self.what, self.attempts, self.elapsed = what, attempts, elapsed
+
+    @property
+    def summary(self) -> str:
+        """``"N attempts in T s"``, for an error message that names the failure itself."""
+        return f"{self.attempts} attempts in {self.elapsed:.1f} s"
 
 
 @dataclass(frozen=True)
@@ -100,7 +122,17 @@ class RetryPolicy:
         what: str,
         on_retry: Callable[[BaseException], None] | None = None,
     ) -> T:
-        """Run ``operation`` (which must be idempotent), retrying transient failures."""
+        """Run ``operation`` (which must be idempotent), retrying transient failures.
+
+        Raises the operation's own error when it is not transient, :class:`RetriesExhausted` (from
+        the last error) when a transient one lasted past ``max_attempts`` or ``max_time``.
+        """
+        attempts = 0
+
+        def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            return operation()
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
@@ -118,4 +150,10 @@ class RetryPolicy:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(operation)
+        started = time.monotonic()
+        try:
+            return retrying(attempt)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise RetriesExhausted(what, attempts, time.monotonic() - started, exc) from exc

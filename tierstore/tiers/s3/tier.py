@@ -27,8 +27,13 @@ from tierstore.tiers.base import (
     Tier,
     WriteStream,
 )
-from tierstore.tiers.s3.retry import RetryPolicy, is_connection_failure, s3_error
-from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream
+from tierstore.tiers.s3.retry import (
+    RetriesExhausted,
+    RetryPolicy,
+    is_connection_failure,
+    s3_error,
+)
+from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream, checksum_args
 
 if TYPE_CHECKING:  # the config module registers the type and builds this adapter
     from tierstore.tiers.s3.config import S3TierConfig
@@ -119,6 +124,7 @@ class S3Tier(Tier):
                 "retries": {"total_max_attempts": 1},
                 "request_checksum_calculation": "when_required",
                 "response_checksum_validation": "when_required",
+                "read_timeout": self.config.read_timeout,
             }
             client_kwargs = {"region_name": self.config.region} if self.config.region else {}
             fs = s3fs.S3FileSystem(
@@ -155,6 +161,7 @@ class S3Tier(Tier):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             max_pool_connections=max(10, 2 * self.concurrency),
+            read_timeout=self.config.read_timeout,
         )
         global _LOADER
         session = botocore.session.Session()
@@ -198,16 +205,22 @@ class S3Tier(Tier):
                 "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)",
             ) from exc
         except Exception as exc:
+            last, tries = exc, ""
+            if isinstance(exc, RetriesExhausted):  # name the last failure, then the attempts
+                last, tries = exc.__cause__ or exc, f" ({exc.summary})"
+            answer = s3_error(exc)
             if is_connection_failure(exc):
                 endpoint = self.config.endpoint_url or "the AWS endpoint"
-                raise self._unavailable(what, f"cannot reach {endpoint}: {exc}") from exc
-            answer = s3_error(exc)
-            if answer is not None:
-                status, code = answer
-                raise self._unavailable(
-                    what, f"S3 answered {code or 'an error'} (HTTP {status})"
-                ) from exc
-            raise
+                reason = f"cannot reach {endpoint}{tries}: {last}"
+            elif answer is not None:
+                reason = f"S3 answered {answer[1] or 'an error'} (HTTP {answer[0]}){tries}"
+            elif tries:
+                reason = f"{last}{tries}"
+            else:
+                raise
+            if tries:
+                reason += "; check the endpoint, or raise the tier's max_attempts / max_retry_time"
+            raise self._unavailable(what, reason) from exc
 
     def _unavailable(self, what: str, reason: str) -> TierUnavailableError:
         return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}", tier=self.name)
@@ -230,8 +243,10 @@ class S3Tier(Tier):
         if create_only and not match and self.exists(path):
             raise FileExistsError(f"{self.root}/{path}")
         try:
+            # With its checksum, a marker damaged on the way is refused (and sent again), not committed.
+            checksum = checksum_args(data) if self.send_checksums else {}
             self.call("put_object", f"publish {path}", Bucket=self.bucket, Key=self._key(path),
-                      Body=data, **match)  # fmt: skip
+                      Body=data, **match, **checksum)  # fmt: skip
         except FileExistsError:
             # A retried create-only PUT can find its own first attempt: that is success.
             with contextlib.suppress(FileNotFoundError):

@@ -21,6 +21,13 @@ from typing import Any, Protocol
 logger = logging.getLogger(__name__)
 
 
+def checksum_args(data: bytes | bytearray | memoryview) -> dict[str, str]:
+    """The ``ChecksumCRC32`` argument for a request body: the store checks the body against it and
+    refuses a mismatch (400 ``BadDigest`` from S3 and SeaweedFS), so bytes damaged on the way are
+    never stored; the retry policy sends them again."""
+    return {"ChecksumCRC32": base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()}
+
+
 class _Caller(Protocol):
     part_size: int
     concurrency: int
@@ -73,9 +80,7 @@ class ObjectUpload:
 
     def _checksum(self, data: bytes) -> dict[str, str]:
         """The store verifies each part against this (and real S3 rejects a mismatch)."""
-        if not self._caller.send_checksums:
-            return {}
-        return {"ChecksumCRC32": base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()}
+        return checksum_args(data) if self._caller.send_checksums else {}
 
     def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
         checksum = self._checksum(data)
