@@ -48,6 +48,7 @@ from tierstore.dcp.slab_use import use_of
 from tierstore.dcp.staging import SlabInfo
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError, TierUnavailableError
 from tierstore.ids import checkpoint_file, data_file
+from tierstore.killpoints import kill_point
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 from tierstore.tiers.base import WriteStream
@@ -308,6 +309,7 @@ class RankFileWriter:
         sink.pad_to(aligned(sink.size))
         offset = sink.size
         feed_tensor(sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite)
+        kill_point("writer.mid_file", rel)
         location = ItemLocation(
             rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
         )

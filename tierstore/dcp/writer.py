@@ -67,6 +67,7 @@ from tierstore.ids import (
     validate_checkpoint_id,
     writer_staging_dir,
 )
+from tierstore.killpoints import kill_point
 from tierstore.owners import owner_dir_name
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere, elsewhere_for
@@ -493,6 +494,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         assignment = plan.storage_data
         wrote: list[FileEntry] | None = None
         began = time.time()
+        kill_point("writer.planned")
         try:
             wrote, future = self._write_rank(plan, planner, assignment)
         except BaseException:
@@ -504,6 +506,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         finally:
             if self._mirrors():  # every rank hands over a round, even one whose write failed
                 self._hand_to_mirror(assignment, wrote)
+        kill_point("writer.data_written")
         ended = time.time()  # metrics: after the files are durable, off the trainer's thread
         self._save_metrics.written(self._rank, self.tier_name, nbytes=sum(f.size for f in wrote),
                                    write_s=ended - began, save_s=ended - self._started_at)  # fmt: skip
@@ -598,6 +601,7 @@ class TieredWriter(StorageWriter, AsyncStager):
                 self._tell_mirror_of_failure(mirror, published, exc)
             self._record_commit(published)
             raise
+        kill_point("writer.committed")
         self._stop_writing(committed=True)
         if mirror is not None:
             mirror.outcome.committed(manifest.to_json())
@@ -656,6 +660,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         meta_rel = metadata_file(gen)
         self.tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
+        kill_point("writer.metadata_written")
         keys = self.tier.signing
         digest = sha256_hex(blob) if keys is not None else None
         files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, self.node, digest))

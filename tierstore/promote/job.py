@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
+from tierstore.killpoints import kill_point
 from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.transfer import copy_files
@@ -193,6 +194,7 @@ class PromotionJob:
             raise
         if self.cancel.is_set():  # asked to abandon: publish nothing, even if the files made it
             return Outcome(copied, False)
+        kill_point("promote.data_copied", self.checkpoint_id)
         manifest = self.found.manifest
         if self.target.node_local:
             for record in self.found.parts:  # other nodes' promoters find their parts through these

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.killpoints import kill_point
 from tierstore.promote.policy import Deletion
 from tierstore.records.activity import ACTIVITY_TTL
 from tierstore.records.marker import read_manifest
@@ -62,4 +63,5 @@ def delete_copies(
             continue
         on_deleted(deletion)
         done.append(deletion)
+        kill_point("retention.between_deletes", deletion.checkpoint_id)
     return done

@@ -29,6 +29,7 @@ from tierstore.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import intent_path
+from tierstore.killpoints import kill_point
 from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve
@@ -412,6 +413,7 @@ class Promoter:
                 "promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc
             )
             return
+        kill_point("promote.committed", promotion.checkpoint_id)
         seconds = time.monotonic() - started
         self._set_unavailable(target.name, None)
         if outcome.verdict is Verdict.CONFLICT and outcome.existing is not None:
@@ -666,6 +668,7 @@ class Promoter:
                         logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
                         continue
                     event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
+                    kill_point("cleanup.between_removals", cleanup.path)
                 cleanups.append(cleanup)
         return cleanups
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file
+from tierstore.killpoints import kill_point
 from tierstore.records.marker import FileEntry, entry_problem
 from tierstore.tiers import Tier
 
@@ -84,6 +85,7 @@ def copy_file(
             size += len(data)
             digest.update(data)
             stream.write(data)
+            kill_point("promote.mid_copy", path)
             if progress:
                 progress(len(data))
         if size != entry.size or digest.crc != entry.crc32c:

@@ -36,6 +36,7 @@ from tierstore.ids import (
     parts_dir,
     void_entry_path,
 )
+from tierstore.killpoints import kill_point
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
 from tierstore.records.log import LogEntry, highest_in, read_log
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
@@ -94,16 +95,19 @@ def publish(
             f" {'; '.join(problems)}"
         )
     replaced = _marker_generation(tier, ckpt) if replace else None
+    kill_point("marker.files_checked", ckpt)
     try:
         tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
     except FileExistsError:
         return read_manifest(tier, ckpt)
+    kill_point("marker.published", ckpt)
     if problems := _files_problems(tier, manifest, node):
         withdraw(tier, ckpt, manifest.generation)
         raise IntegrityError(
             f"{ckpt}: marker withdrawn from tier {tier.describe()}: files removed while it was"
             f" published: {'; '.join(problems)}"
         )
+    kill_point("marker.rechecked", ckpt)
     if log and manifest.seq is not None:
         tier.publish(commit_entry_path(manifest.seq, ckpt, manifest.generation), b"",
                      create_only=False)  # fmt: skip
@@ -158,6 +162,7 @@ def drop(
     """
     if committed:
         withdraw(tier, checkpoint_id, generation)
+        kill_point("drop.marker_withdrawn", checkpoint_id)
     elif _marker_generation(tier, checkpoint_id) in (generation, ""):
         return False
     top = highest_in(tier)
@@ -165,6 +170,7 @@ def drop(
         if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation):
             forget_entry(tier, entry, top=top)
     tier.delete_tree(parts_dir(checkpoint_id, generation))
+    kill_point("drop.records_dropped", checkpoint_id)
     busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
     if busy or _marker_generation(tier, checkpoint_id) in (generation, ""):
         return False

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
+from tierstore.killpoints import kill_point
 from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
@@ -183,10 +184,12 @@ class PosixTier(Tier):
                 inode = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
+            kill_point("posix.publish.temp_synced", path)
             fresh = create_only or not os.path.lexists(target)
             if create_only:
                 try:
                     os.link(temp, target)  # atomic and exclusive: EEXIST if another writer won
+                    kill_point("posix.publish.linked", path)
                 finally:
                     temp.unlink(missing_ok=True)
             else:
