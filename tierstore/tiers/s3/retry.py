@@ -42,6 +42,7 @@ _DAMAGED_IN_TRANSIT = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "Inco
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,
     botocore.exceptions.HTTPClientError,
+    botocore.exceptions.IncompleteReadError,  # the answer ended before its Content-Length
     ConnectionError,
     TimeoutError,
     asyncio.TimeoutError,

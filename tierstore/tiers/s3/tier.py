@@ -257,6 +257,8 @@ class S3Tier(Tier):
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """A ranged GET (``FileNotFoundError`` when the object is absent); past the end, or of an
         empty object, no bytes (as a short file reads on POSIX)."""
+        if offset == 0 and length is None:
+            return self._read_whole(path)
         end = None if length is None else offset + length
 
         def get() -> bytes:
@@ -268,6 +270,28 @@ class S3Tier(Tier):
                 if (s3_error(exc) or (0, ""))[1] == "InvalidRange":
                     return b""
                 raise
+
+        return bytes(self._guard(f"read {path}", get))
+
+    def _read_whole(self, path: str) -> bytes:
+        """One GET of the whole object (a marker, ``.metadata``, a record), checked against the
+        checksum the store keeps for it where it sends one (botocore compares it once the body is
+        read): a body damaged on the way raises, and the retry policy fetches it again."""
+        key = self._key(path)
+
+        def get() -> bytes:
+            try:
+                answer = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            except botocore.exceptions.ClientError as exc:
+                error = _as_builtin(exc)
+                if isinstance(error, FileNotFoundError):
+                    raise FileNotFoundError(f"{self.root}/{path}: {error}") from exc
+                raise error from exc
+            body = answer["Body"]
+            try:
+                return bytes(body.read())
+            finally:
+                body.close()
 
         return bytes(self._guard(f"read {path}", get))
 
