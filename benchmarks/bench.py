@@ -88,7 +88,8 @@ TARGETS = (
 )
 
 
-PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "mirror", "sweep", "goodput")
+PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "mirror", "sweep", "goodput",
+          "s3real")  # fmt: skip
 """The parts of a run, in the order they run (``--phases``)."""
 
 
@@ -572,6 +573,15 @@ def run_goodput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return found
 
 
+def run_s3_real(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Run ``s3_real.py`` (S3 on a real server) in a fresh process; its figures, as it wrote them."""
+    script = Path(__file__).resolve().parent / "s3_real.py"
+    subprocess.run([sys.executable, str(script), "--size", args.s3_real_size, "--out", str(out)],
+                   check=True)  # fmt: skip
+    found: dict[str, Any] = json.loads((out / "s3_real.json").read_text())
+    return found
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -624,6 +634,7 @@ def main() -> None:
         "--goodput-size", default="256MiB", help="goodput.py's --size (smaller than alone: time)"
     )
     parser.add_argument("--goodput-reps", type=int, default=3, help="goodput.py's --reps")
+    parser.add_argument("--s3-real-size", default="512MiB", help="s3_real.py's --size")
     parser.add_argument(
         "--mirror-size", default="256MiB", help="state per rank of the peer-mirror phase (2 ranks)"
     )
@@ -662,6 +673,7 @@ def main() -> None:
             bench.cleanup()
     # in a process of its own: it starts a process group, and its model's threads must not linger here
     goodput = run_goodput(args, out) if "goodput" in phases else None
+    s3_real = run_s3_real(args, out) if "s3real" in phases else None
     table = ratios(bench)
     print("\nratios (one run, this machine)")
     for name, row in table.items():
@@ -679,6 +691,7 @@ def main() -> None:
         "ratios": table,
         "sweep": rows,
         "goodput": goodput,
+        "s3_real": s3_real,
     }
     (out / "bench.json").write_text(json.dumps(report, indent=1))
     if rows:

