@@ -27,6 +27,7 @@ from tierstore.tiers.base import (
     Tier,
     WriteStream,
 )
+from tierstore.tiers.s3.listing import ROLL_UP, named_in_children
 from tierstore.tiers.s3.retry import (
     RetriesExhausted,
     RetryPolicy,
@@ -369,6 +370,21 @@ class S3Tier(Tier):
             ),
             key=lambda f: f.path,
         )
+
+    def find_in_children(self, name: str) -> dict[str, FileInfo]:
+        """Each child's ``name`` without paging through the data between them: the generation
+        directories are rolled up by a delimiter (:mod:`tierstore.tiers.s3.listing`)."""
+        if name.startswith(ROLL_UP[1:]):
+            return super().find_in_children(name)
+        prefix = f"{self.prefix}/" if self.prefix else ""
+
+        def list_page(kwargs: dict[str, Any]) -> dict[str, Any]:
+            answer: dict[str, Any] = self.call(
+                "list_objects_v2", f"list {name} of each child", Bucket=self.bucket, **kwargs
+            )
+            return answer
+
+        return named_in_children(list_page, prefix, name, _mtime)
 
     def delete(self, path: str) -> None:
         """DELETE one object (absent is fine)."""
