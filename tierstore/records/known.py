@@ -26,8 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tierstore.bounded import Prober
+from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
 from tierstore.records.log import highest_in, read_log
+from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
 from tierstore.tiers import Tier
 
@@ -57,13 +59,27 @@ class Held:
 
 
 def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
-    """``(highest commit number, {id: its newest logged number})`` of the ids committed in ``tier``:
-    two listings (the commit log, the top-level markers), no marker read."""
+    """``(highest commit number, {id: its newest number})`` of the ids committed in ``tier``:
+    two listings (the commit log, the top-level markers), and a marker read only for an id the log
+    does not know.
+
+    A promotion logs its number after publishing the marker: a crash or power cut between the two
+    leaves a marker the log does not know. Its number still counts towards the highest, or the next
+    save (after its first tier was wiped) would take that number again and not rank newest."""
     logged: dict[str, int] = {}
     for entry in read_log(tier):
         logged[entry.checkpoint_id] = max(logged.get(entry.checkpoint_id, 0), entry.seq)
     committed = [c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)]
-    return highest_in(tier), {c: logged.get(c) for c in committed}
+    seqs = {c: logged[c] if c in logged else _marker_seq(tier, c) for c in committed}
+    return max([highest_in(tier), *(s for s in seqs.values() if s is not None)]), seqs
+
+
+def _marker_seq(tier: Tier, checkpoint_id: str) -> int | None:
+    """The commit number in the id's marker; None if it is gone or unreadable (not a copy)."""
+    try:
+        return read_manifest(tier, checkpoint_id).seq
+    except (FileNotFoundError, IntegrityError):
+        return None
 
 
 class Elsewhere:
