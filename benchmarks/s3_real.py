@@ -17,7 +17,9 @@ of per-round time ratios (tierstore's time over the baseline's: below 1 is faste
 * a restore from RAM and ``latest_committed`` with S3 configured behind RAM, against a RAM-only
   configuration (``benchmarks/standalone.py`` measures the same in fresh processes).
 
-``--part-size``, ``--concurrency`` and ``--checksum`` set the S3 tier's fields, to measure a change.
+``--tier KEY=VALUE`` sets a field of every S3 tier here (``part_size=16MiB``); ``--also
+KEY=VALUE[,KEY=VALUE]`` adds an S3-only ``dcp.save``/``dcp.load`` with those fields to every round,
+next to the others: a change measured in the same rounds as what it changes.
 Writes ``s3_real.json`` to ``--out``.
 """
 
@@ -95,9 +97,12 @@ class Run:
         self.ratios: dict[str, list[float]] = {}
         self.extra: dict[str, Any] = {}
 
-    def config(self, *kinds: str, ram: str = "ram", prefix: str = "tierstore") -> Config:
+    def config(
+        self, *kinds: str, ram: str = "ram", prefix: str = "tierstore", **fields: str
+    ) -> Config:
         """A configuration of ``kinds`` ("ram", "s3") in order, namespace ``bench``; the S3 tier
-        at ``s3://bench/<prefix>``, the RAM tier in the run's ``<ram>`` directory."""
+        at ``s3://bench/<prefix>`` with ``--tier``'s fields and ``fields``, the RAM tier in the
+        run's ``<ram>`` directory."""
         tiers: list[dict[str, Any]] = []
         for kind in kinds:
             if kind == "ram":
@@ -105,10 +110,7 @@ class Run:
             else:
                 tier = {"name": "s3", "type": "s3", "url": f"s3://{BUCKET}/{prefix}",
                         "endpoint_url": self.endpoint}  # fmt: skip
-                for field in ("part_size", "concurrency", "checksum"):
-                    if getattr(self.args, field) is not None:
-                        tier[field] = getattr(self.args, field)
-                tiers.append(tier)
+                tiers.append({**tier, **fields_of(self.args.tier), **fields})
         return config_from_dict({"namespace": "bench", "tiers": tiers})
 
     def time(self, name: str, seconds: float) -> float:
@@ -117,6 +119,12 @@ class Run:
 
     def ratio(self, name: str, ours: float, theirs: float) -> None:
         self.ratios.setdefault(name, []).append(ours / theirs)
+
+
+def fields_of(settings: list[str]) -> dict[str, str]:
+    """``["part_size=16MiB", "concurrency=16"]`` (or one string, comma-separated) as a dict."""
+    pairs = [pair for setting in settings for pair in setting.split(",") if pair]
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def timed(run: Callable[[], object]) -> float:
@@ -155,8 +163,19 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
         loads.append(lambda: run.time("s3torchconnector dcp.load", timed(lambda: dcp.load(
             run.restored, storage_reader=connector_reader(run.endpoint, theirs),
             checkpoint_id=theirs))))  # fmt: skip
+    for also in run.args.also:
+        tried = run.config("s3", prefix=f"also-{also}", **fields_of([also]))
+        saves.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.save, S3 only, {also}",
+            timed(lambda: dcp.save(run.state, storage_writer=TieredWriter(tried),
+                                   checkpoint_id=ckpt))))  # fmt: skip
+        loads.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.load, S3 only, {also}",
+            timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(tried),
+                                   checkpoint_id=ckpt))))  # fmt: skip
     saved = rotated(index, saves)
     loaded = rotated(index, loads)
+    for offset, also in enumerate(run.args.also, start=len(saves) - len(run.args.also)):
+        run.ratio(f"dcp.save, {also} / boto3 best upload", saved[offset], saved[1])
+        run.ratio(f"dcp.load, {also} / boto3 best download", loaded[offset], loaded[1])
     run.ratio("dcp.save: tierstore S3 / boto3 best upload", saved[0], saved[1])
     run.ratio("dcp.load: tierstore S3 / boto3 best download", loaded[0], loaded[1])
     if connector:
@@ -235,8 +254,9 @@ def measure(run: Run) -> None:
     for index in range(run.args.rounds):
         started = time.perf_counter()
         round_save_load(run, index, connector)
-        round_promote_restore(run, index, promoter, promoted)
-        round_ram(run, index, promoted)
+        if not run.args.saves_only:
+            round_promote_restore(run, index, promoter, promoted)
+            round_ram(run, index, promoted)
         print(f"  round {index + 1} of {run.args.rounds}: {time.perf_counter() - started:.0f} s",
               flush=True)  # fmt: skip
 
@@ -273,9 +293,12 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--part-size", help="the S3 tier's part_size (default: its own)")
-    parser.add_argument("--concurrency", type=int, help="the S3 tier's concurrency")
-    parser.add_argument("--checksum", choices=["crc32", "none"], help="the S3 tier's checksum")
+    parser.add_argument("--tier", action="append", default=[], metavar="KEY=VALUE",
+                        help="a field of every S3 tier (part_size=16MiB)")  # fmt: skip
+    parser.add_argument("--also", action="append", default=[], metavar="KEY=VALUE[,...]",
+                        help="one more S3-only save and load per round, with these fields")  # fmt: skip
+    parser.add_argument("--saves-only", action="store_true",
+                        help="only the dcp.save/dcp.load rounds (to try a change quickly)")  # fmt: skip
     args = parser.parse_args()
     # Every client here signs with a placeholder key (the server checks none): boto3 and the
     # tier's botocore read it from the environment, as does s3torchconnector's CRT client.
