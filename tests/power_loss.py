@@ -19,16 +19,19 @@ The power-cut model (ext4-like, conservative). A crash after operation *i* leave
   back, pointing at the same inodes as then);
 * every file reachable through those entries with the content of its last ``fsync`` before *i*
   (or when recording began); a file never fsynced is empty;
-* optionally (``prefixes=True``) also each state where one such file has, on top of that, the first
-  k of the writes made to it since (k = 1 .. all): written-back pages that happened to reach the
-  disk before the cut, in the order they were written.
+* as variants (:meth:`Trace.crash_states`): the unsynced changes of one directory, or of all,
+  did reach the disk (names created, renamed or unlinked since its fsync); and, in the conservative
+  state and the all-flushed one, one reachable file also kept the first k of the writes made to it
+  since its last fsync (written-back pages that reached the disk before the cut, in write order;
+  k = 1 .. all).
 
 What the model does not cover: storage that acknowledges an ``fsync`` it did not make durable
 (a lying disk cache, an NFS server without ``sync``), torn writes inside one ``write`` call,
-reordering of writes within a file beyond the prefix order, unsynced directory changes that did
-reach the disk (it only reverts them), and IO not made through the ``os`` module (``mmap`` stores,
-the builtin ``open``). The root must be on tmpfs, where inode numbers are not reused, so an inode
-names one file for the whole trace.
+reordering of writes within a file beyond the prefix order, a directory whose unsynced changes
+reached the disk only in part, and IO not made through the ``os`` module (``mmap`` stores, the
+builtin ``open``; the disk tiers use neither for what they persist). Only this process's calls
+are seen: a multi-rank save's other processes are not. The root must be on tmpfs, where inode
+numbers are not reused, so an inode names one file for the whole trace.
 """
 
 from __future__ import annotations
@@ -108,38 +111,45 @@ class Trace:
         """The conservative crash state after operation ``after`` (0: before the first)."""
         return CrashState(after, "reverted", self._tree(self.root_inode, after, {}, {}))
 
-    def flushed_states(self, after: int) -> list[CrashState]:
-        """The states where unsynced changes of directories did reach the disk: of each such
-        directory alone, then of all of them (file contents stay as synced)."""
+    def crash_states(self, after: int, *, flushed: bool, prefixes: bool) -> list[CrashState]:
+        """The conservative crash state after ``after``, then its variants: ``flushed``, the
+        unsynced changes of one directory, then of every directory, did reach the disk;
+        ``prefixes``, in the conservative state and in the one with every directory flushed, one
+        reachable file also kept the first k of the writes made to it since its last fsync
+        (k = 1 .. all)."""
+        choices: list[tuple[str, dict[int, Entries]]] = [("reverted", {})]
+        if flushed:
+            choices += self._flush_choices(after)
+        states = []
+        for number, (label, dirs) in enumerate(choices):
+            states.append(CrashState(after, label, self._tree(self.root_inode, after, {}, dirs)))
+            if not prefixes or 0 < number < len(choices) - 1:
+                continue
+            for inode in sorted(self._reachable_files(self.root_inode, after, dirs)):
+                pending = self._pending_writes(inode, after)
+                for count in range(1, len(pending) + 1):
+                    extra = {inode: _apply(self._file(inode, after), pending[:count])}
+                    tree = self._tree(self.root_inode, after, extra, dirs)
+                    states.append(
+                        CrashState(after, f"{label}, inode {inode} +{count} writes", tree)
+                    )
+        return states
+
+    def _flush_choices(self, after: int) -> list[tuple[str, dict[int, Entries]]]:
+        """``(label, {directory: entries})`` for each directory whose entries differ from their
+        last fsync, alone, then for all of them at once."""
         current = {d: e for d in self.dir_states if (e := self._current(d, after)) is not None}
         pending = {d: e for d, e in current.items() if e != self._entries(d, after)}
-        states = [
-            CrashState(
-                after, f"directory {d} flushed", self._tree(self.root_inode, after, {}, {d: e})
-            )
-            for d, e in sorted(pending.items())
-        ]
+        choices = [(f"directory {d} flushed", {d: e}) for d, e in sorted(pending.items())]
         if len(pending) > 1:
-            states.append(CrashState(after, "every directory flushed",
-                                     self._tree(self.root_inode, after, {}, pending)))  # fmt: skip
-        return states
+            choices.append(("every directory flushed", pending))
+        return choices
 
     def _current(self, inode: int, after: int) -> Entries | None:
         """The entries of directory ``inode`` as last seen at or before ``after`` (None: unseen)."""
         seen = [(op, e) for op, e in self.dir_syncs.get(inode, []) + self.dir_states.get(inode, [])
                 if op <= after]  # fmt: skip
         return max(seen, key=lambda s: s[0])[1] if seen else None
-
-    def prefix_states(self, after: int) -> list[CrashState]:
-        """The states where one reachable file also kept the first k of its unsynced writes."""
-        states = []
-        for inode in sorted(self._reachable_files(self.root_inode, after)):
-            pending = self._pending_writes(inode, after)
-            for count in range(1, len(pending) + 1):
-                extra = {inode: _apply(self._file(inode, after), pending[:count])}
-                tree = self._tree(self.root_inode, after, extra, {})
-                states.append(CrashState(after, f"inode {inode} +{count} writes", tree))
-        return states
 
     def _entries(self, inode: int, after: int) -> Entries:
         synced = [e for op, e in self.dir_syncs.get(inode, []) if op <= after]
@@ -156,10 +166,11 @@ class Trace:
         since = self._last_sync(inode, after)
         return [w for w in self.writes.get(inode, []) if since < w.op <= after]
 
-    def _reachable_files(self, directory: int, after: int) -> set[int]:
+    def _reachable_files(self, directory: int, after: int, flushed: dict[int, Entries]) -> set[int]:
         found: set[int] = set()
-        for child, is_dir in self._entries(directory, after).values():
-            found |= self._reachable_files(child, after) if is_dir else {child}
+        entries = flushed[directory] if directory in flushed else self._entries(directory, after)
+        for child, is_dir in entries.values():
+            found |= self._reachable_files(child, after, flushed) if is_dir else {child}
         return found
 
     def _tree(

@@ -50,7 +50,8 @@ def test_a_name_not_fsynced_in_its_directory_is_dropped_unless_flushed(shm_root:
         os.rename(shm_root / ".a.tmp", shm_root / "a")
     end = len(trace.ops)
     assert trace.crash_state(end).tree == {}
-    assert [s.tree for s in trace.flushed_states(end)] == [{"a": b"payload"}]
+    states = trace.crash_states(end, flushed=True, prefixes=False)
+    assert [s.tree for s in states] == [{}, {"a": b"payload"}]
 
 
 def test_an_unlink_not_fsynced_brings_the_old_file_back(shm_root: Path) -> None:
@@ -81,8 +82,8 @@ def test_writes_after_the_last_fsync_give_one_prefix_state_each(shm_root: Path) 
             os.close(fd)
     end = len(trace.ops)
     assert trace.crash_state(end).tree == {"log": b"base"}
-    trees = [s.tree["log"] for s in trace.prefix_states(end)]
-    assert trees == [b"base1", b"base122", b"base122333"]
+    states = trace.crash_states(end, flushed=False, prefixes=True)
+    assert [s.tree["log"] for s in states] == [b"base", b"base1", b"base122", b"base122333"]
 
 
 def test_calls_outside_the_root_are_not_recorded(shm_root: Path) -> None:
@@ -111,3 +112,23 @@ def test_the_recorder_refuses_a_root_that_is_not_tmpfs(tmp_path: Path) -> None:
         pytest.skip("tmp_path is on tmpfs here")
     with pytest.raises(RuntimeError, match="tmpfs"):
         OsRecorder(tmp_path)
+
+
+def test_a_file_written_in_a_flushed_directory_shows_each_prefix_of_its_writes(
+    shm_root: Path,
+) -> None:
+    recorder = OsRecorder(shm_root)
+    with recorder.active() as trace:
+        fd = os.open(shm_root / ".part.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"ab")
+            os.write(fd, b"cd")
+        finally:
+            os.close(fd)
+    states = trace.crash_states(len(trace.ops), flushed=True, prefixes=True)
+    assert [s.tree for s in states] == [
+        {},
+        {".part.tmp": b""},
+        {".part.tmp": b"ab"},
+        {".part.tmp": b"abcd"},
+    ]

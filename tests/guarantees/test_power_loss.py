@@ -215,11 +215,7 @@ def distinct_states(trace: Trace, *, prefixes: bool, flushed: bool) -> list[Cras
     seen: set[tuple[str, int]] = set()
     states: list[CrashState] = []
     for after in range(len(trace.ops) + 1):
-        candidates = [trace.crash_state(after)]
-        if prefixes:
-            candidates += trace.prefix_states(after)
-        if flushed:
-            candidates += trace.flushed_states(after)
+        candidates = trace.crash_states(after, flushed=flushed, prefixes=prefixes)
         returned = len(trace.marks_before(after))
         for state in candidates:
             key = (tree_digest(state.tree), returned)
