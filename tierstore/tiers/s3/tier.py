@@ -206,7 +206,8 @@ class S3Tier(Tier):
                 "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)",
             ) from exc
         except Exception as exc:
-            last, tries = exc, ""
+            last: BaseException = exc
+            tries = ""
             if isinstance(exc, RetriesExhausted):  # name the last failure, then the attempts
                 last, tries = exc.__cause__ or exc, f" ({exc.summary})"
             answer = s3_error(exc)
