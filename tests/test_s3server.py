@@ -76,3 +76,49 @@ def test_conditional_writes(seaweed: SeaweedServer, seaweed_bucket: str) -> None
     assert _error_code(caught.value) == ("PreconditionFailed", 412)
     etag = s3.head_object(Bucket=bucket, Key="mpu")["ETag"]
     _multipart(s3, bucket, "mpu", IfMatch=etag)
+
+
+def _md5(body: bytes) -> str:
+    import base64
+    import hashlib
+
+    return base64.b64encode(hashlib.md5(body).digest()).decode()  # noqa: S324 - S3's digest
+
+
+def test_checksums(seaweed: SeaweedServer, seaweed_bucket: str) -> None:
+    """A body is checked against ``x-amz-checksum-crc32`` and ``Content-MD5`` (400 BadDigest on a
+    mismatch, in a PUT and in a part); a whole-object GET with ``ChecksumMode=ENABLED`` gets the
+    CRC32 back (composite, ``-N``, for a multipart object), a ranged GET none."""
+    from botocore.exceptions import ClientError
+
+    from tierstore.tiers.s3.upload import checksum_args
+
+    s3 = seaweed.client(
+        retries={"total_max_attempts": 1},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    bucket, body = seaweed_bucket, b"checked " * 1000
+    for wrong in (checksum_args(b"other"), {"ContentMD5": _md5(b"other")}):
+        with pytest.raises(ClientError) as caught:
+            s3.put_object(Bucket=bucket, Key="sum", Body=body, **wrong)
+        assert _error_code(caught.value) == ("BadDigest", 400)
+    s3.put_object(Bucket=bucket, Key="sum", Body=body, ContentMD5=_md5(body), **checksum_args(body))
+    whole = s3.get_object(Bucket=bucket, Key="sum", ChecksumMode="ENABLED")
+    assert whole["ChecksumCRC32"] == checksum_args(body)["ChecksumCRC32"]
+    ranged = s3.get_object(Bucket=bucket, Key="sum", ChecksumMode="ENABLED", Range="bytes=0-9")
+    assert "ChecksumCRC32" not in ranged
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mp", ChecksumAlgorithm="CRC32")
+    part = b"p" * PART
+    with pytest.raises(ClientError) as caught:
+        s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload["UploadId"], PartNumber=1,
+                       Body=part, **checksum_args(b"other"))  # fmt: skip
+    assert _error_code(caught.value) == ("BadDigest", 400)
+    etag = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload["UploadId"], PartNumber=1,
+                          Body=part, **checksum_args(part))["ETag"]  # fmt: skip
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="mp", UploadId=upload["UploadId"],
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag, **checksum_args(part)}]},
+    )  # fmt: skip
+    composite = s3.get_object(Bucket=bucket, Key="mp", ChecksumMode="ENABLED")["ChecksumCRC32"]
+    assert composite.endswith("-1"), composite
