@@ -78,7 +78,7 @@ def cmd_ls(config: Config, args: argparse.Namespace) -> int:
 
 def _print_listing(config: Config, args: argparse.Namespace) -> int:
     catalog = Catalog(config, node=args.node)
-    listings = catalog.listings()
+    listings = catalog.listings(limit=args.limit or None)
     for name, why in sorted(catalog.unreachable.items()):  # what it could reach is still listed
         print(f"tierstore: tier {name} is unreachable, not listed: {why}", file=sys.stderr)
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
@@ -99,6 +99,8 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
         rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), durable,
                      human_bytes(entry.bytes), age))  # fmt: skip
     print_table(rows)
+    if args.limit and len(listings) == args.limit:
+        print(f"(the newest {args.limit} shown; --limit 0 lists every checkpoint)")
     return 0
 
 
@@ -354,7 +356,7 @@ def _drop_part(config: Config, tier: Tier, checkpoint_id: str, generation: str) 
 
 def cmd_advise(config: Config, args: argparse.Namespace) -> int:
     """The save interval for a given MTBF, from the stalls measured in the markers."""
-    listings = Catalog(config, node=args.node).listings()[: args.last]
+    listings = Catalog(config, node=args.node).listings(limit=args.last)
     stalls = [float(s) for entry in listings if (s := entry.timings.get("stall_s")) is not None]
     lags = [float(u) for entry in listings if (u := entry.timings.get("durable_lag_s")) is not None]
     if not stalls:
@@ -398,6 +400,13 @@ def _interval(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive interval, got {text!r}")
     return seconds
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def _node_list(text: str) -> list[int]:
@@ -480,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
     ls.add_argument("--watch", action="store_true", help="list again every interval until ^C")
+    ls.add_argument("--limit", type=_count, default=50, metavar="N",
+                    help="list the newest N checkpoints (default 50; 0: all)")  # fmt: skip
     ls.add_argument("--interval", type=_interval, default=2.0, metavar="S",
                     help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)")  # fmt: skip
     ls.set_defaults(run=cmd_ls)

@@ -31,6 +31,8 @@ from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+_PAGE = 64
+"""Ids whose markers :meth:`Catalog.listings` reads at a time (in parallel)."""
 
 
 def marker_times(tier: Tier) -> dict[str, float]:
@@ -234,64 +236,66 @@ class Catalog:
         known = elsewhere_for(self.tiers)
         return [(i, seq) for i, (_tier, seq, _gen) in known.own_commits(sightings).items()]
 
-    def listings(self) -> list[Listing]:
-        """Every committed checkpoint, newest first, with sizes and timings from its markers."""
+    def listings(self, limit: int | None = None) -> list[Listing]:
+        """Every committed checkpoint, newest first, with sizes and timings from its markers;
+        with ``limit``, the newest ``limit`` only.
+
+        Markers are read lazily, newest id first, a page at a time: what is listed costs a
+        listing per tier plus the markers of the ids shown, however many checkpoints are kept.
+        """
         scanned = self.scan()
-        by_name = {t.name: t for t in self.tiers}
-        jobs = [(i, name) for i, tiers in scanned.items() for name in tiers]
-
-        def load(job: tuple[str, str]) -> Manifest | None:
-            checkpoint_id, name = job
-            tier = by_name[name]
-            if name in self.unreachable:  # one unanswered read: the others are not waited for
-                return None
-            try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
-                return self.prober.ask(name, functools.partial(read_manifest, tier, checkpoint_id),
-                                       what=f"read the marker of {checkpoint_id}",
-                                       direct=tier.capabilities.staging_files)  # fmt: skip
-            except TierUnavailableError as exc:
-                if name not in self.unreachable:
-                    logger.warning("tier %s is unreachable, left out: %s", name, exc)
-                self.unreachable[name] = str(exc)
-                return None
-            except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls
-                logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, name, exc)
-                return None
-
+        order = self.newest_first(scanned)
+        page = limit or _PAGE
+        listings: list[Listing] = []
         with ThreadPoolExecutor(16) as pool:
-            manifests = dict(zip(jobs, pool.map(load, jobs), strict=True))
-        listings = []
-        for checkpoint_id in self.newest_first(scanned):
-            held = [
-                n for n in by_name
-                if n not in self.unreachable and manifests.get((checkpoint_id, n)) is not None
-            ]  # fmt: skip
-            if not held:
-                continue
-            first = manifests[(checkpoint_id, held[0])]
-            assert first is not None
-            timings = dict(first.timings)
-            lags = [
-                m.timings.get("durable_lag_s") for n in held if (m := manifests[(checkpoint_id, n)])
-            ]
-            if any(lag is not None for lag in lags):
-                timings["durable_lag_s"] = min(lag for lag in lags if lag is not None)
-            original = min(
-                float((m.provenance or {}).get("first_committed_at", m.committed_at))
-                for n in held
-                if (m := manifests[(checkpoint_id, n)]) is not None
-            )
-            listings.append(
-                Listing(
-                    checkpoint_id,
-                    tuple(held),
-                    first.total_bytes,
-                    original,
-                    first.step,
-                    timings,
-                )
-            )
+            for start in range(0, len(order), page):
+                ids = order[start : start + page]
+                jobs = [(i, name) for i in ids for name in scanned[i]]
+                manifests = dict(zip(jobs, pool.map(self._marker, jobs), strict=True))
+                listings += [x for i in ids if (x := self._listing(i, manifests)) is not None]
+                if limit is not None and len(listings) >= limit:
+                    return listings[:limit]
         return listings
+
+    def _marker(self, job: tuple[str, str]) -> Manifest | None:
+        """The marker of ``(id, tier name)``; None when unreadable (warned) or the tier is away."""
+        checkpoint_id, name = job
+        tier = next(t for t in self.tiers if t.name == name)
+        if name in self.unreachable:  # one unanswered read: the others are not waited for
+            return None
+        try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
+            return self.prober.ask(name, functools.partial(read_manifest, tier, checkpoint_id),
+                                   what=f"read the marker of {checkpoint_id}",
+                                   direct=tier.capabilities.staging_files)  # fmt: skip
+        except TierUnavailableError as exc:
+            if name not in self.unreachable:
+                logger.warning("tier %s is unreachable, left out: %s", name, exc)
+            self.unreachable[name] = str(exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls
+            logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, name, exc)
+            return None
+
+    def _listing(
+        self, checkpoint_id: str, manifests: dict[tuple[str, str], Manifest | None]
+    ) -> Listing | None:
+        """One id's listing from its markers in the tiers that hold a readable one (else None)."""
+        held = [
+            t.name for t in self.tiers
+            if t.name not in self.unreachable and manifests.get((checkpoint_id, t.name)) is not None
+        ]  # fmt: skip
+        if not held:
+            return None
+        markers = [m for n in held if (m := manifests[(checkpoint_id, n)]) is not None]
+        first = markers[0]
+        timings = dict(first.timings)
+        lags = [lag for m in markers if (lag := m.timings.get("durable_lag_s")) is not None]
+        if lags:
+            timings["durable_lag_s"] = min(lags)
+        original = min(
+            float((m.provenance or {}).get("first_committed_at", m.committed_at)) for m in markers
+        )
+        return Listing(checkpoint_id, tuple(held), first.total_bytes, original, first.step, timings)
 
 
 class _Sighted:
