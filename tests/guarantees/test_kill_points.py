@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -448,8 +449,15 @@ def kill_at_random(argv: list[str], rng: random.Random, window: float,
 
 
 def said(line: str) -> Ready:
-    """Ready once the process printed ``line`` (a blocking read: it prints or ends)."""
-    return lambda process: line in (process.stdout.readline() if process.stdout else "")
+    """Ready once the process printed ``line`` (polled: a hung process fails by the deadline)."""
+
+    def printed(process: subprocess.Popen[str]) -> bool:
+        assert process.stdout is not None
+        if not select.select([process.stdout], [], [], 0.05)[0]:
+            return False
+        return line in process.stdout.readline()
+
+    return printed
 
 
 Recovery = Callable[[], None]
