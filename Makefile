@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput clean
+.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput costs clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
@@ -60,6 +60,11 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/standalone.py $(STANDALONE_ARGS)
+	$(BIN)/python benchmarks/costs.py $(COSTS_ARGS)
+
+# requests and time per operation as ranks and retained checkpoints grow (make bench runs it too)
+costs: $(STAMP)
+	$(BIN)/python benchmarks/costs.py $(COSTS_ARGS)
 
 # what an S3 outage costs the fast path, against a real S3 server (make bench runs it too)
 standalone: $(STAMP)

@@ -1,0 +1,166 @@
+"""Costs as jobs grow: requests and time per operation against ranks and retained checkpoints.
+
+    python benchmarks/costs.py [--retained 10 100 1000 10000] [--ranks 8 64 256 1024] [--out DIR]
+
+A simulated job in one process, with tierstore's real code paths and four tiers (``ram`` memory,
+``nvme`` local, ``pfs`` shared, all on tmpfs here, and ``s3``: moto's server on loopback behind a
+counter of HTTP requests, :class:`tests.request_counter.CountingS3`). File operations on the POSIX
+tiers are counted by Python's audit hooks (:class:`tests.request_counter.FileOps`: opens, listings,
+renames, removals; stats are not audited). Nothing in tierstore is patched.
+
+* **Retained checkpoints** (one file per rank, 8 ranks): N committed checkpoints in every tier, set
+  up directly in the tiers' layout (the files, the marker the protocol writes, the commit-log entry;
+  S3 objects are stored into moto's backend without HTTP: the cheap path that makes 10,000 possible),
+  then one real promoter pass, which leaves its sightings as it does in a job. Measured: a promoter
+  pass that has nothing to do (the same promoter's third pass: its
+  marker cache trusts what it read once :data:`~tierstore.promote.discovery.SETTLE` s have passed), ``latest_committed``, a
+  restore's tier choice (:func:`tierstore.dcp.restore_choice.choose_copy`), ``tierstore ls``
+  (:meth:`Catalog.listings`, its default page of 50, and ``--limit 0`` up to 1,000) and a real ``dcp.save`` into the S3 tier (``tier="s3"``).
+* **Ranks** (files per checkpoint, 10 retained): the same, plus a save of that many ranks' files
+  into the S3 tier through the commit protocol (every file written, then
+  :func:`tierstore.records.protocol.claim` and :func:`~tierstore.records.protocol.publish`).
+
+Writes a table to stdout and ``costs.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.request_counter import CountingS3, FileOps
+from tests.simulated_job import BLOB, Job, manifest_for
+
+
+def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
+    """A save of ``ranks`` files into the S3 tier through the commit protocol (claim, publish)."""
+    from tierstore.records.protocol import claim, publish
+    from tierstore.tiers import make_tier
+
+    tier = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+
+    def save() -> None:
+        manifest = manifest_for(index, ranks, job.namespace)
+        for entry in manifest.files:
+            tier.write_bytes(f"{manifest.checkpoint_id}/{entry.path}", BLOB)
+        seq = claim(tier, manifest.checkpoint_id, manifest.generation)
+        assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+
+    return save
+
+
+def dcp_save(job: Job, checkpoint_id: str) -> Callable[[], None]:
+    """A real ``dcp.save`` of a small state into the S3 tier (``tier="s3"``), one rank."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from tierstore import TieredWriter
+
+    state = {f"w{i}": torch.zeros(16) for i in range(8)}
+
+    def save() -> None:
+        dcp.save(state, storage_writer=TieredWriter(job.config, tier="s3"),
+                 checkpoint_id=checkpoint_id)  # fmt: skip
+
+    return save
+
+
+def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -> dict[str, Any]:
+    """Every operation's cost in one job of ``retained`` checkpoints of ``ranks`` files."""
+    from tierstore import Catalog, latest_committed
+    from tierstore.dcp.restore_choice import choose_copy
+    from tierstore.promote.discovery import SETTLE
+    from tierstore.promote.sidecar import Promoter
+
+    job = Job(s3, ops, root, f"r{retained}x{ranks}-{len(os.listdir(root))}")
+    started = time.perf_counter()
+    job.populate(retained, ranks)
+    setup_s = time.perf_counter() - started
+    row: dict[str, Any] = {"retained": retained, "ranks": ranks, "setup_s": round(setup_s, 1)}
+    promoter = Promoter(job.config, node=0)
+    row["promoter first pass"] = job.measure(promoter.run_once)
+    time.sleep(SETTLE)  # then the markers it read are trusted from its cache (see MarkerCache)
+    promoter.run_once()
+    row["promoter idle pass"] = job.measure(promoter.run_once)
+    newest = manifest_for(retained, ranks, job.namespace).checkpoint_id
+    answer: list[str | None] = []
+    row["latest_committed"] = job.measure(
+        lambda: answer.append(latest_committed(job.config, node=0, collective=False))
+    )
+    assert answer == [newest], (answer, newest)
+    tiers = job.config.make_tiers(node=0)
+    row["restore tier choice"] = job.measure(
+        lambda: choose_copy(tiers, newest, node=0, verify=False, collective=False)
+    )
+    listed: list[int] = []
+    row["tierstore ls"] = job.measure(  # the CLI's default page
+        lambda: listed.append(len(Catalog(job.config).listings(limit=LS_PAGE)))
+    )
+    assert listed == [min(retained, LS_PAGE)], listed
+    if retained <= 1000:  # every marker of every tier: 10,000 S3 GETs would take minutes here
+        row["ls --limit 0"] = job.measure(lambda: Catalog(job.config).listings())
+    row["protocol save to s3"] = job.measure(protocol_save(job, retained + 1, ranks))
+    row["dcp.save to s3"] = job.measure(dcp_save(job, f"step_{(retained + 2) * 100:08d}"))
+    for root_dir in job.roots.values():
+        shutil.rmtree(root_dir, ignore_errors=True)
+    return row
+
+
+LS_PAGE = 50
+"""``tierstore ls``'s default ``--limit``."""
+OPERATIONS = ("latest_committed", "restore tier choice", "promoter idle pass", "tierstore ls",
+              "ls --limit 0", "protocol save to s3", "dcp.save to s3", "promoter first pass")  # fmt: skip
+
+
+def show(rows: list[dict[str, Any]], axis: str) -> None:
+    """One table per sweep: S3 requests / file operations / seconds of each operation."""
+    print(f"\n{axis:>9}  " + "  ".join(f"{op[:22]:>22}" for op in OPERATIONS))
+    print(f"{'':>9}  " + "  ".join(f"{'S3  files  seconds':>22}" for _ in OPERATIONS))
+    for row in rows:
+        cells = [f"{r['s3']:>5} {r['file_ops']:>6} {r['seconds']:>8.3f}" if r else "-"
+                 for r in (row.get(op) for op in OPERATIONS)]  # fmt: skip
+        print(f"{row[axis]:>9}  " + "  ".join(f"{c:>22}" for c in cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--retained", type=int, nargs="*", default=[10, 100, 1000, 10000])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[8, 64, 256, 1024])
+    parser.add_argument("--out", default="bench-results")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    print("costs as jobs grow: S3 requests, file operations, seconds per operation", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {"retained": [], "ranks": []}
+    root = Path(tempfile.mkdtemp(prefix="tierstore-costs-", dir="/dev/shm"))
+    try:
+        with CountingS3() as s3:
+            ops = FileOps()
+            for retained in args.retained:
+                results["retained"].append(point(s3, ops, root, retained, 8))
+            show(results["retained"], "retained")
+            for ranks in args.ranks:
+                results["ranks"].append(point(s3, ops, root, 10, ranks))
+            show(results["ranks"], "ranks")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "costs.json").write_text(json.dumps(results, indent=1))
+    print(f"wrote {out / 'costs.json'}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    main()

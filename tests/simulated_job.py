@@ -1,0 +1,107 @@
+"""A simulated job for measuring costs: many committed checkpoints of many ranks' files in four
+tiers, set up in one process in the tiers' own layout.
+
+Each checkpoint is what a committed save leaves in a tier: one data file per rank, DCP's metadata,
+the marker (:class:`~tierstore.records.marker.Manifest`, as the protocol writes it) and the commit-log
+entry. POSIX tiers get plain files; the S3 tier's objects go straight into moto's backend
+(:meth:`tests.request_counter.CountingS3.put_direct`): no HTTP, so 10,000 checkpoints take seconds.
+What tierstore then lists and reads is the same as after real saves and promotions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.request_counter import CountingS3, FileOps
+from tierstore.checksum import crc32c
+from tierstore.config import Config, config_from_dict
+from tierstore.ids import commit_entry_path, data_file, marker_path, metadata_file
+from tierstore.records.marker import FileEntry, Manifest
+
+BLOB = b"x" * 64
+"""The content of every simulated file: the costs measured here are per request, not per byte."""
+
+
+def manifest_for(index: int, ranks: int, namespace: str) -> Manifest:
+    """Checkpoint ``index``'s marker: one data file per rank, DCP's metadata, commit number index."""
+    generation = f"g{index:011x}00000000"
+    crc = crc32c(BLOB)
+    files = [FileEntry(data_file(generation, r, 0), len(BLOB), crc, r, 0) for r in range(ranks)]
+    files.append(FileEntry(metadata_file(generation), len(BLOB), crc, None, 0))
+    return Manifest(f"step_{index * 100:08d}", generation, ranks, tuple(files), seq=index,
+                    namespace=namespace)  # fmt: skip
+
+
+def layout(manifest: Manifest) -> Iterator[tuple[str, bytes]]:
+    """Every tier-relative path a committed copy consists of, with its bytes."""
+    for entry in manifest.files:
+        yield f"{manifest.checkpoint_id}/{entry.path}", BLOB
+    yield marker_path(manifest.checkpoint_id), manifest.to_json()
+    yield commit_entry_path(manifest.seq or 0, manifest.checkpoint_id, manifest.generation), b""
+
+
+class Job:
+    """Four tiers of one simulated job, and the counters that watch them."""
+
+    def __init__(self, s3: CountingS3, ops: FileOps, root: Path, namespace: str) -> None:
+        import boto3
+
+        self.s3, self.ops, self.namespace = s3, ops, namespace
+        self.bucket = f"costs-{namespace}"
+        boto3.client("s3", endpoint_url=s3.endpoint).create_bucket(Bucket=self.bucket)
+        self.roots = {name: root / namespace / name for name in ("ram", "nvme", "pfs")}
+        ops.roots = tuple(str(r) for r in self.roots.values())
+        self.config: Config = config_from_dict({
+            "namespace": namespace,
+            "promote": {"interval": "1h"},  # sightings stay trusted for the whole run
+            "tiers": [
+                {"name": "ram", "type": "memory", "path": str(self.roots["ram"])},
+                {"name": "nvme", "type": "local", "path": str(self.roots["nvme"])},
+                {"name": "pfs", "type": "shared", "path": str(self.roots["pfs"])},
+                {"name": "s3", "type": "s3", "url": f"s3://{self.bucket}/ts",
+                 "endpoint_url": s3.endpoint},
+            ],
+        })  # fmt: skip
+
+    def populate(self, count: int, ranks: int) -> None:
+        """``count`` committed checkpoints of ``ranks`` files each, in every tier (set-up only)."""
+        for index in range(1, count + 1):
+            items = list(layout(manifest_for(index, ranks, self.namespace)))
+            for root in self.roots.values():
+                for rel, data in items:
+                    path = root / self.namespace / rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+            self.s3.put_direct(self.bucket, ((f"ts/{self.namespace}/{k}", v) for k, v in items))
+
+    def measure(self, what: Callable[[], object]) -> dict[str, Any]:
+        """Run ``what`` once: its S3 requests (by operation), file operations and seconds."""
+        with self.s3.counting() as s3, self.ops.window() as files:
+            started = time.perf_counter()
+            what()
+            seconds = time.perf_counter() - started
+        return {"s3": s3.total, "s3_ops": dict(s3.by_operation), "file_ops": files.total,
+                "seconds": round(seconds, 4)}  # fmt: skip
+
+
+def settled_promoters(jobs: list[Job]) -> list[Any]:
+    """A promoter per job, past its first pass and past the settling of what that pass read: the
+    next pass of each has nothing to do and reads no marker again.
+
+    A marker is trusted from the promoter's cache only once read :data:`SETTLE` seconds after it
+    was first listed (coarse mtimes); a job just set up is younger than that, so every promoter
+    makes a second pass after one shared wait.
+    """
+    from tierstore.promote.discovery import SETTLE
+    from tierstore.promote.sidecar import Promoter
+
+    promoters = [Promoter(job.config, node=0) for job in jobs]
+    for promoter in promoters:
+        promoter.run_once()
+    time.sleep(SETTLE + 0.1)
+    for promoter in promoters:
+        promoter.run_once()
+    return promoters
