@@ -11,7 +11,8 @@ of per-round time ratios (tierstore's time over the baseline's: below 1 is faste
   writer/reader (AWS CRT) and against boto3's transfer manager moving one object of the same bytes
   (the best of concurrency 4/8/16 in that round);
 * a promotion memory -> S3 (``Promoter.run_once``; the promotion's own time as its metric reports
-  it: copy, verification and marker) against boto3's best upload of the round;
+  it: copy, verification and marker) against boto3's best upload of the round (the one measured
+  beside the saves);
 * a restore from S3 (a RAM tier configured in front, without the checkpoint) against boto3's best
   download of the round;
 * a restore from RAM and ``latest_committed`` with S3 configured behind RAM, against a RAM-only
@@ -185,7 +186,7 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
 
 
 def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -> None:
-    """A promotion memory -> S3 and a restore from S3, each next to boto3's best of the round."""
+    """A promotion memory -> S3 and a restore from S3, each against boto3's best of the round."""
     s3 = make_tier(run.config("s3").tiers[0], namespace="bench", node=0)
     metric = promoter.metrics.promotion_seconds.labels("s3")
 
@@ -202,10 +203,9 @@ def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -
         return run.time("tierstore restore from S3 (RAM + S3, RAM empty)", timed(lambda: dcp.load(
             run.restored, storage_reader=TieredReader(behind_empty_ram), checkpoint_id=ckpt)))  # fmt: skip
 
-    ours, theirs = rotated(index, [promote, lambda: boto3_best(run, "upload", index)])
-    run.ratio("promotion memory -> S3 / boto3 best upload", ours, theirs)
-    ours, theirs = rotated(index, [restore, lambda: boto3_best(run, "download", index)])
-    run.ratio("restore from S3 / boto3 best download", ours, theirs)
+    # against boto3's best of this round's save and load group: the same bytes, minutes apart
+    run.ratio("promotion memory -> S3 / boto3 best upload", promote(), run.extra["last upload"])
+    run.ratio("restore from S3 / boto3 best download", restore(), run.extra["last download"])
 
 
 def round_ram(run: Run, index: int, ckpt: str) -> None:
