@@ -63,6 +63,10 @@ EXPIRED = 2 * TTL + 0.3
 """The wait after the kills before recovery: every dead holder's activity record has expired."""
 
 
+Recovery = Callable[[], None]
+"""What is left of a recovery once the dead holders' activity records expired."""
+
+
 @dataclass(frozen=True)
 class Case:
     """One kill point armed in one actor. ``spec`` is ``TIERSTORE_KILL_POINT``'s value;
@@ -247,26 +251,36 @@ def trainer_killed(path: Path, case: Case, code: int, output: str) -> Config:
     return config
 
 
-def trainer_resumed(path: Path, config: Config, s3: Any, tally: Tally, point: str) -> None:
-    """Resume (one process saves the next step), gc, and check nothing is left behind."""
+def trainer_resumed(path: Path, config: Config, s3: Any, tally: Tally, point: str) -> Recovery:
+    """Resume at once, while the dead save's activity record still looks live: one process saves
+    the step after the last commit (the id the dead save was writing, if it did not commit).
+    Returns the rest of the recovery: gc once the record expired, then the oracle."""
     latest = latest_committed(config, collective=False)
     assert latest is not None
     step = int(latest.split("_")[1]) + 1
     save(config, step, job_state(step))
-    gc(path)
     assert latest_committed(config, collective=False) == f"step_{step}"
-    assert_restores(config, f"step_{step}", job_state(step))
-    recovered(config, s3, tally, point)
+
+    def cleaned() -> None:
+        gc(path)
+        assert latest_committed(config, collective=False) == f"step_{step}"
+        assert_restores(config, f"step_{step}", job_state(step))
+        recovered(config, s3, tally, point)
+
+    return cleaned
 
 
 def check_trainer_cases(tmp_path: Path, cases: list[Case], s3: Any) -> Tally:
     paths = [write_config(tmp_path / f"t{i}", "shared", None) for i in range(len(cases))]
     ended = run_trainers(list(zip(paths, cases, strict=True)), tmp_path)
-    configs = [trainer_killed(p, c, *e) for p, c, e in zip(paths, cases, ended, strict=True)]
-    time.sleep(EXPIRED)
     tally = Tally()
-    for case, path, config in zip(cases, paths, configs, strict=True):
-        trainer_resumed(path, config, s3, tally, case.point)
+    recoveries = [
+        trainer_resumed(path, trainer_killed(path, case, *end), s3, tally, case.point)
+        for path, case, end in zip(paths, cases, ended, strict=True)
+    ]
+    time.sleep(EXPIRED)
+    for recover in recoveries:
+        recover()
     return tally
 
 
@@ -315,6 +329,7 @@ def promoted_copies_restore(job: Promoted) -> list[str]:
     for checkpoint_id in ids:
         assert_restores(alone, checkpoint_id, job.state(int(checkpoint_id[-1])))
         assert read_manifest(tier, checkpoint_id).provenance, "not a promoted marker"
+    assert latest_committed(alone, collective=False) == (ids[-1] if ids else None)
     return ids
 
 
@@ -326,18 +341,27 @@ def promoter_survived(job: Promoted) -> list[str]:
     return promoted_copies_restore(job)
 
 
-def promoter_recovered(job: Promoted, s3: Any, tally: Tally, point: str) -> None:
-    """Restart the promoter (one pass: it promotes, then cleans up leftovers), then the oracle."""
+def promoter_restarted(job: Promoted, s3: Any, tally: Tally, point: str) -> Recovery:
+    """Restart the promoter at once, while the dead one's activity record still looks live: one
+    pass promotes both checkpoints. Returns the rest of the recovery: gc once the record expired,
+    then the oracle."""
     report = Promoter(job.config, node=0).run_once()
     assert not report.failed, report.failed
     assert promoted_copies_restore(job) == ["step_1", "step_2"]
-    recovered(job.config, s3, tally, point)
+
+    def cleaned() -> None:
+        gc(job.path)
+        assert promoted_copies_restore(job) == ["step_1", "step_2"]
+        recovered(job.config, s3, tally, point)
+
+    return cleaned
 
 
 def test_the_promoter_killed_at_each_point_is_redone_without_leftovers(
     tmp_path: Path, s3_endpoint: str, s3_client: Any
 ) -> None:
-    killed: list[tuple[Case, Promoted]] = []
+    killed: list[Recovery] = []
+    tally = Tally()
     for index, case in enumerate(PROMOTER):
         bucket = f"ts-kill-{uuid.uuid4().hex[:12]}"
         s3_client.create_bucket(Bucket=bucket)
@@ -347,13 +371,10 @@ def test_the_promoter_killed_at_each_point_is_redone_without_leftovers(
         promoter_survived(job)
         uploads = open_upload_count(job.config, s3_client)[0]
         assert uploads == (1 if case.upload_open else 0), f"{case.spec}: {uploads} uploads open"
-        killed.append((case, job))
-    s3_uploads = sum(open_upload_count(job.config, s3_client)[0] for _case, job in killed)
-    print(f"\nmultipart uploads left by the killed promoters: {s3_uploads}")
+        killed.append(promoter_restarted(job, s3_client, tally, case.point))
     time.sleep(EXPIRED)
-    tally = Tally()
-    for case, job in killed:
-        promoter_recovered(job, s3_client, tally, case.point)
+    for recover in killed:
+        recover()
     tally.report("promoter")
 
 
@@ -460,9 +481,6 @@ def said(line: str) -> Ready:
     return printed
 
 
-Recovery = Callable[[], None]
-
-
 def random_trainer(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Recovery:
     """The 2-rank trainer saving steps 1-6 (async_save), killed at a random moment after its
     first commit: what it committed last restores; the recovery resumes from there."""
@@ -475,7 +493,7 @@ def random_trainer(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Rec
     assert latest is not None
     assert_restores(config, latest, job_state(int(latest.split("_")[1])))
     assert_audit_clean(config)
-    return lambda: trainer_resumed(path, config, s3, tally, "random: trainer")
+    return trainer_resumed(path, config, s3, tally, "random: trainer")
 
 
 def random_promoter(root: Path, rng: random.Random, target: str, *, s3: tuple[str, str],
@@ -496,7 +514,7 @@ def random_promoter(root: Path, rng: random.Random, target: str, *, s3: tuple[st
     uploads = open_upload_count(job.config, client)[0]
     print(f"  promoter to {target} killed at {delay:.2f}s (landed: {landed}): committed {ids},"
           f" {uploads} uploads open")  # fmt: skip
-    return lambda: promoter_recovered(job, client, tally, f"random: promoter to {target}")
+    return promoter_restarted(job, client, tally, f"random: promoter to {target}")
 
 
 def random_gc(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Recovery:
