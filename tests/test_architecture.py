@@ -166,3 +166,14 @@ def test_the_design_docs_file_map_names_every_module_and_only_modules_that_exist
         "docs/design.md's package layout names modules that are gone"
     )
     assert sorted(packages - dirs) == [], "packages missing from docs/design.md's package layout"
+
+
+def test_no_module_reads_thread_stacks() -> None:
+    """Back-pressure follows explicit signals (a thread's end, DCP's end-of-save event, the staged
+    tensors' release), never the interpreter's private view of other threads' frames."""
+    readers = [
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "_current_frames" in path.read_text() or "f_back" in path.read_text()
+    ]
+    assert readers == []

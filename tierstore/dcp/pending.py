@@ -6,10 +6,11 @@ buffers and writer free for the next save, when one of these holds:
 * **the thread carrying it has ended**: DCP's executor thread, in THREAD mode, or the thread that
   handed the writer to DCP's checkpoint process and waits for it, in PROCESS mode;
 * **the thread carrying it has returned from DCP**: a save carried synchronously (``dcp.save`` of
-  staged state on a long-lived worker thread) never ends its thread. Once no frame of DCP or of
-  tierstore's DCP integration is on that thread's stack, the call that reported in has returned,
-  collectives included, whether it committed or failed. Only for saves whose calls ran in this
-  process: in PROCESS mode they run in DCP's checkpoint process, and the carrier only waits;
+  staged state on a long-lived worker thread) never ends its thread. DCP's own event for the end
+  (or the exception) of that ``dcp.save`` call, reported on the carrier thread after its
+  collectives (:mod:`tierstore.dcp.save_events`), says the save has returned, committed or failed.
+  Only for saves whose calls ran in this process: in PROCESS mode they run in DCP's checkpoint
+  process, and the carrier only waits;
 * **it never reported in and nothing holds its staged tensors any more**: ``async_save`` failed
   between staging and handing the save over (PROCESS mode without a process group), so no thread
   can ever read them.
@@ -30,40 +31,25 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as torch_dcp
+
+from tierstore.dcp import save_events
 
 logger = logging.getLogger(__name__)
 
 REGISTRATION_TIMEOUT = 120.0
 """How long a staged save may take to reach tierstore's first call (PROCESS mode starts a process)."""
 POLL_S = 0.1
-"""How often a wait looks at the carrier's stack (or at the staged tensors), between wake-ups."""
+"""How often a wait looks at the carrier (or at the staged tensors), between wake-ups."""
 _COLLECT_AFTER_S = 1.0
 """An unreported save whose tensors are still alive after this long gets one garbage collection:
 an exception's traceback cycle may be what holds them."""
 _WARN_EVERY_S = 60.0
-_DCP_DIRS = (
-    str(Path(torch_dcp.__file__).parent) + "/",
-    str(Path(__file__).parent) + "/",
-)
-"""A carrier with a frame from these directories on its stack is still inside DCP's save."""
-
-
-def _inside_dcp(thread: threading.Thread) -> bool:
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(_DCP_DIRS):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class Pending:
@@ -72,7 +58,7 @@ class Pending:
     def __init__(self, staged: Iterable[torch.Tensor] = ()) -> None:
         self._registered = threading.Event()
         self._carrier: threading.Thread | None = None
-        self._in_process = False
+        self._returned: threading.Event | None = None  # set when the carrier's dcp.save returns
         self._lock = threading.Lock()
         self._on_handover: list[Callable[[], None]] = []
         self._staged = [weakref.ref(tensor) for tensor in staged]
@@ -88,7 +74,8 @@ class Pending:
             if self._registered.is_set():
                 return
             self._carrier = carrier
-            self._in_process = in_process
+            # Watched from inside the save (this is its first call): its end cannot be missed.
+            self._returned = save_events.watch(carrier) if in_process else None
             self._registered.set()
             jobs, self._on_handover = self._on_handover, []
         for job in jobs:
@@ -111,9 +98,12 @@ class Pending:
         carrier = self._carrier
         if carrier is None or carrier is threading.current_thread():
             return True
+        returned = self._returned
         warned = time.monotonic()
-        while carrier.is_alive() and not (self._in_process and not _inside_dcp(carrier)):
-            if isinstance(carrier, threading._DummyThread):
+        while carrier.is_alive() and not (returned is not None and returned.is_set()):
+            if returned is not None:
+                returned.wait(POLL_S)  # wakes at once when the save returns
+            elif isinstance(carrier, threading._DummyThread):
                 time.sleep(POLL_S)  # not started by threading: it cannot be joined
             else:
                 carrier.join(POLL_S)  # wakes at once when the thread ends
@@ -124,6 +114,8 @@ class Pending:
                     warned - started,
                     carrier.name,
                 )
+        if returned is not None and not returned.is_set():
+            save_events.forget(carrier, returned)  # the thread ended first
         return True
 
     def _wait_for_registration(self, started: float) -> bool:
