@@ -37,6 +37,7 @@ numbers are not reused, so an inode names one file for the whole trace.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -58,6 +59,10 @@ _NAME_CALLS = ("rename", "replace", "link", "unlink", "remove", "mkdir", "rmdir"
 """The ``os`` calls that change names (and only names): one wrapper serves them all."""
 _WRAPPED = ("open", "write", "pwrite", "fsync", "fdatasync", "ftruncate", *_NAME_CALLS)
 """The ``os`` functions the recorder wraps: every call a POSIX tier makes to change a file."""
+_UNMODELLED = {"writev": 0, "pwritev": 0, "sendfile": 0, "copy_file_range": 1, "truncate": 0,
+               "symlink": 1, "posix_fallocate": 0}  # fmt: skip
+"""Other ``os`` calls that change files, and which argument names the file changed: the model
+does not know them, so one below the root fails the recording instead of going unseen."""
 _TWO_PATHS = frozenset({"rename", "replace", "link"})
 
 
@@ -284,6 +289,10 @@ class OsRecorder:
             else getattr(self, f"_{name}")
             for name in _WRAPPED
         }
+        for name, where in _UNMODELLED.items():
+            if hasattr(os, name):
+                self._real[name] = getattr(os, name)
+                wrappers[name] = functools.partial(self._unmodelled, name, where)
         for name, wrapper in wrappers.items():
             setattr(os, name, wrapper)
         try:
@@ -291,6 +300,14 @@ class OsRecorder:
         finally:
             for name, real in self._real.items():
                 setattr(os, name, real)
+
+    def _unmodelled(self, name: str, where: int, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > where and self._below(args[where]) is not None:
+            raise AssertionError(
+                f"os.{name} on {args[where]!r}: the power-loss model does not know this call;"
+                " teach tests/power_loss.py what it makes durable"
+            )
+        return self._real[name](*args, **kwargs)
 
     # -- where a call lands ----------------------------------------------------------------------
 
@@ -365,11 +382,18 @@ class OsRecorder:
 
     def _write(self, fd: int, data: Any) -> int:
         with self._lock:
-            offset = os.lseek(fd, 0, os.SEEK_CUR) if self._fd_path(fd) is not None else -1
+            offset = self._offset(fd) if self._fd_path(fd) is not None else -1
             written = int(self._real["write"](fd, data))
             if offset >= 0:
                 self._record_write(fd, "write", offset, bytes(memoryview(data)[:written]))
             return written
+
+    @staticmethod
+    def _offset(fd: int) -> int:
+        """Where a ``write`` to ``fd`` lands: its end when opened with ``O_APPEND``."""
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            return os.fstat(fd).st_size
+        return os.lseek(fd, 0, os.SEEK_CUR)
 
     def _pwrite(self, fd: int, data: Any, offset: int) -> int:
         with self._lock:

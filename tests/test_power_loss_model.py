@@ -132,3 +132,27 @@ def test_a_file_written_in_a_flushed_directory_shows_each_prefix_of_its_writes(
         {".part.tmp": b"ab"},
         {".part.tmp": b"abcd"},
     ]
+
+
+def test_a_call_the_model_does_not_know_fails_the_recording(shm_root: Path) -> None:
+    recorder = OsRecorder(shm_root)
+    fd = os.open(shm_root / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with recorder.active(), pytest.raises(AssertionError, match=r"os\.writev"):
+            os.writev(fd, [b"x"])
+    finally:
+        os.close(fd)
+    assert not (shm_root / "f").stat().st_size  # refused, not made
+
+
+def test_appended_writes_are_placed_at_the_end(shm_root: Path) -> None:
+    _write(shm_root / "log", b"base", sync=True)
+    recorder = OsRecorder(shm_root)
+    with recorder.active() as trace:
+        fd = os.open(shm_root / "log", os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"+tail")
+        finally:
+            os.close(fd)
+    states = trace.crash_states(len(trace.ops), flushed=False, prefixes=True)
+    assert [s.tree["log"] for s in states] == [b"base", b"base+tail"]

@@ -16,14 +16,19 @@ the oracle of issue 24 is checked against that directory:
 
 The fixed run (``make test``): two saves, a promoter pass, a third save, an overwrite of the second
 id (a new generation, newer than the third), and a pass whose retention deletes the first
-checkpoint from both tiers (``keep: 2``) and whose gc runs; every conservative crash state, (c) on
-every fourth. The sweep (``make faults``; ``make test`` runs its first seed): one random run of
+checkpoint from both tiers (``keep: 2``) and whose gc runs (a cut leaves only fresh leftovers,
+which gc must leave alone: removing stale ones is not exercised here); every conservative crash
+state, (c) on every fourth. The sweep (``make faults``; ``make test`` runs its first seed): one random run of
 3 to 6 steps per seed, every crash state with its variants (directories flushed, write prefixes),
 (c) on each. Even seeds save to a ``memory`` tier first, which a power cut empties: there a save
 must survive only once a promoter pass begun after it has finished (it is on the local disk then),
 and a fresh save after the cut must still be newer than what the disk tiers hold. Crash states
 equal byte for byte (with the same saves returned before them) are checked once; the counts
 printed are of distinct states ("S crash states, S passed").
+
+The sweep found one bug (seed 0): a promotion logs its commit number after publishing the marker,
+and a cut between the two left a marker the log did not know; with host memory emptied, the next
+save took that number again and did not rank newest (tests/records/test_known_unlogged.py).
 
 Each rank's IO must go through this process for the recorder to see it: the runs are single-rank
 and in-process (multi-rank saves, SIGKILL and the S3 tier are items 1 and 3 of the issue).
@@ -260,17 +265,13 @@ def test_every_power_cut_restores_the_last_returned_save(shm_dir: Path) -> None:
 
 
 @pytest.mark.faults
-def test_power_cut_sweep(shm_dir: Path) -> None:
-    """Random runs (one per seed), every crash state with its variants; (c) after each."""
-    total = total_passed = 0
-    for seed in fault_seeds(1):
-        run = random_run(seed)
-        print(f"power loss seed {seed}: {run}")
-        recorded = _record(shm_dir / f"recorded-{seed}", run)
-        states, passed = _cut_everywhere(shm_dir, recorded, variants=True, after_every=1)
-        print(f"power loss seed {seed}: {len(recorded.trace.ops)} operations, {states} crash"
-              f" states, {passed} passed")  # fmt: skip
-        total, total_passed = total + states, total_passed + passed
-        shutil.rmtree(shm_dir / f"recorded-{seed}")
-    print(f"power loss sweep: {total} crash states, {total_passed} passed")
-    assert total_passed == total > 0
+@pytest.mark.parametrize("seed", fault_seeds(1))
+def test_power_cut_sweep(shm_dir: Path, seed: int) -> None:
+    """A random run drawn from ``seed``, every crash state with its variants; (c) after each."""
+    run = random_run(seed)
+    print(f"power loss seed {seed}: {run}")
+    recorded = _record(shm_dir / "recorded", run)
+    states, passed = _cut_everywhere(shm_dir, recorded, variants=True, after_every=1)
+    ops = len(recorded.trace.ops)
+    print(f"power loss seed {seed}: {ops} operations, {states} crash states, {passed} passed")
+    assert passed == states > 0
