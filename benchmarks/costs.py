@@ -10,15 +10,21 @@ renames, removals; stats are not audited). Nothing in tierstore is patched.
 
 * **Retained checkpoints** (one file per rank, 8 ranks): N committed checkpoints in every tier, set
   up directly in the tiers' layout (the files, the marker the protocol writes, the commit-log entry;
-  S3 objects are stored into moto's backend without HTTP: the cheap path that makes 10,000 possible),
-  then one real promoter pass, which leaves its sightings as it does in a job. Measured: a promoter
-  pass that has nothing to do (the same promoter's third pass: its
-  marker cache trusts what it read once :data:`~tierstore.promote.discovery.SETTLE` s have passed), ``latest_committed``, a
+  S3 objects are stored into moto's backend without HTTP: the cheap path that makes 10,000 possible).
+  Measured: a promoter's first pass (it reads every marker, and leaves its sightings as in a job), a
+  pass with nothing to do (the same promoter's third: its marker cache trusts a marker read
+  :data:`~tierstore.promote.discovery.SETTLE` s after it was listed), ``latest_committed``, a
   restore's tier choice (:func:`tierstore.dcp.restore_choice.choose_copy`), ``tierstore ls``
-  (:meth:`Catalog.listings`, its default page of 50, and ``--limit 0`` up to 1,000) and a real ``dcp.save`` into the S3 tier (``tier="s3"``).
-* **Ranks** (files per checkpoint, 10 retained): the same, plus a save of that many ranks' files
-  into the S3 tier through the commit protocol (every file written, then
-  :func:`tierstore.records.protocol.claim` and :func:`~tierstore.records.protocol.publish`).
+  (:meth:`Catalog.listings` at its default page of 50, and ``--limit 0`` up to 1,000), a save of
+  8 ranks' files through the commit protocol (every file written, then
+  :func:`tierstore.records.protocol.claim` and :func:`~tierstore.records.protocol.publish`) and a
+  real ``dcp.save`` into the S3 tier (``tier="s3"``, one rank).
+* **Ranks** (files per checkpoint, 10 retained): the same, the protocol save writing that many files.
+* **SeaweedFS** (``--seaweed N``, default 1,000): the times of ``ls`` and ``latest_committed`` with the
+  S3 tier on a real server (moto lists a bucket in Python, every key of it for each page).
+
+The job's ``probe_timeout`` is an hour: a slow listing is measured, not cut short (with the default
+10 s, a promoter's first pass over 10,000 checkpoints gives up on S3 and on the local disk tier).
 
 Writes a table to stdout and ``costs.json`` to ``--out``.
 """
@@ -117,6 +123,40 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     return row
 
 
+def seaweed_point(s3: CountingS3, ops: FileOps, root: Path, retained: int) -> dict[str, Any]:
+    """Times of ``ls`` and ``latest_committed`` over ``retained`` checkpoints of 8 ranks in four
+    tiers whose S3 tier is a real server (SeaweedFS on loopback): moto lists a bucket in Python,
+    every key of it per page, which a real store does not."""
+    from tests.s3server import seaweed_server
+    from tierstore import Catalog, latest_committed
+
+    row: dict[str, Any] = {"retained": retained, "ranks": 8}
+    with seaweed_server(root / "seaweed") as server:
+        job = Job(s3, ops, root, f"seaweed{retained}", endpoint=server.endpoint)
+        started = time.perf_counter()
+        job.populate(retained, 8)
+        row["setup_s"] = round(time.perf_counter() - started, 1)
+        for name, what in (
+            ("tierstore ls", lambda: Catalog(job.config).listings(limit=LS_PAGE)),
+            ("ls --limit 0", lambda: Catalog(job.config).listings()),
+            ("latest_committed", lambda: latest_committed(job.config, node=0, collective=False)),
+        ):
+            what()  # the first call of a process also builds its clients
+            seconds = []
+            for _ in range(3):
+                started = time.perf_counter()
+                what()
+                seconds.append(time.perf_counter() - started)
+            row[name] = round(sorted(seconds)[1], 3)
+    print(
+        f"  SeaweedFS, {retained} x 4 tiers: "
+        + ", ".join(
+            f"{k} {v:.3f} s" for k, v in row.items() if k not in ("retained", "ranks", "setup_s")
+        )
+    )
+    return row
+
+
 LS_PAGE = 50
 """``tierstore ls``'s default ``--limit``."""
 OPERATIONS = ("latest_committed", "restore tier choice", "promoter idle pass", "tierstore ls",
@@ -137,12 +177,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--retained", type=int, nargs="*", default=[10, 100, 1000, 10000])
     parser.add_argument("--ranks", type=int, nargs="*", default=[8, 64, 256, 1024])
+    parser.add_argument(
+        "--seaweed",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="time ls and latest over N checkpoints with SeaweedFS (0: skip)",
+    )
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
     print("costs as jobs grow: S3 requests, file operations, seconds per operation", flush=True)
-    results: dict[str, list[dict[str, Any]]] = {"retained": [], "ranks": []}
+    results: dict[str, list[dict[str, Any]]] = {"retained": [], "ranks": [], "seaweed": []}
     root = Path(tempfile.mkdtemp(prefix="tierstore-costs-", dir="/dev/shm"))
     try:
         with CountingS3() as s3:
@@ -153,6 +200,8 @@ def main() -> None:
             for ranks in args.ranks:
                 results["ranks"].append(point(s3, ops, root, 10, ranks))
             show(results["ranks"], "ranks")
+            if args.seaweed:
+                results["seaweed"].append(seaweed_point(s3, ops, root, args.seaweed))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = Path(args.out)
