@@ -73,9 +73,17 @@ class Activity:
         self.due = 0.0
 
     def refresh(self) -> None:
-        """(Re)write the record: it is live for another ``ttl`` seconds."""
+        """(Re)write the record: it is live for another ``ttl`` seconds.
+
+        A :meth:`release` that comes while this write is on its way wins: the record is deleted
+        again. Otherwise the heartbeat's last write could land after the release's delete, and the
+        record would look live for another ``ttl``, keeping cleanup off its generation.
+        """
         self.due = time.monotonic() + self.interval
         self.tier.write_bytes(self.path, self.body)
+        if self.released:  # flag set before the release deletes: one of the two deletes is last
+            with contextlib.suppress(FileNotFoundError):
+                self.tier.delete(self.path)
 
     def release(self) -> None:
         """Stop refreshing and delete the record (best effort: an orphan expires by itself)."""
