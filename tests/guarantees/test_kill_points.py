@@ -357,6 +357,17 @@ def promoter_restarted(job: Promoted, s3: Any, tally: Tally, point: str) -> Reco
     return cleaned
 
 
+def promoter_one_pass(job: Promoted, s3: Any, tally: Tally, point: str) -> None:
+    """Restart the promoter once the dead one's record expired: its one pass promotes both
+    checkpoints and leaves nothing behind (its own records included: a refresh landing after a
+    release once left a record that kept the dead promoter's upload, see
+    ``tests/records/test_activity_release.py``)."""
+    report = Promoter(job.config, node=0).run_once()
+    assert not report.failed, report.failed
+    assert promoted_copies_restore(job) == ["step_1", "step_2"]
+    recovered(job.config, s3, tally, point)
+
+
 def test_the_promoter_killed_at_each_point_is_redone_without_leftovers(
     tmp_path: Path, s3_endpoint: str, s3_client: Any
 ) -> None:
@@ -514,7 +525,7 @@ def random_promoter(root: Path, rng: random.Random, target: str, *, s3: tuple[st
     uploads = open_upload_count(job.config, client)[0]
     print(f"  promoter to {target} killed at {delay:.2f}s (landed: {landed}): committed {ids},"
           f" {uploads} uploads open")  # fmt: skip
-    return promoter_restarted(job, client, tally, f"random: promoter to {target}")
+    return lambda: promoter_one_pass(job, client, tally, f"random: promoter to {target}")
 
 
 def random_gc(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Recovery:
