@@ -20,7 +20,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -77,11 +77,12 @@ def configs(
     )
 
 
-def state_at(step: int) -> dict[str, Any]:
-    """~11 MiB of tensors (a multipart upload of 3 parts) and non-tensor items, all from ``step``."""
+def state_at(step: int, mib: int = 11) -> dict[str, Any]:
+    """``mib`` MiB of float32 (11: a multipart upload of 3 parts), a small tensor and non-tensor
+    items, all drawn from ``step``."""
     generator = torch.Generator().manual_seed(step)
     return {
-        "big": torch.rand(11 * 2**18, generator=generator),  # 11 MiB of float32
+        "big": torch.rand(mib * 2**18, generator=generator),
         "small": torch.randint(0, 1000, (300,), generator=generator),
         "extra": {"step": step, "note": f"saved at step {step}", "lr": 0.1 / (step + 1)},
     }
@@ -107,13 +108,15 @@ def digest(state: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def save(config: Config, step: int) -> None:
-    dcp.save(state_at(step), storage_writer=TieredWriter(config), checkpoint_id=f"step_{step:04d}")
+def save(config: Config, step: int, mib: int = 11) -> None:
+    dcp.save(
+        state_at(step, mib), storage_writer=TieredWriter(config), checkpoint_id=f"step_{step:04d}"
+    )
 
 
-def restore(config: Config, step: int) -> str:
+def restore(config: Config, step: int, mib: int = 11) -> str:
     """The digest of what a restore of ``step`` loads (from S3: the config has no other tier)."""
-    target = empty_like(state_at(step))
+    target = empty_like(state_at(step, mib))
     reader = TieredReader(config)
     dcp.load(target, storage_reader=reader, checkpoint_id=f"step_{step:04d}")
     assert reader.chosen_tier == "s3"
@@ -163,8 +166,7 @@ def test_promotion_and_restore_survive_a_flaky_store(
     assert committed_in_s3(job) == ["step_0001", "step_0002"], f"seed {seed}: not promoted"
     caplog.clear()
     assert latest_committed(restart, collective=False) == "step_0002"
-    for step in (1, 2):
-        assert restore(restart, step) == digest(state_at(step)), f"seed {seed}: step {step}"
+    assert restore(restart, 2) == digest(state_at(2)), f"seed {seed}: not bit-exact"
     print(
         f"seed={seed} rate={rate} faults={mix} requests={proxy.requests} injected={dict(proxy.injected)}"
         f" promoter_passes={passes} promoter_retries={promote_retries:.0f}"
@@ -175,69 +177,64 @@ def test_promotion_and_restore_survive_a_flaky_store(
 
 
 FAIL_ATTEMPTS = 3
+FAIL_FAULTS: tuple[Fault, ...] = ("503", "reset", "slow", "flip_request")
+"""Each breaks every write of a new checkpoint in turn (500 and truncate fail as 503 and reset do)."""
 
 
-@pytest.mark.parametrize("fault", ["503", "reset", "slow", "flip_request"])
+def only_writes_of(checkpoint_id: str) -> Callable[[str, str], bool]:
+    """The requests that write ``checkpoint_id``'s data: the store answers everything else."""
+    return lambda method, path: method in ("PUT", "POST") and f"/{checkpoint_id}/" in path
+
+
 def test_a_store_that_always_fails_fails_bounded_and_keeps_the_last_durable_copy(
-    fault: Fault, tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str],
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
-    proxy, bucket = flaky_s3
-    job, restart = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS)
-    save(job, 1)
-    promote_until(job, ["step_0001"])
-    assert committed_in_s3(job) == ["step_0001"]
-    save(job, 2)
-    # Every write of the new checkpoint's data fails; the store answers everything else.
-    proxy.configure(rate=1.0, faults=[fault], only=lambda method, path: method in ("PUT", "POST")
-                    and "/step_0002/" in path)  # fmt: skip
-    caplog.set_level(logging.ERROR, logger="tierstore.promote.sidecar")
-    started = time.monotonic()
-    report = Promoter(job).run_once()
-    seconds = time.monotonic() - started
-    failed = {p.checkpoint_id: why for p, why in report.failed}
-    assert list(failed) == ["step_0002"], report
-    why = failed["step_0002"]
-    print(f"fault={fault}: failed after {seconds:.1f} s: {why}")
-    assert why.startswith("tier s3 (s3, s3://"), why
-    key = r"(put|start upload|part \d+ of) run/step_0002/\S+"  # the object, by its key
-    assert re.search(rf"{key}: .*\({FAIL_ATTEMPTS} attempts in [\d.]+ s\)", why), why
-    assert "max_attempts" in why, "the error says what to change"
-    bound = FAIL_ATTEMPTS * (READ_TIMEOUT_S + 2 + 10) + 10  # timeouts, 100-continue, waits
-    assert seconds < bound, f"{seconds:.1f} s: retries are bounded in time"
-    # The previous durable checkpoint is still the latest and restores exactly; nothing partial.
-    proxy.configure(rate=0.0)
-    assert committed_in_s3(job) == ["step_0001"]
-    assert latest_committed(restart, collective=False) == "step_0001"
-    assert [e.checkpoint_id for e in Catalog(restart).listings()] == ["step_0001"]
-    assert restore(restart, 1) == digest(state_at(1))
-    # An upload the promoter knew of was aborted. A CreateMultipartUpload whose answer was lost
-    # (reset, slow) left an upload nobody knows the id of: gc removes it once it is stale.
-    s3 = restart.make_tier("s3", node=0)
-    orphans = s3.incomplete_writes(idle_for=0, now=time.time() + 5)
-    if orphans:
-        assert fault in ("reset", "slow"), f"{fault}: an upload the promoter started was left"
-        time.sleep(2.5)  # stale_after 1 s, on the store's clock (whole seconds)
-        gc_config = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS, stale_after="1s")
-        Promoter(gc_config[0]).collect_garbage(dry_run=False)
-    assert s3.incomplete_writes(idle_for=0, now=time.time() + 5) == [], "no upload is left"
-    print(f"fault={fault}: {len(orphans)} orphaned uploads, 0 after gc")
-
-
-def test_a_restore_from_a_store_that_always_fails_names_object_and_attempts(
     tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str]
 ) -> None:
     proxy, bucket = flaky_s3
     job, restart = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS)
+    s3 = restart.make_tier("s3", node=0)
     save(job, 1)
     promote_until(job, ["step_0001"])
+    assert committed_in_s3(job) == ["step_0001"]
+    save(job, 2)
+    orphans: dict[str, int] = {}
+    for fault in FAIL_FAULTS:
+        proxy.configure(rate=1.0, faults=[fault], only=only_writes_of("step_0002"))
+        started = time.monotonic()
+        report = Promoter(job).run_once()
+        seconds = time.monotonic() - started
+        failed = {p.checkpoint_id: why for p, why in report.failed}
+        assert list(failed) == ["step_0002"], f"{fault}: {report}"
+        why = failed["step_0002"]
+        print(f"fault={fault}: the promoter's pass failed after {seconds:.1f} s: {why}")
+        assert why.startswith("tier s3 (s3, s3://"), why
+        key = r"(put|start upload|part \d+ of) run/step_0002/\S+"  # the object, by its key
+        assert re.search(rf"{key}: .*\({FAIL_ATTEMPTS} attempts in [\d.]+ s\)", why), why
+        assert "max_attempts" in why, "the error says what to change"
+        bound = FAIL_ATTEMPTS * (READ_TIMEOUT_S + 2 + 10) + 10  # timeouts, 100-continue, waits
+        assert seconds < bound, f"{fault}: {seconds:.1f} s: retries are bounded in time"
+        proxy.configure(rate=0.0)
+        # An upload the promoter knew of is aborted. One whose CreateMultipartUpload answer was
+        # lost (reset, slow) is unknown to it, so it stays until gc finds it stale (below).
+        left = len(s3.incomplete_writes(idle_for=0, now=time.time() + 5)) - sum(orphans.values())
+        assert left == 0 or fault in ("reset", "slow"), f"{fault}: {left} uploads left"
+        orphans[fault] = left
+    # The previous durable checkpoint is still the latest and exact; nothing partial is listed.
+    assert committed_in_s3(job) == ["step_0001"]
+    assert latest_committed(restart, collective=False) == "step_0001"
+    assert [e.checkpoint_id for e in Catalog(restart).listings()] == ["step_0001"]
+    assert restore(restart, 1) == digest(state_at(1))
+    time.sleep(2.5)  # stale_after 1 s, on the store's clock (whole seconds)
+    gc_config = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS, stale_after="1s")[0]
+    Promoter(gc_config).collect_garbage(dry_run=False)
+    assert s3.incomplete_writes(idle_for=0, now=time.time() + 5) == [], "gc left an upload"
+    print(f"orphaned uploads by fault {orphans}; after gc: 0")
+    # Every read fails: the restore says which object, and after how many attempts.
     proxy.configure(rate=1.0, faults=["503"], only=lambda method, _path: method == "GET")
     started = time.monotonic()
     with pytest.raises(BaseException) as caught:  # DCP's CheckpointException is a BaseException
         restore(restart, 1)
-    seconds = time.monotonic() - started
-    message = str(caught.value)
-    print(f"restore failed after {seconds:.1f} s: {message}")
+    seconds, message = time.monotonic() - started, str(caught.value)
+    print(f"the restore failed after {seconds:.1f} s: {message.splitlines()[-1]}")
     assert "tier s3" in message and "step_0001" in message, message
     assert f"{FAIL_ATTEMPTS} attempts" in message, message
     assert seconds < 60
@@ -284,7 +281,7 @@ def test_two_promoters_racing_on_one_marker_commit_it_once(
     refereed = 0
     for race in range(RACES):
         checkpoint_id = f"step_{race + 1:04d}"
-        save(job, race + 1)
+        save(job, race + 1, mib=1)  # the race is over the marker: little data
         promoters = [Promoter(job), Promoter(job)]
         barrier = threading.Barrier(2)
         reports: list[Any] = [None, None]
@@ -328,13 +325,13 @@ def test_a_flipped_byte_in_a_ranged_read_is_never_loaded_silently(
     restore must fail, naming tier and file, or retry until the bytes are right."""
     proxy, bucket = flaky_s3
     job, restart = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS)
-    save(job, 1)
+    save(job, 1, mib=1)
     promote_until(job, ["step_0001"])
     proxy.configure(rate=1.0, faults=["flip_range"], only=lambda method, _path: method == "GET")
     try:
-        restored = restore(restart, 1)
+        restored = restore(restart, 1, mib=1)
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         assert "tier s3" in str(exc) and "step_0001" in str(exc), exc
         return
     assert proxy.injected["flip_range"] > 0
-    assert restored == digest(state_at(1)), "a byte flipped in transit was loaded silently"
+    assert restored == digest(state_at(1, mib=1)), "a byte flipped in transit was loaded silently"
