@@ -137,8 +137,8 @@ class S3WriteStream:
 
     Each byte is copied once, into a part buffer; a buffer whose part was sent is filled again (at
     most ``concurrency + 1`` per stream, freed when it closes). Measured on 512 MiB fed in 4 MiB
-    chunks: growing, slicing and copying each part took 0.8 s of the writer's thread at 64 MiB
-    parts, where one copy into reused buffers takes about 0.1 s.
+    chunks, on a loaded machine: growing a buffer, slicing each part out and copying it into bytes
+    took the writer's thread 1.2-4.7 s; filling part buffers in place, 0.25-0.6 s.
     """
 
     def __init__(self, upload: ObjectUpload, part_size: int) -> None:
