@@ -100,8 +100,8 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(
     writer = TieredWriter(config)
     state = model_state(2)
     dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002").result()
-    stager = writer._stager
-    assert stager is not None and stager.slab is None and writer._slab is None, (
+    stager = writer._stager_for_this_process()
+    assert stager.slab is None and writer._slab is None, (
         "a first save copies each tensor into process memory, not into a slab"
     )
     stager.wait_until_prepared()
@@ -130,7 +130,7 @@ def test_the_spare_is_prepared_only_once_the_save_is_handed_over(
     config = make_config("memory")
     writer = TieredWriter(config)
     staged = writer.stage(model_state(4))  # a first save: copies, no slab
-    stager = writer._stager
+    stager = writer._stager_for_this_process()
     assert stager is not None and isinstance(staged, dict)
     time.sleep(0.2)  # time enough for a spare job queued by the stage to have started
     assert stager._preparing is None and stager.spare is None, "the spare was queued in the stall"
@@ -203,10 +203,11 @@ def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> Non
     config = make_config("local")
     writer = TieredWriter(config)
     dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001").result()
-    assert writer._stager is not None and writer._stager.slab is not None
-    first = writer._stager.slab.storage.data_ptr()
+    stager = writer._stager_for_this_process()
+    assert stager.slab is not None
+    first = stager.slab.storage.data_ptr()
     dcp.async_save(model_state(2), storage_writer=writer, checkpoint_id="step_0002").result()
-    assert writer._stager.slab.storage.data_ptr() == first
+    assert stager.slab is not None and stager.slab.storage.data_ptr() == first
     assert_loaded(config, "step_0001", model_state(1))
     assert_loaded(config, "step_0002", model_state(2))
 
@@ -435,7 +436,8 @@ def test_a_writer_per_save_shares_the_buffers(make_config: Callable[..., Config]
     dcp.async_save(model_state(1), storage_writer=first, checkpoint_id="step_0001").result()
     second = TieredWriter(config)  # the common loop: storage_writer=TieredWriter(cfg) every save
     dcp.async_save(model_state(2), storage_writer=second, checkpoint_id="step_0002").result()
-    assert first._stager is second._stager, "one set of buffers per process and target tier"
+    shared = first._stager_for_this_process() is second._stager_for_this_process()
+    assert shared, "one set of buffers per process and target tier"
     assert second._stage_report is None or second._stage_report.wait_s == 0
     assert_loaded(config, "step_0002", model_state(2))
     second.close()

@@ -108,7 +108,7 @@ def fail_a_save_after_adoption(
     first = train_state(1)
     writer.prepare(first)  # step 1's data file is then an adopted slab too
     async_save(first, writer, "step_1")
-    stager = writer._stager
+    stager = writer._stager_for_this_process()
     assert stager is not None
     stager.wait_until_prepared()  # step 2 stages into the (fully allocated) spare
     assert stager.spare is not None and stager.spare.path is not None
@@ -176,8 +176,7 @@ def test_a_staged_state_saved_again_under_another_id_commits_the_same_bytes(
     try:
         state = train_state(3)
         writer.prepare(state)
-        assert writer._stager is not None
-        writer._stager.wait_until_prepared()
+        writer._stager_for_this_process().wait_until_prepared()
         staged = stage(writer, state)
         expected = snapshot(staged)
         state["w"].zero_()

@@ -116,9 +116,9 @@ class CommitProtocol(RuleBasedStateMachine):
         A killed trainer's next save comes from a new process, which knows only what it reads at
         start-up: its ``tier=`` commits not yet sighted by the promoter enter the documented window
         (other processes see them after the promoter's next pass)."""
-        for activity in HEARTBEAT.holding():
+        for activity in HEARTBEAT.get().holding():
             activity.released = True
-            HEARTBEAT.forget(activity)
+            HEARTBEAT.get().forget(activity)
         if trainer:
             known._KNOWN.clear()
             self.window |= self.unsighted

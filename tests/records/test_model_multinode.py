@@ -159,9 +159,9 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         """A killed actor refreshes nothing any more; the next trainer is a new process, which
         knows only what it reads at start-up (its predecessor's unsighted ``tier=`` commits enter
         the documented window)."""
-        for activity in HEARTBEAT.holding():
+        for activity in HEARTBEAT.get().holding():
             activity.released = True
-            HEARTBEAT.forget(activity)
+            HEARTBEAT.get().forget(activity)
         known._KNOWN.clear()
         self.window |= self.unsighted
         self.unsighted = set()

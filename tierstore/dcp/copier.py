@@ -19,12 +19,13 @@ cores than torch's own copy would take.
 from __future__ import annotations
 
 import ctypes
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
+
+from tierstore.runtime import ProcessLocal
 
 CHUNK = 8 * 2**20
 """Bytes per ``memmove``: small enough to balance the threads, large enough for non-temporal
@@ -114,15 +115,8 @@ def _then(job: Callable[[], None], after: Callable[[], None]) -> Callable[[], No
     return run
 
 
-_HELPERS = _Helpers()
-
-
-def _new_helpers_after_fork() -> None:
-    global _HELPERS
-    _HELPERS = _Helpers()  # the parent's threads do not exist in a forked child
-
-
-os.register_at_fork(after_in_child=_new_helpers_after_fork)
+_HELPERS = ProcessLocal(_Helpers)
+"""This process's helpers (a forked child starts its own: the parent's threads are not there)."""
 
 
 def move(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -133,7 +127,7 @@ def move(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     chunks = _chunks(pairs)
     threads = max(1, min(torch.get_num_threads(), MAX_THREADS, len(chunks)))
     shared = iter(chunks)
-    done = _HELPERS.run(lambda: _move_all(shared), threads - 1) if threads > 1 else []
+    done = _HELPERS.get().run(lambda: _move_all(shared), threads - 1) if threads > 1 else []
     _move_all(shared)
     for finished in done:
         finished.wait()

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
 
 import torch
+
+from tierstore.runtime import ProcessLocal
 
 logger = logging.getLogger(__name__)
 _WARN_EVERY_S = 60.0
@@ -69,37 +70,36 @@ class SlabUse:
                 self._changed.notify_all()
 
 
-_USES: dict[int, SlabUse] = {}
-_USES_LOCK = threading.Lock()
+class _Uses:
+    """The locks of this process's live slabs, by address. Per process: a forked child stages into
+    slabs of its own (its writers' stagers are per process)."""
+
+    def __init__(self) -> None:
+        self.by_address: dict[int, SlabUse] = {}
+        self.lock = threading.Lock()
 
 
-def _forget_in_child() -> None:
-    """A forked child stages into slabs of its own (its writers' stagers are per process), and a
-    parent thread may have held a lock copied here mid-use."""
-    global _USES_LOCK
-    _USES_LOCK = threading.Lock()
-    _USES.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+_USES = ProcessLocal(_Uses)
 
 
 def register(storage: torch.UntypedStorage) -> SlabUse:
     """A new slab's lock, findable from any view of ``storage``."""
-    use = SlabUse()
-    with _USES_LOCK:
-        _USES[storage.data_ptr()] = use
+    use, uses = SlabUse(), _USES.get()
+    with uses.lock:
+        uses.by_address[storage.data_ptr()] = use
     return use
 
 
 def unregister(storage: torch.UntypedStorage, use: SlabUse) -> None:
     """Forget a released slab (unless its address already belongs to a newer one)."""
-    with _USES_LOCK:
-        if _USES.get(storage.data_ptr()) is use:
-            del _USES[storage.data_ptr()]
+    uses = _USES.get()
+    with uses.lock:
+        if uses.by_address.get(storage.data_ptr()) is use:
+            del uses.by_address[storage.data_ptr()]
 
 
 def use_of(storage: torch.UntypedStorage) -> SlabUse | None:
     """The lock of the slab ``storage`` is, or None (not a live slab of this process)."""
-    with _USES_LOCK:
-        return _USES.get(storage.data_ptr())
+    uses = _USES.get()
+    with uses.lock:
+        return uses.by_address.get(storage.data_ptr())

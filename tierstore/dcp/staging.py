@@ -62,9 +62,9 @@ from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
 from tierstore.dcp.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.pending import Pending
 from tierstore.dcp.staged_shard import StagedShard
-from tierstore.dcp.worker import BackgroundWorker
 from tierstore.errors import TierUnavailableError
 from tierstore.owners import LOCK_NAME, hold_owner_lock
+from tierstore.runtime import ProcessLocal, SerialWorker
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
@@ -309,7 +309,7 @@ class Stager:
         self.slab: Slab | None = None
         self.spare: Slab | None = None
         # Spares are prepared and old slabs unmapped on one thread that outlives the saves.
-        self._worker = BackgroundWorker("tierstore-slabs")
+        self._worker = SerialWorker("tierstore-slabs")
         self._preparing: Future[Any] | None = None
         self._retired: list[Slab] = []
         self._lock = threading.Lock()
@@ -540,26 +540,31 @@ class StagerRegistry:
 
     Training loops often build a writer per save (``storage_writer=TieredWriter(cfg)``); sharing the
     buffers, the spare and the back-pressure per target keeps such loops at the staging floor too.
-    Keyed by process id as well, so that a forked child never writes into its parent's mappings.
-    This is the one piece of process-wide state in tierstore; it holds buffers, never listings.
+    Per process (:class:`~tierstore.runtime.ProcessLocal`), so that a forked child never writes
+    into its parent's mappings. It holds buffers, never listings.
     """
 
     def __init__(self) -> None:
-        self._stagers: dict[tuple[int, str], Stager] = {}
+        self._stagers: dict[str, Stager] = {}
         self._lock = threading.Lock()
 
     def get(self, key: str, directory: Callable[[], str | None]) -> Stager:
         """The stager for ``key``, created (with ``directory()`` for its slabs) on first use."""
         with self._lock:
-            slot = (os.getpid(), key)
-            if slot not in self._stagers:
-                self._stagers[slot] = Stager(directory())
-            return self._stagers[slot]
+            if key not in self._stagers:
+                self._stagers[key] = Stager(directory())
+            return self._stagers[key]
+
+    def peek(self, key: str) -> Stager | None:
+        """The stager for ``key`` if this process has one."""
+        with self._lock:
+            return self._stagers.get(key)
 
     def discard(self, key: str) -> Stager | None:
         """Forget (and return) the stager for ``key``."""
         with self._lock:
-            return self._stagers.pop((os.getpid(), key), None)
+            return self._stagers.pop(key, None)
 
 
-STAGERS = StagerRegistry()
+STAGERS = ProcessLocal(StagerRegistry)
+"""This process's stagers (see :class:`StagerRegistry`)."""

@@ -187,8 +187,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._seq = 0
         self._stage_report: RankReport | None = None
         self._slab: SlabInfo | None = None
-        self._stager: Stager | None = None
-        self._stager_pid = 0
         self._pending: Pending | None = None
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
@@ -230,7 +228,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_waits"] = None  # the trainer's alone
         state["_handover"] = self._hand_over()
         # the staging buffers stay with the trainer
-        state["_stager"] = state["_pending"] = None
+        state["_pending"] = None
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
@@ -300,17 +298,14 @@ class TieredWriter(StorageWriter, AsyncStager):
         return f"{self.tier.root}|{self.tier_name}"
 
     def _stager_for_this_process(self) -> Stager:
-        if self._stager is None or self._stager_pid != os.getpid():
-            # A forked child never uses its parent's stager: its worker thread is not there.
-            self._stager_pid = os.getpid()
+        """The stager this process keeps for the tier (a forked child has its own)."""
 
-            def directory() -> str | None:
-                if not self.tier.capabilities.staging_files:
-                    return None  # anonymous shared memory, reused save after save
-                return self.tier.local_path(writer_staging_dir(owner_dir_name()))
+        def directory() -> str | None:
+            if not self.tier.capabilities.staging_files:
+                return None  # anonymous shared memory, reused save after save
+            return self.tier.local_path(writer_staging_dir(owner_dir_name()))
 
-            self._stager = STAGERS.get(self._stager_key(), directory)
-        return self._stager
+        return STAGERS.get().get(self._stager_key(), directory)
 
     def synchronize_staging(self) -> None:
         """Wait for overlapped staging in progress (``staging_completion`` says the same).
@@ -318,8 +313,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         Without ``overlap`` there is nothing to wait for: :meth:`stage` has finished copying when it
         returns. DCP itself never calls this (see ``_synchronize_after_execute``).
         """
-        if self._stager is not None:
-            self._stager.queue.wait_until_idle()
+        stager = STAGERS.get().peek(self._stager_key())
+        if stager is not None:
+            stager.queue.wait_until_idle()
 
     def close(self) -> None:
         """Release this process's staging buffers for the tier (after the last save completed),
@@ -330,10 +326,9 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._waits.close()
             self._waits = None
         self._stager_for_this_process().wait_until_idle()
-        stager = STAGERS.discard(self._stager_key())
+        stager = STAGERS.get().discard(self._stager_key())
         if stager is not None:
             stager.close()
-        self._stager = None
 
     # -- StorageWriter ----------------------------------------------------------------------------
 

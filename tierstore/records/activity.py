@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
 from tierstore.records.clock import tier_now
+from tierstore.runtime import ProcessLocal
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Activity:
         if self.released:
             return
         self.released = True
-        HEARTBEAT.forget(self)
+        HEARTBEAT.get().forget(self)
         try:
             self.tier.delete(self.path)
         except Exception as exc:  # noqa: BLE001 - it expires after ACTIVITY_TTL anyway
@@ -108,7 +109,7 @@ def hold(
     """
     activity = Activity(tier, kind, checkpoint_id, generation, ttl)
     activity.refresh()
-    HEARTBEAT.keep(activity)
+    HEARTBEAT.get().keep(activity)
     return activity
 
 
@@ -162,14 +163,12 @@ class Heartbeat:
         self._held: set[Activity] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._pid = 0
 
     def keep(self, activity: Activity) -> None:
         """Refresh ``activity`` until :meth:`forget`."""
         with self._lock:
             self._held.add(activity)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()  # a forked child needs its own thread
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="tierstore-heartbeat", daemon=True
                 )
@@ -200,5 +199,6 @@ class Heartbeat:
                                    activity.path, activity.tier.name, exc)  # fmt: skip
 
 
-HEARTBEAT = Heartbeat(0.25)
-"""This process's refresher (process-wide by nature: it outlives any one writer or reader)."""
+HEARTBEAT = ProcessLocal(lambda: Heartbeat(0.25))
+"""This process's refresher (process-wide by nature: it outlives any one writer or reader). A forked
+child has its own, empty: the parent's thread goes on refreshing the parent's records."""
