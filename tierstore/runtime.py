@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 _Jobs = queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
@@ -32,7 +32,7 @@ class ProcessLocal(Generic[T]):
         self._factory = factory
         self._value: T | None = None
         self._lock = threading.Lock()
-        _LOCALS.add(self)
+        track(self)
 
     def get(self) -> T:
         """This process's value (made now if this process has none yet)."""
@@ -44,9 +44,9 @@ class ProcessLocal(Generic[T]):
     def _forget_in_child(self) -> None:
         self._lock = threading.Lock()  # may have been held by a parent thread at the fork
         if self._value is not None:
-            # Kept, never used: collecting the parent's objects here would run their finalizers
-            # in the child (a stager's removes the parent's staging files).
-            _INHERITED.append(self._value)
+            # Collecting the parent's objects here would run their finalizers in the child (a
+            # stager's removes the parent's staging files).
+            keep_inherited(self._value)
         self._value = None
 
 
@@ -65,7 +65,7 @@ class SerialWorker:
         """The running thread's queue (each thread has its own: see :meth:`close`)."""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        _WORKERS.add(self)
+        track(self)
 
     def submit(self, job: Callable[[], Any]) -> Future[Any]:
         """Queue ``job``; returns its future at once."""
@@ -120,17 +120,32 @@ class SerialWorker:
             del future, job, entry  # drop the job's references (slabs) before waiting again
 
 
-_LOCALS: weakref.WeakSet[ProcessLocal[Any]] = weakref.WeakSet()
+class ForkAware(Protocol):
+    """Something with per-process parts that a forked child must replace."""
+
+    def _forget_in_child(self) -> None:
+        """Replace the per-process parts, in a forked child, before any other code runs there."""
+
+
+_TRACKED: weakref.WeakSet[ForkAware] = weakref.WeakSet()
 _INHERITED: list[Any] = []
-"""A forked child's copies of its parent's values (see :meth:`ProcessLocal._forget_in_child`)."""
-_WORKERS: weakref.WeakSet[SerialWorker] = weakref.WeakSet()
+"""A forked child's copies of its parent's per-process objects: kept, never used nor closed."""
+
+
+def track(thing: ForkAware) -> None:
+    """Have ``thing._forget_in_child()`` called in every forked child while ``thing`` lives."""
+    _TRACKED.add(thing)
+
+
+def keep_inherited(thing: object) -> None:
+    """In a forked child: keep the parent's ``thing`` alive, unused. Closing or collecting it could
+    run the parent's teardown here (a finalizer removing its files, an s3fs session's loop)."""
+    _INHERITED.append(thing)
 
 
 def _after_fork_in_child() -> None:
-    for local in list(_LOCALS):
-        local._forget_in_child()
-    for worker in list(_WORKERS):
-        worker._forget_in_child()
+    for thing in list(_TRACKED):
+        thing._forget_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

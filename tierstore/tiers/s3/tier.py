@@ -10,9 +10,7 @@ translated once, in :meth:`S3Tier.call`.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 
 from tierstore.errors import TierUnavailableError
+from tierstore.runtime import keep_inherited, track
 from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
@@ -48,26 +47,6 @@ _LOADER: Any = None
 service model (parsing it costs about 0.1 s of CPU per new session). Only the loader is shared:
 a session keeps the first credentials it resolves, and every tier must resolve its own, as they
 are at the time (rotated keys, another profile)."""
-
-_LIVE_TIERS: weakref.WeakSet[S3Tier] = weakref.WeakSet()
-_INHERITED: list[Any] = []
-"""Clients a forked child took over from its parent: kept, never used nor closed (closing them could
-run the parent's teardown, such as an s3fs session on an event loop that exists only there)."""
-
-
-def _forget_clients_after_fork() -> None:
-    """In a forked child: every tier gets clients, a lock and part slots of its own.
-
-    The parent's botocore client holds its keep-alive sockets, which the child would share; its s3fs
-    filesystem refuses to run after a fork; and a lock or part slot held by one of its threads at
-    the fork would never be released in the child, where that thread does not exist.
-    """
-    for tier in list(_LIVE_TIERS):
-        _INHERITED.append((tier._client, tier._fs))
-        tier._new_process_state()
-
-
-os.register_at_fork(after_in_child=_forget_clients_after_fork)
 
 
 class S3Tier(Tier):
@@ -102,7 +81,18 @@ class S3Tier(Tier):
         self._client: Any = None
         self._client_lock = threading.Lock()
         self.part_slots = threading.BoundedSemaphore(self.concurrency)
-        _LIVE_TIERS.add(self)
+        track(self)
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: clients, a lock and part slots of its own.
+
+        The parent's botocore client holds its keep-alive sockets, which the child would share; its
+        s3fs filesystem refuses to run after a fork; and a lock or part slot held by one of its
+        threads at the fork would never be released in the child, where that thread does not exist.
+        The parent's clients are kept, never used nor closed (see :func:`tierstore.runtime.keep_inherited`).
+        """
+        keep_inherited((self._client, self._fs))
+        self._new_process_state()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
