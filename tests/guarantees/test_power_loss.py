@@ -265,6 +265,7 @@ def test_every_power_cut_restores_the_last_returned_save(shm_dir: Path) -> None:
 
 
 @pytest.mark.faults
+@pytest.mark.timeout(900)  # the largest runs (6 steps, local first) take ~4 min on a busy machine
 @pytest.mark.parametrize("seed", fault_seeds(1))
 def test_power_cut_sweep(shm_dir: Path, seed: int) -> None:
     """A random run drawn from ``seed``, every crash state with its variants; (c) after each."""
