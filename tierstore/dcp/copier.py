@@ -19,13 +19,13 @@ cores than torch's own copy would take.
 from __future__ import annotations
 
 import ctypes
-import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import torch
 
-from tierstore.runtime import ProcessLocal
+from tierstore.runtime import ProcessLocal, SerialWorker
 
 CHUNK = 8 * 2**20
 """Bytes per ``memmove``: small enough to balance the threads, large enough for non-temporal
@@ -80,39 +80,19 @@ def _move_all(chunks: Iterator[_Chunk]) -> None:
 
 
 class _Helpers:
-    """Daemon threads of this process that join the caller's copies (started on first use)."""
+    """This process's copy helpers: one serial worker per extra thread, started on first use."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._count = 0
+        self._workers: list[SerialWorker] = []
 
-    def run(self, job: Callable[[], None], helpers: int) -> list[threading.Event]:
-        """Start ``job`` on ``helpers`` threads; returns an event per thread, set when it is done."""
+    def run(self, job: Callable[[], None], helpers: int) -> list[Future[None]]:
+        """Start ``job`` on ``helpers`` threads; returns a future per thread."""
         with self._lock:
-            while self._count < helpers:
-                threading.Thread(target=self._serve, name="tierstore-copy", daemon=True).start()
-                self._count += 1
-        done = []
-        for _ in range(helpers):
-            finished = threading.Event()
-            self._jobs.put(_then(job, finished.set))
-            done.append(finished)
-        return done
-
-    def _serve(self) -> None:
-        while True:
-            self._jobs.get()()
-
-
-def _then(job: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            job()
-        finally:
-            after()
-
-    return run
+            while len(self._workers) < helpers:
+                self._workers.append(SerialWorker("tierstore-copy"))
+            workers = self._workers[:helpers]
+        return [worker.submit(job) for worker in workers]
 
 
 _HELPERS = ProcessLocal(_Helpers)
@@ -129,5 +109,5 @@ def move(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     shared = iter(chunks)
     done = _HELPERS.get().run(lambda: _move_all(shared), threads - 1) if threads > 1 else []
     _move_all(shared)
-    for finished in done:
-        finished.wait()
+    for helper in done:
+        helper.result()
