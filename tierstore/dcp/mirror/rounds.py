@@ -44,7 +44,9 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.groups import job_groups
+from tierstore.dcp.mirror.spares import Spares
 from tierstore.dcp.mirror.transport import (
+    SPACE_MARGIN,
     check_room,
     chunks,
     local,
@@ -153,6 +155,8 @@ class Round:
     """This process's count of rounds so far (the same on every rank: rounds run in one order)."""
     ended_record: str | None = None
     """PROCESS mode: the exchange-end record the trainer waits for (see :class:`ExchangeWaits`)."""
+    spares: Spares | None = None
+    """The worker's landing files reserved ahead of time (set by :meth:`MirrorWorker.submit`)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,7 @@ class MirrorWorker:
         self._submitted = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._spares: Spares | None = None
 
     def submit(self, round_: Round) -> None:
         """Queue a round (called from ``write_data`` on every rank)."""
@@ -208,6 +213,9 @@ class MirrorWorker:
             self._busy += 1
             self._submitted += 1
             round_.number = self._submitted
+            if self._spares is None:
+                self._spares = Spares(round_.tier)
+            round_.spares = self._spares
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -244,6 +252,17 @@ class MirrorWorker:
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
+            if self._queue.empty() and round_.spares is not None:
+                # Between rounds, off every waiter's path: the next round's files land in pages
+                # reserved now (a round already queued goes first and reserves its own).
+                _refill(round_.spares)
+
+
+def _refill(spares: Spares) -> None:
+    try:
+        spares.refill()
+    except Exception as exc:  # noqa: BLE001 - without spares the next round reserves its own pages
+        logger.warning("peer mirror: could not reserve landing files: %s", exc)
 
 
 def _say_ended(round_: Round) -> None:
@@ -395,6 +414,10 @@ def run_round(round_: Round) -> None:
                 round_, None, RuntimeError("the save failed on a rank: not committed")
             )
         return
+    if round_.spares is not None:  # spares never take the room of this node's next own save
+        node = round_.share.node
+        own = sum(f.size for s in shares if s.node == node for f in s.files)
+        round_.spares.keep_free = own + SPACE_MARGIN
     hosts = {s.node: s.host for s in sorted(shares, key=lambda s: s.rank)}
     placement = place(hosts, stride=round_.mirror.stride)
     if round_.share.rank == 0:
@@ -451,9 +474,10 @@ def _prepare_incoming(state: _State) -> None:
     failed on every rank before a byte moves."""
     round_, ckpt = state.round_, state.round_.share.checkpoint_id
     problem: str | None = None
-    mine = [t for t in state.transfers if t.receiver == state.me]
+    sizes = [t.entry.size for t in state.transfers if t.receiver == state.me]
+    reserved = 0 if round_.spares is None else round_.spares.reserved(sizes)
     try:
-        check_room(round_.tier, mirror_id_dir(ckpt), sum(t.entry.size for t in mine))
+        check_room(round_.tier, mirror_id_dir(ckpt), sum(sizes) - reserved)
     except Exception as exc:  # noqa: BLE001 - shared with every rank below
         problem = str(exc)
     ready: list[str | None] = _gather(problem, state.group)
@@ -481,7 +505,8 @@ def _exchange(state: _State) -> dict[int, str]:
         if t.receiver == me:
             try:  # one file failing (a full tmpfs) must not leave the others unreceived
                 receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry,
-                             t.sender, state.group, first_tag=t.first_tag, timeout_s=timeout)  # fmt: skip
+                             t.sender, state.group, first_tag=t.first_tag, timeout_s=timeout,
+                             spares=round_.spares)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
                 errors.setdefault(t.owner_node, f"rank {me}: {t.entry.path}: {exc}")
     try:

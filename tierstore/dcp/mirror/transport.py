@@ -1,7 +1,8 @@
 """Moving whole checkpoint files between ranks over a gloo group.
 
 A sent file is memory-mapped and handed to gloo chunk by chunk (no copy). A received file arrives
-chunk by chunk in two rotating buffers and goes through the tier's durable write, so a receiver's
+chunk by chunk in a few rotating buffers, kept warm from round to round, and is written into a file
+whose pages were reserved before (a spare made between rounds, or reserved at once), so a receiver's
 memory stays bounded and a full tmpfs is a clean ENOSPC naming the tier and path, never a SIGBUS.
 Each chunk travels under its own tag, so both sides only need to agree on a schedule. Every received
 file is checked against its CRC32C before it gets its real name.
@@ -9,6 +10,7 @@ file is checked against its CRC32C before it gets its real name.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import os
@@ -20,12 +22,15 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
+from tierstore.dcp.mirror.landing import Landing
+from tierstore.dcp.mirror.spares import Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 
-CHUNK = 64 * 2**20
-"""Bytes per gloo message: large enough for full loopback speed, small enough to pipeline."""
+CHUNK = 16 * 2**20
+"""Bytes per gloo message: as fast on loopback as larger ones, and small enough that a
+receiver sums and writes one while the next ones travel."""
 SPACE_MARGIN = 16 * 2**20
 """Free space a receiver leaves in its tier beyond the files it takes (other writers need some)."""
 
@@ -98,75 +103,118 @@ def receive_file(
     *,
     first_tag: int,
     timeout_s: float,
+    spares: Spares | None = None,
 ) -> None:
     """Receive a file sent by :func:`post_send` into ``path`` of ``tier``, durably, checked.
 
-    Chunks arrive in two rotating buffers and are written through the tier's own durable write
-    (temp file, fsync, rename), so memory stays bounded, a full tier is a clean ENOSPC
-    (:class:`~tierstore.errors.TierUnavailableError`), and a file whose CRC32C differs from the
-    owner's marker never gets its name. When writing fails, the rest of the file is still received
-    (and dropped): the sender's messages all complete, so the group stays usable for the next save.
+    Chunks arrive in rotating buffers kept warm from file to file (``spares``' own, else fresh
+    ones), :data:`AHEAD` receives always posted, so the next chunks travel while one is summed
+    (CRC32C) and written. The file's pages are reserved before the first chunk
+    (:class:`~tierstore.dcp.mirror.landing.Landing`; a spare of its size reserved between rounds
+    saves even that): a full tier is a clean ENOSPC (:class:`~tierstore.errors.TierUnavailableError`)
+    naming the tier and path. Only a file whose CRC32C is the owner's gets its name (fsync, rename,
+    fsync the directory). When the file cannot be taken, the rest of it is still received (and
+    dropped): the sender's messages all complete, so the group stays usable for the next save.
     """
-    incoming = _Chunks(entry.size, src, group, first_tag, timeout_s)
+    target = local(tier, path)
+    spare = None if spares is None else spares.take(entry.size)
+    buffers = _buffers(spares)
+    incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, buffers)
+    landing: Landing | None = None
     try:
+        try:
+            landing = Landing(target, entry.size, spare)
+        except OSError as exc:
+            raise TierUnavailableError(
+                f"tier {tier.describe()}: cannot take the peer mirror {target!r}"
+                f" ({entry.size} bytes): {exc.strerror or exc}; size host memory for own"
+                " checkpoints, a partner's mirror and staging (docs/mirror.md)",
+                tier=tier.name,
+            ) from exc
         value = 0
-        with tier.open_write(path) as stream:
-            for view in incoming:
-                value = crc32c(view, value)
-                stream.write(view)
-            if value != entry.crc32c:
-                raise IntegrityError(
-                    f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker"
-                    f" says {entry.crc32c:08x}"
-                )
+        for offset, view in incoming:
+            for start in range(0, len(view), SLICE):  # summed, then written while in the cache
+                piece = view[start : start + SLICE]
+                value = crc32c(piece, value)
+                landing.write_at(offset + start, piece)
+        if value != entry.crc32c:
+            raise IntegrityError(
+                f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker"
+                f" says {entry.crc32c:08x}"
+            )
+        tier.adopt(path, landing.seal())
     finally:
         incoming.drain()
+        if landing is not None:
+            landing.discard()
+
+
+AHEAD = 3
+SLICE = 2**20
+"""Bytes summed and written at a time: the write reads them from the cache, not from memory."""
+"""Receives a receiver keeps posted ahead (each into a buffer of its own, :data:`CHUNK` bytes)."""
+
+
+def _buffers(spares: Spares | None) -> list[torch.Tensor]:
+    if spares is not None:
+        return spares.buffers(AHEAD, CHUNK)
+    return [torch.empty(CHUNK, dtype=torch.uint8) for _ in range(AHEAD)]
 
 
 class _Chunks:
-    """The chunks of one incoming file, in order, one receive always posted ahead."""
+    """The chunks of one incoming file, in order, :data:`AHEAD` receives always posted."""
 
-    def __init__(
-        self, size: int, src: int, group: dist.ProcessGroup, first_tag: int, timeout_s: float
+    def __init__(  # noqa: PLR0917 - one file's receive, as receive_file was given it
+        self,
+        size: int,
+        src: int,
+        group: dist.ProcessGroup,
+        first_tag: int,
+        timeout_s: float,
+        buffers: list[torch.Tensor],
     ) -> None:
         self.size, self.src, self.group, self.first_tag = size, src, group, first_tag
-        self.timeout_s = timeout_s
-        count = chunks(size)
-        self.buffers = [
-            torch.empty(min(CHUNK, size), dtype=torch.uint8) for _ in range(min(2, count))
-        ]
+        self.timeout_s, self.buffers = timeout_s, buffers
+        self.posted: collections.deque[tuple[int, dist.Work]] = collections.deque()
         self.next = 0
-        """The index of the next chunk to wait for."""
-        self.pending = self._post(0)
+        """The index of the next chunk to post."""
         self.broken = False
+        for _ in buffers:
+            self._post()
 
-    def _post(self, index: int) -> dist.Work | None:
+    def _post(self) -> None:
+        index = self.next
         start = index * CHUNK
         if start >= self.size:
-            return None
-        into = self.buffers[index % 2][: min(CHUNK, self.size - start)]
+            return
+        into = self.buffers[index % len(self.buffers)][: min(CHUNK, self.size - start)]
         work = dist.irecv(into, src=self.src, group=self.group, tag=self.first_tag + index)
         assert work is not None
-        return work
+        self.posted.append((index, work))
+        self.next += 1
 
-    def __iter__(self) -> Iterator[memoryview]:
-        while self.pending is not None:
-            index = self.next
+    def __iter__(self) -> Iterator[tuple[int, memoryview]]:
+        while self.posted:
+            index, work = self.posted[0]
             try:
-                wait_all([self.pending], self.timeout_s)
+                wait_all([work], self.timeout_s)
             except Exception:
                 self.broken = True  # the peer or the group failed: nothing left to drain
                 raise
-            self.next += 1
-            self.pending = self._post(self.next)
-            yield bytes_of(self.buffers[index % 2][: min(CHUNK, self.size - index * CHUNK)])
+            start = index * CHUNK
+            yield (
+                start,
+                bytes_of(self.buffers[index % len(self.buffers)][: min(CHUNK, self.size - start)]),
+            )
+            self.posted.popleft()  # its buffer is free only now: the caller is done with it
+            self._post()
 
     def drain(self) -> None:
         """Receive and drop whatever of the file has not been taken yet."""
         if self.broken:
             return
         with contextlib.suppress(Exception):  # a peer that failed meanwhile: nothing to save
-            for _view in self:
+            for _item in self:
                 pass
 
 

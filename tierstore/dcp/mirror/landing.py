@@ -1,0 +1,62 @@
+"""Where a received mirror file lands: a hidden temp file beside its target, or a spare reserved ahead.
+
+Its pages are reserved before the first byte arrives (``posix_fallocate``; a spare's were reserved
+between rounds, :mod:`tierstore.dcp.mirror.spares`): a tier without room refuses the file at once
+with ENOSPC, and the writes that follow only fill pages that exist. They are ordinary writes, never
+stores through a mapping (a mapping's page tables cost more to set up here than the copy they save,
+and a store into a full tmpfs would be a SIGBUS). The file gets its real name only through the
+tier's ``adopt`` (rename, fsync the directory) once its bytes are checked; until then its name is a
+temporary one, which cleanup recognises.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from tierstore.tiers.durable import make_dirs_durable, temp_name_for
+
+
+class Landing:
+    """A temp file of ``size`` bytes beside ``target``, or ``spare``, a file of that size reserved
+    beforehand in the same filesystem, open for writing at any offset.
+
+    Raises :class:`OSError` (ENOSPC when the filesystem has no room) with nothing left behind.
+    """
+
+    def __init__(self, target: str, size: int, spare: str | None = None) -> None:
+        if spare is None:
+            self.temp = temp_name_for(Path(target), uuid.uuid4().hex[:12])
+            make_dirs_durable(self.temp.parent)
+            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        else:
+            self.temp = Path(spare)
+            self._fd = os.open(self.temp, os.O_WRONLY)
+        try:
+            if spare is None and size:
+                os.posix_fallocate(self._fd, 0, size)
+        except BaseException:
+            self.discard()
+            raise
+
+    def write_at(self, offset: int, data: memoryview) -> None:
+        """Write all of ``data`` at ``offset``."""
+        while data:
+            done = os.pwrite(self._fd, data, offset)
+            data, offset = data[done:], offset + done
+
+    def seal(self) -> str:
+        """Make the bytes durable (fsync) and return the file's path, for the tier's ``adopt``."""
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        return str(self.temp)
+
+    def discard(self) -> None:
+        """Close and remove the file if it still has its temporary (or spare) name; after
+        ``adopt`` it has not."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.temp.unlink(missing_ok=True)

@@ -1,0 +1,130 @@
+"""Landing files made ahead of time, so that a mirror exchange receives at the wire's speed.
+
+Receiving a file into fresh tmpfs pages costs more than the transfer itself: the kernel allocates
+and zeroes every page on the receiver's critical path (measured on this project's benchmark machine:
+a gloo receive into already-allocated tmpfs pages kept pace with a plain gloo receive into warm
+memory, one into fresh pages took about three times as long; so did receive buffers allocated
+afresh for each file, which this module therefore keeps too). So after each round, when no other
+round waits, a holder reserves files of the sizes it just received (``posix_fallocate``) in a
+directory of its own; the next round's files of those sizes land in them and are renamed into place.
+A round whose files have no spare (the first one, a changed shape, back-to-back saves) reserves
+fresh pages as before. The spares are the budget's "mirror being received" share (docs/mirror.md):
+held between rounds instead of during one.
+
+The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked for its
+lifetime): it goes at exit, and cleanup removes it once its process is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import uuid
+import weakref
+from collections import Counter
+
+import torch
+
+from tierstore.ids import writer_staging_dir
+from tierstore.owners import hold_owner_lock, owner_dir_name
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+
+
+class Spares:
+    """Pre-reserved landing files of one memory tier, by size, and the receive buffers of the
+    mirror thread that uses them (one thread: no lock)."""
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        self._files: dict[int, list[str]] = collections.defaultdict(list)
+        self._wanted: Counter[int] = Counter()
+        self._directory: str | None = None
+        self._buffers: list[torch.Tensor] = []
+        self.keep_free = 0
+        """Bytes a refill leaves free in the tier's filesystem: the room this node's own next save
+        needs (set by each round). Own saves come first; a spare is only a speed-up."""
+
+    def buffers(self, count: int, size: int) -> list[torch.Tensor]:
+        """``count`` receive buffers of ``size`` bytes, the same ones every time (their pages stay
+        mapped and warm: a fresh buffer of this size costs a page fault per page)."""
+        if len(self._buffers) != count or self._buffers[0].numel() != size:
+            self._buffers = [torch.zeros(size, dtype=torch.uint8) for _ in range(count)]
+        return self._buffers
+
+    def take(self, size: int) -> str | None:
+        """A reserved file of exactly ``size`` bytes, now the caller's (None when there is none);
+        the size is wanted again after this round."""
+        self._wanted[size] += 1
+        found = self._files.get(size)
+        return found.pop() if found else None
+
+    def reserved(self, sizes: list[int]) -> int:
+        """How many of the bytes of files of ``sizes`` have a spare waiting (room already taken)."""
+        have = Counter({size: len(paths) for size, paths in self._files.items()})
+        return sum(size * min(count, have[size]) for size, count in Counter(sizes).items())
+
+    def refill(self) -> None:
+        """Reserve a file for every size taken since the last refill, drop spares nobody took.
+
+        A spare that would leave less than :attr:`keep_free` free is not made, and errors (no
+        room) leave fewer spares: the next round then reserves its pages as it receives.
+        """
+        wanted, self._wanted = self._wanted, Counter()
+        for size in list(self._files):
+            while len(self._files[size]) > wanted[size]:
+                _unlink(self._files[size].pop())
+        try:
+            for size, count in wanted.items():
+                while size and len(self._files[size]) < count:
+                    if _free(self._home()) - size < self.keep_free:
+                        return
+                    self._files[size].append(self._reserve(size))
+        except OSError as exc:
+            logger.info("peer mirror: no spare landing file (%s): the next round reserves its own",
+                        exc)  # fmt: skip
+
+    def _reserve(self, size: int) -> str:
+        path = os.path.join(self._home(), f"mirror-spare-{uuid.uuid4().hex[:12]}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            os.close(fd)
+            _unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    def _home(self) -> str:
+        if self._directory is None:
+            directory = self.tier.local_path(writer_staging_dir(owner_dir_name()))
+            assert directory is not None, "memory tiers have local files"
+            lock = hold_owner_lock(directory)
+            weakref.finalize(self, _remove_home, directory, lock)
+            self._directory = directory
+        return self._directory
+
+
+def _free(directory: str) -> int:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _remove_home(directory: str, lock: int) -> None:
+    try:
+        for name in os.listdir(directory):
+            _unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+    except OSError as exc:  # cleanup removes it once this process is gone
+        logger.warning("could not remove %s: %s", directory, exc)
+    finally:
+        os.close(lock)
