@@ -14,8 +14,8 @@ import torch.distributed.checkpoint as dcp
 from tests.forked import in_forked_child
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
-from tierstore.dcp.copier import CHUNK, can_move, move
 from tierstore.dcp.layout import memory_of
+from tierstore.dcp.staging.copier import CHUNK, can_move, move
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
-from tierstore.dcp.overlap import StagingQueue
+from tierstore.dcp.staging.overlap import StagingQueue
 from tierstore.ids import marker_path, staging_dir
 from tierstore.records.marker import read_manifest
 

@@ -1,5 +1,5 @@
 """What torch 2.13's ``async_save`` does with a stager whose ``stage()`` returns a future, which
-overlapped saves rely on. If torch changes it, these fail loudly (see ``tierstore.dcp.overlap``)."""
+overlapped saves rely on. If torch changes it, these fail loudly (see ``tierstore.dcp.staging.overlap``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from tierstore import TieredWriter
 from tierstore.config import Config
-from tierstore.dcp.overlap import StagingFuture
+from tierstore.dcp.staging.overlap import StagingFuture
 
 
 class FixedStager(AsyncStager):

@@ -1,5 +1,5 @@
 """When a staged save is over: the next stage() waits exactly as long as the previous save can still
-read its buffers or use the writer, and no longer (see tierstore.dcp.pending)."""
+read its buffers or use the writer, and no longer (see tierstore.dcp.staging.pending)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from tests.dcp.test_staging import assert_loaded, model_state, tier0
 from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
-from tierstore.dcp import pending as pending_module
 from tierstore.dcp.gate import GateView
-from tierstore.dcp.pending import Pending
+from tierstore.dcp.staging import pending as pending_module
+from tierstore.dcp.staging.pending import Pending
 from tierstore.records.marker import read_manifest
 
 

@@ -1,4 +1,4 @@
-"""DCP's own end-of-save signal (tierstore.dcp.save_events): set when the watched thread's
+"""DCP's own end-of-save signal (tierstore.dcp.staging.save_events): set when the watched thread's
 ``dcp.save`` returns or raises, and only then."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tierstore.dcp import save_events
+from tierstore.dcp.staging import save_events
 
 
 class Watching(DefaultSavePlanner):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tierstore.dcp import slab_use
-from tierstore.dcp.slab_use import SlabUse
+from tierstore.dcp.staging import slab_use
+from tierstore.dcp.staging.slab_use import SlabUse
 
 
 def test_a_stage_waits_for_every_save_reading_the_slab_and_says_so_while_it_waits(

@@ -113,7 +113,7 @@ def test_shared_memory_slabs_travel_to_the_checkpoint_process_without_a_copy(tmp
     from multiprocessing.reduction import ForkingPickler
 
     from tierstore.dcp.layout import view_of
-    from tierstore.dcp.staging import Slab
+    from tierstore.dcp.staging.stager import Slab
 
     for path in (None, str(tmp_path / "slab.bin")):  # anonymous shared memory, a tmpfs-like file
         slab = Slab(8 * 2**20, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import io
 import logging
@@ -44,8 +45,7 @@ from tierstore.dcp.layout import (
     stage_token,
     view_of,
 )
-from tierstore.dcp.slab_use import use_of
-from tierstore.dcp.staging import SlabInfo
+from tierstore.dcp.staging import SlabInfo, use_of
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError, TierUnavailableError
 from tierstore.ids import checkpoint_file, data_file
 from tierstore.killpoints import kill_point
@@ -109,7 +109,7 @@ class RankFileWriter:
     @staticmethod
     def _hold_slab(tensor: torch.Tensor, holding: set[int], held: contextlib.ExitStack) -> None:
         """Keep stages out of the slab ``tensor`` views (if any) until this save has written it,
-        before anything reads its header or bytes (see :mod:`tierstore.dcp.slab_use`)."""
+        before anything reads its header or bytes (see :mod:`tierstore.dcp.staging.slab_use`)."""
         if tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.is_nested:
             return  # sparse and nested tensors are never slab views (and have no one storage)
         try:
@@ -226,23 +226,25 @@ class RankFileWriter:
         def scan(
             write: Callable[[memoryview], object] | None,
         ) -> tuple[ChunkSink, list[WriteResult]]:
-            results: list[WriteResult] = []
+            placed: list[Placed] = []
             with ChunkSink(write, sha256=self.sha256) as sink:
-                _scan_into(sink, results)
-            return sink, results
+                _scan_into(sink, placed)
+            return sink, with_crcs(placed, sink.marks)
 
-        def _scan_into(sink: ChunkSink, results: list[WriteResult]) -> None:
+        def _scan_into(sink: ChunkSink, placed: list[Placed]) -> None:
             for item, tensor in sorted(
                 staged, key=lambda s: s[1].storage_offset() * s[1].element_size()
             ):
                 start = int(tensor.storage_offset()) * tensor.element_size()
                 length = int(tensor.numel()) * tensor.element_size()
                 sink.feed_span(whole, sink.size, start)  # header, padding, items of other ranks
+                mark = sink.mark()
                 feed_tensor(sink, tensor, whole[start : start + length], fqn=item.index.fqn,
                             check_finite=self.check_finite)  # fmt: skip
+                sink.mark()
                 location = ItemLocation(rel, start, length, "raw", dtype_name(tensor.dtype),
                                         tuple(tensor.shape))  # fmt: skip
-                results.append(WriteResult(item.index, length, location))
+                placed.append((item, location, mark))
             sink.feed_span(whole, sink.size, self.slab.nbytes if self.slab else 0)
 
         sink: ChunkSink | None = None
@@ -304,16 +306,20 @@ class RankFileWriter:
         self.out.written.append(full)
         return True
 
-    def _add_tensor(self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor) -> None:
+    def _add_tensor(
+        self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor
+    ) -> Placed:
         view, owner = raw_view(tensor)
         sink.pad_to(aligned(sink.size))
         offset = sink.size
+        mark = sink.mark()
         feed_tensor(sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite)
+        sink.mark()
         kill_point("writer.mid_file", rel)
         location = ItemLocation(
             rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
         )
-        self.out.results.append(WriteResult(item.index, len(view), location))
+        return item, location, mark
 
     def _write_file(
         self,
@@ -328,19 +334,37 @@ class RankFileWriter:
             size = aligned(size) + tensor.numel() * tensor.element_size()
         for _item, buffer, _encoding in blobs:
             size = aligned(size) + len(buffer)
+        placed: list[Placed] = []
         with self._open(full, size) as stream, ChunkSink(stream.write, sha256=self.sha256) as sink:
             sink.feed(memoryview(header(uuid.uuid4().bytes)))
             for item, tensor in tensors:
-                self._add_tensor(sink, rel, item, tensor)
+                placed.append(self._add_tensor(sink, rel, item, tensor))
             for item, buffer, encoding in blobs:
                 sink.pad_to(aligned(sink.size))
                 offset = sink.size
+                mark = sink.mark()
                 sink.feed(buffer)
-                location = ItemLocation(rel, offset, len(buffer), encoding)
-                self.out.results.append(WriteResult(item.index, len(buffer), location))
+                sink.mark()
+                placed.append((item, ItemLocation(rel, offset, len(buffer), encoding), mark))
+        self.out.results.extend(with_crcs(placed, sink.marks))
         self.out.files.append(
             FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
         )
+
+
+Placed = tuple[WriteItem, ItemLocation, int]
+"""An item written to a file: its location (no CRC yet) and the index of the sink's mark before it
+(the one after it follows)."""
+
+
+def with_crcs(placed: list[Placed], marks: list[int]) -> list[WriteResult]:
+    """DCP's write results for ``placed``, each location carrying its item's running CRC32C before
+    and after (:attr:`ItemLocation.crc`), read from the finished sink's ``marks``."""
+    return [
+        WriteResult(item.index, location.length,
+                    dataclasses.replace(location, crc=(marks[mark], marks[mark + 1])))
+        for item, location, mark in placed
+    ]  # fmt: skip
 
 
 __all__ = ["HEADER_SIZE", "RankFileWriter", "RankOutput"]

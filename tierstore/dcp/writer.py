@@ -4,7 +4,7 @@ Call order (torch.distributed.checkpoint 2.13, see ``StorageWriter``):
 
 0. all ranks, ``async_save`` only: :meth:`TieredWriter.stage` copies the state into reusable buffers
    (:mod:`tierstore.dcp.staging`) on the trainer's thread, or with ``overlap=True`` on a background
-   thread (:mod:`tierstore.dcp.overlap`); everything below runs in the background, after the copy.
+   thread (:mod:`tierstore.dcp.staging.overlap`); everything below runs in the background, after the copy.
 1. all ranks: :meth:`~TieredWriter.reset` (only when ``dcp.save`` gets a ``checkpoint_id``), then
    :meth:`~TieredWriter.set_up_storage_writer`. The coordinator refuses an id already committed in the
    target tier unless ``overwrite=True``.
@@ -48,10 +48,8 @@ from tierstore.config import Config, as_config
 from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.rounds import ExchangeWaits, Round, SavedShare, worker_for
-from tierstore.dcp.overlap import StagingFuture
-from tierstore.dcp.pending import Pending
 from tierstore.dcp.rank_files import RankFileWriter
-from tierstore.dcp.staging import STAGERS, SlabInfo, Stager
+from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, StagedSave, Stager, StagingFuture
 from tierstore.errors import (
     CheckpointExistsError,
     CommitVetoedError,
@@ -253,20 +251,18 @@ class TieredWriter(StorageWriter, AsyncStager):
         stager = self._stager_for_this_process()
         record = functools.partial(self._record_staged, (started_wall, started))
         if not self.overlap:
-            return record(*stager.stage(state_dict))
+            return record(stager.stage(state_dict))
         # record() runs on the staging thread before the future resolves, so DCP's save thread
         # (which waits for the future) sees this save's slab, report and pending; the previous
         # save from this writer is over by then (the back-pressure wait comes first).
         return stager.stage_in_background(state_dict, record)
 
-    def _record_staged(
-        self, started: tuple[float, float],
-        staged: dict[str, Any], slab: SlabInfo | None, waited: float, pending: Pending,
-    ) -> dict[str, Any]:  # fmt: skip
+    def _record_staged(self, started: tuple[float, float], staged: StagedSave) -> dict[str, Any]:
         """Record a finished copy for the save that carries it; returns the staged state."""
         started_wall, started_at = started
-        self._slab = slab
-        self._pending = pending  # the save's thread reports in through this
+        self._slab = staged.slab
+        self._pending = staged.pending  # the save's thread reports in through this
+        waited = staged.waited
         # With overlap, the time until staging_completion: the most the trainer can have waited.
         stall = time.perf_counter() - started_at
         if waited > 0.01:
@@ -277,11 +273,11 @@ class TieredWriter(StorageWriter, AsyncStager):
                 self.tier_name,
             )
         self._stage_report = RankReport(self.node, started_wall, stall, waited)
-        return staged
+        return staged.state  # type: ignore[no-any-return]
 
     def _register_save_thread(self, *, in_process: bool = True) -> None:
         """The thread carrying a staged save says so: the next stage() waits for the save to be
-        over (see :mod:`tierstore.dcp.pending`)."""
+        over (see :mod:`tierstore.dcp.staging.pending`)."""
         if self._pending is not None:
             self._pending.register(threading.current_thread(), in_process=in_process)
             self._pending = None

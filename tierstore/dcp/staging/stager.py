@@ -3,7 +3,7 @@
 ``TieredWriter.stage()`` (DCP's ``AsyncStager``) runs on the trainer's thread: it lays the state's tensors
 out in one buffer (64-byte aligned, after a 64-byte header), copies them in, and returns a state dict of
 views into that buffer. The trainer may change its tensors as soon as ``async_save`` returns. With
-``overlap=True`` the same copy runs on a background thread instead (:mod:`tierstore.dcp.overlap`).
+``overlap=True`` the same copy runs on a background thread instead (:mod:`tierstore.dcp.staging.overlap`).
 
 The buffer is a *slab*:
 
@@ -33,7 +33,7 @@ then *is* the checkpoint, counted by the tier's ``keep``) and the spare. **Back-
 starts while the previous save from the same writer is still persisting waits for it (the buffer, and
 DCP's writer object, are not shared between saves in flight); the wait is logged and recorded as
 ``wait_s`` in the marker, and is part of the stall. When a save is over is decided in
-:mod:`tierstore.dcp.pending`.
+:mod:`tierstore.dcp.staging.pending`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from tierstore.dcp import slab_use
-from tierstore.dcp.copier import can_move, move
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
-from tierstore.dcp.overlap import StagingFuture, StagingQueue
-from tierstore.dcp.pending import Pending
-from tierstore.dcp.staged_shard import StagedShard
+from tierstore.dcp.staging import slab_use
+from tierstore.dcp.staging.copier import can_move, move
+from tierstore.dcp.staging.overlap import StagingFuture, StagingQueue
+from tierstore.dcp.staging.pending import Pending
+from tierstore.dcp.staging.staged_shard import StagedShard
 from tierstore.errors import TierUnavailableError
 from tierstore.owners import LOCK_NAME, hold_owner_lock
 from tierstore.runtime import ProcessLocal, SerialWorker
@@ -84,6 +84,20 @@ class SlabInfo:
     token: bytes
     path: str | None
     """The slab's file in the memory tier (None for anonymous shared memory)."""
+
+
+@dataclass(frozen=True)
+class StagedSave:
+    """A finished copy: what the writer that carries the save needs from staging."""
+
+    state: Any
+    """The staged state: views into the slab (or fresh tensors), isolated from the trainer's."""
+    slab: SlabInfo | None
+    """The slab it was copied into; None when it was copied into fresh memory."""
+    waited: float
+    """Seconds the copy waited (the previous save's back-pressure, a spare being prepared)."""
+    pending: Pending
+    """The save, until it is over (its carrier reports in through this)."""
 
 
 class Slab:
@@ -115,7 +129,7 @@ class Slab:
             finally:
                 os.close(fd)  # the storage keeps its own duplicate
         self.use = slab_use.register(self.storage)
-        """Who reads or stages into this slab now (see :mod:`tierstore.dcp.slab_use`)."""
+        """Who reads or stages into this slab now (see :mod:`tierstore.dcp.staging.slab_use`)."""
         self.pinned = False
         if torch.cuda.is_available():
             cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -175,7 +189,7 @@ def _walk(value: Any, on_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Rebuild a nested state (dicts, lists, tuples) with tensors mapped and other leaves copied.
 
     A DTensor becomes a :class:`StagedShard` of its mapped local tensor: a DTensor around the
-    staging buffer would crash DCP's PROCESS mode (see :mod:`tierstore.dcp.staged_shard`).
+    staging buffer would crash DCP's PROCESS mode (see :mod:`tierstore.dcp.staging.staged_shard`).
     """
     if isinstance(value, DTensor):
         return StagedShard.of(on_tensor(value.to_local()), value)
@@ -433,7 +447,7 @@ class Stager:
     def wait_for_previous_save(self) -> tuple[float, bool]:
         """Wait for the save that last staged here; return the wait, and whether it is over.
 
-        False means it never reported in within :data:`~tierstore.dcp.pending.REGISTRATION_TIMEOUT`:
+        False means it never reported in within :data:`~tierstore.dcp.staging.pending.REGISTRATION_TIMEOUT`:
         its buffer must be treated as still in use.
         """
         pending, self.pending = self.pending, None
@@ -448,25 +462,22 @@ class Stager:
         if self._preparing is not None:
             self._preparing.result()
 
-    def stage(self, state: Any) -> tuple[Any, SlabInfo | None, float, Pending]:
-        """Copy ``state``'s tensors into a slab now; return the staged state, the slab, the wait,
-        and the save's :class:`Pending` (for the writer that carries it).
+    def stage(self, state: Any) -> StagedSave:
+        """Copy ``state``'s tensors into a slab now.
 
         Runs on the caller's thread, after any overlapped staging still in progress here.
         """
         self.queue.wait_until_idle()
         return self._stage(state, preallocate=False)
 
-    def stage_in_background(
-        self, state: Any, finish: Callable[[Any, SlabInfo | None, float, Pending], Any]
-    ) -> StagingFuture:
-        """Like :meth:`stage`, on a background thread (see :mod:`tierstore.dcp.overlap`).
+    def stage_in_background(self, state: Any, finish: Callable[[StagedSave], Any]) -> StagingFuture:
+        """Like :meth:`stage`, on a background thread (see :mod:`tierstore.dcp.staging.overlap`).
 
-        ``finish(staged, slab, waited, pending)`` runs on that thread once the copy is done; the future holds
+        ``finish(staged_save)`` runs on that thread once the copy is done; the future holds
         what it returns, or the exception staging raised. The caller must not modify ``state``
         until the future has resolved.
         """
-        return self.queue.submit(lambda: finish(*self._stage(state, preallocate=True)))
+        return self.queue.submit(lambda: finish(self._stage(state, preallocate=True)))
 
     def wait_until_idle(self) -> None:
         """Wait for overlapped staging in progress, then for the save that last staged here."""
@@ -474,15 +485,13 @@ class Stager:
         with self._staging:  # not while another writer of the tier stages: it would skip its wait
             self.wait_for_previous_save()
 
-    def _stage(
-        self, state: Any, *, preallocate: bool
-    ) -> tuple[Any, SlabInfo | None, float, Pending]:
+    def _stage(self, state: Any, *, preallocate: bool) -> StagedSave:
         # Every writer of a tier in this process shares its stager: one stage at a time, each
         # handing its own Pending to the writer that staged (not whatever self.pending is by then).
         with self._staging:
             staged, slab, waited = self._stage_alone(state, preallocate=preallocate)
             assert self.pending is not None
-            return staged, slab, waited, self.pending
+            return StagedSave(staged, slab, waited, self.pending)
 
     def _stage_alone(self, state: Any, *, preallocate: bool) -> tuple[Any, SlabInfo | None, float]:
         offsets, nbytes = _layout(state)

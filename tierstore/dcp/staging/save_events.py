@@ -4,7 +4,7 @@ DCP reports the start, end and exception of every ``dcp.save`` call (and of its 
 on its event logger (``torch.distributed.checkpoint.logger``); a record carries the thread that
 made the call. :func:`watch` hands out an event that is set when the next ``save`` on a given thread
 ends or raises: after its collectives, whether it committed or failed. The back-pressure rule
-(:mod:`tierstore.dcp.pending`) uses it for saves carried by a long-lived thread, which never ends.
+(:mod:`tierstore.dcp.staging.pending`) uses it for saves carried by a long-lived thread, which never ends.
 
 The handler is installed at import; it only looks up the thread in a dict.
 """

@@ -1,6 +1,6 @@
 """Who is using a staging slab right now: saves reading its views out, or a stage copying into it.
 
-The back-pressure rule (:mod:`tierstore.dcp.pending`) keeps the next stage away from the save it
+The back-pressure rule (:mod:`tierstore.dcp.staging.pending`) keeps the next stage away from the save it
 follows, but a failed save may be retried on another thread, which no rule can see coming. So every
 save that writes out views of a slab holds the slab for *reading* while it checks their stage's
 token and writes them; a stage holds it for *staging* while it writes the header and copies. Either

@@ -8,7 +8,7 @@ buffers and writer free for the next save, when one of these holds:
 * **the thread carrying it has returned from DCP**: a save carried synchronously (``dcp.save`` of
   staged state on a long-lived worker thread) never ends its thread. DCP's own event for the end
   (or the exception) of that ``dcp.save`` call, reported on the carrier thread after its
-  collectives (:mod:`tierstore.dcp.save_events`), says the save has returned, committed or failed.
+  collectives (:mod:`tierstore.dcp.staging.save_events`), says the save has returned, committed or failed.
   Only for saves whose calls ran in this process: in PROCESS mode they run in DCP's checkpoint
   process, and the carrier only waits;
 * **it never reported in and nothing holds its staged tensors any more**: ``async_save`` failed
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from tierstore.dcp import save_events
+from tierstore.dcp.staging import save_events
 
 logger = logging.getLogger(__name__)
 
