@@ -40,6 +40,11 @@ class ItemLocation:
     """``raw`` (tensor bytes), ``bytes`` (DCP byte item) or ``torch`` (``torch.save`` of a tensor)."""
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    crc: tuple[int, int] | None = None
+    """The file's running CRC32C just before the item and just after it: the item's bytes are
+    intact when ``crc32c(bytes, crc[0]) == crc[1]`` (as strong a check as the item's own CRC32C,
+    and free for the writer, which computes the file's CRC anyway). None in checkpoints saved
+    before tierstore recorded it: their items are checked by reading the whole file."""
 
 
 STAGE_TOKEN = "_tierstore_stage_token"  # noqa: S105 - an attribute name, not a secret
@@ -142,7 +147,9 @@ class ChunkSink:
         self._write = write
         self._digest = Digest(sha256=sha256)
         self.size = 0
-        self._queue: queue.SimpleQueue[memoryview | None] | None = None
+        self._marks: list[int] = []
+        self._noted = 0
+        self._queue: queue.SimpleQueue[memoryview | bool | None] | None = None
         self._helper: threading.Thread | None = None
         if write is not None:
             self._queue = queue.SimpleQueue()
@@ -152,7 +159,10 @@ class ChunkSink:
     def _drain(self) -> None:
         assert self._queue is not None
         while (view := self._queue.get()) is not None:
-            self._digest.update(view)
+            if isinstance(view, memoryview):
+                self._digest.update(view)
+            else:
+                self._marks.append(self._digest.crc)
 
     def __enter__(self) -> ChunkSink:
         return self
@@ -177,6 +187,22 @@ class ChunkSink:
         """The SHA-256 of everything fed so far, if asked for (waits for the helper thread)."""
         self._finish()
         return self._digest.sha256
+
+    def mark(self) -> int:
+        """Note the CRC32C of everything fed so far (an item's boundary); returns the note's index
+        in :attr:`marks`."""
+        if self._queue is not None:
+            self._queue.put(True)
+        else:
+            self._marks.append(self._digest.crc)
+        self._noted += 1
+        return self._noted - 1
+
+    @property
+    def marks(self) -> list[int]:
+        """The CRC32C noted by each :meth:`mark` call, in order (waits for the helper thread)."""
+        self._finish()
+        return self._marks
 
     def feed(self, view: memoryview) -> None:
         """One chunk: write it (if writing), fold it into the CRC."""
