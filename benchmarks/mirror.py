@@ -31,13 +31,14 @@ the expected tier and the saved bytes: otherwise the phase fails rather than rep
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -51,8 +52,28 @@ from tierstore import TieredWriter
 from tierstore.topology import HOST_VARIABLE
 from tierstore.units import parse_size
 
-if TYPE_CHECKING:
-    from benchmarks.bench import Bench
+
+class Bench(Protocol):
+    """What this phase needs of the run (:class:`benchmarks.bench.Bench` has it); a protocol, so
+    that this module does not import the one that imports it."""
+
+    args: argparse.Namespace
+    shm: Path
+    disk: Path
+    endpoint: str
+    bucket: str
+    s3: Any
+    extra: dict[str, Any]
+
+    def sample(self, name: str, seconds: float, nbytes: int) -> None:
+        """Add one timing to a figure."""
+
+    def pair(self, name: str, ratio: float) -> None:
+        """Add one ratio measured within a round."""
+
+    def show(self, *names: str) -> None:
+        """Print the figures named."""
+
 
 TARGETS = {
     "stall with mirror / without (THREAD)": ("<=", 1.05),

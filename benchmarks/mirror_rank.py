@@ -76,7 +76,7 @@ class RoundClock:
                     started, time.monotonic(), self._transfers.pop(share.checkpoint_id, None),
                 )  # fmt: skip
 
-        def timed_exchange(state: Any) -> str | None:
+        def timed_exchange(state: Any) -> dict[int, str]:
             started = time.monotonic()
             try:
                 return exchange(state)
