@@ -36,7 +36,8 @@ from tierstore.bounded import Prober
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import ALONE, broadcast_object, rank_and_world
-from tierstore.dcp.layout import ItemLocation, decode_tensor, memory_of
+from tierstore.dcp.item_check import ATTEMPTS, is_intact, read_checked
+from tierstore.dcp.layout import CHUNK, ItemLocation, decode_tensor, memory_of
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.inventory import stored_path
 from tierstore.dcp.mirror.peer_read import fetch_missing
@@ -312,9 +313,12 @@ class TieredReader(StorageReader):
         try:
             requests = self._serve_from_peers(requests, planner)
             if self.signing:  # byte items are unpickled: only from bytes checked as they are read
-                self._read_verified_bytes([r for r in requests if r[0].type == LoadItemType.BYTE_IO],
-                                          planner)  # fmt: skip
+                self._read_whole_files([r for r in requests if r[0].type == LoadItemType.BYTE_IO],
+                                       planner, signed=True)  # fmt: skip
                 requests = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
+            # Saved before items carried a CRC32C: their files are read whole and checked.
+            self._read_whole_files([r for r in requests if r[1].crc is None], planner)
+            requests = [r for r in requests if r[1].crc is not None]
             if tier.capabilities.local_files:
                 tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
                 with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
@@ -343,12 +347,18 @@ class TieredReader(StorageReader):
         future.set_result(None)
         return future
 
-    def _read_verified_bytes(
-        self, requests: list[tuple[ReadItem, ItemLocation]], planner: LoadPlanner
+    def _read_whole_files(
+        self,
+        requests: list[tuple[ReadItem, ItemLocation]],
+        planner: LoadPlanner,
+        *,
+        signed: bool = False,
     ) -> None:
-        """Byte items of a signed checkpoint: each file holding some is read whole, once, and
-        checked against the SHA-256 in the signed marker before any of its items is delivered
-        (DCP unpickles byte items). A mismatch raises :class:`IntegrityError` naming tier and file."""
+        """Each file holding some of ``requests`` is read whole, once, and checked against its
+        marker entry before any of its items is delivered: byte items of a signed checkpoint
+        (``signed``: DCP unpickles them, so the signed SHA-256 must match, a CRC32C can be
+        forged), and items saved without a CRC32C of their own. A mismatch raises
+        :class:`IntegrityError` naming tier and file."""
         assert self._tier is not None and self._choice is not None
         entries = {f.path: f for f in self._choice.manifest.files}
         per_file: dict[str, list[tuple[ReadItem, ItemLocation]]] = defaultdict(list)
@@ -360,8 +370,9 @@ class TieredReader(StorageReader):
                 raise IntegrityError(f"tier {self._tier.name}: {full}: not named by the marker")
             blob = self._tier.read_bytes(full)
             self._count(len(blob))
-            problem = entry_problem(full, entry, len(blob), crc32c(blob), sha256_hex(blob))
-            if problem is not None or entry.sha256 is None:
+            sha = sha256_hex(blob) if signed or entry.sha256 is not None else None
+            problem = entry_problem(full, entry, len(blob), crc32c(blob), sha)
+            if problem is not None or (signed and entry.sha256 is None):
                 raise IntegrityError(f"tier {self._tier.name}: {problem or full + ': no SHA-256'}")
             for item, location in file_requests:
                 data = memoryview(blob)[location.offset : location.offset + location.length]
@@ -402,9 +413,21 @@ class TieredReader(StorageReader):
                 self._tier, full, item, location, planner
             ):
                 continue
-            data = self._tier.read_range(full, location.offset, location.length)
-            self._count(len(data))
-            self._deliver(item, location, bytearray(data), planner)
+            data = memoryview(bytearray(location.length))
+            self._read_checked(full, location, data)  # byte items too: before DCP unpickles them
+            self._count(location.length)
+            self._deliver(item, location, data, planner)
+
+    def _read_checked(
+        self, full: str, location: ItemLocation, out: memoryview, attempts: int = ATTEMPTS
+    ) -> None:
+        """Read an item into ``out``, checked against its CRC32C (:mod:`.item_check`)."""
+        assert self._tier is not None
+        tier = self._tier
+        # POSIX: chunked reads, each summed while cache-hot; an object store: one request.
+        chunk = CHUNK if tier.capabilities.local_files else max(1, len(out))
+        fill = functools.partial(tier.read_into, full)
+        read_checked(fill, location, out, tier=tier.name, full=full, attempts=attempts, chunk=chunk)
 
     def _deliver(
         self,
@@ -445,6 +468,7 @@ class TieredReader(StorageReader):
         for item, location in requests:
             same[(location.offset, location.length)].append((item, location))
         spans: list[tuple[int, memoryview]] = []
+        checks: list[tuple[ItemLocation, memoryview]] = []
         in_place: list[tuple[ReadItem, torch.Tensor]] = []
         later: list[tuple[ReadItem, ItemLocation, memoryview]] = []
         for (offset, length), group in sorted(same.items()):
@@ -460,6 +484,7 @@ class TieredReader(StorageReader):
                 (item, location, data) for i, (item, location) in enumerate(group) if i != lead
             ]
             spans.append((offset, data))
+            checks.append((group[0][1], data))
         try:
             cut = pieces(spans, max(tier.capabilities.transfer_chunk, 2**20))
         except ValueError:  # items partly over the same bytes: not a layout tierstore writes
@@ -470,6 +495,12 @@ class TieredReader(StorageReader):
         ) as pool:
             list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
         self._count(sum(length for _, length in same))
+        for location, data in checks:  # S3 sends no checksum for a range: ours, before use
+            if not is_intact(location, data):
+                logger.warning("tier %s: %s: bytes %d..%d do not match their CRC32C: reading"
+                               " them again", tier.name, full, location.offset,
+                               location.offset + location.length)  # fmt: skip
+                self._read_checked(full, location, data, attempts=ATTEMPTS - 1)
         for item, location, data in later:  # before any commit: a planner may move the data
             self._deliver(item, location, data, planner)
         for item, target in in_place:
@@ -485,7 +516,7 @@ class TieredReader(StorageReader):
         if target is None:
             return False
         if location.length:
-            tier.read_into(full, location.offset, memory_of(target))
+            self._read_checked(full, location, memory_of(target))
             self._count(location.length)
         planner.commit_tensor(item, target)
         return True

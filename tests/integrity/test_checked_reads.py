@@ -1,0 +1,158 @@
+"""Every item a restore loads was checked against the CRC32C recorded at save time (issue 24, item 5).
+
+The copy is chosen (and, with ``verify_on_load``, verified whole) before DCP plans the load; a byte
+flipped in a data file after that, while DCP plans, must still never reach the caller's state: not a
+tensor read straight into its destination, not one decoded from a buffer, not a byte item (which
+DCP unpickles). The flip is made by the planner DCP calls between the reader's ``read_metadata`` and
+its ``read_data``, through the tier's own verbs. A checkpoint saved before items carried a CRC32C
+(their files are then read whole and checked) is built by rewriting a new one's ``.metadata``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+
+from tierstore import TieredReader, TieredWriter
+from tierstore.checksum import crc32c
+from tierstore.config import Config, config_from_dict
+from tierstore.dcp.layout import ItemLocation
+from tierstore.ids import checkpoint_file, is_metadata_file, marker_path
+from tierstore.records.marker import read_manifest
+from tierstore.tiers import Tier
+
+ID = "step_000001"
+
+
+def _config(root: Path, kind: str) -> Config:
+    spec = {"name": kind, "type": kind, "path": str(root / kind)}
+    return config_from_dict({"namespace": "run", "verify_on_load": True, "tiers": [spec]})
+
+
+def _state() -> dict[str, Any]:
+    torch.manual_seed(7)
+    return {
+        "weight": torch.randn(512, 512),  # read straight into its destination
+        "square": torch.randn(256, 256),  # loaded into a transposed view: decoded from a buffer
+        "extra": {"note": "byte item", "values": list(range(100))},  # DCP unpickles these
+    }
+
+
+def _target() -> dict[str, Any]:
+    return {
+        "weight": torch.zeros(512, 512),
+        "square": torch.zeros(256, 256).t(),
+        "extra": {"note": "", "values": []},
+    }
+
+
+def _tier(config: Config) -> Tier:
+    return config.make_tiers(node=0)[0]
+
+
+class FlippingPlanner(DefaultLoadPlanner):
+    """Flips one byte in the middle of ``fqn``'s stored bytes once the reader chose its copy."""
+
+    def __init__(self, tier: Tier, fqn: str) -> None:
+        super().__init__()
+        self.tier, self.fqn = tier, fqn
+        self.flipped: str | None = None
+
+    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:  # fmt: skip
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        assert metadata is not None and metadata.storage_data is not None
+        location = next(
+            loc for index, loc in metadata.storage_data.items()
+            if isinstance(index, MetadataIndex) and index.fqn == self.fqn
+        )  # fmt: skip
+        assert isinstance(location, ItemLocation)
+        path = checkpoint_file(ID, location.path)
+        raw = bytearray(self.tier.read_bytes(path))
+        raw[location.offset + location.length // 2] ^= 0x10
+        self.tier.write_bytes(path, bytes(raw))
+        self.flipped = path
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+@pytest.mark.parametrize("fqn", ["weight", "square", "extra.values"])
+def test_a_byte_flipped_after_the_copy_was_chosen_is_never_loaded(
+    tmp_path: Path, kind: str, fqn: str
+) -> None:
+    config = _config(tmp_path, kind)
+    dcp.save(_state(), storage_writer=TieredWriter(config), checkpoint_id=ID)
+    planner = FlippingPlanner(_tier(config), fqn)
+    target = _target()
+    with pytest.raises(BaseException) as caught:
+        dcp.load(target, storage_reader=TieredReader(config), planner=planner, checkpoint_id=ID)
+    assert planner.flipped is not None
+    message = str(caught.value)
+    assert f"tier {kind}" in message and planner.flipped in message, message
+    assert "CRC32C" in message and f"tierstore verify {ID}" in message, message
+    assert target["extra"]["values"] == [], (
+        "a byte item was unpickled from bytes that failed their check"
+    )
+
+
+def test_each_saved_item_carries_the_crc32c_of_its_bytes(tmp_path: Path) -> None:
+    config = _config(tmp_path, "local")
+    dcp.save(_state(), storage_writer=TieredWriter(config), checkpoint_id=ID)
+    tier = _tier(config)
+    reader = TieredReader(config, checkpoint_id=ID)
+    storage = reader.read_metadata().storage_data
+    assert storage
+    for location in storage.values():
+        assert location.crc is not None, location
+        data = tier.read_range(checkpoint_file(ID, location.path), location.offset, location.length)
+        assert crc32c(data, location.crc[0]) == location.crc[1], location
+
+
+def _without_item_crcs(tier: Tier) -> None:
+    """Make the committed copy look saved by an earlier release: ``.metadata`` without item CRCs,
+    the marker's entry for it updated to match."""
+    manifest = read_manifest(tier, ID)
+    entry = next(f for f in manifest.files if is_metadata_file(f.path))
+    path = checkpoint_file(ID, entry.path)
+    metadata = pickle.loads(tier.read_bytes(path))
+    metadata.storage_data = {
+        index: dataclasses.replace(location, crc=None)
+        for index, location in metadata.storage_data.items()
+    }
+    blob = pickle.dumps(metadata)
+    tier.write_bytes(path, blob)
+    files = tuple(
+        dataclasses.replace(f, size=len(blob), crc32c=crc32c(blob)) if f is entry else f
+        for f in manifest.files
+    )
+    tier.write_bytes(marker_path(ID), manifest.with_changes(files=files).to_json())
+
+
+def test_a_checkpoint_without_item_crcs_loads_and_is_checked_whole(tmp_path: Path) -> None:
+    config = _config(tmp_path, "local")
+    saved = _state()
+    dcp.save(saved, storage_writer=TieredWriter(config), checkpoint_id=ID)
+    tier = _tier(config)
+    _without_item_crcs(tier)
+    target = _target()
+    dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=ID)
+    assert torch.equal(target["weight"], saved["weight"])
+    assert torch.equal(target["square"], saved["square"])
+    assert target["extra"] == saved["extra"]
+
+    planner = FlippingPlanner(tier, "extra.values")
+    target = _target()
+    with pytest.raises(BaseException) as caught:
+        dcp.load(target, storage_reader=TieredReader(config), planner=planner, checkpoint_id=ID)
+    assert planner.flipped is not None and planner.flipped in str(caught.value), caught.value
+    assert "tier local" in str(caught.value), caught.value
+    assert target["extra"]["values"] == [], (
+        "a byte item was unpickled from bytes that failed their check"
+    )
