@@ -270,3 +270,19 @@ def test_upload_listing_stays_inside_the_namespace(s3_endpoint: str, s3_bucket: 
     job1, job10 = S3Tier(config, namespace="job1"), S3Tier(config, namespace="job10")
     assert open_uploads(job1) == [], "job1's gc must not see job10's uploads"
     assert open_uploads(job10) == ["step/file"]
+
+
+def test_asking_for_a_missing_object_is_one_request(faulty: tuple[FaultyS3, S3Tier]) -> None:
+    """Every save asks the commit protocol's small questions in sequence: s3fs's ``info`` listed the
+    prefix after a 404 (to tell a directory), two requests for each ``exists`` that found nothing."""
+    server, tier = faulty
+    tier.write_bytes("dir/here.json", b"12345")
+    server.faults.seen.clear()
+    assert not tier.exists("dir/missing.json")
+    assert not tier.exists("nowhere/missing.json")
+    info = tier.stat("dir/here.json")
+    assert (info.path, info.size) == ("dir/here.json", 5)
+    assert info.mtime > 0
+    assert [method for method, _path in server.faults.seen] == ["HEAD", "HEAD", "HEAD"]
+    with pytest.raises(FileNotFoundError, match=r"dir/missing\.json"):
+        tier.stat("dir/missing.json")

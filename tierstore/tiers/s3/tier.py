@@ -329,11 +329,15 @@ class S3Tier(Tier):
         self._guard(f"read {path}", operation)
 
     def stat(self, path: str) -> FileInfo:
-        """HEAD the object."""
-        info = self._guard(f"stat {path}", lambda: self.fs.info(self._full(path)))
-        if info.get("type") != "file":
-            raise FileNotFoundError(f"{self.root}/{path}")
-        return FileInfo(path, int(info["size"]), _mtime(info))
+        """HEAD the object: one request, found or not. (s3fs's ``info`` lists the prefix as well
+        when the key is missing, to tell a directory: a second request for every ``exists`` that
+        finds nothing, and the commit protocol asks many of those on every save.)"""
+        try:
+            answer = self.call("head_object", f"stat {path}", Bucket=self.bucket,
+                               Key=self._key(path))  # fmt: skip
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.root}/{path}") from None
+        return FileInfo(path, int(answer["ContentLength"]), _mtime(answer))
 
     def list_dir(self, path: str = "") -> list[str]:
         """Names directly under ``path`` (objects and common prefixes)."""
