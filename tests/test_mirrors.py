@@ -203,3 +203,29 @@ def test_a_mirror_is_removed_marker_first_then_its_files(tmp_path: Path) -> None
         f".tierstore/mirror/step_1/{gen}/",
     ], "a reader that sees the marker must find every file it names"
     assert held_mirrors(memory(tmp_path), "step_1") == []
+
+
+def test_mirror_tags_count_per_sender_and_receiver_and_never_collide_within_a_pair() -> None:
+    from tierstore.dcp.mirror.rounds import SavedShare, plan_transfers
+    from tierstore.dcp.mirror.transport import CHUNK
+    from tierstore.placement import place
+
+    def share(rank: int) -> SavedShare:
+        files = tuple(
+            FileEntry(f"g/r{rank}-{i}.distcp", 3 * CHUNK + 1, 0, rank=rank, node=rank)
+            for i in range(2)
+        )
+        return SavedShare("step_1", "g", 1, rank, rank, f"host{rank}", files, True, rank == 0)
+
+    shares = [share(rank) for rank in range(4)]
+    transfers = plan_transfers(shares, place({r: f"host{r}" for r in range(4)}), first_tag=7)
+    spans: dict[tuple[int, int], list[range]] = {}
+    for t in transfers:
+        span = range(t.first_tag, t.first_tag + -(-t.entry.size // CHUNK))
+        spans.setdefault((t.sender, t.receiver), []).append(span)
+    assert len(spans) == 4, spans  # every node sends to its partner: (0,1), (1,0), (2,3), (3,2)
+    for pair, ranges in spans.items():
+        # Each pair's tags start at first_tag (the span bounds one pair's bytes, not the job's)...
+        assert ranges[0].start == 7, (pair, ranges)
+        # ...and one pair's files never share a tag.
+        assert ranges[0].stop <= ranges[1].start, (pair, ranges)

@@ -84,7 +84,7 @@ from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 _TAG_SPAN = 2**21
-"""Tags one round may use (one per 64 MiB chunk: 128 TiB)."""
+"""Tags one round may use between two ranks (one per 16 MiB chunk: 32 TiB from one rank to one)."""
 _TAG_ROUNDS = 500
 _NICE = 10
 """Priority of the exchange thread relative to the trainer's (higher is nicer)."""
@@ -180,18 +180,22 @@ def _ranks_by_node(shares: list[SavedShare]) -> dict[int, list[int]]:
 def plan_transfers(
     shares: list[SavedShare], placement: Placement, first_tag: int = 1
 ) -> list[Transfer]:
-    """Every file move of a round, in one order on every rank, each with its own tags."""
+    """Every file move of a round, in one order on every rank, each with its own tags.
+
+    Tags are counted per sender and receiver (gloo matches a message by its peer and tag), so a
+    round's tag span bounds what one rank sends to one other, not what the whole job moves."""
     by_node = _ranks_by_node(shares)
     by_rank = {s.rank: s for s in shares}
     transfers: list[Transfer] = []
-    tag = first_tag
+    tags: dict[tuple[int, int], int] = {}
     for owner, holder in sorted(placement.holder_of.items()):
         receivers = by_node[holder]
         for index, rank in enumerate(by_node[owner]):
             for entry in by_rank[rank].files:
                 receiver = receivers[index % len(receivers)]
+                tag = tags.get((rank, receiver), first_tag)
                 transfers.append(Transfer(rank, receiver, entry, owner, tag))
-                tag += max(1, chunks(entry.size))
+                tags[(rank, receiver)] = tag + max(1, chunks(entry.size))
     return transfers
 
 
