@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tierstore.owners import hold_owner_lock
 from tierstore.tiers import Tier, make_tier
 
 KINDS = ["memory", "local", "shared", "s3", "dict"]
@@ -217,3 +218,38 @@ def test_an_empty_file_reads_as_empty(tier: Tier) -> None:
     assert tier.read_bytes("e/empty") == b""
     assert b"".join(tier.iter_chunks("e/empty")) == b""
     assert tier.stat("e/empty").size == 0
+
+
+def test_a_missing_file_read_in_chunks_is_file_not_found(tier: Tier) -> None:
+    """The promotion's copy reads every source through iter_chunks: a missing source (or a path
+    through a foreign file) must say so, not yield nothing."""
+    with pytest.raises(FileNotFoundError):
+        next(iter(tier.iter_chunks("gone/file")))
+    tier.write_bytes("plain", b"a file where a directory would be")
+    with pytest.raises(FileNotFoundError):
+        next(iter(tier.iter_chunks("plain/file")))
+
+
+def test_owner_locks_where_the_tier_has_local_files(tier: Tier) -> None:
+    """Cleanup asks the tier whether a staging directory's owner runs (its lock is a local file)."""
+    if not tier.capabilities.local_files:
+        with pytest.raises(NotImplementedError):
+            tier.owner_alive("owners/a")
+        with pytest.raises(NotImplementedError):
+            tier.directory_mtime("owners/a")
+        return
+    assert tier.directory_mtime("owners/a") is None
+    tier.write_bytes("owners/a/slab", b"x")
+    assert tier.owner_alive("owners/a") is None, "no lock file: the caller judges by age"
+    mtime = tier.directory_mtime("owners/a")
+    assert (
+        mtime is not None and abs(mtime - os.stat(tier.local_path("owners/a") or "").st_mtime) < 1
+    )
+    local = tier.local_path("owners/b")
+    assert local is not None
+    fd = hold_owner_lock(local)
+    try:
+        assert tier.owner_alive("owners/b") is True
+    finally:
+        os.close(fd)
+    assert tier.owner_alive("owners/b") is False, "the lock's holder let go: gone"

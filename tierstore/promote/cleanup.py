@@ -13,7 +13,6 @@ removed only by retention (:mod:`tierstore.promote.retention`).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from tierstore.ids import (
@@ -31,7 +30,7 @@ from tierstore.ids import (
     void_entry_path,
     writer_staging_dir,
 )
-from tierstore.owners import owner_is_alive, owner_is_gone
+from tierstore.owners import owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.records.clock import tier_now
@@ -177,17 +176,15 @@ def _unfinished_mirrors(
 def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
     """Staging directories of writer processes that are gone (see :mod:`tierstore.owners`)."""
     found: list[Cleanup] = []
+    if not tier.capabilities.local_files:
+        return found  # staging directories are local: a writer's lock is a local file
     for owner in tier.list_dir(staging_dir()):
-        directory = tier.local_path(writer_staging_dir(owner))
-        if directory is None:
-            continue
-        alive = owner_is_alive(directory)
+        alive = tier.owner_alive(writer_staging_dir(owner))
         if alive is None:  # a directory without a lock: judge by pid (this host only) and age
-            try:
-                idle = now - os.stat(directory).st_mtime
-            except FileNotFoundError:
+            touched = tier.directory_mtime(writer_staging_dir(owner))
+            if touched is None:
                 continue
-            alive = not (owner_is_gone(owner) and idle >= stale_after)
+            alive = not (owner_is_gone(owner) and now - touched >= stale_after)
         if not alive:
             found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
                                  "staging buffers of a writer process that is gone"))  # fmt: skip
@@ -199,18 +196,16 @@ def _abandoned_exchange_waits(tier: Tier, *, stale_after: float, now: float) -> 
     of trainer processes that are gone: locked like staging directories; one without a lock (a
     record that arrived after its trainer closed) once untouched for ``stale_after``."""
     found: list[Cleanup] = []
+    if not tier.capabilities.local_files:
+        return found  # their lock, like a staging directory's, is a local file
     for waiter in tier.list_dir(EXCHANGE_ENDS_DIR):
         relative = exchange_ends_dir(waiter)
-        directory = tier.local_path(relative)
-        if directory is None:
-            continue
-        alive = owner_is_alive(directory)
+        alive = tier.owner_alive(relative)
         if alive is None:
-            try:
-                idle = now - os.stat(directory).st_mtime
-            except FileNotFoundError:
+            touched = tier.directory_mtime(relative)
+            if touched is None:
                 continue
-            alive = idle < stale_after
+            alive = now - touched < stale_after
         if not alive:
             found.append(Cleanup(tier.name, "tree", relative,
                                  "exchange-end records of a trainer process that is gone"))  # fmt: skip

@@ -9,7 +9,6 @@ upload is aborted) and raises
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,30 +29,25 @@ class Cancelled(Exception):  # noqa: N818 - a control-flow signal, not an error 
 
 def _chunks(source: Tier, path: str, chunk: int) -> Iterator[bytes]:
     """The source file, chunk by chunk; a missing source is an :class:`IntegrityError`."""
-    local = source.local_path(path)
     try:
-        handle = open(local, "rb", buffering=0) if local is not None else None  # noqa: SIM115
-        if handle is None:
-            source.stat(path)
+        yield from source.iter_chunks(path, chunk)
     except FileNotFoundError:
         raise IntegrityError(f"tier {source.name}: {path}: missing; not promoted") from None
-    if handle is None:
-        yield from source.iter_chunks(path, chunk)
-        return
-    with handle:
-        while data := handle.read(chunk):
-            yield data
 
 
 def _has_verified_copy(target: Tier, path: str, entry: FileEntry) -> bool:
-    """A POSIX target file of the right size and CRC32C is complete: atomic rename put it there."""
-    local = target.local_path(path)
-    if local is None or not os.path.isfile(local) or os.path.getsize(local) != entry.size:
+    """A target file of the right size and CRC32C is complete: an atomic rename put it there. Only
+    looked for where reading it back is cheap (local files): elsewhere it is copied again."""
+    if not target.capabilities.local_files:
         return False
-    digest = Digest(sha256=entry.sha256 is not None)
-    with open(local, "rb", buffering=0) as f:
-        while data := f.read(CHUNK):
+    try:
+        if target.stat(path).size != entry.size:
+            return False
+        digest = Digest(sha256=entry.sha256 is not None)
+        for data in target.iter_chunks(path, CHUNK):
             digest.update(data)
+    except FileNotFoundError:
+        return False
     return entry_problem(path, entry, entry.size, digest.crc, digest.sha256) is None
 
 

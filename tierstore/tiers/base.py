@@ -195,6 +195,17 @@ class Tier(abc.ABC):
         """A real filesystem path for ``path`` where ``capabilities.local_files``; else None."""
         return None
 
+    def owner_alive(self, path: str) -> bool | None:
+        """Whether the process that locked the directory ``path`` (a writer's staging directory,
+        see :mod:`tierstore.owners`) still runs: None when it holds no lock file. Only where
+        ``capabilities.local_files`` (a lock is a local file); elsewhere ``NotImplementedError``."""
+        raise NotImplementedError(f"tier {self.name} has no local files to lock")
+
+    def directory_mtime(self, path: str) -> float | None:
+        """When the directory ``path`` was last touched (epoch s), None if it is missing. Only where
+        ``capabilities.local_files``; elsewhere ``NotImplementedError``."""
+        raise NotImplementedError(f"tier {self.name} has no directories")
+
     # -- listing ---------------------------------------------------------------------------------
 
     @abc.abstractmethod

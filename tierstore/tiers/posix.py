@@ -21,6 +21,7 @@ from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
 from tierstore.killpoints import kill_point
+from tierstore.owners import owner_is_alive
 from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
@@ -108,6 +109,30 @@ class PosixTier(Tier):
     def local_path(self, path: str) -> str:
         """The real path of ``path`` in this tier."""
         return str(self._path(path))
+
+    def owner_alive(self, path: str) -> bool | None:
+        """See :meth:`Tier.owner_alive`."""
+        return owner_is_alive(str(self._path(path)))
+
+    def directory_mtime(self, path: str) -> float | None:
+        """See :meth:`Tier.directory_mtime`."""
+        try:
+            return os.stat(self._path(path)).st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
+        """Yield the file in chunks, read through one descriptor (``FileNotFoundError`` if
+        missing, :class:`TierUnavailableError` if unreadable)."""
+        chunk = chunk_size or self.capabilities.transfer_chunk
+        file = self._open_for_reading(path)
+        with file:
+            while True:
+                with self._reading(path):
+                    data = file.read(chunk)
+                if not data:
+                    return
+                yield data
 
     def space(self) -> Space:
         """The filesystem's usage under the tier root (its nearest existing parent before the
@@ -216,16 +241,21 @@ class PosixTier(Tier):
         fsync_dir(target.parent)
         fsync_dir(Path(source_file).parent)
 
-    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """``pread`` the range; a short file yields fewer bytes. An unreadable file (permissions,
-        an I/O error) raises :class:`TierUnavailableError` naming the tier, the file and what to do."""
+    def _open_for_reading(self, path: str) -> Any:
+        """An unbuffered binary handle on ``path`` (the caller closes it); a path through a foreign
+        file is a missing file."""
         with self._reading(path):
             try:
-                file = open(self._path(path), "rb", buffering=0)  # noqa: SIM115 - closed below
-            except NotADirectoryError as exc:  # a path through a foreign file: no such file
+                return open(self._path(path), "rb", buffering=0)
+            except NotADirectoryError as exc:
                 raise FileNotFoundError(
                     errno.ENOENT, "no such file", str(self._path(path))
                 ) from exc
+
+    def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """``pread`` the range; a short file yields fewer bytes. An unreadable file (permissions,
+        an I/O error) raises :class:`TierUnavailableError` naming the tier, the file and what to do."""
+        file = self._open_for_reading(path)
         with file as f, self._reading(path):
             f.seek(offset)
             return f.read() if length is None else _read_exact(f, length)
