@@ -1,0 +1,126 @@
+"""A rank's write (DCP step 3): its items into one or two files, durable in the tier before the
+future completes, checksummed as they go; the commit gate's veto; in a multi-node save, the rank's
+part record and commit number in its node's tier. Every rank then hands its share to the peer
+mirror, even when its write failed."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING
+
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from tierstore.dcp.mirror_handoff import hand_to_mirror, mirrors
+from tierstore.dcp.rank_files import RankFileWriter
+from tierstore.dcp.save_activity import quietly, stop_writing
+from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles
+from tierstore.errors import CommitVetoedError, TierstoreError
+from tierstore.ids import rank_part_path
+from tierstore.killpoints import kill_point
+from tierstore.records.activity import Activity, hold
+from tierstore.records.marker import FileEntry
+from tierstore.records.parts import PartRecord
+from tierstore.records.protocol import log_commit, settle_parts
+
+if TYPE_CHECKING:
+    from tierstore.dcp.writer import TieredWriter
+
+
+def write_data(
+    writer: TieredWriter, plan: SavePlan, planner: SavePlanner
+) -> Future[list[WriteResult]]:
+    """Write this rank's items; the future completes only when they are durable in the tier.
+
+    Raises:
+        CommitVetoedError: the commit gate refused this rank's data.
+        TierstoreError: the global plan carries no tierstore assignment.
+    """
+    assignment = plan.storage_data
+    wrote: list[FileEntry] | None = None
+    began = time.time()
+    metrics = writer._save_metrics
+    kill_point("writer.planned")
+    try:
+        wrote, future = _write_rank(writer, plan, planner, assignment)
+    except BaseException:
+        if writer._is_coordinator:  # DCP calls no finish(): the save is over, and failed
+            stop_writing(writer)
+        metrics.failed(writer._rank, writer.tier_name, save_s=time.time() - writer._started_at)
+        raise
+    finally:
+        if mirrors(writer):  # every rank hands over a round, even one whose write failed
+            planned = isinstance(assignment, RankAssignment)
+            hand_to_mirror(writer, assignment.generation if planned else "",
+                           assignment.seq if planned else -1, wrote)  # fmt: skip
+    kill_point("writer.data_written")
+    ended = time.time()  # metrics: after the files are durable, off the trainer's thread
+    metrics.written(writer._rank, writer.tier_name, nbytes=sum(f.size for f in wrote),
+                    write_s=ended - began, save_s=ended - writer._started_at)  # fmt: skip
+    return future
+
+
+def _write_rank(
+    writer: TieredWriter, plan: SavePlan, planner: SavePlanner, assignment: object
+) -> tuple[list[FileEntry], Future[list[WriteResult]]]:
+    if not isinstance(assignment, RankAssignment):
+        raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
+    assert writer._checkpoint_id is not None
+    tier = writer.tier
+    ckpt, gen, rank = writer._checkpoint_id, assignment.generation, assignment.rank
+    files = RankFileWriter(
+        tier, ckpt, gen, rank, node=writer.node, slab=writer._slab,
+        check_finite=writer.check_finite,
+    )  # fmt: skip
+    # A rank on another node than the coordinator's announces its part in its own node's tier
+    # until the part record is durable: that node's cleanup never sees the coordinator's
+    # record, and would otherwise take a straggler's data for a failed save's leftovers.
+    announced = _announce_part(writer, ckpt, gen, assignment)
+    if announced is not None:  # a node that never sees the coordinator's markers learns here
+        settle_parts(tier, list(assignment.settled), current=assignment.current,
+                     ttl=writer.config.promote.activity_ttl)  # fmt: skip
+    try:
+        out = files.write(plan.items, planner)
+        if writer.commit_gate is not None and out.gate is not None:
+            reason = writer.commit_gate(out.gate)
+            if reason:
+                raise CommitVetoedError(
+                    f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
+                )
+        if tier.node_local and assignment.multi_node:
+            # Other nodes' promoters never see the coordinator's marker: tell them here.
+            record = PartRecord(ckpt, gen, writer.node, (rank,), tuple(out.files), assignment.seq,
+                                assignment.world_size, node_ranks=assignment.node_ranks,
+                                coordinator_host=assignment.coordinator_host)  # fmt: skip
+            files.out.written.append(rank_part_path(ckpt, gen, rank))
+            tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
+            # Every node's log learns the number: whichever node coordinates next continues
+            # from it (the coordinator's node may be replaced, or swap places).
+            log_commit(tier, assignment.seq, ckpt, gen)
+    except BaseException:
+        for path in files.out.written:  # invisible without a marker, but leave no garbage
+            quietly(functools.partial(tier.delete, path))
+        raise
+    finally:
+        if announced is not None:
+            announced.release()
+    results = [
+        *out.results,
+        WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(out.files))),
+    ]
+    future: Future[list[WriteResult]] = Future()
+    future.set_result(results)
+    return list(out.files), future
+
+
+def _announce_part(
+    writer: TieredWriter, ckpt: str, gen: str, assignment: RankAssignment
+) -> Activity | None:
+    """A ``write`` record in this rank's node-local tier while it writes its part of a
+    multi-node save, when the coordinator's record (in its own node's tier) cannot cover it."""
+    if not (writer.tier.node_local and assignment.multi_node) or writer._is_coordinator:
+        return None
+    return hold(writer.tier, "write", ckpt, gen, ttl=writer.config.promote.activity_ttl)

@@ -1,0 +1,165 @@
+"""The coordinator's commit (DCP step 4): DCP's ``.metadata``, then the signed marker **last**,
+with the commit number that places it in commit order. A save that fails here leaves no marker
+(or, if its publish happened after all, is committed): the peer mirror and the metrics hear which.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.storage import WriteResult
+
+from tierstore.checksum import crc32c, sha256_hex
+from tierstore.dcp.known_commits import look_elsewhere, marker, published, refuse_committed_id
+from tierstore.dcp.mirror_handoff import tell_mirror
+from tierstore.dcp.save_activity import quietly, stop_writing
+from tierstore.dcp.save_plans import RankFiles
+from tierstore.errors import CheckpointExistsError, TierstoreError
+from tierstore.ids import checkpoint_file, metadata_file
+from tierstore.killpoints import kill_point
+from tierstore.records.log import highest_in
+from tierstore.records.marker import FileEntry, Manifest, signed
+from tierstore.records.protocol import claim, drop, publish
+from tierstore.records.sightings import read_sightings
+
+if TYPE_CHECKING:
+    from tierstore.dcp.writer import TieredWriter
+
+logger = logging.getLogger(__name__)
+
+
+def finish(writer: TieredWriter, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+    """Coordinator: write ``.metadata``, re-check every file, then publish the marker last.
+
+    Raises:
+        CheckpointExistsError: the id was committed by another writer meanwhile (this save is
+            dropped), or is committed elsewhere and the writer does not overwrite.
+        TierstoreError: ``finish`` without a planned save.
+    """
+    ckpt, gen = writer._checkpoint_id, writer._generation
+    if ckpt is None or gen is None:
+        raise TierstoreError("finish() called without a planned save")
+    mirror, writer._round = writer._round, None
+    try:
+        manifest = _commit(writer, ckpt, gen, metadata, results)
+    except BaseException as exc:
+        landed = published(writer, ckpt, gen)
+        stop_writing(writer, committed=landed is not None)
+        if mirror is not None:
+            tell_mirror(mirror, landed, exc)
+        _record_commit(writer, landed)
+        raise
+    kill_point("writer.committed")
+    stop_writing(writer, committed=True)
+    if mirror is not None:
+        tell_mirror(mirror, manifest, None)
+    _record_commit(writer, manifest)
+
+
+def _record_commit(writer: TieredWriter, manifest: Manifest | None) -> None:
+    """Metrics: the coordinator committed the save (``manifest``), or it failed (None)."""
+    if manifest is None:
+        writer._save_metrics.failed(writer._rank, writer.tier_name)
+    else:
+        commit_s = float(manifest.timings.get("commit_s") or 0.0)
+        writer._save_metrics.committed(writer._rank, writer.tier_name, commit_s=commit_s)
+
+
+def _commit(
+    writer: TieredWriter, ckpt: str, gen: str, metadata: Metadata, results: list[list[WriteResult]]
+) -> Manifest:
+    tier = writer.tier
+    files: list[FileEntry] = []
+    storage: dict[MetadataIndex, Any] = {}
+    for rank_results in results:
+        for result in rank_results:
+            if isinstance(result.storage_data, RankFiles):
+                files.extend(result.storage_data.files)
+            else:
+                storage[result.index] = result.storage_data
+    metadata.storage_data = storage
+    metadata.storage_meta = writer.storage_meta()
+    blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+    meta_rel = metadata_file(gen)
+    tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
+    kill_point("writer.metadata_written")
+    keys = tier.signing
+    digest = sha256_hex(blob) if keys is not None else None
+    files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, writer.node, digest))
+    sightings = read_sightings(tier)
+    elsewhere = look_elsewhere(writer, True)
+    manifest = Manifest(
+        checkpoint_id=ckpt,
+        generation=gen,
+        world_size=len(results),
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        timings=_timings(writer, time.time()),
+        topology=_topology(writer),
+        seq=_seq_at_commit(writer, ckpt, gen, elsewhere.highest_known(tier.name, sightings)),
+        overwrite=writer.overwrite,
+        unseen_tiers=tuple(elsewhere.unseen(tier.name, sightings)),
+        namespace=writer.config.namespace or "",
+    )
+    manifest = signed(manifest, keys)  # last: the signature covers every field above
+    ttl = writer.config.promote.activity_ttl
+    try:
+        if not writer.overwrite:  # one id, one content: again, just before
+            refuse_committed_id(writer, ckpt, sightings)
+        replaced = marker(writer, ckpt) if writer.overwrite else None
+        existing = publish(tier, manifest, replace=writer.overwrite, node=writer.node,
+                           log=False, ttl=ttl)  # fmt: skip
+        if existing is not None:
+            raise CheckpointExistsError(
+                f"checkpoint {ckpt!r} was committed in tier {tier.describe()} by another"
+                " writer while this save was running; this save was discarded"
+            )
+    except CheckpointExistsError:
+        stop_writing(writer)  # this save's own record would keep its files
+        quietly(lambda: drop(tier, ckpt, gen, committed=False, ttl=ttl))
+        raise
+    elsewhere.committed(tier.name, ckpt, manifest.seq or 0, gen)
+    if replaced is not None and replaced.generation != gen:  # dropped: so are its parts
+        elsewhere.failed(tier.name, ckpt, replaced.generation)  # elsewhere, next plan
+    logger.info("committed %s in tier %s (%d bytes)", ckpt, tier.name, manifest.total_bytes)
+    return manifest
+
+
+def _seq_at_commit(writer: TieredWriter, ckpt: str, gen: str, known: int) -> int:
+    """The sequence number the marker carries: the one claimed when the save was planned,
+    unless another save has taken a higher one since in this tier, or a higher one became known
+    elsewhere (a save that started later but committed first, a zombie job's late overwrite):
+    then a new one, so that commit order is the order in which commits happened. A multi-node
+    save too: the other nodes' part records keep the number claimed at planning until it is
+    confirmed (its mirror exchange, this coordinator's next plan, or the promoter reading the
+    job-wide tier: design.md, rule 2)."""
+    # ``known`` never holds this save's own claim: a number there equal to it is another
+    # commit's (a save into another tier that took the same number meanwhile).
+    if highest_in(writer.tier) > writer._seq or known >= writer._seq:
+        writer._seq = claim(writer.tier, ckpt, gen, floor=known)
+    return writer._seq
+
+
+def _topology(writer: TieredWriter) -> dict[str, Any] | None:
+    """The saving job's nodes and hosts, recorded when the tier mirrors (placement input)."""
+    if writer.tier.mirror is None:
+        return None
+    hosts = {str(r.node): r.host for r in writer._reports}
+    return {"hosts": hosts, "mirror_stride": writer.tier.mirror.stride}
+
+
+def _timings(writer: TieredWriter, committed_at: float) -> dict[str, float | None]:
+    """The save's start, the trainer's longest stall and back-pressure wait, and its commit time."""
+    reports = writer._reports
+    started = min((r.started_at for r in reports), default=writer._started_at)
+    stalls = [r.stall_s for r in reports if r.stall_s is not None]
+    waits = [r.wait_s for r in reports if r.wait_s is not None]
+    return {
+        "started_at": started,
+        "stall_s": max(stalls) if stalls else committed_at - started,
+        "wait_s": max(waits) if waits else None,
+        "commit_s": committed_at - started,
+    }
