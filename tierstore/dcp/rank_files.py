@@ -307,9 +307,18 @@ class RankFileWriter:
         return True
 
     def _add_tensor(
-        self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor
+        self,
+        sink: ChunkSink,
+        rel: str,
+        item: WriteItem,
+        tensor: torch.Tensor,
+        alive: list[torch.Tensor],
     ) -> Placed:
         view, owner = raw_view(tensor)
+        # The sink checksums on a helper thread, later: a copy raw_view made (the values of a
+        # lazily negated or conjugated tensor, say) must outlive the sink, or the CRC reads freed
+        # memory.
+        alive.append(owner)
         sink.pad_to(aligned(sink.size))
         offset = sink.size
         mark = sink.mark()
@@ -335,10 +344,11 @@ class RankFileWriter:
         for _item, buffer, _encoding in blobs:
             size = aligned(size) + len(buffer)
         placed: list[Placed] = []
+        alive: list[torch.Tensor] = []
         with self._open(full, size) as stream, ChunkSink(stream.write, sha256=self.sha256) as sink:
             sink.feed(memoryview(header(uuid.uuid4().bytes)))
             for item, tensor in tensors:
-                placed.append(self._add_tensor(sink, rel, item, tensor))
+                placed.append(self._add_tensor(sink, rel, item, tensor, alive))
             for item, buffer, encoding in blobs:
                 sink.pad_to(aligned(sink.size))
                 offset = sink.size
