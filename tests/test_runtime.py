@@ -126,3 +126,12 @@ def test_a_forked_child_gets_fresh_state_and_a_worker_thread_of_its_own() -> Non
         worker.close()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert local.get().number == 1, "the parent keeps its own value"
+
+
+def test_wait_idle_from_the_workers_own_job_is_refused_not_a_deadlock() -> None:
+    worker = SerialWorker("test-worker-self")
+    inner = worker.submit(worker.wait_idle)
+    with pytest.raises(RuntimeError, match="own job"):
+        inner.result(timeout=10)
+    assert worker.wait_idle(timeout=10)
+    worker.close()

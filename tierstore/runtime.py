@@ -83,7 +83,11 @@ class SerialWorker:
         return future
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until every job submitted so far has run; False if ``timeout`` passed first."""
+        """Wait until every job submitted so far has run; False if ``timeout`` passed first.
+
+        Not from one of this worker's own jobs: that job would wait for itself."""
+        if self._thread is not None and self._thread is threading.current_thread():
+            raise RuntimeError(f"{self.name}: wait_idle() from the worker's own job waits forever")
         try:
             self.submit(lambda: None).result(timeout)
         except TimeoutError:
@@ -141,6 +145,19 @@ def keep_inherited(thing: object) -> None:
     """In a forked child: keep the parent's ``thing`` alive, unused. Closing or collecting it could
     run the parent's teardown here (a finalizer removing its files, an s3fs session's loop)."""
     _INHERITED.append(thing)
+
+
+def finalize(owner: object, cleanup: Callable[..., Any], *args: Any) -> weakref.finalize[Any, Any]:
+    """``weakref.finalize(owner, cleanup, *args)`` for this process only. A forked child inherits
+    the registration, and runs it when ``owner`` dies there or at its exit: a child that exits
+    normally would remove the parent's staging files or end its in-flight records. In any process
+    but this one the call does nothing."""
+    return weakref.finalize(owner, _in_process, os.getpid(), cleanup, *args)
+
+
+def _in_process(pid: int, cleanup: Callable[..., Any], *args: Any) -> None:
+    if os.getpid() == pid:
+        cleanup(*args)
 
 
 def _after_fork_in_child() -> None:

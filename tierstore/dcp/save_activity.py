@@ -9,13 +9,13 @@ is remembered as failed, so the other nodes drop their parts of it at the next p
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tierstore.dcp.known_commits import look_elsewhere
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
+from tierstore.runtime import finalize
 
 if TYPE_CHECKING:
     from tierstore.dcp.writer import TieredWriter
@@ -29,7 +29,7 @@ def start_writing(writer: TieredWriter, checkpoint_id: str, generation: str) -> 
     writer._writing = hold(writer.tier, "write", checkpoint_id, generation,
                            ttl=writer.config.promote.activity_ttl)  # fmt: skip
     # A failed save's record ends with its writer (one finaliser at a time: see stop_writing).
-    writer._writing_ends = weakref.finalize(
+    writer._writing_ends = finalize(
         writer, _abandoned, writer._writing, look_elsewhere(writer, True), writer.tier.name
     )
 

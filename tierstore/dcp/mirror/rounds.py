@@ -35,7 +35,6 @@ import os
 import queue
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +79,7 @@ from tierstore.records.mirror import (
     write_status,
 )
 from tierstore.records.parts import confirm_part
+from tierstore.runtime import finalize
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ class ExchangeWaits:
         local = tier.local_path(self._directory)
         lock = None if local is None else hold_owner_lock(local)
         # At exit (however the trainer leaves: no close()), the directory goes with its lock.
-        self._finalizer = weakref.finalize(self, _remove_waits, tier, self._directory, lock)
+        self._finalizer = finalize(self, _remove_waits, tier, self._directory, lock)
 
     def handover(self) -> str:
         """The record path for the next save handed over (it travels with the pickled writer)."""

@@ -22,13 +22,13 @@ import contextlib
 import logging
 import os
 import uuid
-import weakref
 from collections import Counter
 
 import torch
 
 from tierstore.ids import writer_staging_dir
 from tierstore.owners import hold_owner_lock, owner_dir_name
+from tierstore.runtime import finalize
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class Spares:
             directory = self.tier.local_path(writer_staging_dir(owner_dir_name()))
             assert directory is not None, "memory tiers have local files"
             lock = hold_owner_lock(directory)
-            weakref.finalize(self, _remove_home, directory, lock)
+            finalize(self, _remove_home, directory, lock)
             self._directory = directory
         return self._directory
 

@@ -46,7 +46,6 @@ import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -64,7 +63,7 @@ from tierstore.dcp.staging.pending import Pending
 from tierstore.dcp.staging.staged_shard import StagedShard
 from tierstore.errors import TierUnavailableError
 from tierstore.owners import LOCK_NAME, hold_owner_lock
-from tierstore.runtime import ProcessLocal, SerialWorker
+from tierstore.runtime import ProcessLocal, SerialWorker, finalize
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
@@ -334,7 +333,7 @@ class Stager:
         self.queue = StagingQueue()
         """Overlapped staging jobs, run one at a time in call order."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
-        weakref.finalize(self, _remove_directory, directory, self._lock_fd)
+        finalize(self, _remove_directory, directory, self._lock_fd)
 
     def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
         path = None
