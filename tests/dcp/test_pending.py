@@ -74,6 +74,22 @@ def stage_in_thread(writer: TieredWriter, state: Any, deadline: float) -> tuple[
     return staged, returned
 
 
+def next_stage_while_a_save_runs(
+    writer: TieredWriter, saver: SyncSaver, inside: threading.Event
+) -> tuple[str, float, float]:
+    """Stage step 1 and hand it to ``saver``; once ``inside`` is set (by the running save), stage
+    step 2. Returns the id saved, when the second stage returned and when the save returned."""
+    try:
+        staged, _ = stage_in_thread(writer, model_state(1), deadline=30)
+        saver.jobs.put((staged, "step_1"))
+        assert inside.wait(30)
+        _, staged_again = stage_in_thread(writer, model_state(2), deadline=30)
+        saved, returned = saver.done.get(timeout=30)
+    finally:
+        saver.stop()
+    return saved, staged_again, returned
+
+
 @pytest.mark.parametrize("kind", ["memory", "local"])
 def test_saves_carried_by_a_long_lived_thread_do_not_hold_up_the_next_stage(
     make_config: Callable[..., Config], kind: str
@@ -107,15 +123,7 @@ def test_the_next_stage_still_waits_while_a_synchronous_save_runs(
         time.sleep(1.0)
 
     writer = TieredWriter(config, commit_gate=slow)
-    saver = SyncSaver(writer)
-    try:
-        staged, _ = stage_in_thread(writer, model_state(1), deadline=30)
-        saver.jobs.put((staged, "step_1"))
-        assert in_gate.wait(30)
-        _, staged_again = stage_in_thread(writer, model_state(2), deadline=30)
-        saved, returned = saver.done.get(timeout=30)
-    finally:
-        saver.stop()
+    saved, staged_again, returned = next_stage_while_a_save_runs(writer, SyncSaver(writer), in_gate)
     assert saved == "step_1"
     assert staged_again >= returned, "the next stage copied while the previous save was running"
     assert_loaded(config, "step_1", model_state(1))

@@ -27,7 +27,7 @@ class Watching(DefaultSavePlanner):
         self.set_inside: bool | None = None
 
     def create_local_plan(self) -> Any:
-        self.returned = save_events.watch(threading.current_thread())
+        self.returned = save_events.watch()
         self.set_inside = self.returned.is_set()
         if self.fail:
             raise RuntimeError("the planner fails")

@@ -60,7 +60,14 @@ def register_save_thread(writer: TieredWriter, *, in_process: bool = True) -> No
     over (see :mod:`tierstore.dcp.staging.pending`)."""
     if writer._pending is not None:
         writer._pending.register(threading.current_thread(), in_process=in_process)
-        writer._pending = None
+        writer._carried, writer._pending = writer._pending, None
+
+
+def settle(writer: TieredWriter) -> None:
+    """This rank's part of the save it carries is done (see :meth:`Pending.settle`)."""
+    carried, writer._carried = writer._carried, None
+    if carried is not None:
+        carried.settle()
 
 
 def _stager_key(writer: TieredWriter) -> str:

@@ -46,7 +46,7 @@ from tierstore.dcp.gate import CommitGate
 from tierstore.dcp.mirror.rounds import ExchangeWaits, Round
 from tierstore.dcp.save_activity import stop_writing
 from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles, RankReport
-from tierstore.dcp.stage_face import register_save_thread
+from tierstore.dcp.stage_face import register_save_thread, settle
 from tierstore.dcp.staging import Pending, SlabInfo, Stager, StagingFuture
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
 from tierstore.records.activity import Activity
@@ -116,6 +116,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._stage_report: RankReport | None = None
         self._slab: SlabInfo | None = None
         self._pending: Pending | None = None
+        self._carried: Pending | None = None  # the staged save this writer carries now
         self._writing: Activity | None = None
         self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._elsewhere: Elsewhere | None = None
@@ -156,7 +157,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_waits"] = None  # the trainer's alone
         state["_handover"] = mirror_handoff.hand_over(self)
         # the staging buffers stay with the trainer
-        state["_pending"] = None
+        state["_pending"] = state["_carried"] = None
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it. The stage
         # report has been handed over with this copy.
@@ -255,10 +256,16 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items; the future completes only when they are durable in the tier."""
-        return rank_write.write_data(self, plan, planner)
+        written = rank_write.write_data(self, plan, planner)
+        if not self._is_coordinator:  # its part ends here; the coordinator's ends in finish()
+            written.then(lambda _: settle(self))
+        return written
 
     # -- 4. the commit --------------------------------------------------------------------------
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write ``.metadata``, re-check every file, then publish the marker last."""
-        save_commit.finish(self, metadata, results)
+        try:
+            save_commit.finish(self, metadata, results)
+        finally:
+            settle(self)

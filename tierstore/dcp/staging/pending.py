@@ -8,9 +8,11 @@ buffers and writer free for the next save, when one of these holds:
 * **the thread carrying it has returned from DCP**: a save carried synchronously (``dcp.save`` of
   staged state on a long-lived worker thread) never ends its thread. DCP's own event for the end
   (or the exception) of that ``dcp.save`` call, reported on the carrier thread after its
-  collectives (:mod:`tierstore.dcp.staging.save_events`), says the save has returned, committed or failed.
-  Only for saves whose calls ran in this process: in PROCESS mode they run in DCP's checkpoint
-  process, and the carrier only waits;
+  collectives (:mod:`tierstore.dcp.staging.save_events`), says the save has returned, committed
+  or failed. Only for saves whose calls ran in this process: in PROCESS mode they run in DCP's
+  checkpoint process, and the carrier only waits. Where those events do not reach tierstore
+  (``logging.disable``, the deprecated ``dcp.save_state_dict``), the writer's word stands in:
+  this rank's data written (:meth:`Pending.settle`), or its staged tensors freed;
 * **it never reported in and nothing holds its staged tensors any more**: ``async_save`` failed
   between staging and handing the save over (PROCESS mode without a process group), so no thread
   can ever read them.
@@ -52,6 +54,20 @@ an exception's traceback cycle may be what holds them."""
 _WARN_EVERY_S = 60.0
 
 
+_warned = threading.Event()
+
+
+def _warn_without_events() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        logger.warning(
+            "DCP's save events do not reach tierstore (logging.disable, DCP's logger disabled, or"
+            " the deprecated dcp.save_state_dict): a staged save carried by a thread that lives"
+            " on counts as over once this rank's part is written; if it fails before that, the"
+            " next stage waits for its staged state to be dropped"
+        )
+
+
 class Pending:
     """A save that staged into a stager's buffers, until it is over (see the module docstring)."""
 
@@ -59,6 +75,7 @@ class Pending:
         self._registered = threading.Event()
         self._carrier: threading.Thread | None = None
         self._returned: threading.Event | None = None  # set when the carrier's dcp.save returns
+        self._settled: threading.Event | None = None  # without DCP's events: the writer's word
         self._lock = threading.Lock()
         self._on_handover: list[Callable[[], None]] = []
         self._staged = [weakref.ref(tensor) for tensor in staged]
@@ -75,11 +92,20 @@ class Pending:
                 return
             self._carrier = carrier
             # Watched from inside the save (this is its first call): its end cannot be missed.
-            self._returned = save_events.watch(carrier) if in_process else None
+            self._returned = save_events.watch() if in_process else None
+            if in_process and self._returned is None:
+                self._settled = threading.Event()
+                _warn_without_events()
             self._registered.set()
             jobs, self._on_handover = self._on_handover, []
         for job in jobs:
             job()
+
+    def settle(self) -> None:
+        """The writer's word that this rank's part of the save is done (its data written, or the
+        save failed in the writer): the save is over where DCP's events do not reach tierstore."""
+        if self._settled is not None:
+            self._settled.set()
 
     def on_handover(self, job: Callable[[], None]) -> None:
         """Run ``job`` once the save's thread has reported in (at once if it has): work that must
@@ -98,11 +124,13 @@ class Pending:
         carrier = self._carrier
         if carrier is None or carrier is threading.current_thread():
             return True
-        returned = self._returned
+        returned = self._returned or self._settled
         warned = time.monotonic()
         while carrier.is_alive() and not (returned is not None and returned.is_set()):
+            if self._settled is not None and self._staged and self._all_freed():
+                break  # no event will come; the save failed, and nothing can retry it
             if returned is not None:
-                returned.wait(POLL_S)  # wakes at once when the save returns
+                returned.wait(POLL_S)  # wakes at once when the save returns (or settles)
             elif isinstance(carrier, threading._DummyThread):
                 time.sleep(POLL_S)  # not started by threading: it cannot be joined
             else:
@@ -114,8 +142,8 @@ class Pending:
                     warned - started,
                     carrier.name,
                 )
-        if returned is not None and not returned.is_set():
-            save_events.forget(carrier, returned)  # the thread ended first
+        if self._returned is not None and not self._returned.is_set():
+            save_events.forget(carrier, self._returned)  # the thread ended first
         return True
 
     def _wait_for_registration(self, started: float) -> bool:
@@ -139,4 +167,7 @@ class Pending:
         if not self._collected and time.monotonic() - started > _COLLECT_AFTER_S:
             self._collected = True
             gc.collect()
+        return self._all_freed()
+
+    def _all_freed(self) -> bool:
         return all(ref() is None for ref in self._staged)
