@@ -7,6 +7,7 @@ import it before loading a configuration that names it.
 
 from tierstore.tiers import local, memory, s3, shared
 from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Space, Tier, TierConfig
+from tierstore.tiers.landing import Landing
 from tierstore.tiers.registry import make_tier, register, tier_types
 
 BUILT_IN = (memory, local, shared, s3)
@@ -17,6 +18,7 @@ __all__ = [
     "Capabilities",
     "FileInfo",
     "IncompleteWrite",
+    "Landing",
     "Space",
     "Tier",
     "TierConfig",

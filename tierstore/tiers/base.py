@@ -35,6 +35,7 @@ from pydantic import Field, field_validator
 from tierstore.ids import validate_checkpoint_id
 from tierstore.placement import MirrorConfig
 from tierstore.signing import SigningKeys
+from tierstore.tiers.landing import Landing
 from tierstore.units import StrictModel
 
 TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
@@ -194,6 +195,13 @@ class Tier(abc.ABC):
     def local_path(self, path: str) -> str | None:
         """A real filesystem path for ``path`` where ``capabilities.local_files``; else None."""
         return None
+
+    def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
+        """A file of ``size`` bytes, its pages reserved, that becomes ``path`` through
+        :meth:`adopt` once its bytes are checked (``spare``: a file of that size reserved earlier
+        in this tier's filesystem). ``OSError`` (ENOSPC) when there is no room. Only where
+        ``capabilities.adopt``; elsewhere ``NotImplementedError``."""
+        raise NotImplementedError(f"tier {self.name} cannot land files to adopt")
 
     def owner_alive(self, path: str) -> bool | None:
         """Whether the process that locked the directory ``path`` (a writer's staging directory,

@@ -39,6 +39,7 @@ from tierstore.tiers.durable import (
     temp_name_for,
     withdraw_name,
 )
+from tierstore.tiers.landing import Landing
 
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 _ADVICE = {
@@ -109,6 +110,10 @@ class PosixTier(Tier):
     def local_path(self, path: str) -> str:
         """The real path of ``path`` in this tier."""
         return str(self._path(path))
+
+    def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
+        """See :meth:`Tier.open_landing`."""
+        return Landing(str(self._path(path)), size, spare)
 
     def owner_alive(self, path: str) -> bool | None:
         """See :meth:`Tier.owner_alive`."""

@@ -22,11 +22,10 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
-from tierstore.dcp.mirror.landing import Landing
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.records.marker import FileEntry
-from tierstore.tiers import Tier
+from tierstore.tiers import Landing, Tier
 
 CHUNK = 16 * 2**20
 """Bytes per gloo message: as fast on loopback as larger ones, and small enough that a
@@ -110,23 +109,22 @@ def receive_file(
     Chunks arrive in rotating buffers kept warm from file to file (``spares``' own, else fresh
     ones), :data:`AHEAD` receives always posted, so the next chunks travel while one is summed
     (CRC32C) and written. The file's pages are reserved before the first chunk
-    (:class:`~tierstore.dcp.mirror.landing.Landing`; a spare of its size reserved between rounds
+    (:meth:`~tierstore.tiers.Tier.open_landing`; a spare of its size reserved between rounds
     saves even that): a full tier is a clean ENOSPC (:class:`~tierstore.errors.TierUnavailableError`)
     naming the tier and path. Only a file whose CRC32C is the owner's gets its name (fsync, rename,
     fsync the directory). When the file cannot be taken, the rest of it is still received (and
     dropped): the sender's messages all complete, so the group stays usable for the next save.
     """
-    target = local(tier, path)
     spare = None if spares is None else spares.take(entry.size)
     buffers = _buffers(spares)
     incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, buffers)
     landing: Landing | None = None
     try:
         try:
-            landing = Landing(target, entry.size, spare)
+            landing = tier.open_landing(path, entry.size, spare)
         except OSError as exc:
             raise TierUnavailableError(
-                f"tier {tier.describe()}: cannot take the peer mirror {target!r}"
+                f"tier {tier.describe()}: cannot take the peer mirror {path!r}"
                 f" ({entry.size} bytes): {exc.strerror or exc}; size host memory for own"
                 " checkpoints, a partner's mirror and staging (docs/mirror.md)",
                 tier=tier.name,
