@@ -49,6 +49,7 @@ def test_s3_marker_scan_does_not_page_through_the_ranks_files(
     assert requests[0] == requests[1] == 1, "one listing, whatever the ranks' files"
 
 
+@pytest.mark.slow  # ~7 s: two simulated jobs of 10 and 200 retained checkpoints in four tiers
 def test_idle_promoter_pass_and_latest_ask_s3_the_same_however_many_are_kept(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
 ) -> None:
