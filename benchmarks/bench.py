@@ -58,12 +58,11 @@ from benchmarks.workload import (
     plain_write,
     quiet_warnings,
     remove_plain,
-    repeat,
     state_bytes,
     tensors_of,
     zeros_like_state,
 )
-from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
+from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import checkpoint_file
 from tierstore.promote.retention import delete_copy
@@ -88,7 +87,7 @@ TARGETS = (
 )
 
 
-PHASES = ("stalls", "disk", "reads", "s3", "first", "catalog", "mirror", "sweep", "goodput",
+PHASES = ("stalls", "disk", "reads", "s3", "first", "mirror", "sweep", "goodput",
           "s3real")  # fmt: skip
 """The parts of a run, in the order they run (``--phases``)."""
 
@@ -387,34 +386,6 @@ def phase_s3(bench: Bench, state: Any) -> None:
     landing.unlink(missing_ok=True)
 
 
-def phase_catalog(bench: Bench) -> None:
-    from tierstore.checksum import crc32c
-    from tierstore.records.log import LogEntry, record
-    from tierstore.records.marker import FileEntry, Manifest, publish_manifest
-
-    print("catalog", flush=True)
-    config = bench.config("memory", "local", "shared", "s3", namespace="catalog")
-    tiers = [make_tier(t, namespace=config.namespace, node=0) for t in config.tiers]
-    blob = b"metadata"
-    for index in range(1, 1001):
-        checkpoint_id = f"step_{index * 100:08d}"
-        generation = f"g{index:011x}00000000"
-        entry = FileEntry(f"{generation}/.metadata", len(blob), crc32c(blob), None, 0)
-        manifest = Manifest(checkpoint_id, generation, 1, (entry,), seq=index)
-        for tier in tiers:
-            tier.write_bytes(f"{checkpoint_id}/{entry.path}", blob)
-            publish_manifest(tier, manifest, create_only=False)
-            record(tier, LogEntry(index, checkpoint_id, generation))  # as every commit logs it
-    assert latest_committed(config) == "step_00100000"
-    bench.record(
-        "latest_committed, 1000 checkpoints x 4 tiers",
-        repeat(5, 0, lambda: latest_committed(config)),
-    )
-    bench.record(
-        "ls (all markers read), 1000 x 4 tiers", repeat(3, 0, lambda: Catalog(config).listings())
-    )
-
-
 def phase_first_saves(bench: Bench) -> None:
     """Fresh processes, one per kind in each round, in an order rotated from round to round."""
     print("first save in a fresh process", flush=True)
@@ -664,8 +635,6 @@ def main() -> None:
                 run_with_state(bench, phases)
             if "first" in phases:
                 phase_first_saves(bench)
-            if "catalog" in phases:
-                phase_catalog(bench)
             if "mirror" in phases:
                 phase_mirror(bench)
             rows = phase_sweep(bench) if args.sweep and "sweep" in phases else []

@@ -31,14 +31,13 @@ the expected tier and the saved bytes: otherwise the phase fails rather than rep
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,33 +46,12 @@ import torch.multiprocessing as mp
 from benchmarks.mirror_rank import MirrorJob, Rank, RoundClock
 from benchmarks.mirror_restore import measure_restores
 from benchmarks.mirror_saves import measure_stalls, measure_throughput
+from benchmarks.phase import Bench
+from benchmarks.tables import figure_table, ratio_table
 from benchmarks.workload import model_state, quiet_warnings, state_bytes, tensors_of
 from tierstore import TieredWriter
 from tierstore.topology import HOST_VARIABLE
 from tierstore.units import parse_size
-
-
-class Bench(Protocol):
-    """What this phase needs of the run (:class:`benchmarks.bench.Bench` has it); a protocol, so
-    that this module does not import the one that imports it."""
-
-    args: argparse.Namespace
-    shm: Path
-    disk: Path
-    endpoint: str
-    bucket: str
-    s3: Any
-    extra: dict[str, Any]
-
-    def sample(self, name: str, seconds: float, nbytes: int) -> None:
-        """Add one timing to a figure."""
-
-    def pair(self, name: str, ratio: float) -> None:
-        """Add one ratio measured within a round."""
-
-    def show(self, *names: str) -> None:
-        """Print the figures named."""
-
 
 TARGETS = {
     "stall with mirror / without (THREAD)": ("<=", 1.05),
@@ -188,7 +166,6 @@ def _empty_prefix(bench: Bench) -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     """The phase's own tables (figures, then ratios) for docs/performance.md."""
-    from benchmarks.report import figure_table, ratio_table
 
     found = report["extra"]["mirror"]
     overlapped = found.get(

@@ -39,7 +39,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -48,14 +48,12 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from benchmarks.load import BackgroundLoad, make_source
+from benchmarks.phase import Bench
 from benchmarks.workload import plain_write, remove_plain, state_bytes, warm_copy
 from tierstore import TieredWriter
 from tierstore.promote.retention import delete_copy
 from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
-
-if TYPE_CHECKING:
-    from benchmarks.bench import Bench
 
 LOADED = " (under load)"
 TARGETS = {

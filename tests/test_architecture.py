@@ -177,3 +177,36 @@ def test_no_module_reads_thread_stacks() -> None:
         if "_current_frames" in path.read_text() or "f_back" in path.read_text()
     ]
     assert readers == []
+
+
+def _benchmark_imports() -> dict[str, set[str]]:
+    """benchmarks/ module -> the benchmarks modules it imports anywhere (top level, in functions,
+    under TYPE_CHECKING)."""
+    folder = PACKAGE.parent / "benchmarks"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+                found.add(node.module or "")
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("benchmarks.")}
+        graph[f"benchmarks.{path.stem}"] = found
+    return graph
+
+
+def test_benchmarks_import_each_other_without_cycles() -> None:
+    """A phase never imports the runner that imports it (not even lazily or for types)."""
+    graph = _benchmark_imports()
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(graph.get(module, ())):
+            if imported in path:
+                cycles.append(" -> ".join([*path[path.index(imported) :], imported]))
+            elif imported in graph:
+                visit(imported, [*path, imported])
+
+    for module in graph:
+        visit(module, [module])
+    assert cycles == []
