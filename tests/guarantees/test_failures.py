@@ -162,7 +162,12 @@ def test_damaged_copy_falls_back_to_the_next_tier(
         assert data.path in warning
 
 
-def test_flipped_bit_is_caught_only_with_verification(make_config: Callable[..., Config]) -> None:
+def test_a_flipped_bit_fails_the_load_and_verification_falls_back_to_a_good_copy(
+    make_config: Callable[..., Config],
+) -> None:
+    """Without verify_on_load the damaged copy is chosen (same size), but its flipped item is
+    caught as it is read (item CRC32C): the load fails naming tier and file, never returns the
+    damaged bytes. With verification the copy is skipped before choosing: local serves it."""
     config = make_config("memory", "local")
     save(config, "step_000005")
     Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
@@ -172,7 +177,9 @@ def test_flipped_bit_is_caught_only_with_verification(make_config: Callable[...,
     raw = bytearray(path.read_bytes())
     raw[-10] ^= 0xFF
     path.write_bytes(bytes(raw))
-    assert load(config, "step_000005")[1].chosen_tier == "memory"  # same size: undetected
+    with pytest.raises(BaseException, match="memory") as caught:
+        load(config, "step_000005")
+    assert data.path.split("/")[-1] in str(caught.value) and "CRC32C" in str(caught.value)
     assert load(config, "step_000005", verify=True)[1].chosen_tier == "local"
 
 
