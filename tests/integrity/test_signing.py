@@ -101,7 +101,7 @@ class _Payload:
 def no_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader unpickles ``.metadata`` with plain pickle: the allowlist is not what saves us."""
     monkeypatch.setattr(
-        "tierstore.dcp.reader.load_metadata", lambda blob, where: pickle.loads(blob)
+        "tierstore.dcp.restore_metadata.load_metadata", lambda blob, where: pickle.loads(blob)
     )
 
 

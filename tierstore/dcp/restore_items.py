@@ -1,0 +1,123 @@
+"""A restore's items one by one: each read checked against its CRC32C, then handed to DCP's planner.
+
+On a POSIX tier an item whose destination is exactly the stored chunk is read straight into it
+(``preadv``); any other item is read into its own buffer, decoded and copied. Byte items are checked
+like tensors, before DCP unpickles them. Used for the local tiers' parallel reads, for an object's
+items when they are few (:mod:`tierstore.dcp.restore_object`), and to deliver bytes already read.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
+
+from tierstore.dcp.item_check import ATTEMPTS, read_checked
+from tierstore.dcp.layout import CHUNK, ItemLocation, decode_tensor, memory_of
+from tierstore.dcp.object_read import in_place_target
+from tierstore.dcp.restore_metadata import stored
+from tierstore.errors import IntegrityError
+
+if TYPE_CHECKING:
+    from tierstore.dcp.reader import TieredReader
+
+Request = tuple[ReadItem, ItemLocation]
+"""An item DCP asks for and where the chosen copy stores it."""
+
+
+def read_items(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> None:
+    """Read, check and deliver each of ``requests`` from the chosen tier, in order."""
+    assert reader._tier is not None and reader._checkpoint_id is not None
+    for item, location in requests:
+        full = stored(reader, location.path)
+        if item.type != LoadItemType.BYTE_IO and _read_in_place(
+            reader, full, item, location, planner
+        ):
+            continue
+        data = memoryview(bytearray(location.length))
+        read_item(reader, full, location, data)  # byte items too: before DCP unpickles them
+        reader._count(location.length)
+        deliver(reader, item, location, data, planner)
+
+
+def read_item(
+    reader: TieredReader,
+    full: str,
+    location: ItemLocation,
+    out: memoryview,
+    attempts: int = ATTEMPTS,
+) -> None:
+    """Read an item into ``out``, checked against its CRC32C (:mod:`.item_check`)."""
+    assert reader._tier is not None
+    tier = reader._tier
+    # POSIX: chunked reads, each summed while cache-hot; an object store: one request.
+    chunk = CHUNK if tier.capabilities.local_files else max(1, len(out))
+    fill = functools.partial(tier.read_into, full)
+    read_checked(fill, location, out, tier=tier.name, full=full, attempts=attempts, chunk=chunk)
+
+
+def deliver(
+    reader: TieredReader,
+    item: ReadItem,
+    location: ItemLocation,
+    data: bytearray | memoryview,
+    planner: LoadPlanner,
+) -> None:
+    """Hand an item's stored bytes to the planner: loaded (byte items) or copied into its tensor."""
+    if len(data) != location.length:
+        raise IntegrityError(
+            f"tier {reader.chosen_tier}: {location.path}: short read at {location.offset}"
+        )
+    if item.type == LoadItemType.BYTE_IO:
+        planner.load_bytes(item, io.BytesIO(bytes(data)))
+    else:
+        _copy_into(planner, item, decode_tensor(data, location))
+
+
+def balanced(requests: list[Request], parts: int) -> list[list[Request]]:
+    """Split requests (kept in file order) into up to ``parts`` runs of about equal bytes."""
+    total = sum(location.length for _, location in requests)
+    batches: list[list[Request]] = [[]]
+    share, filled = max(1, total // parts), 0
+    for request in requests:
+        if filled >= share and len(batches) < parts:
+            batches.append([])
+            filled = 0
+        batches[-1].append(request)
+        filled += request[1].length
+    return [b for b in batches if b]
+
+
+def _read_in_place(
+    reader: TieredReader, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
+) -> bool:
+    """``preadv`` straight into the destination when it is exactly the stored chunk."""
+    assert reader._tier is not None
+    if not reader._tier.capabilities.local_files:
+        return False
+    target = in_place_target(item, location, planner)
+    if target is None:
+        return False
+    if location.length:
+        read_item(reader, full, location, memory_of(target))
+        reader._count(location.length)
+    planner.commit_tensor(item, target)
+    return True
+
+
+def _copy_into(planner: LoadPlanner, item: ReadItem, decoded: torch.Tensor) -> None:
+    source = decoded
+    for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+        if length < decoded.size(dim):
+            source = source.narrow(dim, offset, length)
+    target = planner.resolve_tensor(item).detach()
+    if target.size() != source.size():
+        raise IntegrityError(
+            f"{item.storage_index.fqn}: stored chunk {tuple(source.size())} does not fit"
+            f" {tuple(target.size())}"
+        )
+    target.copy_(source)
+    planner.commit_tensor(item, target)

@@ -1,0 +1,164 @@
+"""A restore's first step: the collective tier choice, then DCP's ``.metadata`` from that tier.
+
+Every rank runs the same iterations of :func:`tierstore.dcp.restore_choice.choose_copy`; one rank
+reads ``.metadata``, checks it against the commit marker (CRC32C, and the signed SHA-256 when there
+is one) and broadcasts it, so every rank skips the same unusable tiers. The bytes are unpickled with
+an allowlist (:mod:`tierstore.dcp.safe_pickle`) and every item location is checked against the
+files the marker names before anything is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from tierstore.checksum import crc32c, sha256_hex
+from tierstore.dcp.collectives import broadcast_object, rank_and_world
+from tierstore.dcp.layout import ItemLocation
+from tierstore.dcp.mirror.groups import job_groups
+from tierstore.dcp.mirror.inventory import stored_path
+from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.restore_hold import hold_read, stop_reading
+from tierstore.dcp.safe_pickle import load_metadata
+from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.ids import checkpoint_file, is_metadata_file
+from tierstore.records.marker import Manifest, entry_problem
+from tierstore.records.sightings import trust_period
+from tierstore.tiers import Tier
+
+if TYPE_CHECKING:
+    from tierstore.dcp.reader import TieredReader
+
+# The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
+logger = logging.getLogger("tierstore.dcp.reader")
+
+
+def read_metadata(reader: TieredReader) -> Metadata:
+    """Choose the tier (collectively) and return DCP's metadata from it; on failure every
+    ``read`` record is released."""
+    if reader._checkpoint_id is None:
+        raise TierstoreError("no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader")
+    reader._began = (time.monotonic(), reader._bytes_read)
+    mirrored = [t.mirror for t in reader.tiers() if t.mirror is not None]
+    if mirrored and reader.collective:  # every rank reads metadata; created once per job
+        job_groups(mirrored[0].timeout)
+    try:
+        return _choose_and_read(reader, reader._checkpoint_id)
+    except BaseException:
+        stop_reading(reader)
+        raise
+
+
+def _choose_and_read(reader: TieredReader, checkpoint_id: str) -> Metadata:
+    tiers = reader.tiers()
+    excluded: dict[int, str] = {}
+    while True:  # every rank runs the same iterations: each step's outcome is broadcast
+        choice = choose_copy(
+            tiers,
+            checkpoint_id,
+            node=reader.node,
+            verify=reader.verify,
+            group=reader.process_group,
+            excluded=excluded,
+            prober=reader._prober,
+            before_probe=lambda index: hold_read(reader, index),
+            sighting_trust=trust_period(reader.config.promote.interval),
+            collective=reader.collective,
+        )
+        tier, manifest = tiers[choice.tier_index], choice.manifest
+        reader._choice = choice
+        blob, where = _fetch(reader, tier, manifest)
+        if isinstance(blob, bytes):
+            break
+        logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id, tier.name, blob)
+        excluded[choice.tier_index] = blob
+    metadata = load_metadata(blob, where=where)
+    if not isinstance(metadata, Metadata):
+        raise IntegrityError(f"{where}: not DCP metadata")
+    check_item_locations(metadata, manifest, where)
+    reader._tier = tier
+    if rank_and_world(reader.process_group)[0] == 0:
+        logger.info("restore of %s: from tier %s (commit %s, generation %s), the fastest with"
+                    " a usable copy", checkpoint_id, tier.name, manifest.seq,
+                    manifest.generation)  # fmt: skip
+    stop_reading(reader, keep=tier.name)  # other tiers may trim this id again
+    reader._storage = dict(metadata.storage_data or {})
+    metadata.storage_meta = metadata.storage_meta or StorageMeta()
+    metadata.storage_meta.load_id = uuid.uuid4().hex
+    return metadata
+
+
+def _fetch(reader: TieredReader, tier: Tier, manifest: Manifest) -> tuple[bytes | str, str]:
+    """One rank reads ``.metadata`` and checks it against the marker; shared by broadcast.
+
+    Returns the bytes, or a string saying why they are unusable.
+    """
+    entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
+    if entry is None:
+        return f"the marker of {reader._checkpoint_id} names no .metadata file", tier.name
+    path = checkpoint_file(manifest.checkpoint_id, entry.path)
+    where = f"tier {tier.name}: {path}"
+    rank, _ = rank_and_world(reader.process_group)
+    source = _metadata_rank(reader, entry.path)
+    blob: bytes | str = b""
+    if rank == source:
+        try:
+            path = stored(reader, entry.path)
+            blob = tier.read_bytes(path)
+            reader._count(len(blob))
+            # Checked before anything unpickles it: a signed marker's SHA-256 too.
+            sha = sha256_hex(blob) if entry.sha256 is not None else None
+            blob = entry_problem(path, entry, len(blob), crc32c(blob), sha) or blob
+        except Exception as exc:  # noqa: BLE001 - shared with every rank, then acted on
+            blob = f"{path}: {exc}"
+    return broadcast_object(blob, reader.process_group, src=source), where
+
+
+def _metadata_rank(reader: TieredReader, rel: str) -> int:
+    """The rank that reads ``.metadata``: rank 0, or in a mirrored memory tier the first rank
+    on a node that holds it (own or mirrored; the coordinator's node may be gone)."""
+    choice = reader._choice
+    if choice is None or choice.holdings is None:
+        return 0
+    return next(
+        r for r, node in enumerate(choice.rank_nodes) if rel in choice.holdings.get(node, {})
+    )
+
+
+def stored(reader: TieredReader, rel: str) -> str:
+    """Tier-relative path of a file the chosen copy's marker names, as this node holds it."""
+    assert reader._checkpoint_id is not None
+    choice = reader._choice
+    if choice is None or choice.holdings is None:
+        return checkpoint_file(reader._checkpoint_id, rel)
+    rank, _ = rank_and_world(reader.process_group)
+    mine: dict[str, str] = choice.holdings.get(choice.rank_nodes[rank], {})
+    return stored_path(reader._checkpoint_id, rel, mine.get(rel, "own"))
+
+
+def check_item_locations(metadata: Metadata, manifest: Manifest, where: str) -> None:
+    """Every item ``.metadata`` locates lies inside a file the marker names, within its size.
+
+    ``.metadata`` is input like any other: an item path that leaves the checkpoint (``../``, an
+    absolute path, another generation's or another id's file) would make the load read whatever it
+    names into the caller's tensors. The marker is the authority on what the copy holds.
+    """
+    sizes = {f.path: f.size for f in manifest.files}
+    for index, location in (metadata.storage_data or {}).items():
+        if not isinstance(location, ItemLocation):
+            raise IntegrityError(f"{where}: item {index} has no tierstore location")
+        size = sizes.get(location.path)
+        if size is None:
+            raise IntegrityError(
+                f"{where}: item {index} is located in {location.path!r}, a file the commit marker"
+                " does not name: refused"
+            )
+        if location.offset < 0 or location.length < 0 or location.offset + location.length > size:
+            raise IntegrityError(
+                f"{where}: item {index} spans bytes {location.offset}..{location.offset + location.length}"
+                f" of {location.path!r}, which the marker says holds {size}: refused"
+            )
