@@ -45,6 +45,19 @@ def is_intact(location: ItemLocation, data: memoryview | bytes | bytearray) -> b
     return location.crc is None or crc32c(data, location.crc[0]) == location.crc[1]
 
 
+def read_once_checked(fill: Fill, location: ItemLocation, out: memoryview) -> bool:
+    """Read the item into ``out`` once, in chunks; whether its bytes match its CRC32C (True when
+    none was recorded: the caller verifies such files whole). Logs nothing: the caller decides."""
+    if location.crc is None:
+        fill(location.offset, out)
+        return True
+    before, after = location.crc
+    try:
+        return fill_summing(fill, location.offset, out, before) == after
+    except EOFError:
+        return False  # the caller's checked read says how short the file is
+
+
 def read_checked(
     fill: Fill, location: ItemLocation, out: memoryview, *, tier: str, full: str,
     attempts: int = ATTEMPTS, chunk: int = CHUNK,
@@ -59,7 +72,11 @@ def read_checked(
         return
     before, after = location.crc
     for attempt in range(1, attempts + 1):
-        if fill_summing(fill, location.offset, out, before, chunk) == after:
+        try:
+            summed = fill_summing(fill, location.offset, out, before, chunk)
+        except EOFError:
+            raise _cut_short(tier, full, location) from None
+        if summed == after:
             if attempt > 1:
                 logger.warning("tier %s: %s: bytes %d..%d matched their CRC32C on read %d",
                                tier, full, location.offset, location.offset + location.length,
@@ -69,6 +86,17 @@ def read_checked(
                        tier, full, location.offset, location.offset + location.length, attempt,
                        attempts)  # fmt: skip
     raise damaged(tier, full, location, reads=attempts)
+
+
+def _cut_short(tier: str, full: str, location: ItemLocation) -> IntegrityError:
+    checkpoint_id = full.split("/", 1)[0]
+    return IntegrityError(
+        f"tier {tier}: {full}: the file ends before byte {location.offset + location.length}: it"
+        f" is shorter than its commit marker says, so the copy in tier {tier} is damaged."
+        f" `tierstore verify {checkpoint_id}` checks every copy; delete the damaged one and load"
+        " again to restore from the next tier, or set verify_on_load: true so a damaged copy is"
+        " skipped before loading"
+    )
 
 
 def damaged(tier: str, full: str, location: ItemLocation, *, reads: int) -> IntegrityError:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
-from tierstore.dcp.item_check import ATTEMPTS, read_checked
+from tierstore.dcp.item_check import ATTEMPTS, read_checked, read_once_checked
 from tierstore.dcp.layout import CHUNK, ItemLocation, decode_tensor, memory_of
 from tierstore.dcp.object_read import in_place_target
 from tierstore.dcp.restore_metadata import stored
@@ -23,6 +24,8 @@ from tierstore.errors import IntegrityError
 
 if TYPE_CHECKING:
     from tierstore.dcp.reader import TieredReader
+
+logger = logging.getLogger(__name__)
 
 Request = tuple[ReadItem, ItemLocation]
 """An item DCP asks for and where the chosen copy stores it."""
@@ -102,7 +105,18 @@ def _read_in_place(
     if target is None:
         return False
     if location.length:
-        read_item(reader, full, location, memory_of(target))
+        out = memory_of(target)
+        tier = reader._tier
+        fill = functools.partial(tier.read_into, full)
+        if not read_once_checked(fill, location, out):
+            # Another item's destination may share this memory (tied weights, read on another
+            # thread between this read and its check), or the bytes changed on the way: read into
+            # a buffer of this item's own, check it there, then copy.
+            logger.info("tier %s: %s: bytes %d.. read again through a buffer of their own",
+                        tier.name, full, location.offset)  # fmt: skip
+            data = memoryview(bytearray(location.length))
+            read_item(reader, full, location, data)
+            out[:] = data
         reader._count(location.length)
     planner.commit_tensor(item, target)
     return True
