@@ -16,6 +16,7 @@ patched. For each mode, the fault is there before the job starts, or appears mid
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,7 @@ def outage_config(tmp_path: Path, proxy: FaultProxy, bucket: str) -> Config:
                 {"name": "disk", "type": "local", "path": str(tmp_path / "disk"), "keep": 3},
                 {"name": "s3", "type": "s3", "url": f"s3://{bucket}/run",
                  "endpoint_url": proxy.endpoint, "max_attempts": 2, "max_retry_time": "2s",
+                 "read_timeout": "3s",
                  "part_size": "5MiB"},
             ],
             "probe_timeout": "1500ms",
@@ -120,6 +122,15 @@ def away(promoter: Promoter) -> float | None:
     return sample("tierstore_tier_unavailable", {"tier": "s3"})
 
 
+def probes_done(timeout: float = 60.0) -> None:
+    """Wait until no abandoned tier probe (tierstore.bounded) of this process is still running:
+    its late requests belong to the look that started it, not to what the test does next."""
+    deadline = time.monotonic() + timeout
+    while any(t.name.startswith("tierstore-probe-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "a tier probe never ended"
+        time.sleep(0.05)
+
+
 def outage_scenario(
     config: Config, proxy: FaultProxy, fault: str, *, from_start: bool,
     caplog: pytest.LogCaptureFixture,
@@ -137,6 +148,7 @@ def outage_scenario(
         proxy.set_mode(fault)
     # Saves keep committing into memory, asking nothing of S3 (past the process's one start-up look).
     save(config, step + 1)
+    probes_done()  # a start-up look abandoned after probe_timeout may still be retrying S3
     before = requests_to(proxy)
     for later in range(step + 2, step + 6):
         save(config, later)
