@@ -25,7 +25,7 @@ from tierstore.errors import IntegrityError
 if TYPE_CHECKING:
     from tierstore.dcp.reader import TieredReader
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tierstore.dcp.reader")  # the restore's logger, as users set it
 
 Request = tuple[ReadItem, ItemLocation]
 """An item DCP asks for and where the chosen copy stores it."""
