@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from tierstore.errors import IntegrityError
+from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.ids import (
     commit_entry_path,
     generation_dir,
@@ -100,6 +100,13 @@ def publish(
         tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
     except FileExistsError:
         return read_manifest(tier, ckpt)
+    except TierUnavailableError as exc:
+        # The marker may stand although its PUT failed (the store did it, then answered an error).
+        raise TierUnavailableError(
+            f"{ckpt}: the commit's outcome in tier {tier.describe()} is unknown: {exc}; `tierstore"
+            f" ls` and `tierstore verify {ckpt}` tell whether it is committed",
+            tier=exc.tier,
+        ) from exc
     kill_point("marker.published", ckpt)
     if problems := _files_problems(tier, manifest, node):
         withdraw(tier, ckpt, manifest.generation)

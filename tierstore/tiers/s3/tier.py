@@ -10,6 +10,7 @@ translated once, in :meth:`S3Tier.call`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -38,6 +39,8 @@ from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream, checksum_args
 if TYPE_CHECKING:  # the config module registers the type and builds this adapter
     from tierstore.tiers.s3.config import S3TierConfig
 
+
+logger = logging.getLogger(__name__)
 
 _READ_SLICE = 2**20
 """Bytes taken from a response at a time (see :meth:`S3Tier.read_into`)."""
@@ -217,17 +220,50 @@ class S3Tier(Tier):
     def _unavailable(self, what: str, reason: str) -> TierUnavailableError:
         return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}", tier=self.name)
 
+    def open_write(self, path: str) -> contextlib.AbstractContextManager[WriteStream]:
+        """Buffer and upload part by part; the object appears only when the block exits normally.
+
+        A failed upload leaves nothing visible, even when the store did the finishing request but
+        every answer to it was an error: the object is then deleted (see :meth:`_upload`).
+        """
+        return self._upload(path, discard=True)
+
+    def write_bytes(self, path: str, data: bytes | memoryview) -> None:
+        """Write ``data`` to ``path`` in one upload; a failure never deletes what is at ``path``.
+
+        Records are rewritten in place (an activity record's heartbeat, a sighting): when the PUT
+        fails, the object there may be the previous version, whose loss would let cleanup take a
+        generation still in use. So it is kept: either version is a whole, valid record.
+        """
+        with self._upload(path, discard=False) as stream:
+            stream.write(data)
+
     @contextlib.contextmanager
-    def open_write(self, path: str) -> Iterator[WriteStream]:
-        """Buffer and upload part by part; the object appears only when the block exits normally."""
+    def _upload(self, path: str, *, discard: bool) -> Iterator[WriteStream]:
+        """The upload behind :meth:`open_write`; with ``discard``, a failure whose finishing
+        request was sent deletes the key (the store may have done it, answering an error)."""
         upload = ObjectUpload(self, self.bucket, self._key(path))
         stream = S3WriteStream(upload, self.part_size)
         try:
             yield stream
             stream.close()
-        except BaseException:
+        except BaseException as exc:
             upload.abort()
+            if discard and upload.finishing_sent and isinstance(exc, Exception):
+                self._discard(path)
             raise
+
+    def _discard(self, path: str) -> None:
+        """Best-effort delete of a failed upload's object: the keys written through
+        :meth:`open_write` (data files) are new to each write, so it can only be this write's."""
+        try:
+            self.call("delete_object", f"delete failed upload {path}", Bucket=self.bucket,
+                      Key=self._key(path))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
+            logger.warning(
+                "tier %s: could not delete %s after its upload failed (it may be visible): %s",
+                self.describe(), path, exc,
+            )  # fmt: skip
 
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
         """One PUT; with ``create_only`` (and ``create_only_markers``) ``If-None-Match: *``."""
@@ -245,6 +281,24 @@ class S3Tier(Tier):
                 if self.read_bytes(path) == data:
                     return
             raise
+        except TierUnavailableError as exc:
+            # An error answer does not prove the PUT undone (the store may have done it, then
+            # failed to say so): what stands tells. Only asked when the store answered at all.
+            standing = self._standing(path) if s3_error(exc) is not None else None
+            if standing == data:
+                return
+            if create_only and standing is not None:  # another writer's: the name is taken
+                raise FileExistsError(f"{self.root}/{path}") from exc
+            raise TierUnavailableError(
+                f"{exc}; whether {self.root}/{path} was written is unknown", tier=self.name
+            ) from exc
+
+    def _standing(self, path: str) -> bytes | None:
+        """What ``path`` holds now; None when it is absent or cannot be read."""
+        try:
+            return self.read_bytes(path)
+        except (FileNotFoundError, TierUnavailableError):
+            return None
 
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """A ranged GET (``FileNotFoundError`` when the object is absent); past the end, or of an

@@ -6,7 +6,9 @@ its parts already sent, kept for reuse until it closes (``concurrency`` at most)
 :meth:`ObjectUpload.add_part` blocks while every slot is busy. Each request is idempotent (a part
 number re-sent carries the same bytes) and is retried by the tier's
 :class:`~tierstore.tiers.s3.retry.RetryPolicy`. Nothing is visible under the key until
-``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted.
+``complete_multipart_upload`` (or the single PUT) succeeds; a failed upload is aborted. An error
+answer to that finishing request does not prove it undone (:attr:`ObjectUpload.finishing_sent`):
+the tier then deletes the key (:meth:`~tierstore.tiers.s3.tier.S3Tier.open_write`).
 
 """
 
@@ -50,6 +52,9 @@ class ObjectUpload:
         self._pool: ThreadPoolExecutor | None = None
         self._slots = caller.part_slots  # shared by every upload to the tier: a global bound
         self._parts: list[Future[dict[str, Any]]] = []
+        self.finishing_sent = False
+        """True once the request that makes the object visible (the single PUT, or the
+        completion) was sent: a failed answer then does not prove the object is absent."""
 
     @property
     def started(self) -> bool:
@@ -98,6 +103,7 @@ class ObjectUpload:
 
     def put_whole(self, data: bytes) -> None:
         """Upload a small object in one PUT."""
+        self.finishing_sent = True
         self._caller.call(
             "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
             **self._checksum(data),
@@ -107,6 +113,7 @@ class ObjectUpload:
         """Wait for every part, then complete the upload: the object appears only now."""
         parts = [f.result() for f in self._parts]
         self._shutdown()
+        self.finishing_sent = True
         self._caller.call(
             "complete_multipart_upload", f"complete {self._key}", Bucket=self._bucket,
             Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts},
