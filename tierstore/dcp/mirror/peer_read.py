@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from tierstore.checksum import crc32c
+from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import all_gather_object
 from tierstore.dcp.mirror.inventory import Holdings, stored_path
 from tierstore.dcp.mirror.transport import (
@@ -96,13 +96,23 @@ def fetch_missing(
             kept.append(data)
             works += post_send(data, fetch.receiver, group, fetch.first_tag)
     wait_all(works, timeout_s)
+    entries = {f.path: f for f in manifest.files}
     for fetch in fetches:
         if fetch.receiver == me:
-            got = crc32c(bytes_of(received[fetch.path]))
+            view = bytes_of(received[fetch.path])
+            got = crc32c(view)
             if got != fetch.crc:
                 raise IntegrityError(
                     f"{fetch.path} received from rank {fetch.sender}: CRC32C {got:08x}, the"
                     f" marker says {fetch.crc:08x}"
+                )
+            # A signed marker's SHA-256 too: these bytes may hold byte items DCP unpickles,
+            # and a CRC32C can be forged (see the threat model).
+            expected = entries[fetch.path].sha256
+            if expected is not None and sha256_hex(view) != expected:
+                raise IntegrityError(
+                    f"{fetch.path} received from rank {fetch.sender}: its SHA-256 is not the one"
+                    " the signed marker records; not loaded"
                 )
     if received:
         logger.info(
