@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.http_faults import HttpFaultProxy
+from tests.http_faults import Fault, HttpFaultProxy
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config, config_from_dict
 from tierstore.errors import TierUnavailableError
@@ -23,7 +23,7 @@ from tierstore.tiers.s3.tier import S3Tier
 PART = 5 * 2**20
 
 
-def proxy_to(endpoint: str, fault: str, only: Callable[[str, str], bool]) -> HttpFaultProxy:
+def proxy_to(endpoint: str, fault: Fault, only: Callable[[str, str], bool]) -> HttpFaultProxy:
     """A proxy that breaks every request ``only`` picks, by ``fault``."""
     url = urlsplit(endpoint)
     assert url.hostname is not None and url.port is not None
