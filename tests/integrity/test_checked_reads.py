@@ -175,6 +175,7 @@ def test_the_crc32c_of_a_tensor_saved_from_a_copy_is_of_its_bytes(
             assert crc32c(data) == entry.crc32c, f"save {attempt}: {entry.path}"
 
 
+@pytest.mark.slow  # a race: eight loads of 64 MiB each, ~7 s
 @pytest.mark.parametrize("kind", ["memory", "local"])
 def test_destinations_sharing_memory_load_without_a_false_alarm(tmp_path: Path, kind: str) -> None:
     """Two saved tensors loaded into one (tied weights): the threads reading them write the same

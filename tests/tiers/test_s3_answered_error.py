@@ -20,6 +20,8 @@ from tierstore.errors import TierUnavailableError
 from tierstore.tiers.s3.config import S3TierConfig
 from tierstore.tiers.s3.tier import S3Tier
 
+pytestmark = pytest.mark.slow  # each case waits out its retries against a failing proxy (~14 s)
+
 PART = 5 * 2**20
 
 
