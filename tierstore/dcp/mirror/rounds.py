@@ -479,6 +479,10 @@ def _prepare_incoming(state: _State) -> None:
     round_, ckpt = state.round_, state.round_.share.checkpoint_id
     problem: str | None = None
     sizes = [t.entry.size for t in state.transfers if t.receiver == state.me]
+    if round_.spares is not None:  # the last round's spares this one cannot use give their room
+        round_.spares.release_unused(sizes)
+    if any(len(ranks) > 1 for ranks in state.by_node.values()):
+        _gather(None, state.group)  # every rank of a node released its own before any checks
     reserved = 0 if round_.spares is None else round_.spares.reserved(sizes)
     try:
         check_room(round_.tier, mirror_id_dir(ckpt), sum(sizes) - reserved)

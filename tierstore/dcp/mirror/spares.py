@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import logging
 import os
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 
@@ -67,6 +69,18 @@ class Spares:
         have = Counter({size: len(paths) for size, paths in self._files.items()})
         return sum(size * min(count, have[size]) for size, count in Counter(sizes).items())
 
+    def release_unused(self, sizes: list[int]) -> None:
+        """Remove the spares no file of ``sizes`` (this round's) can land in: their room goes back
+        to the round, which would otherwise be refused for room only stale spares hold."""
+        wanted = Counter(sizes)
+        for size, paths in self._files.items():
+            while len(paths) > wanted[size]:
+                _unlink(paths.pop())
+
+    def discard(self, path: str) -> None:
+        """Remove a spare :meth:`take` handed out that never became a landing file."""
+        _unlink(path)
+
     def refill(self) -> None:
         """Reserve a file for every size taken since the last refill, drop spares nobody took.
 
@@ -80,9 +94,13 @@ class Spares:
         try:
             for size, count in wanted.items():
                 while size and len(self._files[size]) < count:
-                    if _free(self._home()) - size < self.keep_free:
-                        return
-                    self._files[size].append(self._reserve(size))
+                    # Every rank of the node refills against the same keep_free, and rounds end
+                    # together: the check and the reservation hold the node's lock, so one rank's
+                    # spare is in the free space the next one sees.
+                    with _node_lock(os.path.dirname(self._home())):
+                        if _free(self._home()) - size < self.keep_free:
+                            return
+                        self._files[size].append(self._reserve(size))
         except OSError as exc:
             logger.info("peer mirror: no spare landing file (%s): the next round reserves its own",
                         exc)  # fmt: skip
@@ -112,6 +130,18 @@ class Spares:
 def _free(directory: str) -> int:
     stat = os.statvfs(directory)
     return stat.f_bavail * stat.f_frsize
+
+
+@contextlib.contextmanager
+def _node_lock(directory: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (the tier's staging directory, shared by every
+    process of the node; no file of its own, so nothing for cleanup to find)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _unlink(path: str) -> None:

@@ -116,10 +116,10 @@ def receive_file(
     dropped): the sender's messages all complete, so the group stays usable for the next save.
     """
     spare = None if spares is None else spares.take(entry.size)
-    buffers = _buffers(spares)
-    incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, buffers)
+    incoming: _Chunks | None = None
     landing: Landing | None = None
     try:
+        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares))
         try:
             landing = tier.open_landing(path, entry.size, spare)
         except OSError as exc:
@@ -142,9 +142,12 @@ def receive_file(
             )
         tier.adopt(path, landing.seal())
     finally:
-        incoming.drain()
+        if incoming is not None:
+            incoming.drain()
         if landing is not None:
-            landing.discard()
+            landing.discard()  # removes the spare too, when it was the landing
+        elif spare is not None and spares is not None:
+            spares.discard(spare)  # taken, never a landing: nobody else would remove it
 
 
 AHEAD = 3
