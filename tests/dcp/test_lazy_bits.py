@@ -15,6 +15,8 @@ import torch.distributed.checkpoint as dcp
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
 
+pytestmark = pytest.mark.slow  # every lazy-bit kind on every tier type: ~10 s of the quick lane
+
 KINDS = ["memory", "local", "s3"]
 
 
