@@ -25,6 +25,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -66,14 +67,19 @@ def cmd_ls(config: Config, args: argparse.Namespace) -> int:
     """List committed checkpoints, newest first (``--watch``: again every interval until ^C)."""
     if not args.watch:
         return _print_listing(config, args)
+    # ^C (the way a watch ends: not an error) lets the listing in progress finish: interrupting
+    # it mid-request could leave an S3 client's event loop busy and the process unable to exit.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        while True:
+        while not stop.is_set():
             print(f"-- {time.strftime('%Y-%m-%d %H:%M:%S')} --")
             _print_listing(config, args)
             sys.stdout.flush()  # a pipe or a log file sees each listing as it is made
-            time.sleep(args.interval)
-    except KeyboardInterrupt:  # the way a watch ends: not an error
-        return 0
+            stop.wait(args.interval)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0
 
 
 def _print_listing(config: Config, args: argparse.Namespace) -> int:

@@ -189,8 +189,9 @@ def test_destinations_sharing_memory_load_without_a_false_alarm(tmp_path: Path, 
         shared = torch.zeros(size)
         dcp.load({"embed": shared, "head": shared}, storage_reader=TieredReader(config),
                  checkpoint_id=ID)  # fmt: skip
+        # Which item's bytes end where is the readers' race (DCP's own reader gives no order
+        # either); every value must be a saved one.
         assert set(shared.unique().tolist()) <= {1.0, 2.0}
-        assert shared.unique().numel() == 1, "one of the two saved tensors, whole"
 
 
 class TruncatingPlanner(DefaultLoadPlanner):
