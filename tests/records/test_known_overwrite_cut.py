@@ -1,7 +1,8 @@
-"""A promoted overwrite killed between its marker swap and its log entry: the log still names the
-id's older generation, and the start-up read of numbers (records/known.py) reads a marker only for
-ids the log does not know. The next save then takes the overwrite's number again (found by an
-adversarial review; latest_committed still ranks it newest through the generation tie-break)."""
+"""A promoted overwrite killed right after its marker swap: the log still names the id's older
+generation, and the start-up read of numbers (records/known.py) reads a marker only for ids the log
+does not know. Before the fix the swap was logged after the marker, and the next save took the
+overwrite's number again (found by an adversarial review). A replacing marker's commit is now
+logged before the swap (records/protocol.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -28,11 +28,6 @@ Promoter(_config(__import__('pathlib').Path(sys.argv[1]))).run(once=True)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: publish(replace=True) logs the new number after the marker swap; a cut"
-    " between them lets the next process reuse that number (fix: log before the swap)",
-)
 def test_a_save_after_a_cut_between_an_overwrites_marker_and_log_entry_is_the_newest(
     tmp_path: Path,
 ) -> None:

@@ -6,9 +6,10 @@ to one tier (it asks no other tier):
 
 * :func:`claim` — take the next commit number in the tier's commit log, create-only.
 * :func:`publish` — **the one order for publishing**: (1) every file the marker names is present at its
-  size; (2) the marker is published, create-only unless it replaces; (3) the files are checked again
-  (cleanup elsewhere may have removed one meanwhile) and the marker is withdrawn over a hole; (4) the
-  commit is logged; (5) the generation the marker replaced is dropped.
+  size; (2) the marker is published, create-only unless it replaces (a replacing marker's commit is
+  logged before it); (3) the files are checked again (cleanup elsewhere may have removed one
+  meanwhile) and the marker is withdrawn over a hole; (4) the commit is logged; (5) the generation
+  the marker replaced is dropped.
 * :func:`withdraw` — delete the marker only if it still names a given generation.
 * :func:`drop` — **the one order for dropping** a generation: (1) the marker, if it names it; (2) its
   commit-log entries (never the tier's highest: the sequence's high-water mark); (3) its part records
@@ -95,6 +96,13 @@ def publish(
             f" {'; '.join(problems)}"
         )
     replaced = _marker_generation(tier, ckpt) if replace else None
+    # A swap logs its number first: the log still names the replaced generation, so a start-up
+    # read of numbers (records/known.py) would not look at a swapped marker logged only after it.
+    # A create-only marker is logged after it: its loser must not forget the winner's entry, and a
+    # marker of an id the log does not know is read at start-up.
+    log_first = log and replace and manifest.seq is not None
+    if log_first:
+        log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
     kill_point("marker.files_checked", ckpt)
     try:
         tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
@@ -115,9 +123,8 @@ def publish(
             f" published: {'; '.join(problems)}"
         )
     kill_point("marker.rechecked", ckpt)
-    if log and manifest.seq is not None:
-        tier.publish(commit_entry_path(manifest.seq, ckpt, manifest.generation), b"",
-                     create_only=False)  # fmt: skip
+    if log and not log_first and manifest.seq is not None:
+        log_commit(tier, manifest.seq, ckpt, manifest.generation)
     if replaced and replaced != manifest.generation:
         drop(tier, ckpt, replaced, ttl=ttl)
     return None
