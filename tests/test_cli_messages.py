@@ -110,6 +110,34 @@ def test_a_bad_duration_is_refused_naming_the_option(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["advise", "--mtbf", "6h", "--last", "0"],
+            "argument --last: expected a whole number >= 1",
+        ),
+        (
+            ["advise", "--mtbf", "6h", "--last", "-1"],
+            "argument --last: expected a whole number >= 1",
+        ),
+        (
+            ["promote", "--metrics-port", "70000"],
+            "argument --metrics-port: expected a port 0-65535",
+        ),
+        (["promote", "--metrics-port", "-1"], "argument --metrics-port: expected a port 0-65535"),
+    ],
+)
+def test_counts_and_ports_out_of_range_are_refused_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", "x.yaml", *argv])
+    assert stopped.value.code == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
 def test_every_duration_option_reads_units() -> None:
     parser = build_parser()
     drill = parser.parse_args(["drill", "--entry", "m:f", "--loss-log", "x", "--timeout", "10m"])

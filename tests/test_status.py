@@ -149,7 +149,7 @@ def memory_and_refusing_s3(tmp_path: Path, tier_specs: Callable[..., list[dict[s
     return path
 
 
-def test_an_unreachable_tier_is_reported_within_probe_timeout(
+def test_an_unreachable_tier_is_reported_within_probe_timeout_and_its_content_unknown(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
@@ -165,6 +165,11 @@ def test_an_unreachable_tier_is_reported_within_probe_timeout(
     assert re.search(r"^s3\s+-\s+unreachable", out, re.MULTILINE), out
     assert "tier s3 is unreachable" in out
     assert re.search(r"^memory\s+0\s+ok\s+1 ", out, re.MULTILINE), "the other tier is still shown"
+    # What an unreachable durable tier holds is unknown, not nothing.
+    assert "nothing in the durable tier" not in out
+    assert "recovery point: unknown: the durable tier s3 is unreachable" in out, out
+    report_json = json.loads(status(path, capsys, "--json")[1])
+    assert report_json["durable"] is None and report_json["durable_reachable"] is False
 
 
 def test_nodes_lists_each_nodes_local_tiers_and_promoters(

@@ -415,6 +415,22 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _positive_count(text: str) -> int:
+    """A whole number >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535: a bind to anything else fails with a traceback."""
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected a port 0-65535 (0: any free port), got {text!r}"
+        )
+    return int(text)
+
+
 def _node_list(text: str) -> list[int]:
     try:
         nodes = [int(part) for part in text.split(",") if part.strip()]
@@ -536,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     promote.add_argument(
-        "--metrics-port", type=int, default=None,
+        "--metrics-port", type=_port, default=None, metavar="PORT",
         help="serve Prometheus /metrics and the /healthz, /readyz probes",
     )  # fmt: skip
     promote.add_argument(
@@ -565,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mean time between failures of the job: seconds, or 30m, 6h, 2d")  # fmt: skip
     advice.add_argument("--restart", type=_duration, default=0.0, metavar="DURATION",
                         help="time to restart and restore: seconds, or 90s, 5m (default: 0)")  # fmt: skip
-    advice.add_argument("--last", type=int, default=20, help="use the N newest checkpoints' stalls")
+    advice.add_argument("--last", type=_positive_count, default=20, metavar="N",
+                        help="use the N newest checkpoints' stalls (default 20)")  # fmt: skip
     advice.add_argument("--json", action="store_true", help="print JSON")
     advice.set_defaults(run=cmd_advise)
     for command in commands.choices.values():  # `ls --config F` as well as `--config F ls`

@@ -109,6 +109,11 @@ class StatusReport:
     """A recovery point older than this many seconds is a problem (``--max-lag``)."""
 
     @property
+    def durable_reachable(self) -> bool:
+        """False when the durable tier did not answer: the recovery point is then unknown."""
+        return all(t.reachable for t in self.tiers if t.durable)
+
+    @property
     def recovery_point_lag_s(self) -> float | None:
         """Seconds of training a restore from the durable tier would redo (None: nothing durable)."""
         return None if self.durable is None else max(0.0, self.at - self.durable.started_at)
@@ -159,6 +164,7 @@ class StatusReport:
             "newest": None if self.newest is None else asdict(self.newest),
             "durable": None if self.durable is None else asdict(self.durable),
             "recovery_point_lag_s": self.recovery_point_lag_s,
+            "durable_reachable": self.durable_reachable,
             "tiers": [
                 {**asdict(t), "reachable": t.reachable, "space": _space_dict(t.space)}
                 for t in self.tiers
@@ -316,6 +322,9 @@ def render(report: StatusReport) -> list[str]:
         lag = human_age(report.recovery_point_lag_s or 0.0)
         lines.append(f"recovery point: {report.durable.checkpoint_id} in the durable tier, its data"
                      f" {lag} old")  # fmt: skip
+    elif not report.durable_reachable:
+        away = ", ".join(sorted({t.name for t in report.tiers if t.durable}))
+        lines.append(f"recovery point: unknown: the durable tier {away} is unreachable")
     elif report.newest is not None:
         lines.append("recovery point: nothing in the durable tier yet")
     if report.newest is not None:
