@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.deploy.tools import DEPLOY, ROOT, system_tool
+from tierstore.dcp.drill import DrillReport
 from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.save_metrics import SAMPLE_NAMES
@@ -32,12 +33,19 @@ SUFFIXES = {
 }
 
 
+def drill_names() -> set[str]:
+    """Every series name ``tierstore drill --prom-file`` writes (a report with every value set)."""
+    report = DrillReport("step_1", "s3", 1, True, "ok", 0.01, max_relative_error=0.0,
+                         restore_s=1.0, rto_s=2.0, bytes_read={"s3": 1})  # fmt: skip
+    return {line.split("{", 1)[0] for line in report.prometheus()}
+
+
 def exported() -> set[str]:
-    """Every series name the promoter's /metrics can carry: its own registry, its health, and the
-    trainer ranks' files."""
+    """Every series name the promoter's /metrics can carry (its own registry, its health, the
+    trainer ranks' files), and the restore drill's (pushed to a Pushgateway, or a textfile)."""
     metrics = PromoterMetrics()
     metrics.watch(PromoterHealth(300.0), None)
-    names = set(SAMPLE_NAMES)
+    names = set(SAMPLE_NAMES) | drill_names()
     for metric in metrics.registry.collect():
         names |= {metric.name + suffix for suffix in SUFFIXES[metric.type]}
     return names
@@ -148,6 +156,10 @@ def test_the_required_alerts_are_there() -> None:
     assert "tierstore_promotion_failures_total" in reads["TierstorePromotionsFailing"]
     assert "tierstore_mirror_redundant" in reads["TierstoreMirrorRedundancyLost"]
     assert "tierstore_saves_failed_total" in reads["TierstoreSavesFailing"]
+    # The drill's verdict reaches an alert: a failed drill, and drills that stopped running (a
+    # CronJob whose pod stays Pending, a broken scrontab line).
+    assert "tierstore_drill_success" in reads["TierstoreRestoreDrillFailed"]
+    assert "tierstore_drill_last_run_timestamp_seconds" in reads["TierstoreRestoreDrillStale"]
 
 
 def test_the_rules_and_the_dashboard_name_only_exported_metrics() -> None:
@@ -168,6 +180,7 @@ def test_promtool_accepts_the_rules() -> None:
 
 
 UNIT_TESTS = """
+rule_files: [rules.yaml]
 evaluation_interval: 1m
 tests:
   - interval: 1m
@@ -264,6 +277,34 @@ tests:
         alertname: TierstoreConflicts
         exp_alerts:
           - exp_labels: {severity: info, instance: "n0:9400", job: ts, tier: s3}
+  # The drill's metrics as a Pushgateway serves them (one group per namespace, replaced by each
+  # push): ns a's daily drill passes, then fails; ns b's last drill ran at 0 and none since.
+  - interval: 1m
+    input_series:
+      - series: tierstore_drill_success{namespace="a",tier="s3",checkpoint_id="c2",world_size="1"}
+        values: 1x2879 0x720
+      - series: 'tierstore_drill_last_run_timestamp_seconds{namespace="a",tier="s3",
+          checkpoint_id="c2",world_size="1"}'
+        values: 0+60x3600
+      - series: tierstore_drill_success{namespace="b",tier="s3",checkpoint_id="c1",world_size="1"}
+        values: 1x3600
+      - series: 'tierstore_drill_last_run_timestamp_seconds{namespace="b",tier="s3",
+          checkpoint_id="c1",world_size="1"}'
+        values: 0x3600
+    alert_rule_test:
+      - eval_time: 47h
+        alertname: TierstoreRestoreDrillFailed
+      - eval_time: 48h
+        alertname: TierstoreRestoreDrillFailed
+        exp_alerts:
+          - exp_labels: {severity: critical, namespace: a, tier: s3, checkpoint_id: c2,
+                        world_size: "1"}
+      - eval_time: 48h
+        alertname: TierstoreRestoreDrillStale
+      - eval_time: 50h
+        alertname: TierstoreRestoreDrillStale
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: b, tier: s3}
 """
 
 
@@ -276,14 +317,40 @@ def test_the_alerts_fire_on_their_series_and_only_on_them(tmp_path: Path) -> Non
         for rule in group["rules"]:
             rule.pop("annotations")
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(document))
+    # Written as is: a YAML 1.1 load and dump would turn `values: 0x30` ("0, 30 times") into 48.
     cases = yaml.safe_load(UNIT_TESTS)
-    cases["rule_files"] = ["rules.yaml"]
     tested = {t["alertname"] for case in cases["tests"] for t in case["alert_rule_test"]}
     assert tested == {r["alert"] for r in rules()}  # every alert is exercised
-    (tmp_path / "cases.yaml").write_text(yaml.safe_dump(cases))
+    (tmp_path / "cases.yaml").write_text(UNIT_TESTS)
     done = subprocess.run([promtool, "test", "rules", "cases.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def promtool_parses(tmp_path: Path, exprs: dict[str, str]) -> str:
+    """``promtool check rules`` on one recording rule per expression: its output, empty when it
+    parses every one (Grafana's variables stand in as a regex and a range)."""
+    promtool = system_tool("promtool", "the dashboard's PromQL")
+    grafana = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h", "$instance": ".*"}
+    recorded = []
+    for name, expr in exprs.items():
+        query = expr
+        for variable, value in grafana.items():
+            query = query.replace(variable, value)
+        recorded.append({"record": name, "expr": query})
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recorded}]}))
+    done = subprocess.run([promtool, "check", "rules", str(path)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
+    exprs = {f"panel:{i}": expr for i, (_title, expr) in enumerate(dashboard_exprs())}
+    assert len(exprs) > 20
+    assert promtool_parses(tmp_path, exprs) == ""
+    # The check can fail: a query Prometheus would refuse is reported.
+    assert "parse error" in promtool_parses(tmp_path, {"broken:0": "sum by (tier (x)"})
 
 
 # -- the dashboard ---------------------------------------------------------------------------------
