@@ -1,6 +1,9 @@
 """The Kubernetes Pod Security Standards ("baseline" and "restricted", as of Kubernetes 1.33), checked
 on a pod spec the way the admission controller checks it: :func:`violations` names each rule a pod
-breaks. https://kubernetes.io/docs/concepts/security/pod-security-standards/"""
+breaks. https://kubernetes.io/docs/concepts/security/pod-security-standards/
+
+Every rule of both levels that a pod spec can break is here; the deprecated AppArmor annotations
+(pod metadata, not spec) are not, and nothing in deploy/ sets them."""
 
 from __future__ import annotations
 
@@ -16,6 +19,16 @@ RESTRICTED_VOLUMES = frozenset({
     "projected", "secret",
 })  # fmt: skip
 SECCOMP_ALLOWED = frozenset({"RuntimeDefault", "Localhost"})
+APPARMOR_ALLOWED = frozenset({"RuntimeDefault", "Localhost"})
+SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t",
+                           "container_engine_t"})  # fmt: skip
+SAFE_SYSCTLS = frozenset({
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+})  # fmt: skip
+"""Baseline's allowed sysctls as of Kubernetes 1.29 (policy version 1.29 and later)."""
 
 Spec = dict[str, Any]
 
@@ -25,11 +38,35 @@ def _containers(pod: Spec) -> list[Spec]:
             *pod.get("ephemeralContainers", [])]  # fmt: skip
 
 
+def _context_rules(context: Spec, who: str) -> list[str]:
+    """Baseline's rules that apply alike to the pod's and each container's security context."""
+    found = []
+    if context.get("windowsOptions", {}).get("hostProcess"):
+        found.append(f"{who}: windows hostProcess")
+    apparmor = context.get("appArmorProfile", {}).get("type")
+    if apparmor is not None and apparmor not in APPARMOR_ALLOWED:
+        found.append(f"{who}: AppArmor {apparmor}")
+    selinux = context.get("seLinuxOptions", {})
+    if selinux.get("type", "") not in SELINUX_TYPES:
+        found.append(f"{who}: SELinux type {selinux['type']}")
+    if selinux.get("user") or selinux.get("role"):
+        found.append(f"{who}: SELinux user or role set")
+    return found
+
+
 def _baseline(pod: Spec) -> list[str]:
     found = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
     found += [f"volume {v['name']}: hostPath" for v in pod.get("volumes", []) if "hostPath" in v]
+    pod_context = pod.get("securityContext", {})
+    found += _context_rules(pod_context, "pod")
+    unsafe = {s["name"] for s in pod_context.get("sysctls", [])} - SAFE_SYSCTLS
+    if unsafe:
+        found.append(f"pod: unsafe sysctls {sorted(unsafe)}")
     for c in _containers(pod):
         context = c.get("securityContext", {})
+        found += _context_rules(context, f"container {c['name']}")
+        if context.get("procMount", "Default") != "Default":
+            found.append(f"container {c['name']}: procMount {context['procMount']}")
         if context.get("privileged"):
             found.append(f"container {c['name']}: privileged")
         added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
@@ -52,6 +89,8 @@ def _restricted(pod: Spec) -> list[str]:
             found.append(f"volume {volume['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
     pod_context = pod.get("securityContext", {})
     pod_seccomp = pod_context.get("seccompProfile", {}).get("type")
+    if pod_context.get("runAsUser") == 0:  # forbidden at the pod level even if containers override
+        found.append("pod: runAsUser 0")
     for c in _containers(pod):
         context, name = c.get("securityContext", {}), c["name"]
         if context.get("allowPrivilegeEscalation") is not False:

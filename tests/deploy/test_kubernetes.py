@@ -435,11 +435,22 @@ def test_the_pod_security_check_finds_each_rule_broken() -> None:
     promoter = spec["initContainers"][0]
     promoter["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
     del spec["securityContext"]["runAsNonRoot"]
+    promoter["securityContext"].update(
+        procMount="Unmasked", appArmorProfile={"type": "Unconfined"},
+        seLinuxOptions={"type": "spc_t"}, windowsOptions={"hostProcess": True},
+    )  # fmt: skip
+    spec["securityContext"].update(runAsUser=0, sysctls=[{"name": "kernel.msgmax", "value": "1"}])
     found = "\n".join(violations(spec, RESTRICTED))
     for rule in ("spec.hostNetwork", "trainer: privileged", "trainer: adds capabilities ['SYS_ADMIN']",
                  "trainer: allowPrivilegeEscalation", "trainer: runAsNonRoot", "trainer: runAsUser 0",
-                 "promoter: seccomp Unconfined", "trainer: capabilities do not drop ALL"):  # fmt: skip
+                 "promoter: seccomp Unconfined", "trainer: capabilities do not drop ALL",
+                 "promoter: procMount Unmasked", "promoter: AppArmor Unconfined",
+                 "promoter: SELinux type spc_t", "promoter: windows hostProcess",
+                 "pod: unsafe sysctls ['kernel.msgmax']", "pod: runAsUser 0"):  # fmt: skip
         assert rule in found, f"{rule!r} not found in:\n{found}"
+    # Baseline forbids these as well; restricted adds the rest.
+    baseline = "\n".join(violations(spec, BASELINE))
+    assert "promoter: procMount Unmasked" in baseline and "trainer: runAsUser 0" not in baseline
 
 
 def test_every_container_has_a_read_only_root_and_a_writable_tmp() -> None:
