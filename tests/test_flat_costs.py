@@ -50,24 +50,30 @@ def test_s3_marker_scan_does_not_page_through_the_ranks_files(
 
 
 @pytest.mark.slow  # ~7 s: two simulated jobs of 10 and 200 retained checkpoints in four tiers
-def test_idle_promoter_pass_and_latest_ask_s3_the_same_however_many_are_kept(
+def test_idle_promoter_pass_and_latest_ask_the_tiers_the_same_however_many_are_kept(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
 ) -> None:
+    """S3 requests, and file opens and listings in the node-local tiers (part records are read
+    again only where a directory they came from changed)."""
     small = _job(counted_s3, file_ops, tmp_path, 10, 12)
     large = _job(counted_s3, file_ops, tmp_path, 120, 12)  # 1,800 objects: 2 pages a full listing
     jobs = [small, large]
     promoters = settled_promoters(jobs)
-    passes, latest = [], []
+    passes, files, latest = [], [], []
     for job, promoter in zip(jobs, promoters, strict=True):
-        with counted_s3.counting() as seen:
+        file_ops.roots = tuple(str(root) for root in job.roots.values())
+        with counted_s3.counting() as seen, file_ops.window() as opened:
             report = promoter.run_once()
         assert not report.deleted and not report.cleaned, "the pass had nothing to do"
         passes.append(seen.total)
+        files.append(opened.total)
         with counted_s3.counting() as seen:
             assert latest_committed(job.config, node=0, collective=False) is not None
         latest.append(seen.total)
-    print(f"idle pass at 10 and 120 kept: {passes} requests; latest_committed: {latest}")
+    print(f"idle pass at 10 and 120 kept: {passes} requests, {files} file operations;"
+          f" latest_committed: {latest}")  # fmt: skip
     assert passes[0] == passes[1], passes
+    assert files[0] == files[1], files
     assert latest[0] == latest[1], latest
 
 

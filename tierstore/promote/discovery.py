@@ -18,8 +18,11 @@ import time
 from dataclasses import dataclass, field
 
 from tierstore.ids import (
+    generation_dir,
     is_checkpoint_id,
+    is_generation,
     marker_path,
+    parts_dir,
     rank_part_path,
     step_of,
 )
@@ -53,6 +56,19 @@ class _Cached:
     """When (the same clock) ``manifest`` was read."""
 
 
+_DirTimes = tuple[float | None, tuple[tuple[str, float | None, float | None], ...]]
+"""A checkpoint directory's mtime, and each generation directory's and its parts directory's."""
+
+
+@dataclass(frozen=True)
+class _CachedParts:
+    times: _DirTimes
+    records: dict[str, list[PartRecord]]
+    listed: float
+    """When (this process's monotonic clock) these directory times were first seen."""
+    read_at: float
+
+
 @dataclass
 class MarkerCache:
     """Parsed markers keyed by (tier, id), valid while the listing shows the same mtime.
@@ -65,6 +81,8 @@ class MarkerCache:
     """
 
     entries: dict[tuple[str, str], _Cached] = field(default_factory=dict)
+    parts_read: dict[tuple[str, str], _CachedParts] = field(default_factory=dict)
+    """Part records by (tier, id), valid while no directory they were listed from changed."""
     foreign: set[tuple[str, str]] = field(default_factory=set)
     """``(tier, name)`` of the foreign files in tier roots already warned about (once per run)."""
 
@@ -86,6 +104,44 @@ class MarkerCache:
         manifest = read_manifest(tier, checkpoint_id)
         self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
         return manifest
+
+    def parts(self, tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
+        """:func:`~tierstore.records.parts.part_records`, from the cache while the checkpoint's
+        directory, its generations' and their parts directories keep their mtimes (a record is
+        written by a rename into its directory, dropped by an unlink: either changes it). Trusted
+        on the terms of :meth:`read` (:data:`SETTLE`). Read afresh in tiers without directories."""
+        if not tier.capabilities.local_files:
+            return part_records(tier, checkpoint_id)
+        key = (tier.name, checkpoint_id)
+        cached, same = self.parts_read.get(key), False
+        if cached is not None:
+            times = _dir_times(tier, checkpoint_id, [g for g, _t, _p in cached.times[1]])
+            same = times == cached.times
+            if same and cached.read_at - cached.listed >= SETTLE:
+                return cached.records
+        listed = cached.listed if cached is not None and same else time.monotonic()
+        generations = [g for g in tier.list_dir(checkpoint_id) if is_generation(g)]
+        times = _dir_times(tier, checkpoint_id, generations)
+        records = part_records(tier, checkpoint_id)
+        if _dir_times(tier, checkpoint_id, generations) != times:  # changed while read: not kept
+            self.parts_read.pop(key, None)
+            return records
+        self.parts_read[key] = _CachedParts(times, records, listed, time.monotonic())
+        return records
+
+
+def _dir_times(tier: Tier, checkpoint_id: str, generations: list[str]) -> _DirTimes:
+    return (
+        tier.directory_mtime(checkpoint_id),
+        tuple(
+            (
+                generation,
+                tier.directory_mtime(generation_dir(checkpoint_id, generation)),
+                tier.directory_mtime(parts_dir(checkpoint_id, generation)),
+            )
+            for generation in generations
+        ),
+    )
 
 
 SETTLE = 2.0
@@ -134,7 +190,7 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
             continue
         parts: tuple[PartRecord, ...] = ()
         if tier.node_local:
-            parts = tuple(part_records(tier, checkpoint_id).get(manifest.generation, []))
+            parts = tuple(cache.parts(tier, checkpoint_id).get(manifest.generation, []))
         sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts)
     if not tier.node_local:
         return sources
@@ -147,7 +203,7 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         if tier.exists(checkpoint_id):
             cache.warn_foreign(tier, checkpoint_id)  # a file where a checkpoint directory would be
             continue
-        generations = part_records(tier, checkpoint_id)
+        generations = cache.parts(tier, checkpoint_id)
         if not generations:
             continue
         # Commit order (a part's number is confirmed once its commit's is known), then time.
@@ -188,18 +244,26 @@ class _TierTimes:
         return self.tier.stat(path).mtime + self.offset
 
 
-def foreign_parts(tier: Tier) -> dict[str, dict[str, list[PartRecord]]]:
+def foreign_parts(
+    tier: Tier, cache: MarkerCache | None = None
+) -> dict[str, dict[str, list[PartRecord]]]:
     """In a node-local tier: ``{id: {generation: rank part records}}`` of the parts this node's ranks
     wrote of saves coordinated on another node (no rank 0 part record here). Their commit is
     decided on the coordinator's node; this node learns that one was replaced only from a newer
-    commit of the id that it can see (:func:`tierstore.promote.policy.superseded_parts`)."""
+    commit of the id that it can see (:func:`tierstore.promote.policy.superseded_parts`). With a
+    ``cache``, records are read again only where their directories changed."""
     found: dict[str, dict[str, list[PartRecord]]] = {}
     if not tier.node_local:
         return found
     for checkpoint_id in tier.list_dir(""):
         if not is_checkpoint_id(checkpoint_id):
             continue
-        for generation, records in part_records(tier, checkpoint_id).items():
+        generations = (
+            part_records(tier, checkpoint_id)
+            if cache is None
+            else (cache.parts(tier, checkpoint_id))
+        )
+        for generation, records in generations.items():
             if records and not any(0 in record.ranks for record in records):
                 found.setdefault(checkpoint_id, {})[generation] = records
     return found

@@ -223,7 +223,7 @@ class Promoter:
                 continue
             try:
                 changed = False
-                for generations in foreign_parts(tier).values():
+                for generations in foreign_parts(tier, self.cache).values():
                     for records in generations.values():
                         changed |= self._confirm(tier, wide, found, records)
                 if changed:
@@ -587,7 +587,7 @@ class Promoter:
                     checkpoint_id: {
                         gen: self._settle_part(records) for gen, records in generations.items()
                     }
-                    for checkpoint_id, generations in foreign_parts(tier).items()
+                    for checkpoint_id, generations in foreign_parts(tier, self.cache).items()
                     if checkpoint_id not in in_use
                 }
             except (TierstoreError, OSError) as exc:
