@@ -149,12 +149,18 @@ def memory_and_refusing_s3(tmp_path: Path, tier_specs: Callable[..., list[dict[s
     return path
 
 
-def test_an_unreachable_tier_is_reported_within_probe_timeout_and_its_content_unknown(
-    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+@pytest.fixture
+def saved_beside_away_s3(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
+    """:func:`memory_and_refusing_s3` with ``step_000001`` saved in the memory tier."""
     path = memory_and_refusing_s3(tmp_path, tier_specs)
     save(path, "step_000001")
+    return path
+
+
+def test_an_unreachable_tier_is_reported_within_probe_timeout_and_its_content_unknown(
+    saved_beside_away_s3: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = saved_beside_away_s3
     started = time.monotonic()
     report = gather_status(load_config(path), [0])
     assert time.monotonic() - started < 10
@@ -170,6 +176,19 @@ def test_an_unreachable_tier_is_reported_within_probe_timeout_and_its_content_un
     assert "recovery point: unknown: the durable tier s3 is unreachable" in out, out
     report_json = json.loads(status(path, capsys, "--json")[1])
     assert report_json["durable"] is None and report_json["durable_reachable"] is False
+
+
+def test_ls_says_durable_unknown_while_the_durable_tier_is_unreachable(
+    saved_beside_away_s3: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = saved_beside_away_s3
+    assert main(["--config", str(path), "ls"]) == 0
+    listed = capsys.readouterr()
+    header, row = listed.out.splitlines()[:2]
+    assert header.split()[3] == "DURABLE" and row.split()[:4] == ["step_000001", "1", "memory", "?"]
+    assert "tier s3 is unreachable, not listed" in listed.err
+    assert main(["--config", str(path), "ls", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["durable"] is None, "unknown, not false"
 
 
 def test_nodes_lists_each_nodes_local_tiers_and_promoters(

@@ -40,7 +40,7 @@ from tierstore.interval import advise
 from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter
-from tierstore.records.catalog import Catalog
+from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.records.protocol import drop
 from tierstore.status import gather_status, render
@@ -87,10 +87,16 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
     listings = catalog.listings(limit=args.limit or None)
     for name, why in sorted(catalog.unreachable.items()):  # what it could reach is still listed
         print(f"tierstore: tier {name} is unreachable, not listed: {why}", file=sys.stderr)
+    last = config.tiers[-1].name
+    # While the durable tier does not answer, whether a checkpoint is in it is unknown, not "no".
+    known = last not in catalog.unreachable
+
+    def durable(entry: Listing) -> bool | None:
+        return last in entry.tiers if known else None
+
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
         indent = None if args.watch else 1
-        durable = config.tiers[-1].name
-        print(json.dumps([{**e.as_dict(), "durable": durable in e.tiers} for e in listings],
+        print(json.dumps([{**e.as_dict(), "durable": durable(e)} for e in listings],
                          indent=indent))  # fmt: skip
         return 0
     if not listings:
@@ -101,8 +107,8 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
     for entry in listings:
         step = "-" if entry.step is None else str(entry.step)
         age = human_age(now - entry.committed_at)
-        durable = "yes" if config.tiers[-1].name in entry.tiers else "no"
-        rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), durable,
+        held = {True: "yes", False: "no", None: "?"}[durable(entry)]
+        rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), held,
                      human_bytes(entry.bytes), age))  # fmt: skip
     print_table(rows)
     if args.limit and len(listings) == args.limit:
