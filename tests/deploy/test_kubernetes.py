@@ -305,6 +305,55 @@ def test_the_run_directory_claim_is_explicit_and_names_its_class() -> None:
     assert built["PersistentVolumeClaim"]["spec"]["storageClassName"]
 
 
+RUNS_CLASS_PATCH = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: tierstore-runs}
+spec: {storageClassName: cephfs}
+"""
+NVME_CLASS_PATCH = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: gpt-train}
+spec:
+  template:
+    spec:
+      volumes:
+        - name: nvme
+          ephemeral:
+            volumeClaimTemplate:
+              spec: {storageClassName: topolvm-nvme}
+"""
+
+
+@pytest.mark.parametrize(
+    ("overlay", "patch", "kind", "expected"),
+    [("full", RUNS_CLASS_PATCH, "PersistentVolumeClaim", "cephfs"),
+     ("restricted", NVME_CLASS_PATCH, "Job", "topolvm-nvme")],
+)  # fmt: skip
+def test_an_overlay_of_ones_own_sets_a_storage_class(
+    tmp_path: Path, overlay: str, patch: str, kind: str, expected: str
+) -> None:
+    """The storage classes are parameters: an overlay of one's own over the shipped one sets them
+    with a patch (docs/deployment.md shows both), and nothing else changes."""
+    mine = {
+        "resources": [os.path.relpath(OVERLAYS[overlay], tmp_path)],
+        "patches": [{"patch": patch}],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(mine))
+    shipped, patched = kustomize(OVERLAYS[overlay]), kustomize(tmp_path)
+    (doc,) = [d for d in patched if d["kind"] == kind]
+    if kind == "Job":
+        (nvme,) = [v for v in doc["spec"]["template"]["spec"]["volumes"] if v["name"] == "nvme"]
+        found = nvme["ephemeral"]["volumeClaimTemplate"]["spec"]["storageClassName"]
+    else:
+        found = doc["spec"]["storageClassName"]
+    assert found == expected
+    assert len(patched) == len(shipped) and yaml.safe_dump(patched).replace(expected, "") == (
+        yaml.safe_dump(shipped).replace("nfs-client" if kind != "Job" else "local-nvme", "")
+    ), "the patch changed more than the class"
+
+
 def test_drill_sh_pushes_the_drills_metrics_and_keeps_its_status(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "tierstore"
