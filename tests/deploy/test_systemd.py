@@ -39,6 +39,26 @@ def settings() -> dict[str, str]:
     return found
 
 
+def unit_section() -> dict[str, list[str]]:
+    """``Key=value`` of the [Unit] section, every value of each key (they accumulate)."""
+    found: dict[str, list[str]] = {}
+    head = UNIT.read_text().split("[Unit]", 1)[1].split("[Service]", 1)[0]
+    for line in head.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).extend(value.split())
+    return found
+
+
+def test_the_promoter_starts_after_the_mounts_its_tiers_live_on() -> None:
+    """A promoter started before its NVMe or a network file system is mounted would write into the
+    empty mount point on the root disk (or, under ProtectSystem=strict, fail with exit 2, which is
+    never restarted)."""
+    unit = unit_section()
+    assert "remote-fs.target" in unit["After"], "a shared tier on NFS, Lustre or GPFS"
+    assert set(node_local_prefixes().values()) <= set(unit["RequiresMountsFor"])
+
+
 def test_execstart_is_a_tierstore_promoter_others_can_scrape() -> None:
     argv = shlex.split(settings()["ExecStart"])
     assert Path(argv[0]).name == "tierstore"
