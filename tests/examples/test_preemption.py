@@ -15,11 +15,16 @@ pytestmark = pytest.mark.timeout(600)
 FORWARD = ("--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1")
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
+# Both stop signals, each in one mode: SIGUSR1 is what Slurm's time limit sends, SIGTERM what a
+# pre-emption, the hard time limit and the kubelet send (train.sh forwards it to torchrun).
+@pytest.mark.parametrize(
+    ("mode", "stop"), [("process", signal.SIGUSR1), ("thread", signal.SIGTERM)]
+)
 def test_a_forwarded_stop_signal_commits_the_next_step_and_the_restart_resumes_there(
     tmp_path: Path,
     reference: dict[int, float],
     mode: str,
+    stop: signal.Signals,
 ) -> None:
     run = new_run(tmp_path)
     job = run.start(2, "--async-mode", mode, launcher=FORWARD)
@@ -27,7 +32,7 @@ def test_a_forwarded_stop_signal_commits_the_next_step_and_the_restart_resumes_t
         # After a periodic save, so DCP's checkpoint process (PROCESS mode) exists and is hit too.
         wait_for(lambda: _committed(run, "step_00000004") and max(_steps(run), default=0) >= 5,
                  180, "step 5")  # fmt: skip
-        job.send_signal(signal.SIGUSR1)
+        job.send_signal(stop)
         job.wait(180)
     finally:
         run.kill_9()
