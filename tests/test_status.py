@@ -191,6 +191,20 @@ def test_ls_says_durable_unknown_while_the_durable_tier_is_unreachable(
     assert json.loads(capsys.readouterr().out)[0]["durable"] is None, "unknown, not false"
 
 
+@pytest.mark.parametrize("command", ["ls", "status"])
+def test_a_read_only_command_reports_an_unreachable_tier_without_each_retry(
+    saved_beside_away_s3: Path, command: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def retries(*flags: str) -> list[str]:
+        caplog.clear()
+        assert main(["--config", str(saved_beside_away_s3), command, *flags]) in (0, 1)
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying s3")]
+
+    assert retries() == [], "the command's own report of the tier is the outcome; attempts are -v"
+    assert retries("-v"), "with -v each retry is shown"
+    assert retries() == [], "main put the levels back"
+
+
 def test_nodes_lists_each_nodes_local_tiers_and_promoters(
     config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

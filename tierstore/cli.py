@@ -619,11 +619,16 @@ def add_global_options(parser: argparse.ArgumentParser, *, after_command: bool =
 DAEMONS = frozenset({"promote"})
 """Commands that run unattended: their INFO lines (a promotion, a deletion, a cleanup each) are the
 record of what happened, so they log at INFO unless ``-q``. The others print what they did."""
+RETRY_LOGGER = "tierstore.tiers.s3.retry"
+"""Where each failed attempt of a retried request is logged: detail for a long transfer or a
+daemon's log. The read-only commands report a tier that did not answer themselves (one line), so
+they show the attempts only with ``-v``."""
 
 
 def set_up_logging(args: argparse.Namespace) -> dict[str, int]:
     """Log lines to stderr: tierstore's at DEBUG with ``-v``, WARNING with ``-q``, else INFO for
-    :data:`DAEMONS` and WARNING for the rest; other libraries' at INFO with ``-v``, else WARNING.
+    :data:`DAEMONS` and WARNING for the rest (:data:`RETRY_LOGGER`'s at ERROR for the
+    :data:`READ_ONLY` commands without ``-v``); other libraries' at INFO with ``-v``, else WARNING.
     Returns the levels it replaced, for :func:`restore_logging`."""
     if args.quiet:
         level = logging.WARNING
@@ -635,10 +640,13 @@ def set_up_logging(args: argparse.Namespace) -> dict[str, int]:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    levels = dict.fromkeys({"tierstore", __name__}, level)  # `python -m tierstore.cli`: this too
+    if args.command in READ_ONLY and not args.verbose:
+        levels[RETRY_LOGGER] = logging.ERROR
     replaced = {}
-    for name in {"tierstore", __name__}:  # run as `python -m tierstore.cli`, this module's too
+    for name, wanted in levels.items():
         replaced[name] = logging.getLogger(name).level
-        logging.getLogger(name).setLevel(level)
+        logging.getLogger(name).setLevel(wanted)
     return replaced
 
 
