@@ -82,7 +82,9 @@ def test_restore_verify_and_promote_draw_bars_on_a_terminal(
     assert "restore step_1 from memory" in terminal.getvalue()
     assert main(["--config", str(config_file), "verify", "step_1"]) == 0
     assert "verify step_1 in memory" in terminal.getvalue()
+    drawn = terminal.getvalue().count("verify step_1 in memory")
     assert main(["--config", str(config_file), "verify", "--all"]) == 0
+    assert terminal.getvalue().count("verify step_1 in memory") > drawn, "verify --all's own bar"
     assert Promoter(load_config(config_file)).run(once=True) == 0
     assert "promote step_1 memory->local" in terminal.getvalue()
 
