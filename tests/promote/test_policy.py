@@ -188,3 +188,24 @@ def test_the_policy_is_pure_it_imports_no_configuration() -> None:
         if isinstance(node, ast.ImportFrom)
     }  # fmt: skip
     assert imported <= {"__future__", "collections.abc", "dataclasses", "tierstore.ids"}, imported
+
+
+def test_a_copy_overwritten_in_a_lower_tier_is_not_promoted_into_the_tiers_between() -> None:
+    """Found by the model: x saved fast (seq 1), then overwritten straight into the durable tier
+    (seq 2). Promoting the fast copy into the middle tier would leave there a copy that only the
+    durable tier's marker shows stale: with host memory lost and the durable tier away, a new
+    process could serve it."""
+    cfg = config({}, {}, {})
+    older = Copy("x", 1, 1, 1.0, "g0000000001")
+    newer = Copy("x", 2, 1, 2.0, "g0000000002")
+    assert promotions(cfg, {"t0": {"x": older}, "t2": {"x": newer}}) == []
+    assert ids(promotions(cfg, {"t0": {"x": newer}, "t2": {"x": older}})) == ["x@t1"]
+
+
+def test_a_part_is_not_judged_stale_by_its_planned_number() -> None:
+    """A node's unconfirmed part of a multi-node save carries the number planned, not its final
+    one: a commit of the id elsewhere with a higher number says nothing about it."""
+    cfg = config({"type": "memory"}, {"type": "local"}, {})
+    part = Copy("x", 1, 1, 1.0, "g0000000001", partial=True)
+    newer = Copy("x", 2, 1, 2.0, "g0000000002")
+    assert ids(promotions(cfg, {"t0": {"x": part}, "t2": {"x": newer}})) == ["x@t1"]

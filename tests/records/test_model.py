@@ -4,7 +4,8 @@ Actors (hypothesis's ``RuleBasedStateMachine``): a saver into the fast tier and 
 durable tier (``tier=``), with and without ``overwrite``, on a small pool of ids so overwrites and
 refusals happen; the promoter (promotion, retention, and gc with ``stale_after: 0``); a crash of a
 saver or of the promoter after any number of store operations (it does nothing more: a kill); an
-outage of the durable tier that starts and ends. The tiers are the tests' ``dict`` tier type, whose
+outage of the durable tier that starts and ends; host memory lost (a power cut or a replaced node:
+the fast tier comes back empty and both actors restart). The tiers are the tests' ``dict`` tier type, whose
 fault hooks (``tests/tiers/dict_tier.py``) are the only thing injected: nothing in tierstore is patched.
 
 After every step, over the tiers that are up:
@@ -160,6 +161,16 @@ class CommitProtocol(RuleBasedStateMachine):
             if FAULTS.revive():
                 self._bury_the_dead(trainer=False)
 
+    @rule()
+    def host_memory_lost(self) -> None:
+        """A power cut or a replaced node: the fast tier (host memory) comes back empty, and the
+        trainer and the promoter restart in new processes. A save committed only there is gone
+        (it was not durable yet: docs/operations.md)."""
+        self.tiers["fast"].objects.clear()  # type: ignore[attr-defined]
+        self._bury_the_dead(trainer=True)
+        if self.last_success not in self._markers(up_only=False):
+            self.last_success = None
+
     @precondition(lambda self: self.durable_store not in FAULTS.down)
     @rule()
     def durable_tier_goes_away(self) -> None:
@@ -295,5 +306,24 @@ def test_a_new_process_names_an_id_in_the_window_by_the_commit_it_can_see() -> N
         assert latest_committed(state.config, collective=False) == "x" and "x" in state.window
         state.latest_is_the_newest_commit()
         state.every_committed_id_restores_its_newest_commit()
+    finally:
+        state.teardown()
+
+
+def test_host_memory_lost_while_the_durable_tier_is_away_serves_no_overwritten_content() -> None:
+    """Found by the model: x saved fast, overwritten straight into the durable tier; a promoter pass
+    copied the fast (older) content into the middle tier; the durable tier went away and host
+    memory was lost (with the sightings that knew better). A restore then served the older
+    content from the middle tier. The promoter no longer copies a content a newer commit overtook."""
+    state = CommitProtocol()
+    state.set_up()
+    try:
+        state.save_fast(checkpoint_id="x", overwrite=False)
+        state.save_durable(checkpoint_id="x", overwrite=True)
+        state.promoter_pass()
+        state.durable_tier_goes_away()
+        state.host_memory_lost()
+        state.every_committed_id_restores_its_newest_commit()
+        state.latest_is_the_newest_commit()
     finally:
         state.teardown()

@@ -20,7 +20,7 @@ Deletion removes the marker first, then the data (see :mod:`tierstore.records.pr
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tierstore.ids import is_newer_commit, newest_first
@@ -126,6 +126,19 @@ def _newest_per_id(copies: Iterable[Copy]) -> dict[str, Copy]:
     return by_id
 
 
+def _judged(copies: Iterable[Copy]) -> Iterator[Copy]:
+    """The copies whose number is their commit's: not a node's unconfirmed part (its number is the
+    one planned; the coordinator may take another at its commit)."""
+    return (c for c in copies if not (c.partial and not c.confirmed))
+
+
+def _overtaken(copy: Copy, newest: Mapping[str, Copy]) -> bool:
+    """True when a newer commit of the id than ``copy`` is known (``newest``: per id)."""
+    known = newest.get(copy.checkpoint_id)
+    judged = not (copy.partial and not copy.confirmed)
+    return judged and known is not None and is_newer(known, copy)
+
+
 def _ordered(copies: Iterable[Copy]) -> list[Copy]:
     """The newest generation of each id, newest commit first (commit order, never names)."""
     by_id = _newest_per_id(copies)
@@ -200,17 +213,21 @@ def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     overwritten above) is missing its newer one, which must replace it whatever ``every`` says, or
     this tier would serve stale data once the tiers above let go. Otherwise a checkpoint belongs in
     a tier when it is selected by the tier's ``every`` and the tier's retention would keep it:
-    nothing is promoted only to be deleted at once.
+    nothing is promoted only to be deleted at once. A copy of an id with a newer commit in any
+    tier (an overwrite saved straight into a lower tier) is not promoted: a restore would refuse
+    it, and in a tier between it could be served once the tiers that know better are away.
     """
     names = [t.name for t in rules.tiers]
     here = held.get(names[index], {})
     every = every_for(rules, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
+    newest = _newest_per_id(_judged(c for n in names for c in held.get(n, {}).values()))
     candidates = [
         c
         for c in _ordered(above)
         if (c.checkpoint_id, c.generation) not in conflicted
+        and not _overtaken(c, newest)
         and (
             (c.checkpoint_id not in here and is_selected(c, every))
             or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
