@@ -473,6 +473,18 @@ def test_every_pod_meets_pod_security_restricted_but_for_the_nvme_hostpath(name:
                 assert found == [], f"{name} {what} is refused by {level}: {found}"
 
 
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_every_claim_a_pod_mounts_is_in_the_same_build(name: str) -> None:
+    """A pod whose claim is missing stays Pending without an error anywhere: restore-drill needs
+    run-dir-volume's claim, and every shipped overlay that has the one has the other."""
+    docs = kustomize(OVERLAYS[name])
+    claims = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    for what, spec in pod_templates(docs).items():
+        for volume in spec["volumes"]:
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] in claims, (name, what)
+
+
 def test_the_pod_security_check_finds_each_rule_broken() -> None:
     spec = copy.deepcopy(pod_templates(kustomize(OVERLAYS["restricted"]))["Job/gpt-train"])
     assert violations(spec, RESTRICTED) == []
