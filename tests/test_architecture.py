@@ -95,6 +95,22 @@ def test_nothing_outside_tiers_imports_an_adapter() -> None:
     assert offenders == [], "ask the tier for a capability or call a verb instead"
 
 
+def test_nothing_outside_tiers_reaches_around_the_seam_to_a_tiers_files() -> None:
+    """A tier's real paths stay inside ``tierstore/tiers/``: a caller that needs a file mapped, a
+    directory of its own or a file landed asks for the verb (``map_file``, ``own_directory``,
+    ``open_landing``), which a tier without local files refuses."""
+    offenders = []
+    for name, tree in modules():
+        if name.startswith("tierstore.tiers"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "local_path":
+                offenders.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.Name | ast.alias) and "hold_owner_lock" in ast.unparse(node):
+                offenders.append(f"{name}:{getattr(node, 'lineno', '?')} locks a directory")
+    assert offenders == [], offenders
+
+
 def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
     offenders = []
     for name, tree in modules():

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.local_files import real_path
 from tierstore import TieredReader
 from tierstore.audit import audit_all
 from tierstore.config import Config, config_from_dict
@@ -61,7 +62,7 @@ def assert_audit_clean(config: Config) -> int:
 def tier_files(tier: Tier, s3: Any) -> dict[str, int]:
     """Every file or object in the tier with its size, temporary names included (the tier's own
     listing hides them): walked on disk, or listed in the bucket behind tierstore's back."""
-    root = tier.local_path("")
+    root = real_path(tier)
     if root is not None:
         found: dict[str, int] = {}
         for directory, _dirs, names in os.walk(root):
@@ -112,7 +113,7 @@ def open_upload_count(config: Config, s3: Any) -> tuple[int, int]:
     """Multipart uploads left in the buckets of ``config``'s S3 tiers, and their parts' bytes."""
     count = size = 0
     for tier in config.make_tiers(node=0):
-        if tier.local_path("") is not None:
+        if tier.capabilities.local_files:
             continue
         bucket = tier.bucket  # type: ignore[attr-defined]
         for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):

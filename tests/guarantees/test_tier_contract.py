@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tierstore.owners import hold_owner_lock
 from tierstore.tiers import Tier, make_tier
 
 KINDS = ["memory", "local", "shared", "s3", "dict"]
@@ -169,14 +168,44 @@ def test_incomplete_writes_are_listed_and_discarded(tier: Tier) -> None:
     assert tier.find("inc") == []
 
 
-def test_local_files_capability_gives_real_paths(tier: Tier) -> None:
+def test_local_files_capability_maps_files_without_letting_writes_through(tier: Tier) -> None:
+    """The peer mirror sends a stored file straight from its mapping (no copy, never the file
+    itself changed); a tier without local files refuses, and callers ask its capabilities first."""
     if not tier.capabilities.local_files:
-        assert tier.local_path("x") is None
+        with pytest.raises(NotImplementedError, match=tier.name):
+            tier.map_file("l/file")
         pytest.skip(f"{tier.type} declares no local files")
-    tier.write_bytes("l/file", b"bytes")
-    local = tier.local_path("l/file")
-    assert local is not None
-    assert Path(local).read_bytes() == b"bytes"
+    payload = os.urandom(3 * 4096 + 5)
+    tier.write_bytes("l/file", payload)
+    view = tier.map_file("l/file")
+    assert bytes(view) == payload
+    view[0] ^= 0xFF  # a private mapping: the byte changes in the view only
+    assert tier.read_bytes("l/file") == payload
+    tier.write_bytes("l/empty", b"")
+    assert bytes(tier.map_file("l/empty")) == b""
+    with pytest.raises(FileNotFoundError):
+        tier.map_file("l/missing")
+    with pytest.raises(FileNotFoundError):
+        tier.map_file("l/file/through-a-file")
+
+
+def test_own_directory_is_locked_for_its_process_and_holds_its_files(tier: Tier) -> None:
+    """A writer's staging directory: a real directory of the tier's filesystem, owned (cleanup
+    sees its owner alive) until the lock is let go; a tier without local files refuses."""
+    if not tier.capabilities.local_files:
+        with pytest.raises(NotImplementedError, match=tier.name):
+            tier.own_directory("owned/a")
+        pytest.skip(f"{tier.type} declares no local files")
+    home = tier.own_directory("owned/a")
+    try:
+        Path(home.path, "slab").write_bytes(b"staged")
+        assert tier.read_bytes("owned/a/slab") == b"staged"
+        assert tier.owner_alive("owned/a") is True
+        with pytest.raises(OSError):
+            tier.own_directory("owned/a")  # another owner of the same directory is refused
+    finally:
+        os.close(home.lock)
+    assert tier.owner_alive("owned/a") is False, "the lock's holder let go: gone"
 
 
 def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
@@ -184,8 +213,9 @@ def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
         with pytest.raises(NotImplementedError):
             tier.adopt("a/file", str(tmp_path / "x"))
         pytest.skip(f"{tier.type} cannot adopt files")
-    staged = tier.local_path("staging-file")
-    assert staged is not None
+    home = tier.own_directory("staging")
+    os.close(home.lock)  # only its directory is needed here
+    staged = os.path.join(home.path, "file")
     Path(staged).write_bytes(b"staged")
     tier.adopt("a/file", staged)
     assert tier.read_bytes("a/file") == b"staged" and not Path(staged).exists()
@@ -205,6 +235,7 @@ def test_space_is_the_filesystems_usage_or_none_where_a_tier_cannot_tell(tier: T
     space = tier.space()  # before the first write too: the root need not exist yet
     if tier.capabilities.local_files:
         assert space is not None and 0 < space.used <= space.total
+        assert 0 <= space.free <= space.total - space.used
         tier.write_bytes("s/file", b"x")
         assert tier.space() is not None
     else:
@@ -242,14 +273,10 @@ def test_owner_locks_where_the_tier_has_local_files(tier: Tier) -> None:
     tier.write_bytes("owners/a/slab", b"x")
     assert tier.owner_alive("owners/a") is None, "no lock file: the caller judges by age"
     mtime = tier.directory_mtime("owners/a")
-    assert (
-        mtime is not None and abs(mtime - os.stat(tier.local_path("owners/a") or "").st_mtime) < 1
-    )
-    local = tier.local_path("owners/b")
-    assert local is not None
-    fd = hold_owner_lock(local)
+    assert mtime is not None and abs(mtime - tier.stat("owners/a/slab").mtime) < 1
+    home = tier.own_directory("owners/b")
     try:
         assert tier.owner_alive("owners/b") is True
     finally:
-        os.close(fd)
+        os.close(home.lock)
     assert tier.owner_alive("owners/b") is False, "the lock's holder let go: gone"

@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tests.local_files import real_path
 from tierstore.ids import checkpoint_file, is_metadata_file, marker_path
 from tierstore.records.marker import read_manifest
 from tierstore.tiers import Tier
@@ -133,7 +134,7 @@ class Snapshot:
 
     @staticmethod
     def _dirs(tier: Tier) -> set[str]:
-        root = tier.local_path("")
+        root = real_path(tier)
         return set() if root is None else {where for where, _d, _f in os.walk(root)}
 
     def restore(self) -> None:

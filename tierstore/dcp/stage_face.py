@@ -14,6 +14,7 @@ from tierstore.dcp.save_plans import RankReport
 from tierstore.dcp.staging import STAGERS, StagedSave, Stager, StagingFuture
 from tierstore.ids import writer_staging_dir
 from tierstore.owners import owner_dir_name
+from tierstore.tiers import OwnedDirectory
 
 if TYPE_CHECKING:
     from tierstore.dcp.writer import TieredWriter
@@ -77,10 +78,10 @@ def _stager_key(writer: TieredWriter) -> str:
 def stager_for_this_process(writer: TieredWriter) -> Stager:
     """The stager this process keeps for the tier (a forked child has its own)."""
 
-    def directory() -> str | None:
+    def directory() -> OwnedDirectory | None:
         if not writer.tier.capabilities.staging_files:
             return None  # anonymous shared memory, reused save after save
-        return writer.tier.local_path(writer_staging_dir(owner_dir_name()))
+        return writer.tier.own_directory(writer_staging_dir(owner_dir_name()))
 
     return STAGERS.get().get(_stager_key(writer), directory)
 

@@ -6,7 +6,15 @@ import it before loading a configuration that names it.
 """
 
 from tierstore.tiers import local, memory, s3, shared
-from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Space, Tier, TierConfig
+from tierstore.tiers.base import (
+    Capabilities,
+    FileInfo,
+    IncompleteWrite,
+    OwnedDirectory,
+    Space,
+    Tier,
+    TierConfig,
+)
 from tierstore.tiers.landing import Landing
 from tierstore.tiers.registry import make_tier, register, tier_types
 
@@ -19,6 +27,7 @@ __all__ = [
     "FileInfo",
     "IncompleteWrite",
     "Landing",
+    "OwnedDirectory",
     "Space",
     "Tier",
     "TierConfig",

@@ -52,10 +52,22 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class Space:
-    """How full the storage under a tier is: the filesystem's ``used`` and ``total`` bytes."""
+    """How full the storage under a tier is: the filesystem's ``used`` and ``total`` bytes, and the
+    bytes this process may still write there (``free``: what a non-root writer can take)."""
 
     used: int
     total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class OwnedDirectory:
+    """A directory of a tier's filesystem that this process keeps its own files in (see
+    :meth:`Tier.own_directory`): its real ``path``, and ``lock``, the descriptor of its owner lock
+    (closing it tells :meth:`Tier.owner_alive` that the owner is gone)."""
+
+    path: str
+    lock: int
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,10 @@ class Capabilities:
     """What a tier can do beyond the common verbs; callers pick fast paths by these, never by class.
 
     Attributes:
-        local_files: :meth:`Tier.local_path` returns a real filesystem path (mmap, ``preadv``).
+        local_files: the tier's files are files of this host's filesystem: it maps them
+            (:meth:`Tier.map_file`), gives this process directories of its own in it
+            (:meth:`Tier.own_directory`), and tells whether their owners still run
+            (:meth:`Tier.owner_alive`).
         adopt: :meth:`Tier.adopt` moves a file from this filesystem into the tier without copying.
         staging_files: writers may stage a save in files inside the tier, which then become the
             checkpoint's data files (host-memory tiers).
@@ -192,9 +207,20 @@ class Tier(abc.ABC):
         for offset in range(0, size, chunk):
             yield self.read_range(path, offset, min(chunk, size - offset))
 
-    def local_path(self, path: str) -> str | None:
-        """A real filesystem path for ``path`` where ``capabilities.local_files``; else None."""
-        return None
+    def map_file(self, path: str) -> memoryview:
+        """The bytes of the file ``path``, mapped into memory without a copy (a private mapping:
+        a write through the view never reaches the file); the mapping lasts as long as the view.
+        ``FileNotFoundError`` if absent. Only where ``capabilities.local_files``; elsewhere
+        ``NotImplementedError``."""
+        raise NotImplementedError(f"tier {self.describe()} has no local files to map ({path})")
+
+    def own_directory(self, path: str) -> OwnedDirectory:
+        """Create the directory ``path`` and lock it as this process's own (a writer's staging
+        buffers, a mirror's spare landing files): :meth:`owner_alive` answers True until the
+        process exits or closes the returned lock. The caller keeps its own files in it, by real
+        path, and removes them. ``OSError`` if it cannot be created or is locked already. Only
+        where ``capabilities.local_files``; elsewhere ``NotImplementedError``."""
+        raise NotImplementedError(f"tier {self.describe()} has no local directories ({path})")
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
         """A file of ``size`` bytes, its pages reserved, that becomes ``path`` through

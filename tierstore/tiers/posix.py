@@ -8,6 +8,7 @@ new name itself is durable.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import tempfile
@@ -21,11 +22,12 @@ from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
 from tierstore.killpoints import kill_point
-from tierstore.owners import owner_is_alive
+from tierstore.owners import hold_owner_lock, owner_is_alive
 from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
     IncompleteWrite,
+    OwnedDirectory,
     Space,
     Tier,
     TierConfig,
@@ -108,8 +110,24 @@ class PosixTier(Tier):
         return self.base / path if path else self.base
 
     def local_path(self, path: str) -> str:
-        """The real path of ``path`` in this tier."""
+        """The real path of ``path`` in this tier: the adapters' own, and the tests' (to damage a
+        file on purpose). Not part of the :class:`Tier` seam: callers elsewhere use its verbs
+        (:meth:`map_file`, :meth:`own_directory`, :meth:`open_landing`)."""
         return str(self._path(path))
+
+    def map_file(self, path: str) -> memoryview:
+        """See :meth:`Tier.map_file` (``MAP_PRIVATE``: pages are shared with the page cache until
+        written, and a write never reaches the file)."""
+        with self._open_for_reading(path) as file, self._reading(path):
+            if os.fstat(file.fileno()).st_size == 0:
+                return memoryview(b"")  # an empty file cannot be mapped
+            return memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY))
+
+    def own_directory(self, path: str) -> OwnedDirectory:
+        """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,
+        :mod:`tierstore.owners`)."""
+        directory = str(self._path(path))
+        return OwnedDirectory(directory, hold_owner_lock(directory))
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
         """See :meth:`Tier.open_landing`."""
@@ -149,7 +167,7 @@ class PosixTier(Tier):
             usage = shutil.disk_usage(where)
         except OSError as exc:
             raise self._unavailable(exc, "measure the space of", str(where)) from exc
-        return Space(used=usage.used, total=usage.total)
+        return Space(used=usage.used, total=usage.total, free=usage.free)
 
     def _unavailable(self, exc: OSError, action: str, path: str) -> TierUnavailableError:
         reason = exc.strerror or str(exc)

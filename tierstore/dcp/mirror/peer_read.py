@@ -21,7 +21,6 @@ from tierstore.dcp.mirror.inventory import Holdings, stored_path
 from tierstore.dcp.mirror.transport import (
     bytes_of,
     chunks,
-    local,
     map_file,
     post_recv,
     post_send,
@@ -92,7 +91,7 @@ def fetch_missing(
             works += post_recv(received[fetch.path], fetch.sender, group, fetch.first_tag)
         if fetch.sender == me:
             path = stored_path(manifest.checkpoint_id, fetch.path, mine[fetch.path])
-            data = map_file(local(tier, path), fetch.size)
+            data = map_file(tier, path, fetch.size)
             kept.append(data)
             works += post_send(data, fetch.receiver, group, fetch.first_tag)
     wait_all(works, timeout_s)

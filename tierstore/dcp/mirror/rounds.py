@@ -48,7 +48,6 @@ from tierstore.dcp.mirror.transport import (
     SPACE_MARGIN,
     check_room,
     chunks,
-    local,
     map_file,
     post_send,
     receive_file,
@@ -63,7 +62,7 @@ from tierstore.ids import (
     parts_dir,
     rank_part_path,
 )
-from tierstore.owners import hold_owner_lock, owner_dir_name
+from tierstore.owners import owner_dir_name
 from tierstore.placement import MirrorConfig, Placement, place
 from tierstore.records.activity import held, live
 from tierstore.records.marker import FileEntry, Manifest
@@ -301,8 +300,7 @@ class ExchangeWaits:
         self._count = 0
         # handover() runs on DCP's thread that pickles the writer, wait() on the trainer's.
         self._lock = threading.Lock()
-        local = tier.local_path(self._directory)
-        lock = None if local is None else hold_owner_lock(local)
+        lock = tier.own_directory(self._directory).lock if tier.capabilities.local_files else None
         # At exit (however the trainer leaves: no close()), the directory goes with its lock.
         self._finalizer = finalize(self, _remove_waits, tier, self._directory, lock)
 
@@ -534,7 +532,7 @@ def _readable(  # noqa: PLR0917 - a helper of the two senders above and below
     CRC32C check, and both sides go on in step (a missing message would leave the receiver waiting
     and the group broken for every later save)."""
     try:
-        return map_file(local(tier, checkpoint_file(ckpt, entry.path)), entry.size)
+        return map_file(tier, checkpoint_file(ckpt, entry.path), entry.size)
     except Exception as exc:  # noqa: BLE001 - recorded as this owner's failure
         errors.setdefault(owner, f"rank {me}: cannot send {entry.path}: {exc}")
         return torch.zeros(entry.size, dtype=torch.uint8)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 
 from tierstore.ids import writer_staging_dir
-from tierstore.owners import hold_owner_lock, owner_dir_name
+from tierstore.owners import owner_dir_name
 from tierstore.runtime import finalize
 from tierstore.tiers import Tier
 
@@ -119,11 +119,9 @@ class Spares:
 
     def _home(self) -> str:
         if self._directory is None:
-            directory = self.tier.local_path(writer_staging_dir(owner_dir_name()))
-            assert directory is not None, "memory tiers have local files"
-            lock = hold_owner_lock(directory)
-            finalize(self, _remove_home, directory, lock)
-            self._directory = directory
+            home = self.tier.own_directory(writer_staging_dir(owner_dir_name()))
+            finalize(self, _remove_home, home.path, home.lock)
+            self._directory = home.path
         return self._directory
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,14 +32,6 @@ SPACE_MARGIN = 16 * 2**20
 """Free space a receiver leaves in its tier beyond the files it takes (other writers need some)."""
 
 
-def local(tier: Tier, path: str) -> str:
-    """The real path of ``path`` in a tier with local files (memory tiers always have them)."""
-    found = tier.local_path(path)
-    if found is None:
-        raise TierstoreError(f"tier {tier.describe()} has no local files to mirror")
-    return found
-
-
 def chunks(size: int) -> int:
     """The number of messages a file of ``size`` bytes travels in (0 for an empty file)."""
     return -(-size // CHUNK)
@@ -52,11 +42,16 @@ def bytes_of(tensor: torch.Tensor) -> memoryview:
     return memory_of(tensor)
 
 
-def map_file(path: str, size: int) -> torch.Tensor:
-    """A read-only-in-spirit mapping of a stored file as a uint8 tensor (nothing is copied)."""
+def map_file(tier: Tier, path: str, size: int) -> torch.Tensor:
+    """The first ``size`` bytes of the file ``path`` of ``tier`` as a uint8 tensor, mapped
+    (:meth:`~tierstore.tiers.Tier.map_file`: nothing is copied, and nothing written to the tensor
+    reaches the file). :class:`~tierstore.errors.IntegrityError` if the file is shorter."""
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
-    return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    view = tier.map_file(path)
+    if len(view) < size:
+        raise IntegrityError(f"tier {tier.name}: {path}: {len(view)} bytes, the marker says {size}")
+    return torch.frombuffer(view, dtype=torch.uint8, count=size)  # the tensor keeps the mapping
 
 
 def post_send(
@@ -219,20 +214,18 @@ class _Chunks:
                 pass
 
 
-def free_bytes(directory: Path) -> int:
-    """Bytes available to this process in the filesystem of ``directory``."""
-    stat = os.statvfs(directory)
-    return stat.f_bavail * stat.f_frsize
-
-
 def check_room(tier: Tier, directory: str, needed: int) -> None:
     """:class:`TierUnavailableError` naming the tier, path and bytes when ``needed`` bytes (plus a
     margin) do not fit in the tier's filesystem (``directory`` is where they would go)."""
-    where = Path(local(tier, directory))
-    free = free_bytes(Path(local(tier, "")))
-    if needed and free < needed + SPACE_MARGIN:
+    if not needed:
+        return
+    space = tier.space()
+    if space is None:
+        raise TierstoreError(f"tier {tier.describe()} has no local files to mirror")
+    free = space.free
+    if free < needed + SPACE_MARGIN:
         raise TierUnavailableError(
-            f"tier {tier.describe()}: {where}: a peer mirror needs {needed} bytes"
+            f"tier {tier.describe()}: {directory}: a peer mirror needs {needed} bytes"
             f" (+{SPACE_MARGIN} spare), {free} free; size host memory for own checkpoints,"
             " a partner's mirror and staging (docs/mirror.md)",
             tier=tier.name,

@@ -62,8 +62,9 @@ from tierstore.dcp.staging.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staging.pending import Pending
 from tierstore.dcp.staging.staged_shard import StagedShard
 from tierstore.errors import TierUnavailableError
-from tierstore.owners import LOCK_NAME, hold_owner_lock
+from tierstore.owners import LOCK_NAME
 from tierstore.runtime import ProcessLocal, SerialWorker, finalize
+from tierstore.tiers import OwnedDirectory
 
 logger = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
@@ -315,10 +316,10 @@ def _copy_if_free(
 class Stager:
     """Owns a writer's slabs in one process (the trainer's); see the module docstring."""
 
-    def __init__(self, directory: str | None) -> None:
-        self.directory = directory
-        # Held for this process's life: cleanup anywhere (another PID namespace) asks the lock.
-        self._lock_fd = hold_owner_lock(directory) if directory is not None else None
+    def __init__(self, directory: OwnedDirectory | None) -> None:
+        # Its lock is held for this process's life: cleanup anywhere (another PID namespace) asks it.
+        self.directory = None if directory is None else directory.path
+        self._lock_fd = None if directory is None else directory.lock
         self.slab: Slab | None = None
         self.spare: Slab | None = None
         # Spares are prepared and old slabs unmapped on one thread that outlives the saves.
@@ -333,7 +334,7 @@ class Stager:
         self.queue = StagingQueue()
         """Overlapped staging jobs, run one at a time in call order."""
         # Files still in the staging directory at exit never became checkpoints: remove them.
-        finalize(self, _remove_directory, directory, self._lock_fd)
+        finalize(self, _remove_directory, self.directory, self._lock_fd)
 
     def _new_slab(self, nbytes: int, *, preallocate: bool = False) -> Slab:
         path = None
@@ -556,7 +557,7 @@ class StagerRegistry:
         self._stagers: dict[str, Stager] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: str, directory: Callable[[], str | None]) -> Stager:
+    def get(self, key: str, directory: Callable[[], OwnedDirectory | None]) -> Stager:
         """The stager for ``key``, created (with ``directory()`` for its slabs) on first use."""
         with self._lock:
             if key not in self._stagers:
