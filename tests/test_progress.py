@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
@@ -16,6 +17,7 @@ from tierstore import TieredWriter
 from tierstore import progress as progress_module
 from tierstore.cli import main
 from tierstore.config import load_config
+from tierstore.dcp import export as export_module
 from tierstore.progress import ByteProgress
 from tierstore.promote.sidecar import Promoter
 
@@ -102,3 +104,24 @@ def test_nothing_but_results_when_standard_error_is_a_pipe(
     captured = capsys.readouterr()
     assert captured.err == ""
     assert "%|" not in captured.out and "restored step_1 from memory" in captured.out
+
+
+def test_a_restore_moves_its_bar_within_an_item_larger_than_a_chunk(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """One large tensor is one item: a bar moved per item would sit still for its whole read."""
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": tier_specs("local")}))
+    dcp.save({"w": torch.ones(64 * 1024)}, storage_writer=TieredWriter(str(path)),
+             checkpoint_id="big")  # fmt: skip
+    monkeypatch.setattr(export_module, "PROGRESS_CHUNK", 16 * 1024)
+    steps: list[int] = []
+    counted = ByteProgress.update
+    monkeypatch.setattr(ByteProgress, "update",
+                        lambda bar, count: (steps.append(count), counted(bar, count))[1])  # fmt: skip
+    assert main(["--config", str(path), "restore", "big", "--to", str(tmp_path / "out")]) == 0
+    assert steps.count(16 * 1024) == 16, steps  # the tensor's 256 KiB, a chunk at a time
+    tensor_file = next((tmp_path / "local").rglob("*.distcp"))
+    metadata = next((tmp_path / "local").rglob(".metadata"))
+    assert sum(steps) == tensor_file.stat().st_size + metadata.stat().st_size

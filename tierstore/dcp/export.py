@@ -346,6 +346,11 @@ def _read_metadata(source: _Source, entry: FileEntry) -> Metadata:
     return metadata
 
 
+PROGRESS_CHUNK = 64 * 1024 * 1024
+"""Bytes of an item read between two moves of the progress bar: one large tensor is one item,
+and a bar moved per item would stand still for the whole of its read."""
+
+
 def _convert_file(
     source: _Source,
     entry: FileEntry,
@@ -364,10 +369,12 @@ def _convert_file(
         with VerifiedReader(tier, path, entry) as reader:
             for location in sorted(items, key=lambda item: item.offset):
                 data = memoryview(scratch)[: location.length]  # written out before the next read
-                reader.read_into(location.offset, data)
+                for start in range(0, location.length, PROGRESS_CHUNK):
+                    part = data[start : start + PROGRESS_CHUNK]
+                    reader.read_into(location.offset + start, part)
+                    bar.update(len(part))
                 info = _append(target, location, data, where=f"tier {tier.name}: {path}")
                 storage.update(dict.fromkeys(items[location], info))
-                bar.update(location.length)
             reader.finish()
         bar.update(entry.size - sum(location.length for location in items))
     except BaseException:
