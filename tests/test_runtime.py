@@ -1,4 +1,5 @@
-"""The runtime's serial worker (spare slabs, unmapping, overlapped staging) and per-process state."""
+"""The runtime's serial worker (spare slabs, unmapping, overlapped staging, mirror rounds, checksums),
+its ticker (the heartbeat) and per-process state."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import weakref
 import pytest
 
 from tests.forked import in_forked_child
-from tierstore.runtime import ProcessLocal, SerialWorker
+from tierstore.runtime import ProcessLocal, SerialWorker, Ticker
 
 
 def test_jobs_run_in_submission_order_on_one_thread() -> None:
@@ -135,3 +136,95 @@ def test_wait_idle_from_the_workers_own_job_is_refused_not_a_deadlock() -> None:
         inner.result(timeout=10)
     assert worker.wait_idle(timeout=10)
     worker.close()
+
+
+def test_posted_jobs_run_in_order_with_submitted_ones_and_a_failure_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``post`` (no future: a checksum's many chunks, a mirror round) shares the one queue."""
+    worker = SerialWorker("test-worker-post")
+    order: list[str] = []
+
+    def fail() -> None:
+        raise KeyboardInterrupt  # not even a BaseException may end the worker's thread
+
+    worker.post(lambda: order.append("posted"))
+    worker.post(fail)
+    last = worker.submit(lambda: order.append("submitted"))
+    last.result(timeout=10)
+    assert order == ["posted", "submitted"]
+    assert "test-worker-post: a background job failed" in caplog.text
+    worker.close()
+
+
+def test_a_low_priority_worker_runs_its_jobs_at_that_nice_value() -> None:
+    worker = SerialWorker("test-worker-nice", nice=5)
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    there = worker.submit(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    ).result(timeout=10)
+    assert there == min(19, here + 5), "the mirror's rounds must yield the CPU to the trainer"
+    worker.close()
+
+
+def _beats(name: str) -> int:
+    return sum(t.name == name for t in threading.enumerate())
+
+
+def test_a_ticker_beats_until_closed_and_a_failing_tick_does_not_stop_it() -> None:
+    ticks: list[float] = []
+
+    def tick() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 2:
+            raise OSError("the tier is briefly unreachable")
+
+    ticker = Ticker("test-ticker", 0.02, tick)
+    assert not ticks and _beats("test-ticker") == 0, "nothing beats before start()"
+    ticker.start()
+    ticker.start()  # idempotent: still one thread
+    deadline = time.monotonic() + 10
+    while len(ticks) < 5:
+        assert time.monotonic() < deadline, "the beat stopped (after the failing tick?)"
+        time.sleep(0.01)
+    assert _beats("test-ticker") == 1
+    ticker.close()
+    while _beats("test-ticker"):
+        assert time.monotonic() < deadline, "the ticker's thread did not end after close()"
+        time.sleep(0.01)
+    count = len(ticks)
+    time.sleep(0.1)
+    assert len(ticks) == count, "a closed ticker ticked"
+    ticker.start()  # a later start beats again
+    while len(ticks) == count:
+        assert time.monotonic() < deadline, "start() after close() did not beat again"
+        time.sleep(0.01)
+    ticker.close()
+
+
+def test_a_forked_childs_ticker_is_stopped_until_it_starts_one_of_its_own() -> None:
+    """The parent's beat (a thread) does not exist in the child, and its lock may be held there:
+    the child's start() must start a thread of its own, not believe the parent's is running."""
+    ticks: list[int] = []
+    ticker = Ticker("test-ticker-fork", 0.02, lambda: ticks.append(os.getpid()))
+    ticker.start()
+
+    def child() -> int:
+        ticks.clear()
+        time.sleep(0.2)
+        if ticks:
+            return 3  # something ticked in the child before it started its own beat
+        ticker.start()
+        deadline = time.monotonic() + 10
+        while not ticks:
+            if time.monotonic() > deadline:
+                return 4
+            time.sleep(0.01)
+        return 0 if set(ticks) == {os.getpid()} else 5
+
+    try:
+        with ticker._lock:  # held by a parent thread at the moment of the fork
+            status = in_forked_child(child, deadline=30)
+    finally:
+        ticker.close()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -1,18 +1,22 @@
 """This process's background machinery, in one place: per-process state and serial workers.
 
 tierstore keeps some state per process (stagers and their slabs, slab locks, copy helpers, S3
-clients, the heartbeat of activity records, watchers of DCP's save events) and runs background jobs
-on long-lived daemon threads. A forked child (DCP's checkpoint process, a data-loader worker, a
+clients, the heartbeat of activity records, the peer mirror's workers, watchers of DCP's save
+events) and runs background jobs on long-lived daemon threads: in order (:class:`SerialWorker`:
+spare slabs, copy helpers, mirror rounds, a file's checksum beside its write) or on a beat
+(:class:`Ticker`: the heartbeat). A forked child (DCP's checkpoint process, a data-loader worker, a
 trainer that forks) inherits that state but none of the threads, and may inherit a lock held by a
-thread that does not exist there. So every such piece lives in a :class:`ProcessLocal` or a
-:class:`SerialWorker`, and this module's one fork hook gives the child fresh ones: its own values,
-made on first use, and workers that start their own threads.
+thread that does not exist there. So every such piece lives in a :class:`ProcessLocal`, a
+:class:`SerialWorker` or a :class:`Ticker`, and this module's one fork hook gives the child fresh
+ones: its own values, made on first use, and workers and tickers that start their own threads.
 
 Torch-free: the promoter and the CLI use it too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import queue
 import threading
@@ -22,7 +26,8 @@ from concurrent.futures import Future
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
-_Jobs = queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+_Jobs = queue.SimpleQueue[tuple[Future[Any] | None, Callable[[], Any]] | None]
+logger = logging.getLogger(__name__)
 
 
 class ProcessLocal(Generic[T]):
@@ -56,11 +61,13 @@ class SerialWorker:
     A daemon thread, so that a job still running (a spare slab being populated) cannot hold the
     interpreter at exit. A job's exception goes to its future; the next job runs regardless. After
     a fork, the child's worker starts a thread of its own on its first job; jobs the parent queued
-    are not run in the child.
+    are not run in the child. ``nice`` lowers the thread's scheduling priority (Linux: per thread),
+    for work that must yield the CPU to the trainer.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, nice: int = 0) -> None:
         self.name = name
+        self.nice = nice
         self._jobs: _Jobs | None = None
         """The running thread's queue (each thread has its own: see :meth:`close`)."""
         self._thread: threading.Thread | None = None
@@ -70,17 +77,29 @@ class SerialWorker:
     def submit(self, job: Callable[[], Any]) -> Future[Any]:
         """Queue ``job``; returns its future at once."""
         future: Future[Any] = Future()
+        self._put(future, job)
+        return future
+
+    def post(self, job: Callable[[], Any]) -> None:
+        """Queue ``job`` without a future: for many small jobs (a checksum's chunks) whose outcome
+        the caller learns otherwise, at a fraction of :meth:`submit`'s cost. An exception is logged
+        (the next job runs regardless)."""
+        self._put(None, job)
+
+    def _put(self, future: Future[Any] | None, job: Callable[[], Any]) -> None:
         with self._lock:
             if self._jobs is None:
                 # A thread closed a moment ago may still run its last jobs: the new one waits for
                 # it, so jobs never run side by side or out of order.
                 self._jobs = queue.SimpleQueue()
                 self._thread = threading.Thread(
-                    target=self._run, args=(self._jobs, self._thread), name=self.name, daemon=True
+                    target=self._run,
+                    args=(self._jobs, self._thread, self.nice),
+                    name=self.name,
+                    daemon=True,
                 )
                 self._thread.start()
             self._jobs.put((future, job))
-        return future
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every job submitted so far has run; False if ``timeout`` passed first.
@@ -107,7 +126,10 @@ class SerialWorker:
         self._thread = None  # the parent's thread does not exist here: nothing to wait for
 
     @staticmethod
-    def _run(jobs: _Jobs, previous: threading.Thread | None) -> None:
+    def _run(jobs: _Jobs, previous: threading.Thread | None, nice: int) -> None:
+        if nice:
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         if previous is not None:
             previous.join()
         while True:
@@ -115,13 +137,62 @@ class SerialWorker:
             if entry is None:
                 return
             future, job = entry
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # noqa: BLE001 - the job's caller reads it from the future
-                future.set_exception(exc)
+            if future is None:
+                try:
+                    job()
+                except BaseException:  # the next job runs regardless
+                    logger.exception("%s: a background job failed", threading.current_thread().name)
+            elif future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(job())
+                except BaseException as exc:  # noqa: BLE001 - the caller reads it from the future
+                    future.set_exception(exc)
             del future, job, entry  # drop the job's references (slabs) before waiting again
+
+
+class Ticker:
+    """Calls ``tick`` every ``interval`` seconds on one daemon thread, from :meth:`start` (which
+    may be called any number of times) until :meth:`close`.
+
+    A tick that raises is logged and the beat goes on. After a fork the child's ticker is
+    stopped (the parent's thread does not exist there); :meth:`start` starts one of its own.
+    """
+
+    def __init__(self, name: str, interval: float, tick: Callable[[], None]) -> None:
+        self.name = name
+        self.interval = interval
+        self._tick = tick
+        self._stop: threading.Event | None = None
+        """Set to end the running thread (each thread has its own: a closed one ends for good)."""
+        self._lock = threading.Lock()
+        track(self)
+
+    def start(self) -> None:
+        """Start the beat if it is not running."""
+        with self._lock:
+            if self._stop is None:
+                self._stop = threading.Event()
+                threading.Thread(
+                    target=self._run, args=(self._stop,), name=self.name, daemon=True
+                ).start()
+
+    def close(self) -> None:
+        """End the beat (returns at once; a tick under way finishes)."""
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+                self._stop = None
+
+    def _forget_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = None
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            try:
+                self._tick()
+            except Exception:
+                logger.exception("%s: a tick failed", self.name)
 
 
 class ForkAware(Protocol):

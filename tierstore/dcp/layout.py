@@ -10,9 +10,8 @@ written, fed to CRC32C and, if asked, checked for NaN/Inf.
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
-import queue
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import torch
 
 from tierstore.checksum import Digest
 from tierstore.errors import NonFiniteTensorError
+from tierstore.runtime import SerialWorker
 
 ALIGN = 64
 HEADER_SIZE = 64
@@ -136,9 +136,10 @@ class ChunkSink:
     """Consumes the bytes of one file in order: CRC32C always (and SHA-256 when ``sha256``, for a
     signed marker), a write when a stream is given.
 
-    When writing, the CRC runs on a helper thread, in order, overlapping the write (crc32c releases
-    the GIL), so checksumming adds no time to a disk or tmpfs write. Use it as a context manager, or
-    read :attr:`crc` once everything was fed: both wait for the helper.
+    When writing, the CRC runs on a helper thread (a :class:`~tierstore.runtime.SerialWorker` of the
+    sink's own), in order, overlapping the write (crc32c releases the GIL), so checksumming adds no
+    time to a disk or tmpfs write. Use it as a context manager, or read :attr:`crc` once everything
+    was fed: both wait for the helper.
     """
 
     def __init__(
@@ -149,20 +150,10 @@ class ChunkSink:
         self.size = 0
         self._marks: list[int] = []
         self._noted = 0
-        self._queue: queue.SimpleQueue[memoryview | bool | None] | None = None
-        self._helper: threading.Thread | None = None
-        if write is not None:
-            self._queue = queue.SimpleQueue()
-            self._helper = threading.Thread(target=self._drain, name="tierstore-crc", daemon=True)
-            self._helper.start()
+        self._helper = None if write is None else SerialWorker("tierstore-crc")
 
-    def _drain(self) -> None:
-        assert self._queue is not None
-        while (view := self._queue.get()) is not None:
-            if isinstance(view, memoryview):
-                self._digest.update(view)
-            else:
-                self._marks.append(self._digest.crc)
+    def _note(self) -> None:
+        self._marks.append(self._digest.crc)
 
     def __enter__(self) -> ChunkSink:
         return self
@@ -171,10 +162,10 @@ class ChunkSink:
         self._finish()
 
     def _finish(self) -> None:
-        if self._queue is not None and self._helper is not None:
-            self._queue.put(None)
-            self._helper.join()
-            self._queue = self._helper = None
+        if self._helper is not None:
+            self._helper.wait_idle()
+            self._helper.close()
+            self._helper = None
 
     @property
     def crc(self) -> int:
@@ -191,10 +182,10 @@ class ChunkSink:
     def mark(self) -> int:
         """Note the CRC32C of everything fed so far (an item's boundary); returns the note's index
         in :attr:`marks`."""
-        if self._queue is not None:
-            self._queue.put(True)
+        if self._helper is not None:
+            self._helper.post(self._note)
         else:
-            self._marks.append(self._digest.crc)
+            self._note()
         self._noted += 1
         return self._noted - 1
 
@@ -208,8 +199,9 @@ class ChunkSink:
         """One chunk: write it (if writing), fold it into the CRC."""
         if self._write is not None:
             self._write(view)
-        if self._queue is not None:
-            self._queue.put(view)  # the memory stays alive: it belongs to the caller's tensors
+        if self._helper is not None:
+            # The memory stays alive: it belongs to the caller's tensors.
+            self._helper.post(functools.partial(self._digest.update, view))
         else:
             self._digest.update(view)
         self.size += len(view)

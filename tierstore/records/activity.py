@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
 from tierstore.records.clock import tier_now
-from tierstore.runtime import ProcessLocal
+from tierstore.runtime import ProcessLocal, Ticker
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -156,23 +156,19 @@ def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | N
 
 
 class Heartbeat:
-    """Refreshes every held record of this process from one daemon thread."""
+    """Refreshes every held record of this process, on one beat (a :class:`~tierstore.runtime.Ticker`)."""
 
     def __init__(self, tick: float) -> None:
         self.tick = tick
         self._held: set[Activity] = set()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("tierstore-heartbeat", tick, self._beat)
 
     def keep(self, activity: Activity) -> None:
         """Refresh ``activity`` until :meth:`forget`."""
         with self._lock:
             self._held.add(activity)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="tierstore-heartbeat", daemon=True
-                )
-                self._thread.start()
+        self._ticker.start()
 
     def forget(self, activity: Activity) -> None:
         """Stop refreshing ``activity``."""
@@ -184,19 +180,15 @@ class Heartbeat:
         with self._lock:
             return list(self._held)
 
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.tick)
-            with self._lock:
-                current = list(self._held)
-            for activity in current:
-                if activity.released or time.monotonic() < activity.due:
-                    continue
-                try:
-                    activity.refresh()
-                except Exception as exc:  # noqa: BLE001 - retried at the next beat
-                    logger.warning("could not refresh activity record %s in %s: %s",
-                                   activity.path, activity.tier.name, exc)  # fmt: skip
+    def _beat(self) -> None:
+        for activity in self.holding():
+            if activity.released or time.monotonic() < activity.due:
+                continue
+            try:
+                activity.refresh()
+            except Exception as exc:  # noqa: BLE001 - retried at the next beat
+                logger.warning("could not refresh activity record %s in %s: %s",
+                               activity.path, activity.tier.name, exc)  # fmt: skip
 
 
 HEARTBEAT = ProcessLocal(lambda: Heartbeat(0.25))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,7 +77,7 @@ from tierstore.records.mirror import (
     write_status,
 )
 from tierstore.records.parts import confirm_part
-from tierstore.runtime import finalize
+from tierstore.runtime import ProcessLocal, SerialWorker, finalize
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -199,15 +198,17 @@ def plan_transfers(
 
 
 class MirrorWorker:
-    """One background thread per process that runs the mirror rounds in order."""
+    """Runs this process's mirror rounds in order, on one background thread of low priority (a
+    :class:`~tierstore.runtime.SerialWorker`), and knows when none is left."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Round] = queue.Queue()
+        # Background work yields the CPU to the trainer: on a busy node the next save's copy and
+        # the training step come first.
+        self._worker = SerialWorker("tierstore-mirror", nice=_NICE)
         self._idle = threading.Condition()
         self._busy = 0
+        """Rounds queued or running (a round's end is its exchange's, before the spares refill)."""
         self._submitted = 0
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
         self._spares: Spares | None = None
 
     def submit(self, round_: Round) -> None:
@@ -219,13 +220,7 @@ class MirrorWorker:
             if self._spares is None:
                 self._spares = Spares(round_.tier)
             round_.spares = self._spares
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="tierstore-mirror", daemon=True
-                )
-                self._thread.start()
-        self._queue.put(round_)
+        self._worker.post(lambda: self._run(round_))
 
     @property
     def submitted(self) -> int:
@@ -237,28 +232,24 @@ class MirrorWorker:
         with self._idle:
             return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
 
-    def _run(self) -> None:
-        # Background work yields the CPU to the trainer: on a busy node the next save's copy and
-        # the training step come first (Linux: the nice value is per thread).
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
-        while True:
-            round_ = self._queue.get()
-            try:
-                run_round(round_)
-            except Exception:  # a mirror never fails the save or the trainer
-                logger.exception(
-                    "peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id
-                )
-            finally:
-                _say_ended(round_)
-                with self._idle:
-                    self._busy -= 1
-                    self._idle.notify_all()
-            if self._queue.empty() and round_.spares is not None:
-                # Between rounds, off every waiter's path: the next round's files land in pages
-                # reserved now (a round already queued goes first and reserves its own).
-                _refill(round_.spares)
+    def _run(self, round_: Round) -> None:
+        try:
+            run_round(round_)
+        except Exception:  # a mirror never fails the save or the trainer
+            logger.exception(
+                "peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id
+            )
+        finally:
+            _say_ended(round_)
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
+        with self._idle:
+            idle = self._busy == 0
+        if idle and round_.spares is not None:
+            # Between rounds, off every waiter's path: the next round's files land in pages
+            # reserved now (a round already queued goes first and reserves its own).
+            _refill(round_.spares)
 
 
 def _refill(spares: Spares) -> None:
@@ -348,14 +339,25 @@ def _remove_waits(tier: Tier, directory: str, lock: int | None) -> None:
             os.close(lock)
 
 
-_workers: dict[str, MirrorWorker] = {}
-_workers_lock = threading.Lock()
+class _Workers:
+    """This process's mirror workers, one per memory tier root."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_root: dict[str, MirrorWorker] = {}
+
+
+_WORKERS = ProcessLocal(_Workers)
+"""A forked child has its own: the parent's rounds never run there, nor are waited for."""
 
 
 def worker_for(tier: Tier) -> MirrorWorker:
     """This process's worker for the memory tier ``tier`` (one per tier root)."""
-    with _workers_lock:
-        return _workers.setdefault(tier.root, MirrorWorker())
+    workers = _WORKERS.get()
+    with workers.lock:
+        if tier.root not in workers.by_root:
+            workers.by_root[tier.root] = MirrorWorker()
+        return workers.by_root[tier.root]
 
 
 def _gather(value: Any, group: dist.ProcessGroup) -> list[Any]:

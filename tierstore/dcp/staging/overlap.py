@@ -13,12 +13,12 @@ job's thread, never on the trainer's, and commits keep the order of the calls.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import Any
 
 from tierstore.errors import TierstoreError
+from tierstore.runtime import SerialWorker
 
 
 class StagingFuture(Future[Any]):
@@ -40,53 +40,40 @@ class StagingFuture(Future[Any]):
 
 
 class StagingQueue:
-    """Runs staging jobs one at a time, in submission order, each on its own daemon thread.
+    """Runs staging jobs one at a time, in submission order, on one long-lived daemon thread (a
+    :class:`~tierstore.runtime.SerialWorker`: no thread start on the trainer's path).
 
-    Daemon threads (not a pool): a job blocked on a save that never ends must not hold the
-    interpreter at exit. A job's failure is its future's; the next job runs regardless.
+    A daemon thread: a job blocked on a save that never ends must not hold the interpreter at
+    exit. A job's failure is its future's; the next job runs regardless.
     """
 
     def __init__(self, name: str = "tierstore-stage") -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._last: Future[Any] | None = None
+        self._worker = SerialWorker(name)
 
     def submit(self, job: Callable[[], Any]) -> StagingFuture:
         """Run ``job`` after every job submitted before it has finished; returns its future."""
         future = StagingFuture()
-        # The queue orders jobs by when they end, not by their results: it must not keep a staged
-        # state (views into a slab) alive, since the last reference to a slab unmaps it, and that
-        # happens with the GIL held.
-        finished: Future[None] = Future()
-        with self._lock:
-            previous, self._last = self._last, finished
 
+        # The worker keeps nothing of a job once it ran: it must not keep a staged state (views
+        # into a slab) alive, since the last reference to a slab unmaps it, and that happens with
+        # the GIL held.
         def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
             try:
-                if previous is not None:
-                    _wait(previous)
-                if not future.set_running_or_notify_cancel():
-                    return
-                try:
-                    future.set_result(job())
-                except Exception as exc:  # noqa: BLE001 - handed to the trainer through the future
-                    future.set_exception(exc)
-                except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception
-                    future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
-            finally:
-                finished.set_result(None)
+                future.set_result(job())
+            except Exception as exc:  # noqa: BLE001 - handed to the trainer through the future
+                future.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - torch passes on only Exception
+                future.set_exception(TierstoreError(f"staging interrupted: {exc!r}"))
 
-        threading.Thread(target=run, name=self._name, daemon=True).start()
+        self._worker.post(run)
         return future
 
     def wait_until_idle(self) -> None:
         """Block until every job submitted so far has finished (successfully or not)."""
-        with self._lock:
-            last = self._last
-        if last is not None:
-            _wait(last)
+        self._worker.wait_idle()
 
-
-def _wait(future: Future[Any]) -> None:
-    """Wait for ``future`` to finish, whatever its outcome (``StagingFuture.done`` may say no)."""
-    wait([future])
+    def close(self) -> None:
+        """Let the thread end once the jobs submitted so far have run (a later job starts another)."""
+        self._worker.close()

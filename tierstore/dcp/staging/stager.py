@@ -542,6 +542,7 @@ class Stager:
                 slab.release()
         self.slab = self.spare = None
         self._worker.close()
+        self.queue.close()
 
 
 class StagerRegistry:
