@@ -167,6 +167,11 @@ def test_the_rules_and_the_dashboard_name_only_exported_metrics() -> None:
     used = {f"alert {r['alert']}": metric_names(r["expr"]) for r in rules()}
     for panel, expr in dashboard_exprs():
         used.setdefault(f"panel {panel!r}", set()).update(metric_names(expr))
+    for variable in dashboard()["templating"]["list"]:  # label_values(METRIC, label)
+        if variable["type"] == "query":
+            query = re.fullmatch(r"label_values\((\w+), *\w+\)", variable["query"]["query"])
+            assert query, variable["query"]
+            used[f"variable {variable['name']}"] = {query.group(1)}
     unknown = {where: sorted(names - known) for where, names in used.items() if names - known}
     assert unknown == {}, "rename in deploy/monitoring too (or export the metric)"
     assert len(set().union(*used.values())) > 20  # the parser found them at all
