@@ -39,7 +39,7 @@ from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
 from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import foreign_parts
-from tierstore.promote.sidecar import Promoter
+from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.records.protocol import drop
@@ -298,7 +298,12 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
         )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: promoter.request_stop())
-    return promoter.run(once=args.once)
+    # The first and last lines of its log: a promoter with nothing to do still shows it runs.
+    event("promoter_started", node=promoter.node, tiers=",".join(t.name for t in promoter.tiers),
+          interval=float(config.promote.interval), once=args.once)  # fmt: skip
+    status = promoter.run(once=args.once)
+    event("promoter_stopped", node=promoter.node, status=status)
+    return status
 
 
 def cmd_gc(config: Config, args: argparse.Namespace) -> int:

@@ -81,6 +81,18 @@ def test_promote_logs_every_action_at_info_by_default(
     assert lines(caplog, logging.DEBUG) == []
 
 
+def test_the_promoter_says_it_started_and_stopped_even_with_nothing_to_do(
+    config_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An empty log cannot tell a promoter with no work from one that never ran."""
+    assert main(["--config", str(config_file), "promote", "--once"]) == 0
+    info = lines(caplog, logging.INFO)
+    assert info == [
+        "promoter_started node=0 tiers=memory,local interval=10.000 once=True",
+        "promoter_stopped node=0 status=0",
+    ], info
+
+
 def test_quiet_leaves_only_warnings(
     config: Config, config_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
