@@ -53,7 +53,7 @@ faults: $(STAMP)
 	TIERSTORE_FAULT_SEEDS=$(FAULT_SEEDS) $(BIN)/pytest -q -m faults -s --durations=10
 
 soak: $(STAMP)
-	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly tests/records/test_model.py tests/records/test_model_multinode.py
+	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py
 
 test: lint typecheck unit
 

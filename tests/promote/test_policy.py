@@ -209,3 +209,45 @@ def test_a_part_is_not_judged_stale_by_its_planned_number() -> None:
     part = Copy("x", 1, 1, 1.0, "g0000000001", partial=True)
     newer = Copy("x", 2, 1, 2.0, "g0000000002")
     assert ids(promotions(cfg, {"t0": {"x": part}, "t2": {"x": newer}})) == ["x@t1"]
+
+
+def _x(seq: int, **fields: Any) -> Copy:
+    return Copy("x", seq, 1, float(seq), f"g{seq:010x}", **fields)
+
+
+def test_a_copy_an_overwrite_replaced_in_another_tier_is_deleted_whatever_the_keep_rules() -> None:
+    """Found by the model: x in the middle tier, then overwritten straight into the durable tier.
+    The middle tier's copy is the newest it holds, so keep rules kept it; with the durable tier
+    away and host memory lost (the sightings that knew better), a new process served it."""
+    cfg = config({}, {}, {})
+    held = {"t1": {"x": _x(1)}, "t2": {"x": _x(2, overwrite=True)}}
+    assert [(d.tier, d.generation) for d in retention(cfg, held)] == [("t1", _x(1).generation)]
+    assert "tier t2 holds a newer commit" in retention(cfg, held)[0].reason
+
+
+@pytest.mark.parametrize(
+    "newer",
+    [
+        _x(2, overwrite=False),  # saved without overwrite while t1 held x: two contents, both kept
+        _x(2, overwrite=True, unseen_tiers=frozenset({"t1"})),  # it could not see t1's copy
+        _x(2, overwrite=True, conflicts=frozenset({"t1"})),  # a conflict already recorded
+        _x(2, overwrite=True, partial=True),  # a part's planned number says nothing
+    ],
+)
+def test_a_newer_commit_that_did_not_replace_knowingly_deletes_nothing(newer: Copy) -> None:
+    cfg = config({}, {}, {})
+    assert retention(cfg, {"t1": {"x": _x(1)}, "t2": {"x": newer}}) == []
+
+
+def test_an_overtaken_copy_in_use_is_kept() -> None:
+    cfg = config({}, {}, {})
+    held = {"t1": {"x": _x(1)}, "t2": {"x": _x(2, overwrite=True)}}
+    assert retention(cfg, held, frozenset({"x"})) == []
+
+
+def test_a_copy_below_the_overwrite_waits_for_its_promotion() -> None:
+    """x overwritten in the fast tier: the durable tier's older copy stays the durable one until
+    the newer commit's promotion replaces it there."""
+    cfg = config({}, {}, {})
+    held = {"t0": {"x": _x(2, overwrite=True)}, "t2": {"x": _x(1)}}
+    assert retention(cfg, held) == []

@@ -327,3 +327,23 @@ def test_host_memory_lost_while_the_durable_tier_is_away_serves_no_overwritten_c
         state.latest_is_the_newest_commit()
     finally:
         state.teardown()
+
+
+def test_host_memory_lost_after_an_overwrite_into_the_durable_tier_serves_nothing_older() -> None:
+    """Found by the model: x promoted into the middle tier, then overwritten straight into the
+    durable tier; after a promoter pass, the durable tier went away and host memory was lost. The
+    middle tier still held the older content, and a restore served it. The promoter now drops a
+    copy that an overwrite in a slower tier replaced (policy.overtaken)."""
+    state = CommitProtocol()
+    state.set_up()
+    try:
+        state.save_fast(checkpoint_id="x", overwrite=False)
+        state.promoter_pass()
+        state.save_durable(checkpoint_id="x", overwrite=True)
+        state.promoter_pass()
+        state.durable_tier_goes_away()
+        state.host_memory_lost()
+        state.every_committed_id_restores_its_newest_commit()
+        state.latest_is_the_newest_commit()
+    finally:
+        state.teardown()

@@ -158,6 +158,8 @@ def copy_of(manifest: Manifest) -> Copy:
         manifest.committed_at,
         manifest.generation,
         source=str((manifest.provenance or {}).get("tier", "")),
+        overwrite=manifest.overwrite,
+        unseen_tiers=frozenset(manifest.unseen_tiers),
     )
 
 

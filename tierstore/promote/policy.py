@@ -71,6 +71,11 @@ class Copy:
     source: str = ""
     """The tier this copy was promoted from ('' for a save's own commit): its commit was made
     there first, so that tier's marker of the id has named this generation."""
+    overwrite: bool | None = None
+    """The marker's ``overwrite``: its save replaced what it knew of the id (None: a marker from
+    before it was recorded, judged by commit order)."""
+    unseen_tiers: frozenset[str] = frozenset()
+    """Tiers its save could not see when its job started (its number says nothing of theirs)."""
 
 
 Holdings = Mapping[str, Mapping[str, Copy]]
@@ -274,12 +279,14 @@ def retention(
             missing = missing[:1]
         pending |= {(n, c.checkpoint_id) for c in missing for n in names[:j]}
     durable = [t.name for t in rules.tiers if not t.node_local]
-    deletions: list[Deletion] = []
+    known = {n: c for n, c in held.items() if n in names}
+    deletions = [d for d in overtaken(names, known) if d.checkpoint_id not in in_use]
     for name in names:
         for checkpoint_id in held.get(name, {}):
             if (
                 checkpoint_id in kept[name]
                 or checkpoint_id in in_use
+                or (name, checkpoint_id) in {(d.tier, d.checkpoint_id) for d in deletions}
                 or (name, checkpoint_id) in pending
                 or held[name][checkpoint_id].conflicts  # both contents kept until settled
             ):
@@ -296,6 +303,46 @@ def retention(
                     held[name][checkpoint_id].generation,
                 )
             )
+    return deletions
+
+
+def overtaken(names: list[str], held: Holdings) -> list[Deletion]:
+    """Copies that a newer commit of their id in a slower tier replaced (an overwrite saved
+    straight there) that could see them: the terms of
+    :func:`tierstore.records.protocol.judge_promotion`'s ``REPLACE``. ``names``: fastest first.
+
+    A restore refuses such a copy while it knows of the newer commit; kept, it could be served
+    once the tier holding that commit is away and what knew of it is lost (host memory, with the
+    sightings). Never judged: a node's part (its number may be the one planned), a copy in a
+    recorded conflict, nor one the newer save could not see or did not mean to replace. A copy
+    in a tier below the newer commit's waits for that commit's promotion to replace it: until
+    then it is the durable one.
+    """
+    newest: dict[str, tuple[str, Copy]] = {}
+    for name, copies in held.items():
+        for copy in copies.values():
+            known = newest.get(copy.checkpoint_id)
+            if not copy.partial and (known is None or is_newer(copy, known[1])):
+                newest[copy.checkpoint_id] = (name, copy)
+    deletions: list[Deletion] = []
+    for name, copies in held.items():
+        for checkpoint_id, copy in copies.items():
+            if checkpoint_id not in newest:
+                continue
+            where, newer = newest[checkpoint_id]
+            if (
+                names.index(name) >= names.index(where)
+                or copy.partial
+                or copy.conflicts
+                or newer.conflicts
+                or newer.overwrite is False
+                or name in newer.unseen_tiers
+                or not is_newer(newer, copy)
+            ):
+                continue
+            why = (f"overtaken: tier {where} holds a newer commit of the id ({newer.generation},"
+                   f" seq {newer.seq}) that replaced it")  # fmt: skip
+            deletions.append(Deletion(name, checkpoint_id, why, copy.generation))
     return deletions
 
 
