@@ -310,23 +310,34 @@ def test_a_new_process_names_an_id_in_the_window_by_the_commit_it_can_see() -> N
         state.teardown()
 
 
+def _replay_then_check(*steps: tuple[str, dict[str, Any]]) -> None:
+    """Run the model's rules ``steps`` in order, then check the restore and latest invariants."""
+    state = CommitProtocol()
+    state.set_up()
+    try:
+        for rule_name, arguments in steps:
+            getattr(state, rule_name)(**arguments)
+        state.every_committed_id_restores_its_newest_commit()
+        state.latest_is_the_newest_commit()
+    finally:
+        state.teardown()
+
+
+_X = {"checkpoint_id": "x"}
+
+
 def test_host_memory_lost_while_the_durable_tier_is_away_serves_no_overwritten_content() -> None:
     """Found by the model: x saved fast, overwritten straight into the durable tier; a promoter pass
     copied the fast (older) content into the middle tier; the durable tier went away and host
     memory was lost (with the sightings that knew better). A restore then served the older
     content from the middle tier. The promoter no longer copies a content a newer commit overtook."""
-    state = CommitProtocol()
-    state.set_up()
-    try:
-        state.save_fast(checkpoint_id="x", overwrite=False)
-        state.save_durable(checkpoint_id="x", overwrite=True)
-        state.promoter_pass()
-        state.durable_tier_goes_away()
-        state.host_memory_lost()
-        state.every_committed_id_restores_its_newest_commit()
-        state.latest_is_the_newest_commit()
-    finally:
-        state.teardown()
+    _replay_then_check(
+        ("save_fast", {**_X, "overwrite": False}),
+        ("save_durable", {**_X, "overwrite": True}),
+        ("promoter_pass", {}),
+        ("durable_tier_goes_away", {}),
+        ("host_memory_lost", {}),
+    )
 
 
 def test_host_memory_lost_after_an_overwrite_into_the_durable_tier_serves_nothing_older() -> None:
@@ -334,16 +345,11 @@ def test_host_memory_lost_after_an_overwrite_into_the_durable_tier_serves_nothin
     durable tier; after a promoter pass, the durable tier went away and host memory was lost. The
     middle tier still held the older content, and a restore served it. The promoter now drops a
     copy that an overwrite in a slower tier replaced (policy.overtaken)."""
-    state = CommitProtocol()
-    state.set_up()
-    try:
-        state.save_fast(checkpoint_id="x", overwrite=False)
-        state.promoter_pass()
-        state.save_durable(checkpoint_id="x", overwrite=True)
-        state.promoter_pass()
-        state.durable_tier_goes_away()
-        state.host_memory_lost()
-        state.every_committed_id_restores_its_newest_commit()
-        state.latest_is_the_newest_commit()
-    finally:
-        state.teardown()
+    _replay_then_check(
+        ("save_fast", {**_X, "overwrite": False}),
+        ("promoter_pass", {}),
+        ("save_durable", {**_X, "overwrite": True}),
+        ("promoter_pass", {}),
+        ("durable_tier_goes_away", {}),
+        ("host_memory_lost", {}),
+    )
