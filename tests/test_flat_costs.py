@@ -13,6 +13,8 @@ from tests.request_counter import CountingS3, FileOps
 from tests.simulated_job import Job, settled_promoters
 from tierstore import Catalog, latest_committed
 from tierstore.ids import MARKER_NAME
+from tierstore.records.log import highest_in
+from tierstore.records.protocol import claim
 from tierstore.tiers import make_tier
 
 
@@ -92,3 +94,22 @@ def test_ls_reads_the_markers_of_the_page_it_shows(
     print(f"ls --limit 5 over 10 and 100 kept: {reads} S3 marker reads")
     assert reads == [5, 5]
     assert newest[1] == [f"step_{i * 100:08d}" for i in range(100, 95, -1)]
+
+
+def test_a_claim_above_a_known_number_lists_only_the_log_after_it(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """A save knows the highest number it has seen (its plan, the start-up look): the claim and
+    the checks around it list the S3 commit log from there (``StartAfter``), not all of it."""
+    requests = []
+    for retained in (10, 1_200):  # 1,200 log entries: two pages of a full listing
+        job = _job(counted_s3, file_ops, tmp_path, retained, 1)
+        tier = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+        with counted_s3.counting() as seen:
+            assert highest_in(tier, above=retained) == retained
+            assert claim(tier, "fresh", "g00000000000000000000", floor=retained) == retained + 1
+        requests.append(seen.total)
+        assert highest_in(tier, above=retained - 3) == retained + 1, "entries above are seen"
+        assert highest_in(tier) == retained + 1
+    print(f"highest_in + claim above the known number at 10 and 1,200 kept: {requests} requests")
+    assert requests[0] == requests[1], requests

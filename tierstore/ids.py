@@ -257,6 +257,12 @@ def commit_entry_path(seq: int, checkpoint_id: str, generation: str) -> str:
     return f"{COMMITS_DIR}/{seq:012d}~{checkpoint_id}~{generation}"
 
 
+def commit_entry_prefix(seq: int) -> str:
+    """The tier-relative name every log entry numbered ``seq`` starts with (commit or void); it
+    sorts before them, and after every entry of a lower number."""
+    return f"{COMMITS_DIR}/{seq:012d}"
+
+
 def parse_commit_entry(path: str) -> tuple[int, str, str] | None:
     """``(seq, checkpoint id, generation)`` of a commit-log entry's path, else None."""
     parts = path.rsplit("/", 1)[-1].split("~")

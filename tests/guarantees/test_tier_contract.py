@@ -93,6 +93,21 @@ def test_listing(tier: Tier) -> None:
     assert {f.path for f in tier.find("")} == {*found, "ck2/z"}
 
 
+def test_find_after_lists_what_find_does_past_a_name(tier: Tier) -> None:
+    """The commit log's listing from a known number on (records/log.py)."""
+    names = [f"log/{n:04d}~x" for n in (1, 2, 10, 11)] + ["log/0002", "logs/0100~x", "lo/9999"]
+    for name in names:
+        tier.write_bytes(name, b"")
+    assert [f.path for f in tier.find_after("log", "log/0002")] == [
+        "log/0002~x",
+        "log/0010~x",
+        "log/0011~x",
+    ]
+    assert [f.path for f in tier.find_after("log", "log/0011~x")] == []
+    assert tier.find_after("absent", "absent/0") == []
+    assert tier.find_after("log", "log/") == [f for f in tier.find("log")]
+
+
 def test_delete_and_delete_tree(tier: Tier) -> None:
     tier.write_bytes("d/keep", b"k")
     tier.write_bytes("d/sub/one", b"1")

@@ -138,7 +138,7 @@ def _seq_at_commit(writer: TieredWriter, ckpt: str, gen: str, known: int) -> int
     job-wide tier: design.md, rule 2)."""
     # ``known`` never holds this save's own claim: a number there equal to it is another
     # commit's (a save into another tier that took the same number meanwhile).
-    if highest_in(writer.tier) > writer._seq or known >= writer._seq:
+    if highest_in(writer.tier, above=writer._seq) > writer._seq or known >= writer._seq:
         writer._seq = claim(writer.tier, ckpt, gen, floor=known)
     return writer._seq
 

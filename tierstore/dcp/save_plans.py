@@ -115,7 +115,7 @@ def _node_highest(writer: TieredWriter) -> int:
     tier = writer.tier
     sightings = read_sightings(tier)
     known = look_elsewhere(writer, False).highest_known(tier.name, sightings)
-    found = [highest_in(tier), known]
+    found = [highest_in(tier, above=known)]
     if tier.mirror is not None:
         found += [seq or 0 for seq in mirrored_ids(tier).values()]
     return max(found)

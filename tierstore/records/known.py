@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from tierstore.bounded import Prober
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
-from tierstore.records.log import highest_in, read_log
+from tierstore.records.log import read_log_and_voids
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
 from tierstore.tiers import Tier
@@ -67,11 +67,13 @@ def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
     leaves a marker the log does not know. Its number still counts towards the highest, or the next
     save (after its first tier was wiped) would take that number again and not rank newest."""
     logged: dict[str, int] = {}
-    for entry in read_log(tier):
+    log, voids = read_log_and_voids(tier)
+    for entry in log:
         logged[entry.checkpoint_id] = max(logged.get(entry.checkpoint_id, 0), entry.seq)
     committed = [c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)]
     seqs = {c: logged[c] if c in logged else _marker_seq(tier, c) for c in committed}
-    return max([highest_in(tier), *(s for s in seqs.values() if s is not None)]), seqs
+    highest = max([log[-1].seq if log else 0, *voids])
+    return max([highest, *(s for s in seqs.values() if s is not None)]), seqs
 
 
 def _marker_seq(tier: Tier, checkpoint_id: str) -> int | None:

@@ -20,7 +20,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tierstore.ids import COMMITS_DIR, commit_entry_path, parse_commit_entry, parse_void_entry
+from tierstore.ids import (
+    COMMITS_DIR,
+    commit_entry_path,
+    commit_entry_prefix,
+    parse_commit_entry,
+    parse_void_entry,
+)
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -45,11 +51,20 @@ def read_log(tier: Tier) -> list[LogEntry]:
     return read_log_and_voids(tier)[0]
 
 
-def read_log_and_voids(tier: Tier) -> tuple[list[LogEntry], list[int]]:
+def read_log_and_voids(tier: Tier, *, above: int = 0) -> tuple[list[LogEntry], list[int]]:
     """The log's entries naming commits, and the numbers of its void entries (numbers taken by no
-    commit that stands: see :func:`tierstore.ids.void_entry_path`), both in sequence order."""
+    commit that stands: see :func:`tierstore.ids.void_entry_path`), both in sequence order.
+
+    ``above``: only the entries numbered higher (the numbers are zero-padded, so they sort as
+    names: a store that lists in key order starts there, :meth:`~tierstore.tiers.Tier.find_after`).
+    """
     entries, voids = [], []
-    for info in tier.find(COMMITS_DIR):
+    listed = (
+        tier.find(COMMITS_DIR)
+        if above <= 0
+        else tier.find_after(COMMITS_DIR, commit_entry_prefix(above + 1))
+    )
+    for info in listed:
         parsed = parse_commit_entry(info.path)
         if parsed is not None:
             entries.append(LogEntry(*parsed))
@@ -58,7 +73,9 @@ def read_log_and_voids(tier: Tier) -> tuple[list[LogEntry], list[int]]:
     return sorted(entries, key=lambda e: e.seq), sorted(voids)
 
 
-def highest_in(tier: Tier) -> int:
-    """The highest commit number taken in ``tier``, by a commit or a void entry (0 when none)."""
-    log, voids = read_log_and_voids(tier)
-    return max([log[-1].seq if log else 0, *voids])
+def highest_in(tier: Tier, *, above: int = 0) -> int:
+    """The highest commit number taken in ``tier``, by a commit or a void entry, or ``above`` when
+    none is higher (0 when none). ``above`` is a number the caller knows: only the log after it is
+    listed, so a save's look at the log does not grow with what is retained."""
+    log, voids = read_log_and_voids(tier, above=above)
+    return max([above, log[-1].seq if log else 0, *voids])

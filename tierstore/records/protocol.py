@@ -55,7 +55,7 @@ def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) ->
     ``<seq>~<id>~<generation>`` is published create-only, so two writers never take one number in a
     tier. Raises ``RuntimeError`` after 64 numbers taken by others in a row.
     """
-    seq = max(highest_in(tier), floor)
+    seq = highest_in(tier, above=floor)  # lists only the log above what the caller knows
     for _attempt in range(_CLAIM_ATTEMPTS):
         seq += 1
         try:

@@ -262,6 +262,12 @@ class Tier(abc.ABC):
     def find(self, path: str = "") -> list[FileInfo]:
         """Every file below ``path``, recursively; [] if it is absent. Temporary files are hidden."""
 
+    def find_after(self, path: str, after: str) -> list[FileInfo]:
+        """The files below ``path`` (as :meth:`find`) whose tier-relative path sorts after
+        ``after``. Stores that list in key order start there (S3's ``StartAfter``); the others
+        list ``path`` and keep the rest."""
+        return [info for info in self.find(path) if info.path > after]
+
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """``{child: info}`` for every direct child directory of the root holding a file ``name``.
 

@@ -420,6 +420,22 @@ class S3Tier(Tier):
             key=lambda f: f.path,
         )
 
+    def find_after(self, path: str, after: str) -> list[FileInfo]:
+        """See :meth:`Tier.find_after`: the listing starts after ``after`` (``StartAfter``), a
+        request per 1,000 objects listed from there."""
+        strip = len(self._key("")) + 1 if self.prefix else 0
+        kwargs: dict[str, Any] = {"Prefix": f"{self._key(path)}/", "StartAfter": self._key(after)}
+        found: list[FileInfo] = []
+        while True:
+            page = self.call("list_objects_v2", f"list {path} after {after}", Bucket=self.bucket,
+                             **kwargs)  # fmt: skip
+            found += [FileInfo(str(item["Key"])[strip:], int(item["Size"]), _mtime(item))
+                      for item in page.get("Contents", [])]  # fmt: skip
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return sorted(found, key=lambda f: f.path)
+            kwargs["ContinuationToken"] = token
+
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """Each child's ``name`` without paging through the data between them: the generation
         directories are rolled up by a delimiter (:mod:`tierstore.tiers.s3.listing`)."""
