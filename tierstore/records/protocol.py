@@ -7,9 +7,9 @@ to one tier (it asks no other tier):
 * :func:`claim` — take the next commit number in the tier's commit log, create-only.
 * :func:`publish` — **the one order for publishing**: (1) every file the marker names is present at its
   size; (2) the marker is published, create-only unless it replaces (a replacing marker's commit is
-  logged before it); (3) the files are checked again (cleanup elsewhere may have removed one
-  meanwhile) and the marker is withdrawn over a hole; (4) the commit is logged; (5) the generation
-  the marker replaced is dropped.
+  logged before it, after the replaced generation's own number); (3) the files are checked again
+  (cleanup elsewhere may have removed one meanwhile) and the marker is withdrawn over a hole; (4)
+  the commit is logged; (5) the generation the marker replaced is dropped.
 * :func:`withdraw` — delete the marker only if it still names a given generation.
 * :func:`drop` — **the one order for dropping** a generation: (1) the marker, if it names it; (2) its
   commit-log entries (never the tier's highest: the sequence's high-water mark); (3) its part records
@@ -95,12 +95,20 @@ def publish(
             f"{ckpt}: not committed in tier {tier.describe()}: files vanished before the marker:"
             f" {'; '.join(problems)}"
         )
-    replaced = _marker_generation(tier, ckpt) if replace else None
+    replaced, replaced_seq = _marker_commit(tier, ckpt) if replace else (None, None)
     # A swap logs its number first: the log still names the replaced generation, so a start-up
     # read of numbers (records/known.py) would not look at a swapped marker logged only after it.
     # A create-only marker is logged after it: its loser must not forget the winner's entry, and a
     # marker of an id the log does not know is read at start-up.
-    log_first = log and replace and manifest.seq is not None
+    log_first = log and replace and manifest.seq is not None and replaced != ""
+    if log_first and replaced and replaced != manifest.generation:
+        if replaced_seq is None:
+            log_first = False  # a marker from before the log: nothing to name it by; as before
+        else:
+            # The standing generation gets (keeps) its own entry first: were the new number the
+            # id's only entry, a swap that never happens (killed, failed) would place the id by
+            # it, for the catalog counts an id's only entry as its commit.
+            log_commit(tier, replaced_seq, ckpt, replaced)
     if log_first:
         log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
     kill_point("marker.files_checked", ckpt)
@@ -132,12 +140,19 @@ def publish(
 
 def _marker_generation(tier: Tier, checkpoint_id: str) -> str | None:
     """The generation the id's marker names; None without a marker; '' when it is unreadable."""
+    return _marker_commit(tier, checkpoint_id)[0]
+
+
+def _marker_commit(tier: Tier, checkpoint_id: str) -> tuple[str | None, int | None]:
+    """``(generation, seq)`` of the id's marker: ``(None, None)`` without a marker, ``('', None)``
+    when it is unreadable."""
     try:
-        return read_manifest(tier, checkpoint_id).generation
+        manifest = read_manifest(tier, checkpoint_id)
     except FileNotFoundError:
-        return None
+        return None, None
     except IntegrityError:
-        return ""
+        return "", None
+    return manifest.generation, manifest.seq
 
 
 def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
