@@ -23,7 +23,7 @@ LAYERS = {
     "tierstore.progress": 0,
     "tierstore.save_metrics": 0,
     "tierstore.tiers": 1,
-    "tierstore.config": 2,
+    "tierstore.config": 2, "tierstore.policy_config": 2,
     "tierstore.records": 3,
     "tierstore.audit": 4, "tierstore.status": 4,
     "tierstore.dcp": 5, "tierstore.promote": 5,
@@ -226,3 +226,38 @@ def test_benchmarks_import_each_other_without_cycles() -> None:
     for module in graph:
         visit(module, [module])
     assert cycles == []
+
+
+POLICY_FIELDS = {"keep", "keep_every", "pin", "every"}
+"""A tier's retention and promotion fields: configuration's (:mod:`tierstore.policy_config`), read
+by the promoter's rules, never by a tier."""
+
+
+def test_tier_configs_declare_no_policy_fields() -> None:
+    """A tier's config model is its storage only: retention and promotion live in ``TierPolicy``."""
+    import tierstore.config  # noqa: F401  (registers every tier type)
+    from tierstore.tiers import TierConfig, tier_types
+    from tierstore.tiers.registry import config_model
+
+    models = [TierConfig, *(config_model(name) for name in tier_types())]
+    declared = {m.__name__: sorted(POLICY_FIELDS & set(m.model_fields)) for m in models if m}
+    assert {name: found for name, found in declared.items() if found} == {}
+
+
+def test_nothing_in_tiers_declares_or_reads_a_policy_field() -> None:
+    """``tierstore/tiers/`` knows nothing of retention or promotion: no field, attribute, keyword or
+    key of that name."""
+    offenders = []
+    for name, tree in modules():
+        if not name.startswith("tierstore.tiers"):
+            continue
+        for node in ast.walk(tree):
+            found = (
+                (isinstance(node, ast.Attribute) and node.attr)
+                or (isinstance(node, ast.AnnAssign) and ast.unparse(node.target))
+                or (isinstance(node, ast.keyword) and node.arg)
+                or (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value)
+            )
+            if found in POLICY_FIELDS:
+                offenders.append(f"{name}:{getattr(node, 'lineno', '?')} {found}")
+    assert offenders == [], offenders

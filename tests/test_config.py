@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from tierstore.config import load_config
+from tierstore.config import Config, load_config
 from tierstore.errors import ConfigError
 from tierstore.units import parse_duration, parse_size
 
@@ -35,10 +36,12 @@ def test_valid_file_loads(tmp_path: Path) -> None:
     assert [t.name for t in config.tiers] == ["ram", "nvme", "pfs", "s3"]
     assert config.promote.every == 5
     assert config.namespace == "my-run"
-    assert config.tier("nvme").keep == 3
+    assert config.policy("nvme").keep == 3
     assert (tmp_path / "shm" / "0" / "my-run").is_dir(), "POSIX tier roots are created"
     with pytest.raises(ValidationError):
-        config.tiers[0].keep = 5  # type: ignore[misc]
+        config.tiers[0].name = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        config.policy("ram").keep = 5  # type: ignore[misc]
 
 
 def test_env_expansion_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,6 +119,10 @@ BAD = [
     ("tiers:\n  - {type: memory}\n", "tiers[0].name", "missing required key 'name'"),
     ("tiers:\n  - {name: a}\n", "tiers[0]", "missing required key 'type'"),
     ("tiers:\n  - {name: a, type: memory, pin: ['../x']}\n", "tiers[0].pin", "checkpoint id"),
+    ("tiers:\n  - {name: a, type: memory, pin: [1]}\n", "tiers[0].pin[0]", "expected a string"),
+    ("tiers:\n  - {name: a, type: local, every: 0}\n", "tiers[0].every", ">= 1, got 0"),
+    ("tiers:\n  - {name: a, type: memory, keep_every: x}\n", "tiers[0].keep_every", "integer"),
+    ("tiers:\n  - {name: a, type: memory, keeep: 3}\n", "tiers[0].keeep", "unknown key 'keeep'"),
     (
         "verify_on_load: perhaps\ntiers:\n  - {name: a, type: memory}\n",
         "verify_on_load",
@@ -177,3 +184,60 @@ def test_staging_overlap_is_off_by_default_and_validated(
     assert load_config(write(tmp_path, tiers + "staging: {overlap: true}\n")).staging.overlap
     with pytest.raises(ConfigError, match=expected):
         load_config(write(tmp_path, tiers + f"staging: {staging}\n"))
+
+
+def test_each_tier_entry_parts_into_storage_and_policy(tmp_path: Path) -> None:
+    """A ``tiers`` entry keeps its YAML keys side by side; the tier's model holds its storage only
+    and :meth:`Config.policy` its retention and promotion keys."""
+    config = load_config(write(tmp_path, VALID.replace("keep: 10}", "keep: 10, every: 2}")))
+    nvme, s3 = config.policy("nvme"), config.policy("s3")
+    assert (nvme.keep, nvme.keep_every, nvme.pin, nvme.every) == (3, None, (), None)
+    assert (s3.keep, s3.every) == (10, 2)
+    assert config.policy("pfs") == type(nvme)(), "an entry without policy keys has the defaults"
+    assert not hasattr(config.tier("nvme"), "keep")
+    with pytest.raises(ConfigError, match=r"no tier named 'tape' \(known: ram, nvme, pfs, s3\)"):
+        config.policy("tape")
+
+
+def test_a_dump_writes_each_entry_whole_and_loads_back_as_it_was(tmp_path: Path) -> None:
+    """The tests and tools that write a loaded configuration back to YAML keep every key."""
+    text = VALID.replace("keep: 3}", "keep: 3, keep_every: 10, pin: [step_1], every: 2}")
+    config = load_config(write(tmp_path, text))
+    for mode in ("python", "json"):
+        dumped = config.model_dump(mode=mode, exclude={"origin"}, exclude_none=True)
+        nvme = dumped["tiers"][1]
+        assert list(nvme)[:6] == ["type", "name", "keep", "keep_every", "pin", "every"]
+        assert (nvme["keep"], nvme["keep_every"], list(nvme["pin"]), nvme["every"]) == (
+            3, 10, ["step_1"], 2
+        )  # fmt: skip
+        again = tmp_path / f"again-{mode}.yaml"
+        again.write_text(yaml.safe_dump(dumped))
+        assert load_config(again).model_copy(update={"origin": config.origin}) == config
+    assert config.model_dump(exclude_unset=True)["tiers"][2] == {
+        "type": "shared", "name": "pfs", "path": str(tmp_path / "pfs")
+    }  # fmt: skip
+
+
+def test_several_mistakes_in_one_entry_are_listed_in_the_entrys_key_order(tmp_path: Path) -> None:
+    """Storage and policy keys are validated apart; the lines still follow the documented order
+    (``type``, ``name``, the policy keys, the type's own keys, unknown keys last)."""
+    path = write(tmp_path, "tiers:\n  - {path: 3, every: x, name: 'a b', paht: y, type: memory,"
+                           " keep: 0}\n")  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    source = str(path.resolve())
+    assert str(caught.value).splitlines() == [
+        f"{source}: tiers[0].name: expected letters, digits, '_' or '-', got 'a b'",
+        f"{source}: tiers[0].keep: expected a value >= 1, got 0",
+        f"{source}: tiers[0].every: expected an integer, got 'x'",
+        f"{source}: tiers[0].path: expected a string, got 3",
+        f"{source}: tiers[0].paht: unknown key 'paht'",
+    ]
+
+
+def test_a_config_built_in_code_parts_its_entries_too() -> None:
+    config = Config.model_validate({"tiers": [{"name": "a", "type": "memory", "keep": 2}]})
+    assert config.policy("a").keep == 2
+    with pytest.raises(ValidationError) as caught:
+        Config.model_validate({"tiers": [{"name": "a", "type": "memory", "keep": 0}]})
+    assert [e["loc"] for e in caught.value.errors()] == [("tiers", 0, "keep")]

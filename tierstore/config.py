@@ -10,9 +10,11 @@ Strings may use ``${VAR}`` or ``${VAR:-default}`` (expanded from the environment
 tier's ``path`` may contain ``{node}``, the node index (see :mod:`tierstore.topology`). Credentials never
 come from the YAML: S3 tiers use the standard AWS environment variables, profile or instance role.
 
-This module holds the fields common to every configuration; each ``tiers`` entry is validated by the
-config model its ``type`` registered (:mod:`tierstore.tiers.registry`), which also carries that type's
-load-time checks.
+This module holds the fields common to every configuration. Each ``tiers`` entry parts at load: its
+storage keys are validated by the config model its ``type`` registered (:mod:`tierstore.tiers.registry`),
+which also carries that type's load-time checks; its retention and promotion keys (``keep``,
+``keep_every``, ``pin``, ``every``) by :class:`~tierstore.policy_config.TierPolicy`, read through
+:meth:`Config.policy`. A dump (``model_dump``) writes each entry whole again, as the YAML has it.
 """
 
 from __future__ import annotations
@@ -24,10 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializationInfo,
+    SerializeAsAny,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
 from tierstore.errors import ConfigError
 from tierstore.ids import ID_PATTERN
+from tierstore.policy_config import TierPolicy, entry_order, merge_entry, split_entry
 from tierstore.signing import DEFAULT_KEY_ENV, SigningKeys, keys_from_env
 from tierstore.tiers import Tier, TierConfig, make_tier, tier_types
 from tierstore.tiers.registry import config_model
@@ -162,6 +178,66 @@ class Config(StrictModel):
         " that does not answer before treating it as unreachable (tiers stand alone).",
     )
     origin: str = Field("<memory>", description="The file this configuration came from.")
+    _policies: dict[str, TierPolicy] = PrivateAttr(default_factory=dict)
+    """Each tier's retention and promotion fields, by tier name (see :meth:`policy`)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split_policies(
+        cls, data: Any, handler: ModelWrapValidatorHandler[Config], info: ValidationInfo
+    ) -> Config:
+        """Each raw ``tiers`` mapping parts into its storage keys (the tier type's model) and its
+        :class:`TierPolicy`; entries validated already by ``config_from_dict`` bring theirs in the
+        validation context, by name."""
+        if isinstance(data, Config):
+            return handler(data)
+        policies: dict[str, TierPolicy] = dict((info.context or {}).get(_POLICIES_CONTEXT, {}))
+        problems: list[InitErrorDetails] = []
+        if isinstance(data, dict) and isinstance(data.get("tiers"), list | tuple):
+            tiers = []
+            for index, item in enumerate(data["tiers"]):
+                if not isinstance(item, dict):
+                    tiers.append(item)
+                    continue
+                storage, raw_policy = split_entry(item)
+                tiers.append(storage)
+                try:
+                    policies[str(item.get("name"))] = TierPolicy.model_validate(raw_policy)
+                except ValidationError as exc:
+                    problems += _relocated(exc, ("tiers", index))
+            data = {**data, "tiers": tiers}
+        try:
+            config = handler(data)
+        except ValidationError as exc:
+            if not problems:
+                raise
+            problems = [*_relocated(exc, ()), *problems]
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        config._policies = {t.name: policies.get(t.name, TierPolicy()) for t in config.tiers}
+        return config
+
+    @model_serializer(mode="wrap")
+    def _tiers_with_their_policies(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        """A dump writes each ``tiers`` entry whole, storage and policy keys as in the YAML, so
+        that it loads back as it was."""
+        data: dict[str, Any] = handler(self)
+        dumped = data.get("tiers")
+        if not isinstance(dumped, list | tuple):
+            return data
+        options: dict[str, Any] = {
+            "mode": info.mode, "exclude_none": info.exclude_none,
+            "exclude_defaults": info.exclude_defaults, "exclude_unset": info.exclude_unset,
+        }  # fmt: skip
+        data["tiers"] = type(dumped)(
+            merge_entry(entry, self._policies[entry["name"]].model_dump(**options))
+            if isinstance(entry, dict) and entry.get("name") in self._policies
+            else entry
+            for entry in dumped
+        )
+        return data
 
     @field_validator("namespace")
     @classmethod
@@ -210,6 +286,13 @@ class Config(StrictModel):
         known = ", ".join(t.name for t in self.tiers)
         raise ConfigError(f"{self.origin}: tiers: no tier named {name!r} (known: {known})")
 
+    def policy(self, name: str) -> TierPolicy:
+        """The retention and promotion fields of the tier called ``name`` (``keep``,
+        ``keep_every``, ``pin``, ``every``); :class:`ConfigError` listing the known names if there
+        is no such tier."""
+        self.tier(name)
+        return self._policies.get(name, TierPolicy())
+
     def make_tier(self, name: str, *, node: int) -> Tier:
         """The tier called ``name``, as seen from ``node``."""
         return make_tier(
@@ -220,6 +303,20 @@ class Config(StrictModel):
         """Every configured tier, fastest first, as seen from ``node``."""
         keys = self.signing.keys()
         return [make_tier(t, namespace=self.namespace, node=node, signing=keys) for t in self.tiers]
+
+
+_POLICIES_CONTEXT = "tier_policies"
+"""The validation context's key for the policies ``config_from_dict`` validated, by tier name."""
+
+
+def _relocated(exc: ValidationError, prefix: tuple[int | str, ...]) -> list[InitErrorDetails]:
+    """``exc``'s errors, their locations under ``prefix`` (to raise again as one error)."""
+    return [
+        InitErrorDetails(type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"], ctx=e["ctx"])
+        if "ctx" in e
+        else InitErrorDetails(type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"])
+        for e in exc.errors()
+    ]
 
 
 def _unknown_type(tag: object) -> str:
@@ -330,20 +427,22 @@ def config_from_dict(
     base = Path(source).parent if source not in ("<dict>", "<memory>") else Path.cwd()
     lines: list[str] = []
     raw_tiers = expanded.get("tiers")
+    policies: dict[str, TierPolicy] = {}
     if isinstance(raw_tiers, list):
         tiers: list[Any] = []
         for index, raw in enumerate(raw_tiers):
-            tier, problems = _validate_tier(raw, index, base, source)
+            validated, problems = _validate_tier(raw, index, base, source)
             lines += problems
-            if tier is not None:
-                tiers.append(tier)
+            if validated is not None:
+                tiers.append(validated[0])
+                policies[validated[0].name] = validated[1]
         expanded["tiers"] = tiers if not lines else tiers or None
     metrics = expanded.get("metrics")
     directory = metrics.get("directory") if isinstance(metrics, dict) else None
     if isinstance(metrics, dict) and isinstance(directory, str) and directory.strip():
         expanded["metrics"] = {**metrics, "directory": str(base / directory)}
     try:
-        config = Config.model_validate(expanded)
+        config = Config.model_validate(expanded, context={_POLICIES_CONTEXT: policies})
     except ValidationError as exc:
         errors = exc.errors()
         if lines:  # the tiers' own errors were reported; the list is then short or missing
@@ -418,21 +517,32 @@ def _check_metrics_directory(config: Config, source: str, node: int) -> None:
 
 def _validate_tier(
     raw: object, index: int, base: Path, source: str
-) -> tuple[TierConfig | None, list[str]]:
-    """One ``tiers[i]`` entry as its registered type's model, or the ``FILE: KEY: ...`` lines."""
+) -> tuple[tuple[TierConfig, TierPolicy] | None, list[str]]:
+    """One ``tiers[i]`` entry as its registered type's model and its policy, or the
+    ``FILE: KEY: ...`` lines (in the entry's documented key order, unknown keys last)."""
     where = f"{source}: tiers[{index}]"
     if not isinstance(raw, dict):
         return None, [f"{where}: expected a mapping, got {raw!r}"]
     model = config_model(str(raw.get("type")))
     if model is None:
         return None, [f"{where}: {_unknown_type(raw.get('type'))}"]
+    storage, policy = split_entry(raw)
+    errors: list[Any] = []
     try:
-        return model.model_validate(model.resolve_relative(raw, base)), []
+        tier = model.model_validate(model.resolve_relative(storage, base))
     except ValidationError as exc:
-        return None, [
-            f"{source}: {_format_loc(('tiers', index, *e['loc']))}: {_describe(e)}"
-            for e in exc.errors()
-        ]
+        errors += exc.errors()
+    try:
+        rules = TierPolicy.model_validate(policy)
+    except ValidationError as exc:
+        errors += exc.errors()
+    if not errors:
+        return (tier, rules), []
+    order = entry_order(model.model_fields)
+    errors.sort(key=lambda e: order.get(str(e["loc"][0]), len(order)) if e["loc"] else len(order))
+    return None, [
+        f"{source}: {_format_loc(('tiers', index, *e['loc']))}: {_describe(e)}" for e in errors
+    ]
 
 
 def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Config:

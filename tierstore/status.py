@@ -205,7 +205,7 @@ def gather_status(
             listings = catalog.listings()
         except TierstoreError:  # nothing could be listed: every tier is in catalog.unreachable
             listings = []
-        keeps = {c.name: c.keep for c in config.tiers}
+        keeps = {c.name: config.policy(c.name).keep for c in config.tiers}
         for tier in shown:
             status = _tier_status(
                 tier, node, listings, error=catalog.unreachable.get(tier.name),

@@ -9,10 +9,10 @@ from tests.deploy.tools import DEPLOY
 def test_the_example_config_loads_and_has_the_tiers_the_targets_mount() -> None:
     loaded = config()
     assert [t.type for t in loaded.tiers] == ["memory", "local", "s3"]
-    memory, local, s3 = loaded.tiers
+    memory = loaded.tiers[0]
     assert getattr(memory, "path", None) == "/dev/shm/tierstore/{node}"
-    assert memory.keep is not None and local.keep is not None
-    assert s3.keep is not None and s3.every is not None
+    policies = [loaded.policy(t.name) for t in loaded.tiers]
+    assert all(p.keep is not None for p in policies) and policies[2].every is not None
     assert loaded.promote.interval > 0
     assert node_local_prefixes() == {"memory": "/dev/shm/tierstore", "local": "/var/lib/tierstore"}
 

@@ -41,7 +41,7 @@ def hand_to_mirror(
         writer._checkpoint_id, generation, seq, writer._rank, writer.node, current_host(),
         tuple(files or ()), files is not None, writer._is_coordinator,
     )  # fmt: skip
-    keep = writer.config.tier(writer.tier_name).keep
+    keep = writer.config.policy(writer.tier_name).keep
     ttl = writer.config.promote.activity_ttl
     writer._round = Round(share, writer.tier, writer.tier.mirror, keep, ttl,
                           ended_record=writer._handover)  # fmt: skip

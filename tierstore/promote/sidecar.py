@@ -634,7 +634,7 @@ class Promoter:
                 readers = [a for a in live(tier, ttl=self.config.promote.activity_ttl)
                            if a.kind == "read"]  # fmt: skip
                 for removed in prune_mirrors(
-                    tier, self.config.tier(tier.name).keep, readers=readers
+                    tier, self.config.policy(tier.name).keep, readers=readers
                 ):
                     event("mirror_deleted", tier=tier.name, mirror=removed)
             except (TierstoreError, OSError) as exc:

@@ -32,7 +32,6 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator
 
-from tierstore.ids import validate_checkpoint_id
 from tierstore.placement import MirrorConfig
 from tierstore.signing import SigningKeys
 from tierstore.tiers.landing import Landing
@@ -320,7 +319,9 @@ class Tier(abc.ABC):
 
 
 class TierConfig(StrictModel):
-    """The YAML fields every tier has; each tier type's model adds its own and a ``build`` factory.
+    """The YAML storage fields every tier has; each tier type's model adds its own and a ``build``
+    factory. A tier's retention and promotion keys (``keep``, ...) are not a tier's business: the
+    configuration parts them off at load (:mod:`tierstore.policy_config`).
 
     Subclasses declare ``type: Literal["<name>"]`` and register themselves with
     :func:`tierstore.tiers.registry.register`.
@@ -328,12 +329,6 @@ class TierConfig(StrictModel):
 
     type: str
     name: str = Field(description="Unique tier name, used by `tier=` and in the CLI.")
-    keep: int | None = Field(None, ge=1, description="Retention: keep the N newest committed.")
-    keep_every: int | None = Field(None, ge=1, description="Retention: also keep steps % M == 0.")
-    pin: tuple[str, ...] = Field((), description="Retention: ids never deleted from this tier.")
-    every: int | None = Field(
-        None, ge=1, description="Promotion: every k-th committed checkpoint reaches this tier."
-    )
 
     node_local: ClassVar[bool] = False
     """True when each node has its own copy of this tier type (its path may contain ``{node}``)."""
@@ -343,13 +338,6 @@ class TierConfig(StrictModel):
     def _name_is_simple(cls, value: str) -> str:
         if not re.fullmatch(TIER_NAME_PATTERN, value):
             raise ValueError(f"expected letters, digits, '_' or '-', got {value!r}")
-        return value
-
-    @field_validator("pin")
-    @classmethod
-    def _pins_are_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for item in value:
-            validate_checkpoint_id(item)
         return value
 
     @classmethod
