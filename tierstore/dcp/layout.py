@@ -27,6 +27,9 @@ HEADER_SIZE = 64
 MAGIC = b"TIERSTR1"
 CHUNK = 4 * 2**20
 """Bytes per pass: small enough to stay in cache between write, CRC and finiteness check."""
+_BATCH = 2**20
+"""Bytes of small chunks a :class:`ChunkSink` gathers before its helper checksums them in one job
+(a large chunk goes at once: the checksum still overlaps the write)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ class ChunkSink:
     When writing, the CRC runs on a helper thread (a :class:`~tierstore.runtime.SerialWorker` of the
     sink's own), in order, overlapping the write (crc32c releases the GIL), so checksumming adds no
     time to a disk or tmpfs write. Use it as a context manager, or read :attr:`crc` once everything
-    was fed: both wait for the helper.
+    was fed: both wait for the helper, and raise what the checksum raised there (as :meth:`feed`
+    does without a writer): a file whose bytes were not all checksummed gets no CRC32C at all.
     """
 
     def __init__(
@@ -151,21 +155,58 @@ class ChunkSink:
         self._marks: list[int] = []
         self._noted = 0
         self._helper = None if write is None else SerialWorker("tierstore-crc")
+        self._batch: list[memoryview | None] = []
+        """Chunks (and marks: None) not yet handed to the helper, and their bytes below."""
+        self._batched = 0
+        self._failed: Exception | None = None
+        """What the helper's checksum raised: the rest is skipped, every read raises it."""
 
-    def _note(self) -> None:
-        self._marks.append(self._digest.crc)
+    def _take(self, entry: memoryview | None) -> None:
+        """Fold ``entry`` in on this thread (no helper), or queue it for the helper: in batches of
+        at least :data:`_BATCH` bytes, since a job per small item (5,000 small tensors: 20,000 jobs)
+        would cost the writer more time handing them over than the checksum takes."""
+        if self._helper is None:
+            self._fold([entry])
+            return
+        self._batch.append(entry)
+        self._batched += 0 if entry is None else len(entry)
+        if self._batched >= _BATCH:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._helper is not None and self._batch:
+            self._helper.post(functools.partial(self._fold_on_helper, self._batch))
+            self._batch, self._batched = [], 0
+
+    def _fold(self, entries: list[memoryview | None]) -> None:
+        for entry in entries:
+            if entry is None:
+                self._marks.append(self._digest.crc)
+            else:
+                self._digest.update(entry)
+
+    def _fold_on_helper(self, entries: list[memoryview | None]) -> None:
+        # The worker only logs a posted job's failure: the sink keeps it, so that the file fails.
+        if self._failed is None:
+            try:
+                self._fold(entries)
+            except Exception as exc:  # noqa: BLE001 - raised on the writer's thread by _finish
+                self._failed = exc
 
     def __enter__(self) -> ChunkSink:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
-        self._finish()
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
+        self._finish(raise_failure=exc_type is None)  # the block's own error says more
 
-    def _finish(self) -> None:
+    def _finish(self, *, raise_failure: bool = True) -> None:
         if self._helper is not None:
+            self._hand_over()
             self._helper.wait_idle()
             self._helper.close()
             self._helper = None
+        if self._failed is not None and raise_failure:
+            raise self._failed
 
     @property
     def crc(self) -> int:
@@ -182,10 +223,7 @@ class ChunkSink:
     def mark(self) -> int:
         """Note the CRC32C of everything fed so far (an item's boundary); returns the note's index
         in :attr:`marks`."""
-        if self._helper is not None:
-            self._helper.post(self._note)
-        else:
-            self._note()
+        self._take(None)
         self._noted += 1
         return self._noted - 1
 
@@ -199,11 +237,8 @@ class ChunkSink:
         """One chunk: write it (if writing), fold it into the CRC."""
         if self._write is not None:
             self._write(view)
-        if self._helper is not None:
-            # The memory stays alive: it belongs to the caller's tensors.
-            self._helper.post(functools.partial(self._digest.update, view))
-        else:
-            self._digest.update(view)
+        # On the helper, the memory stays alive: it belongs to the caller's tensors.
+        self._take(view)
         self.size += len(view)
 
     def feed_span(self, whole: memoryview, start: int, end: int) -> None:
