@@ -64,4 +64,6 @@ def test_an_overwrite_cut_before_its_swap_does_not_place_the_older_copy_above_a_
     logged = {(e.checkpoint_id, e.seq) for e in read_log(restarted.make_tiers(node=0)[1])}
     assert ("step_1", 3) in logged, logged  # the swap's number, logged before it was killed
     assert list(Catalog(restarted, node=0).candidates()) == ["step_2", "step_1"]
+    listed = [listing.checkpoint_id for listing in Catalog(restarted, node=0).listings()]
+    assert listed == ["step_2", "step_1"]  # tierstore ls
     assert latest_committed(restarted, collective=False) == "step_2"
