@@ -228,3 +228,31 @@ def test_a_forked_childs_ticker_is_stopped_until_it_starts_one_of_its_own() -> N
     finally:
         ticker.close()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_ticker_started_again_while_its_closed_beat_ticks_never_ticks_twice_at_once() -> None:
+    """close() returns while a tick is under way; a start() right after must not tick beside it
+    (two heartbeat refreshes of one record racing, say): the new beat waits for the old one."""
+    lock = threading.Lock()
+    running: list[int] = []
+    most = 0
+    ticked = threading.Event()
+
+    def tick() -> None:
+        nonlocal most
+        with lock:
+            running.append(1)
+            most = max(most, len(running))
+        ticked.set()
+        time.sleep(0.2)
+        with lock:
+            running.pop()
+
+    ticker = Ticker("test-ticker-restart", 0.01, tick)
+    ticker.start()
+    assert ticked.wait(10)  # a tick is under way now
+    ticker.close()
+    ticker.start()
+    time.sleep(0.35)  # the old tick ends at 0.2 s; the new beat's first at about 0.21 s
+    ticker.close()
+    assert most == 1, f"{most} ticks ran at once"

@@ -154,8 +154,9 @@ class Ticker:
     """Calls ``tick`` every ``interval`` seconds on one daemon thread, from :meth:`start` (which
     may be called any number of times) until :meth:`close`.
 
-    A tick that raises is logged and the beat goes on. After a fork the child's ticker is
-    stopped (the parent's thread does not exist there); :meth:`start` starts one of its own.
+    A tick that raises is logged and the beat goes on. Ticks never overlap: a beat started while
+    a closed one still ticks waits for that tick. After a fork the child's ticker is stopped (the
+    parent's thread does not exist there); :meth:`start` starts one of its own.
     """
 
     def __init__(self, name: str, interval: float, tick: Callable[[], None]) -> None:
@@ -164,6 +165,7 @@ class Ticker:
         self._tick = tick
         self._stop: threading.Event | None = None
         """Set to end the running thread (each thread has its own: a closed one ends for good)."""
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         track(self)
 
@@ -172,9 +174,10 @@ class Ticker:
         with self._lock:
             if self._stop is None:
                 self._stop = threading.Event()
-                threading.Thread(
-                    target=self._run, args=(self._stop,), name=self.name, daemon=True
-                ).start()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._stop, self._thread), name=self.name, daemon=True
+                )
+                self._thread.start()
 
     def close(self) -> None:
         """End the beat (returns at once; a tick under way finishes)."""
@@ -186,8 +189,11 @@ class Ticker:
     def _forget_in_child(self) -> None:
         self._lock = threading.Lock()
         self._stop = None
+        self._thread = None  # the parent's thread does not exist here: nothing to wait for
 
-    def _run(self, stop: threading.Event) -> None:
+    def _run(self, stop: threading.Event, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()  # its tick under way ends first (its beat was closed)
         while not stop.wait(self.interval):
             try:
                 self._tick()
