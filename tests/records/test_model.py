@@ -39,7 +39,7 @@ from tierstore.audit import audit_copy
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records import known
-from tierstore.records.activity import HEARTBEAT
+from tierstore.records.activity import HEARTBEAT, held
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.tiers import Tier
@@ -353,3 +353,27 @@ def test_host_memory_lost_after_an_overwrite_into_the_durable_tier_serves_nothin
         ("durable_tier_goes_away", {}),
         ("host_memory_lost", {}),
     )
+
+
+def test_a_copy_kept_in_use_is_not_served_over_a_newer_commit_its_tier_has_sighted() -> None:
+    """Found by the model (a killed promoter's record kept x in use, so retention kept the older
+    copy): x in the middle tier, overwritten straight into the durable tier, the promoter's pass
+    keeps the middle tier's copy (a restore is reading it) and leaves its sightings there; then
+    the durable tier goes away and host memory is lost with the fast tier's sightings. A new
+    process must not serve the middle tier's older content: the sightings there say better."""
+    state = CommitProtocol()
+    state.set_up()
+    try:
+        state.save_fast(checkpoint_id="x", overwrite=False)
+        state.promoter_pass()
+        state.save_durable(checkpoint_id="x", overwrite=True)
+        mid = state.tiers["mid"]
+        with held(mid, "read", "x", read_manifest(mid, "x").generation):
+            state.promoter_pass()
+        assert read_manifest(mid, "x").seq == 1, "the older copy was in use: kept"
+        state.durable_tier_goes_away()
+        state.host_memory_lost()
+        state.every_committed_id_restores_its_newest_commit()
+        state.latest_is_the_newest_commit()
+    finally:
+        state.teardown()

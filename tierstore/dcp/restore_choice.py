@@ -31,7 +31,7 @@ from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, parse_marker, read_manifest
-from tierstore.records.sightings import read_sightings, trusted
+from tierstore.records.sightings import Sighting, read_sightings, trusted
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -165,29 +165,42 @@ class Known:
 
 def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: float) -> Known:
     """Coordinator: what is known, without asking the slower tiers, of the id's commit in each of
-    them: the promoter's sightings in the fastest tier (those younger than ``trust`` seconds), and
-    this process's own commits."""
+    them: the promoter's sightings, and this process's own commits.
+
+    The fastest tier's sightings younger than ``trust`` seconds say what each sighted tier holds
+    (the tiers a restore need not ask). Every sighting, however old, is evidence that a newer
+    commit of the id was made (commits are only replaced by newer ones): an older content is not
+    served over it. When the fastest tier holds none (host memory lost with them, a node
+    replaced), the first middle tier holding sightings is read for that evidence."""
     commits: dict[str, tuple[int | None, str]] = {}
-    try:
-        sightings = trusted(
-            prober.ask(
-                tiers[0].name,
-                lambda: read_sightings(tiers[0]),
-                what="read sightings",
-                direct=tiers[0].capabilities.staging_files,
-            ),
-            trust,
-        )
-    except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
-        logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tiers[0].name, exc)
-        sightings = {}
+    sightings = _sightings(tiers[0], checkpoint_id, prober)
+    fresh = trusted(sightings, trust)
+    if not sightings:
+        for tier in tiers[1:-1]:
+            if sightings := _sightings(tier, checkpoint_id, prober):
+                break
     for name, sighting in sightings.items():
         if checkpoint_id in sighting.ids:
             commits[name] = sighting.ids[checkpoint_id]
-    own = elsewhere_for(tiers).own_commit(checkpoint_id, sightings)
+    own = elsewhere_for(tiers).own_commit(checkpoint_id, fresh)
     if own is not None:
         commits[own[0]] = (own[1], own[2])
-    return Known(commits, frozenset(sightings))
+    return Known(commits, frozenset(fresh))
+
+
+def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sighting]:
+    """The sightings in ``tier`` (none when they cannot be read: then the tiers are asked)."""
+    try:
+        found: dict[str, Sighting] = prober.ask(
+            tier.name,
+            lambda: read_sightings(tier),
+            what="read sightings",
+            direct=tier.capabilities.staging_files,
+        )
+    except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
+        logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tier.name, exc)
+        return {}
+    return found
 
 
 def _probe_window(
