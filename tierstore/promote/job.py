@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tierstore.errors import IntegrityError
+from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
 from tierstore.killpoints import kill_point
 from tierstore.progress import ByteProgress
@@ -38,6 +38,8 @@ from tierstore.records.protocol import Verdict, judge_promotion, publish
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
+_SWAP_ATTEMPTS = 8
+"""How often a promotion judges a marker that other promotions keep swapping before it gives up."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +87,27 @@ def publish_committed(
     manifest (``SAME``: another promoter won; ``KEEP_NEWER``; ``CONFLICT``: both contents kept).
     """
     existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
-    if existing is None:
-        return None, None
-    verdict, _why = judge_promotion(manifest, existing, source_tier=source_tier, target=target.name)
-    if verdict is not Verdict.REPLACE:
-        return verdict, existing
-    publish(target, manifest, replace=True, node=node, ttl=ttl)
-    return Verdict.REPLACE, None
+    for _attempt in range(_SWAP_ATTEMPTS):
+        if existing is None:
+            return None, None
+        verdict, _why = judge_promotion(manifest, existing, source_tier=source_tier,
+                                        target=target.name)  # fmt: skip
+        if verdict is not Verdict.REPLACE:
+            return verdict, existing
+        try:  # swapped only if the marker still names what was judged; else judged again
+            existing = publish(target, manifest, replace=True, node=node, ttl=ttl,
+                               expect=existing.generation)  # fmt: skip
+        except FileNotFoundError:  # the judged marker was dropped meanwhile: create-only again
+            existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
+            if existing is None:
+                return None, None
+            continue
+        if existing is None:
+            return Verdict.REPLACE, None
+    raise TierstoreError(
+        f"{manifest.checkpoint_id}: the marker in tier {target.describe()} changed under each of"
+        f" {_SWAP_ATTEMPTS} attempts to replace it (other promoters?); the next pass tries again"
+    )
 
 
 def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:

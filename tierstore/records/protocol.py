@@ -79,6 +79,7 @@ def publish(
     node: int | None = None,
     log: bool = True,
     ttl: float = ACTIVITY_TTL,
+    expect: str | None = None,
 ) -> Manifest | None:
     """Commit ``manifest`` in ``tier`` (the order is in the module docstring); None when published.
 
@@ -87,7 +88,10 @@ def publish(
     again with ``replace=True``). ``replace=True`` swaps the marker atomically and drops the
     generation it named once the new one stands. ``node``: in a node-local tier, only that node's
     files are checked (the others are on their nodes). ``log=False`` when the number was claimed in
-    this tier already (a save). Raises :class:`IntegrityError` naming the missing files.
+    this tier already (a save). ``expect`` (with ``replace``): the generation the caller judged
+    the marker to name; if another publisher swapped it since, nothing is published and the
+    marker that stands is returned, to be judged again. Raises :class:`IntegrityError` naming the
+    missing files.
     """
     ckpt = manifest.checkpoint_id
     if problems := _files_problems(tier, manifest, node):
@@ -111,6 +115,8 @@ def publish(
             log_commit(tier, replaced_seq, ckpt, replaced)
     if log_first:
         log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
+    if replace and expect is not None and (standing := _swapped_since(tier, manifest, expect)):
+        return standing
     kill_point("marker.files_checked", ckpt)
     try:
         tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
@@ -136,6 +142,31 @@ def publish(
     if replaced and replaced != manifest.generation:
         drop(tier, ckpt, replaced, ttl=ttl)
     return None
+
+
+def _swapped_since(tier: Tier, manifest: Manifest, expect: str) -> Manifest | None:
+    """The id's marker if it no longer names ``expect`` (another promotion swapped it since the
+    caller judged it), after forgetting the number just logged for ``manifest``'s generation
+    unless the marker names that very generation; None while it still names ``expect``.
+
+    Read last before the swap: a swap judged against an older marker would put an older commit
+    over a newer one committed meanwhile. Not atomic with the swap (POSIX and S3 have no compare
+    and swap here), the window is one marker read wide instead of the whole publish."""
+    ckpt = manifest.checkpoint_id
+    if _marker_generation(tier, ckpt) == expect:
+        return None
+    try:
+        standing = read_manifest(tier, ckpt)
+    except FileNotFoundError:
+        standing = None
+    if standing is None or standing.generation != manifest.generation:
+        top = highest_in(tier)
+        for entry in read_log(tier):
+            if (entry.checkpoint_id, entry.generation) == (ckpt, manifest.generation):
+                forget_entry(tier, entry, top=top)
+    if standing is None:  # dropped meanwhile: the caller publishes create-only again
+        raise FileNotFoundError(f"{ckpt}: the marker in tier {tier.describe()} was dropped")
+    return standing
 
 
 def _marker_generation(tier: Tier, checkpoint_id: str) -> str | None:
