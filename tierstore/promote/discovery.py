@@ -93,6 +93,14 @@ class MarkerCache:
             logger.warning("tier %s: %s in its root is a file, not a checkpoint: ignored, left alone",
                            tier.describe(), name)  # fmt: skip
 
+    def keep_only(self, tier_name: str, present: set[str]) -> None:
+        """Forget what is cached of ``tier_name``'s ids not in ``present`` (its latest listing): a
+        promoter runs for weeks, and each deleted checkpoint would keep its parsed marker (every
+        rank's files) and part records in memory for good."""
+        for cached in (self.entries, self.parts_read):
+            for key in [k for k in cached if k[0] == tier_name and k[1] not in present]:
+                del cached[key]
+
     def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
         """The marker's manifest, from the cache when it cannot have changed since."""
         key = (tier.name, checkpoint_id)
@@ -184,7 +192,8 @@ def discover(
 
 def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     sources: dict[str, SeenCopy] = {}
-    for checkpoint_id, mtime in marker_times(tier).items():
+    committed = marker_times(tier)
+    for checkpoint_id, mtime in committed.items():
         try:
             manifest = cache.read(tier, checkpoint_id, mtime)
         except Exception as exc:  # noqa: BLE001 - a damaged marker: that copy is not usable
@@ -195,9 +204,12 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
             parts = tuple(cache.parts(tier, checkpoint_id).get(manifest.generation, []))
         sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts)
     if not tier.node_local:
+        cache.keep_only(tier.name, set(committed))
         return sources
     clock = _TierTimes(tier)
-    for checkpoint_id in tier.list_dir(""):
+    listed = tier.list_dir("")
+    cache.keep_only(tier.name, {*committed, *listed})
+    for checkpoint_id in listed:
         if checkpoint_id in sources or not is_checkpoint_id(checkpoint_id):
             continue
         if tier.exists(marker_path(checkpoint_id)):
