@@ -6,6 +6,11 @@ drops the lock when the process dies, however it dies. Cleanup asks the lock, no
 in another PID namespace (a separate container) cannot see the writer's pid, but it shares the
 tmpfs, and the lock answers the same there. Directories of writers from before the lock existed fall
 back to the pid (same host only) and their age.
+
+A ``flock`` belongs to the open file, which a forked child shares: a child that kept its copy (a
+data-loader worker, a helper the trainer forked) would keep a SIGKILLed owner's directory locked for
+as long as it lives. So a forked child closes its copies at once (:class:`_HeldLocks`); that
+releases nothing while the owner holds its own.
 """
 
 from __future__ import annotations
@@ -14,9 +19,48 @@ import errno
 import fcntl
 import os
 import socket
+import threading
 import uuid
 
+from tierstore.runtime import track
+
 LOCK_NAME = "owner.lock"
+
+
+class _HeldLocks:
+    """This process's owner locks, each as its descriptor and its lock file's identity."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[int, int, int]] = []
+        self._lock = threading.Lock()
+        track(self)
+
+    def add(self, fd: int) -> None:
+        """Note the lock descriptor ``fd`` (forgetting those closed since)."""
+        with self._lock:
+            self._held = [entry for entry in self._held if _still(*entry)]
+            stat = os.fstat(fd)
+            self._held.append((fd, stat.st_dev, stat.st_ino))
+
+    def _forget_in_child(self) -> None:
+        self._lock = threading.Lock()
+        for fd, device, inode in self._held:
+            # Only a descriptor that is still that lock file: the parent may have closed it, and
+            # its number may name another file now.
+            if _still(fd, device, inode):
+                os.close(fd)
+        self._held = []
+
+
+def _still(fd: int, device: int, inode: int) -> bool:
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return False
+    return (stat.st_dev, stat.st_ino) == (device, inode)
+
+
+_HELD = _HeldLocks()
 
 
 def owner_dir_name() -> str:
@@ -27,7 +71,8 @@ def owner_dir_name() -> str:
 def hold_owner_lock(directory: str) -> int:
     """Create ``directory`` if needed and lock its ``owner.lock`` for this process's lifetime.
 
-    Returns the descriptor; keep it open (closing it releases the lock).
+    Returns the descriptor; keep it open (closing it releases the lock). A forked child does not
+    inherit it (see the module docstring).
     """
     os.makedirs(directory, exist_ok=True)
     fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -36,6 +81,7 @@ def hold_owner_lock(directory: str) -> int:
     except OSError:
         os.close(fd)
         raise
+    _HELD.add(fd)
     return fd
 
 
