@@ -53,11 +53,19 @@ class _HeldLocks:
 
 
 def _still(fd: int, device: int, inode: int) -> bool:
+    """Whether ``fd`` is still the lock file it was: the same file, and (where ``/proc`` says) a
+    lock file by name, since a closed lock's inode number may be another file's by now."""
     try:
         stat = os.fstat(fd)
     except OSError:
         return False
-    return (stat.st_dev, stat.st_ino) == (device, inode)
+    if (stat.st_dev, stat.st_ino) != (device, inode):
+        return False
+    try:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return True  # no /proc: the file's identity has to do
+    return name.removesuffix(" (deleted)") == LOCK_NAME
 
 
 _HELD = _HeldLocks()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.forked import in_forked_child
 from tierstore.config import Config
 from tierstore.tiers import Tier, make_tier
 
@@ -86,3 +87,26 @@ def test_a_child_that_exits_leaves_its_parents_lock_held(
     finally:
         os.close(owned.lock)
     assert tier.owner_alive("staging/mine") is False
+
+
+def test_a_forked_child_closes_only_lock_files_never_a_descriptor_a_closed_lock_left_to_reuse(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    tier = memory_tier(make_config, tmp_path / "mem")
+    owned = tier.own_directory("staging/closed")
+    os.close(owned.lock)  # this process is done with it: the number is free again
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert other == owned.lock, "the test needs the lock's old descriptor number reused"
+
+        def child() -> int:
+            try:
+                os.fstat(other)
+            except OSError:
+                return 3  # the fork closed a file that is no owner lock
+            return 0
+
+        status = in_forked_child(child, deadline=30)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    finally:
+        os.close(other)
