@@ -9,6 +9,7 @@ Copies from before the commit log (tierstore 0.1.0) are ordered by the ``seq`` i
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import os
@@ -178,12 +179,13 @@ class Catalog:
 
         Each tier is asked for two short listings: its commit log (one entry per commit) and its
         top-level ids. An id is placed by its newest log entry whose generation is committed: by
-        that tier's marker (an id's only entry there counts as its commit), or by another tier's
-        marker of the same generation (the copy was promoted, then evicted, while this ran). A
-        marker whose generation its tier's log does not name (a copy from before the log, a
-        promotion stopped between its marker and its entry) is placed by the ``seq`` in it; such
-        markers, and those of ids with several entries in a tier, are read at once, every other
-        marker lazily, newest entry first. A damaged marker is skipped with a warning; a missing
+        that tier's marker, or by another tier's marker of the same generation (the copy was
+        promoted, then evicted, while this ran). A marker whose generation its tier's log does not
+        name (a copy from before the log, a promotion stopped between its marker and its entry,
+        a swap since the listing) is placed by the ``seq`` in it; such markers, and those of ids
+        with several entries in a tier, are read at once, every other marker lazily, newest entry
+        first (an id's lone entry that its marker does not name, a claim or a swap that never
+        happened, then yields to the marker's ``seq``). A damaged marker is skipped with a warning; a missing
         one (a save in progress, a failed or deleted commit) is not a copy. ``also``: ``{id: seq}``
         held where these tiers cannot see (peer mirrors on other nodes), placed at that seq as is.
 
@@ -205,21 +207,23 @@ class Catalog:
             raise TierUnavailableError(f"no tier could be listed: {reasons}")
         orders += [_Sighted(t.name, sightings[t.name], self._resighted(first, t.name))
                    for t in sighted]  # fmt: skip
-        pending = sorted(
+        pending = sorted(  # oldest first: the newest is popped off the end
             [(seq, checkpoint_id, i, generation)
              for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items]
             + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in (also or {}).items()]
             + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in self._own(sightings)],
-            key=lambda item: (item[0] is not None, item[0] or 0, item[1]),
-            reverse=True,
+            key=_placing,
         )  # fmt: skip
         placed: set[str] = set()
-        for _seq, checkpoint_id, i, generation in pending:
+        while pending:
+            _seq, checkpoint_id, i, generation = pending.pop()
             if checkpoint_id in placed:
                 continue
             held = True if i < 0 else orders[i].holds(checkpoint_id, generation)
             if held is None:  # no marker in the entry's own tier: promoted elsewhere meanwhile?
                 held = any(o.names(checkpoint_id, generation) for o in orders if o is not orders[i])
+            elif not held and (by_marker := orders[i].placed_by_marker(checkpoint_id)) is not None:
+                bisect.insort(pending, (*by_marker, i, None), key=_placing)
             if held:
                 placed.add(checkpoint_id)
                 yield checkpoint_id
@@ -298,6 +302,14 @@ class Catalog:
         return Listing(checkpoint_id, tuple(held), first.total_bytes, original, first.step, timings)
 
 
+def _placing(item: tuple[int | None, str, int, str | None]) -> tuple[bool, int, str, int]:
+    """The order :meth:`Catalog.candidates` places items in, reversed (newest last). Of equal
+    items, a tier's own entry comes before what is known without asking it (``also``, this
+    process's commits: index -1), the fastest tier's first: those entries read the markers that
+    notice a copy moving while this runs."""
+    return (item[0] is not None, item[0] or 0, item[1], -item[2] if item[2] >= 0 else -(1 << 30))
+
+
 class _Sighted:
     """A tier known from its sighting in the fastest tier: its items, taken as committed (a restore
     checks them). The tier itself is never asked: an id that moved there while the catalog ran is
@@ -315,6 +327,10 @@ class _Sighted:
     def holds(self, checkpoint_id: str, generation: str | None) -> bool | None:
         """Sighted commits are taken as held."""
         return True
+
+    def placed_by_marker(self, checkpoint_id: str) -> tuple[int | None, str] | None:
+        """Never needed: a sighted item is always held."""
+        return None
 
     def names(self, checkpoint_id: str, generation: str | None) -> bool:
         """True when the sighting, read again now, names ``generation`` of the id."""
@@ -365,13 +381,25 @@ class _CommitOrder:
 
     def holds(self, checkpoint_id: str, generation: str | None) -> bool | None:
         """Whether the item ``(id, generation)`` is this tier's commit of the id: its marker names
-        that generation (or the id has only this entry here, or the item came from the marker).
-        None when the tier has no valid marker of the id at all."""
+        that generation (or the item came from the marker). None when the tier has no valid
+        marker of the id at all."""
         manifest = self.marker(checkpoint_id)
         if manifest is None:
             return None
-        single = len(self.entries.get(checkpoint_id, [])) == 1
-        return generation is None or single or manifest.generation == generation
+        return generation is None or manifest.generation == generation
+
+    def placed_by_marker(self, checkpoint_id: str) -> tuple[int | None, str] | None:
+        """``(seq, id)`` from the id's marker when its generation has no entry in the listing:
+        the lone entry of an id is not always its commit (an overwrite's number claimed or logged
+        before a swap that never happened), nor is the listing always as new as the marker (a
+        promotion swapped it since). The marker, read already, then places the id. None when
+        the listing names the marker's generation (that entry places it) or it was read at once
+        (its item is already there)."""
+        manifest = self.markers.get(checkpoint_id)
+        entries = self.entries.get(checkpoint_id, [])
+        if manifest is None or len(entries) != 1 or entries[0].generation == manifest.generation:
+            return None
+        return manifest.seq, checkpoint_id
 
     def names(self, checkpoint_id: str, generation: str | None) -> bool:
         """True when this tier's valid marker of the id names ``generation``, read now: one read
