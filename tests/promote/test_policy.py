@@ -251,3 +251,13 @@ def test_a_copy_below_the_overwrite_waits_for_its_promotion() -> None:
     cfg = config({}, {}, {})
     held = {"t0": {"x": _x(2, overwrite=True)}, "t2": {"x": _x(1)}}
     assert retention(cfg, held) == []
+
+
+@pytest.mark.parametrize("rule", [{"pin": ["x"]}, {"keep_every": 1}])
+def test_an_overtaken_copy_is_deleted_although_pinned_or_a_milestone(rule: dict[str, Any]) -> None:
+    """Decided in review: pin and keep_every keep an id, whose content is now the overwrite's; the
+    replaced content kept would be served once the slower tier is away and host memory lost.
+    docs/operations.md says to pin the id where the overwrite went."""
+    cfg = config(dict(rule), {}, {})
+    held = {"t0": {"x": _x(1)}, "t2": {"x": _x(2, overwrite=True)}}
+    assert [(d.tier, d.generation) for d in retention(cfg, held)] == [("t0", _x(1).generation)]
