@@ -79,4 +79,5 @@ def test_a_swap_does_not_put_an_older_commit_over_a_newer_one_swapped_in_meanwhi
     assert read_manifest(shared, "x").generation == newer.generation
     assert verdict is Verdict.KEEP_NEWER and existing is not None
     assert existing.generation == newer.generation
-    assert older.generation not in {e.generation for e in read_log(shared)}
+    logged = {e.generation for e in read_log(shared) if e.checkpoint_id == "x"}
+    assert logged == {newer.generation}, "neither the judged marker's nor the swap's entry stays"

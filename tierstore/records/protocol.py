@@ -146,8 +146,9 @@ def publish(
 
 def _swapped_since(tier: Tier, manifest: Manifest, expect: str) -> Manifest | None:
     """The id's marker if it no longer names ``expect`` (another promotion swapped it since the
-    caller judged it), after forgetting the number just logged for ``manifest``'s generation
-    unless the marker names that very generation; None while it still names ``expect``.
+    caller judged it), after forgetting the numbers just logged: ``expect``'s (its drop may have
+    run already) and ``manifest``'s unless the marker names that very generation; None while it
+    still names ``expect``.
 
     Read last before the swap: a swap judged against an older marker would put an older commit
     over a newer one committed meanwhile. Not atomic with the swap (POSIX and S3 have no compare
@@ -159,11 +160,13 @@ def _swapped_since(tier: Tier, manifest: Manifest, expect: str) -> Manifest | No
         standing = read_manifest(tier, ckpt)
     except FileNotFoundError:
         standing = None
+    stale = {expect}
     if standing is None or standing.generation != manifest.generation:
-        top = highest_in(tier)
-        for entry in read_log(tier):
-            if (entry.checkpoint_id, entry.generation) == (ckpt, manifest.generation):
-                forget_entry(tier, entry, top=top)
+        stale.add(manifest.generation)
+    top = highest_in(tier)
+    for entry in read_log(tier):
+        if entry.checkpoint_id == ckpt and entry.generation in stale:
+            forget_entry(tier, entry, top=top)
     if standing is None:  # dropped meanwhile: the caller publishes create-only again
         raise FileNotFoundError(f"{ckpt}: the marker in tier {tier.describe()} was dropped")
     return standing
