@@ -9,21 +9,27 @@ own tier type (:mod:`tests.records.watched_tier`, a shared directory that counts
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
+from tests.local_files import real_path
 from tests.records import watched_tier
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
+from tierstore.ids import sighting_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records import known
 from tierstore.records.conflicts import read_conflicts
 from tierstore.records.marker import read_manifest
+from tierstore.records.sightings import Sighting, record_sighting
 
 
 def state(value: float) -> dict[str, Any]:
@@ -259,3 +265,25 @@ def test_an_overwrite_racing_a_promotion_never_leaves_the_old_generation_served(
     Promoter(config, node=0).run_once()
     new_process()
     assert restored(config, "a")[0] == 2.0
+
+
+def test_an_old_sighting_of_a_newer_commit_counts_only_while_its_tier_does_not_answer(
+    make_config: Callable[..., Config],
+) -> None:
+    """A sighting too old to trust (no promoter running) still says the durable tier once held a
+    newer commit of ``x``. Asked, the durable tier answers for itself: it holds no ``x`` now (an
+    operator dropped that content), and memory's ``x`` is served. Away, it cannot: the older
+    content is not served over the commit the sighting saw (host memory lost, the durable tier
+    away: docs/operations.md)."""
+    config = make_config("memory", "watched", probe_timeout="1s")
+    memory, durable = config.make_tiers(node=0)
+    save(config, "x", 1.0)
+    record_sighting(memory, Sighting("watched", 2, {"x": (2, "g0000000000020000000")}))
+    hour_ago = time.time() - 3600
+    os.utime(str(real_path(memory, sighting_path("watched"))), (hour_ago, hour_ago))
+    new_process()
+    assert restored(config, "x") == (1.0, "memory")
+    watched_tier.DOWN.add(durable.root)
+    new_process()
+    with pytest.raises(CheckpointException, match="older than g0000000000020000000"):
+        restored(config, "x")

@@ -35,6 +35,7 @@ from tierstore.records.sightings import Sighting, read_sightings, trusted
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
+NO_MARKER = "no commit marker"
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,10 @@ class Known:
     """``{tier name: (seq, generation)}`` of the id, from sightings and this process's commits."""
     sighted: frozenset[str] = frozenset()
     """Tiers the promoter has sighted (their commits are known); the others must be asked."""
+    evidence: dict[str, tuple[int | None, str]] = field(default_factory=dict)
+    """``{tier name: (seq, generation)}`` from sightings too old to trust: a commit of the id that
+    tier held. It counts only for a tier that does not answer when asked (see
+    :func:`_with_unanswered`): one that answers says what it holds now (an operator's drop)."""
 
     def newest(self) -> tuple[int | None, str, str] | None:
         """``(seq, generation, tier)`` of the newest known commit of the id, or None."""
@@ -168,10 +173,10 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
     them: the promoter's sightings, and this process's own commits.
 
     The fastest tier's sightings younger than ``trust`` seconds say what each sighted tier holds
-    (the tiers a restore need not ask). Every sighting, however old, is evidence that a newer
-    commit of the id was made (commits are only replaced by newer ones): an older content is not
-    served over it. When the fastest tier holds none (host memory lost with them, a node
-    replaced), the first middle tier holding sightings is read for that evidence."""
+    (the tiers a restore need not ask). Older ones are evidence for a tier that does not answer
+    (:attr:`Known.evidence`): an older content is not served over a newer commit it saw. When the
+    fastest tier holds none (host memory lost with them, a node replaced), the first middle tier
+    holding sightings is read for that evidence."""
     commits: dict[str, tuple[int | None, str]] = {}
     sightings = _sightings(tiers[0], checkpoint_id, prober)
     fresh = trusted(sightings, trust)
@@ -179,13 +184,14 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
         for tier in tiers[1:-1]:
             if sightings := _sightings(tier, checkpoint_id, prober):
                 break
+    evidence: dict[str, tuple[int | None, str]] = {}
     for name, sighting in sightings.items():
         if checkpoint_id in sighting.ids:
-            commits[name] = sighting.ids[checkpoint_id]
+            (commits if name in fresh else evidence)[name] = sighting.ids[checkpoint_id]
     own = elsewhere_for(tiers).own_commit(checkpoint_id, fresh)
     if own is not None:
         commits[own[0]] = (own[1], own[2])
-    return Known(commits, frozenset(fresh))
+    return Known(commits, frozenset(fresh), evidence)
 
 
 def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sighting]:
@@ -227,7 +233,7 @@ def _probe_window(
                                   what=f"read the marker of {checkpoint_id}",
                                   direct=tier.capabilities.staging_files)  # fmt: skip
         except FileNotFoundError:
-            window.append((index, None, "no commit marker"))
+            window.append((index, None, NO_MARKER))
             continue
         except Exception as exc:  # noqa: BLE001 - reported per tier; other tiers may do
             window.append((index, None, str(exc)))
@@ -239,6 +245,18 @@ def _probe_window(
         if manifest.generation == best[1] and not unsighted_below:
             break  # the newest known commit, and nothing below holds one this does not know of
     return window
+
+
+def _with_unanswered(
+    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]]
+) -> Known:
+    """``known``, with the evidence of the window's tiers that did not answer counted as known
+    commits (a tier that answered, with a marker or without, replaces its evidence)."""
+    failed = {tiers[i].name for i, blob, reason in window if blob is None and reason != NO_MARKER}
+    taken = {n: c for n, c in known.evidence.items() if n in failed and n not in known.commits}
+    if not taken:
+        return known
+    return Known({**known.commits, **taken}, known.sighted, known.evidence)
 
 
 def _with_window(
@@ -255,7 +273,7 @@ def _with_window(
             logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
             continue
         commits[tiers[index].name] = (manifest.seq, manifest.generation)
-    return Known(commits, known.sighted)
+    return Known(commits, known.sighted, known.evidence)
 
 
 def _keep_only_the_newest_commit(
@@ -328,6 +346,8 @@ def choose_copy(
             if rank == 0
             else []
         )
+        if rank == 0:
+            known = _with_unanswered(known, tiers, window)
         window, known = broadcast_object((window, known), group) if collective else (window, known)
         if rank != 0:
             for index, _blob, _reason in window:
@@ -380,15 +400,16 @@ def _choose_in_window(
             blobs = [blob] if blob is not None else []
             probes = [p[index] for _, p in everyone if index in p]
             blobs += [b for probe in probes for b in probe.markers]
-            other = [] if reason in (None, "no commit marker") else [f"node of rank 0: {reason}"]
+            other = [] if reason in (None, NO_MARKER) else [f"node of rank 0: {reason}"]
             blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes)
             found[index] = (blob, reason)
             if evidence is not None:  # a newer commit than any marker held: it decides "newest"
-                known = Known({**known.commits, tiers[index].name: evidence}, known.sighted)
+                known = Known({**known.commits, tiers[index].name: evidence}, known.sighted,
+                              known.evidence)  # fmt: skip
     manifests: dict[int, Manifest] = {}
     for index, (blob, reason) in found.items():
         if blob is None:
-            reasons[index] = [reason or "no commit marker"]
+            reasons[index] = [reason or NO_MARKER]
         else:
             manifests[index] = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
     _keep_only_the_newest_commit(tiers, manifests, reasons, known)
