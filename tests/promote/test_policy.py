@@ -261,3 +261,19 @@ def test_an_overtaken_copy_is_deleted_although_pinned_or_a_milestone(rule: dict[
     cfg = config(dict(rule), {}, {})
     held = {"t0": {"x": _x(1)}, "t2": {"x": _x(2, overwrite=True)}}
     assert [(d.tier, d.generation) for d in retention(cfg, held)] == [("t0", _x(1).generation)]
+
+
+@pytest.mark.parametrize(
+    "newer",
+    [
+        _x(2, overwrite=False),  # saved without overwrite while t0 held x: a conflict, both kept
+        _x(2, overwrite=True, unseen_tiers=frozenset({"t0"})),  # it could not see t0's copy
+    ],
+)
+def test_a_content_in_conflict_with_a_newer_number_still_goes_down_the_tiers(newer: Copy) -> None:
+    """Found in review of ad993c0: a content that a higher-numbered commit did not knowingly
+    replace (two savers raced, or one could not see it) is one side of a conflict an operator
+    settles; it reaches the middle tier like any copy, rather than living in host memory only."""
+    cfg = config({}, {}, {})
+    held = {"t0": {"x": _x(1, conflicts=frozenset({"t2"}))}, "t2": {"x": newer}}
+    assert ids(promotions(cfg, held)) == ["x@t1"]

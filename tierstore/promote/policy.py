@@ -137,11 +137,26 @@ def _judged(copies: Iterable[Copy]) -> Iterator[Copy]:
     return (c for c in copies if not (c.partial and not c.confirmed))
 
 
-def _overtaken(copy: Copy, newest: Mapping[str, Copy]) -> bool:
-    """True when a newer commit of the id than ``copy`` is known (``newest``: per id)."""
+def _replaced(copy: Copy, where: str, newer: Copy) -> bool:
+    """True when ``newer`` replaced ``copy`` (held in tier ``where``): a newer commit whose save
+    could see that tier and meant to replace the id, neither side in a recorded conflict. The
+    terms of :func:`tierstore.records.protocol.judge_promotion`'s ``REPLACE``; otherwise the two
+    are contents in conflict, both kept."""
+    return (
+        is_newer(newer, copy)
+        and not copy.conflicts
+        and not newer.conflicts
+        and newer.overwrite is not False
+        and where not in newer.unseen_tiers
+    )
+
+
+def _overtaken(copy: Copy, tiers: list[str], newest: Mapping[str, Copy]) -> bool:
+    """True when the newest known commit of the id (``newest``: per id) replaced ``copy``, held in
+    ``tiers``. A node's unconfirmed part is not judged (its number is the one planned)."""
     known = newest.get(copy.checkpoint_id)
     judged = not (copy.partial and not copy.confirmed)
-    return judged and known is not None and is_newer(known, copy)
+    return judged and known is not None and all(_replaced(copy, t, known) for t in tiers)
 
 
 def _ordered(copies: Iterable[Copy]) -> list[Copy]:
@@ -219,8 +234,9 @@ def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     this tier would serve stale data once the tiers above let go. Otherwise a checkpoint belongs in
     a tier when it is selected by the tier's ``every`` and the tier's retention would keep it:
     nothing is promoted only to be deleted at once. A copy of an id with a newer commit in any
-    tier (an overwrite saved straight into a lower tier) is not promoted: a restore would refuse
-    it, and in a tier between it could be served once the tiers that know better are away.
+    tier that replaced it (an overwrite saved straight into a lower tier) is not promoted: a
+    restore would refuse it, and in a tier between it could be served once the tiers that know
+    better are away. A content in conflict with a higher-numbered one still is (both are kept).
     """
     names = [t.name for t in rules.tiers]
     here = held.get(names[index], {})
@@ -228,11 +244,15 @@ def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
     newest = _newest_per_id(_judged(c for n in names for c in held.get(n, {}).values()))
+
+    def holders(copy: Copy) -> list[str]:
+        return [n for n in names[:index] if held.get(n, {}).get(copy.checkpoint_id) == copy]
+
     candidates = [
         c
         for c in _ordered(above)
         if (c.checkpoint_id, c.generation) not in conflicted
-        and not _overtaken(c, newest)
+        and not _overtaken(c, holders(c), newest)
         and (
             (c.checkpoint_id not in here and is_selected(c, every))
             or (c.checkpoint_id in here and is_newer(c, here[c.checkpoint_id]))
@@ -333,11 +353,7 @@ def overtaken(names: list[str], held: Holdings) -> list[Deletion]:
             if (
                 names.index(name) >= names.index(where)
                 or copy.partial
-                or copy.conflicts
-                or newer.conflicts
-                or newer.overwrite is False
-                or name in newer.unseen_tiers
-                or not is_newer(newer, copy)
+                or not _replaced(copy, name, newer)
             ):
                 continue
             why = (f"overtaken: tier {where} holds a newer commit of the id ({newer.generation},"
