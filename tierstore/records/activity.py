@@ -70,6 +70,8 @@ class Activity:
              "checkpoint_id": checkpoint_id, "generation": generation, "since": time.time()}
         ).encode()  # fmt: skip
         self.released = False
+        self.owner = os.getpid()
+        """The process that published it: only it deletes it (a forked child's copy is inert)."""
         self.interval = ttl / 4
         self.due = 0.0
 
@@ -92,6 +94,8 @@ class Activity:
             return
         self.released = True
         HEARTBEAT.get().forget(self)
+        if os.getpid() != self.owner:
+            return  # a forked child's inherited copy: the record is still the parent's
         try:
             self.tier.delete(self.path)
         except Exception as exc:  # noqa: BLE001 - it expires after ACTIVITY_TTL anyway
