@@ -163,7 +163,6 @@ class Heartbeat:
     """Refreshes every held record of this process, on one beat (a :class:`~tierstore.runtime.Ticker`)."""
 
     def __init__(self, tick: float) -> None:
-        self.tick = tick
         self._held: set[Activity] = set()
         self._lock = threading.Lock()
         self._ticker = Ticker("tierstore-heartbeat", tick, self._beat)
