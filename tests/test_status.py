@@ -201,6 +201,8 @@ def test_a_read_only_command_reports_an_unreachable_tier_without_each_retry(
         return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying s3")]
 
     assert retries() == [], "the command's own report of the tier is the outcome; attempts are -v"
+    left_out = [r for r in caplog.records if "is unreachable, left out" in r.getMessage()]
+    assert left_out == [], "the command reports the tier itself: not a second time as a log line"
     assert retries("-v"), "with -v each retry is shown"
     assert retries() == [], "main put the levels back"
 

@@ -628,13 +628,18 @@ RETRY_LOGGER = "tierstore.tiers.s3.retry"
 """Where each failed attempt of a retried request is logged: detail for a long transfer or a
 daemon's log. The read-only commands report a tier that did not answer themselves (one line), so
 they show the attempts only with ``-v``."""
+CATALOG_LOGGER = "tierstore.records.catalog"
+"""Where the catalog says it left an unreachable tier out: :data:`LISTINGS` print that themselves."""
+LISTINGS = frozenset({"ls", "status"})
+"""Commands whose output names each unreachable tier and why."""
 
 
 def set_up_logging(args: argparse.Namespace) -> dict[str, int]:
     """Log lines to stderr: tierstore's at DEBUG with ``-v``, WARNING with ``-q``, else INFO for
     :data:`DAEMONS` and WARNING for the rest (:data:`RETRY_LOGGER`'s at ERROR for the
-    :data:`READ_ONLY` commands without ``-v``); other libraries' at INFO with ``-v``, else WARNING.
-    Returns the levels it replaced, for :func:`restore_logging`."""
+    :data:`READ_ONLY` commands without ``-v``, :data:`CATALOG_LOGGER`'s for :data:`LISTINGS`);
+    other libraries' at INFO with ``-v``, else WARNING. Returns the levels it replaced, for
+    :func:`restore_logging`."""
     if args.quiet:
         level = logging.WARNING
     elif args.verbose:
@@ -648,6 +653,8 @@ def set_up_logging(args: argparse.Namespace) -> dict[str, int]:
     levels = dict.fromkeys({"tierstore", __name__}, level)  # `python -m tierstore.cli`: this too
     if args.command in READ_ONLY and not args.verbose:
         levels[RETRY_LOGGER] = logging.ERROR
+    if args.command in LISTINGS and not args.verbose:
+        levels[CATALOG_LOGGER] = logging.ERROR
     replaced = {}
     for name, wanted in levels.items():
         replaced[name] = logging.getLogger(name).level
