@@ -16,6 +16,7 @@ rank lacks from a node that holds them (:mod:`tierstore.dcp.mirror.peer_read`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -158,6 +159,11 @@ class Known:
     """``{tier name: (seq, generation)}`` from sightings too old to trust: a commit of the id that
     tier held. It counts only for a tier that does not answer when asked (see
     :func:`_with_unanswered`): one that answers says what it holds now (an operator's drop)."""
+    evidence_below: bool = False
+    """The fastest tier holds no sightings (host memory lost with them): the first middle tier
+    holding some is read for :attr:`evidence` once a tier does not answer (:func:`_with_unanswered`;
+    while every tier answers the evidence counts for none, and reading it would cost a listing of
+    an S3 middle tier per restore)."""
 
     def newest(self) -> tuple[int | None, str, str] | None:
         """``(seq, generation, tier)`` of the newest known commit of the id, or None."""
@@ -176,14 +182,10 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
     (the tiers a restore need not ask). Older ones are evidence for a tier that does not answer
     (:attr:`Known.evidence`): an older content is not served over a newer commit it saw. When the
     fastest tier holds none (host memory lost with them, a node replaced), the first middle tier
-    holding sightings is read for that evidence."""
+    holding sightings is read for that evidence, once a tier does not answer."""
     commits: dict[str, tuple[int | None, str]] = {}
     sightings = _sightings(tiers[0], checkpoint_id, prober)
     fresh = trusted(sightings, trust)
-    if not sightings:
-        for tier in tiers[1:-1]:
-            if sightings := _sightings(tier, checkpoint_id, prober):
-                break
     evidence: dict[str, tuple[int | None, str]] = {}
     for name, sighting in sightings.items():
         if checkpoint_id in sighting.ids:
@@ -191,7 +193,18 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
     own = elsewhere_for(tiers).own_commit(checkpoint_id, fresh)
     if own is not None:
         commits[own[0]] = (own[1], own[2])
-    return Known(commits, frozenset(fresh), evidence)
+    return Known(commits, frozenset(fresh), evidence, evidence_below=not sightings)
+
+
+def _evidence_below(
+    tiers: list[Tier], checkpoint_id: str, prober: Prober
+) -> dict[str, tuple[int | None, str]]:
+    """The id's commits in the sightings of the first middle tier holding any (see
+    :attr:`Known.evidence_below`)."""
+    for tier in tiers[1:-1]:
+        if sightings := _sightings(tier, checkpoint_id, prober):
+            return {n: s.ids[checkpoint_id] for n, s in sightings.items() if checkpoint_id in s.ids}
+    return {}
 
 
 def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sighting]:
@@ -248,15 +261,22 @@ def _probe_window(
 
 
 def _with_unanswered(
-    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]]
+    known: Known,
+    tiers: list[Tier],
+    window: list[tuple[int, bytes | None, str | None]],
+    read_below: Callable[[], dict[str, tuple[int | None, str]]],
 ) -> Known:
     """``known``, with the evidence of the window's tiers that did not answer counted as known
-    commits (a tier that answered, with a marker or without, replaces its evidence)."""
+    commits (a tier that answered, with a marker or without, replaces its evidence).
+    ``read_below``: the evidence in a middle tier's sightings, read only when one did not answer
+    and :attr:`Known.evidence_below` says to."""
     failed = {tiers[i].name for i, blob, reason in window if blob is None and reason != NO_MARKER}
+    if failed and known.evidence_below:
+        known = dataclasses.replace(known, evidence=read_below(), evidence_below=False)
     taken = {n: c for n, c in known.evidence.items() if n in failed and n not in known.commits}
     if not taken:
         return known
-    return Known({**known.commits, **taken}, known.sighted, known.evidence)
+    return dataclasses.replace(known, commits={**known.commits, **taken})
 
 
 def _with_window(
@@ -273,7 +293,7 @@ def _with_window(
             logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
             continue
         commits[tiers[index].name] = (manifest.seq, manifest.generation)
-    return Known(commits, known.sighted, known.evidence)
+    return dataclasses.replace(known, commits=commits)
 
 
 def _keep_only_the_newest_commit(
@@ -347,7 +367,8 @@ def choose_copy(
             else []
         )
         if rank == 0:
-            known = _with_unanswered(known, tiers, window)
+            below = functools.partial(_evidence_below, tiers, checkpoint_id, prober)
+            known = _with_unanswered(known, tiers, window, below)
         window, known = broadcast_object((window, known), group) if collective else (window, known)
         if rank != 0:
             for index, _blob, _reason in window:
@@ -404,8 +425,8 @@ def _choose_in_window(
             blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes)
             found[index] = (blob, reason)
             if evidence is not None:  # a newer commit than any marker held: it decides "newest"
-                known = Known({**known.commits, tiers[index].name: evidence}, known.sighted,
-                              known.evidence)  # fmt: skip
+                commits = {**known.commits, tiers[index].name: evidence}
+                known = dataclasses.replace(known, commits=commits)
     manifests: dict[int, Manifest] = {}
     for index, (blob, reason) in found.items():
         if blob is None:
