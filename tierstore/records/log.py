@@ -51,6 +51,11 @@ def read_log(tier: Tier) -> list[LogEntry]:
     return read_log_and_voids(tier)[0]
 
 
+_LONGER_SORT_LOWER = 10**11
+"""From this number on, a name padded to 12 digits starts with a digit other than 0, and a longer
+number's name (13 digits and more: ``1…``) may sort before it: the log is then listed whole."""
+
+
 def read_log_and_voids(tier: Tier, *, above: int = 0) -> tuple[list[LogEntry], list[int]]:
     """The log's entries naming commits, and the numbers of its void entries (numbers taken by no
     commit that stands: see :func:`tierstore.ids.void_entry_path`), both in sequence order.
@@ -61,7 +66,7 @@ def read_log_and_voids(tier: Tier, *, above: int = 0) -> tuple[list[LogEntry], l
     entries, voids = [], []
     listed = (
         tier.find(COMMITS_DIR)
-        if above <= 0
+        if above <= 0 or above + 1 >= _LONGER_SORT_LOWER
         else tier.find_after(COMMITS_DIR, commit_entry_prefix(above + 1))
     )
     for info in listed:
