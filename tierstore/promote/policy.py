@@ -336,14 +336,19 @@ def overtaken(names: list[str], held: Holdings) -> list[Deletion]:
     sightings). Never judged: a node's part (its number may be the one planned), a copy in a
     recorded conflict, nor one the newer save could not see or did not mean to replace. A copy
     in a tier below the newer commit's waits for that commit's promotion to replace it: until
-    then it is the durable one.
+    then it is the durable one. A content is judged in every tier holding it: one side of a
+    conflict promoted into a middle tier after the newer save (no conflict recorded there) is the
+    same content that save could not see, not one it replaced.
     """
     newest: dict[str, tuple[str, Copy]] = {}
+    holders: dict[tuple[str, str], list[tuple[str, Copy]]] = {}
     for name, copies in held.items():
         for copy in copies.values():
             known = newest.get(copy.checkpoint_id)
             if not copy.partial and (known is None or is_newer(copy, known[1])):
                 newest[copy.checkpoint_id] = (name, copy)
+            if not copy.partial:  # a node's part is not judged (its number may be the planned one)
+                holders.setdefault((copy.checkpoint_id, copy.generation), []).append((name, copy))
     deletions: list[Deletion] = []
     for name, copies in held.items():
         for checkpoint_id, copy in copies.items():
@@ -353,7 +358,9 @@ def overtaken(names: list[str], held: Holdings) -> list[Deletion]:
             if (
                 names.index(name) >= names.index(where)
                 or copy.partial
-                or not _replaced(copy, name, newer)
+                or not all(
+                    _replaced(c, n, newer) for n, c in holders[(checkpoint_id, copy.generation)]
+                )
             ):
                 continue
             why = (f"overtaken: tier {where} holds a newer commit of the id ({newer.generation},"
