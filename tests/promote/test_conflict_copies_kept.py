@@ -29,11 +29,14 @@ def test_a_promoter_does_not_copy_one_side_of_a_conflict_again_each_pass(
 ) -> None:
     config_ = make_config("watched", "shared", "local", probe_timeout="1s")
     fast, middle, _durable = config_.make_tiers(node=0)
+    new_process()
     save(config_, "x", 1.0)
     new_process()
     watched_tier.DOWN.add(fast.root)  # the overwrite cannot see the fast tier's x: a conflict
-    save(config_, "x", 2.0, tier="local", overwrite=True)
-    watched_tier.DOWN.clear()
+    try:
+        save(config_, "x", 2.0, tier="local", overwrite=True)
+    finally:
+        watched_tier.DOWN.discard(fast.root)
     mine = read_manifest(fast, "x").generation
     stamps = []
     for _pass in range(3):
@@ -43,3 +46,4 @@ def test_a_promoter_does_not_copy_one_side_of_a_conflict_again_each_pass(
     assert stamps[0] == stamps[1] == stamps[2], f"copied again: {stamps}"
     new_process()
     assert restored(config_, "x") == (2.0, "local"), "the newer commit is the one restored"
+    new_process()
