@@ -101,7 +101,9 @@ class MarkerCache:
         promoter runs for weeks, and each deleted checkpoint would keep its parsed marker (every
         rank's files) and part records in memory for good."""
         for cached in (self.entries, self.parts_read):
-            for key in [k for k in cached if k[0] == tier_name and k[1] not in present]:
+            # list(): one step under the GIL. Reads of a slow tier that the Prober gave up on
+            # still add entries from their threads while another tier's listing runs this.
+            for key in [k for k in list(cached) if k[0] == tier_name and k[1] not in present]:
                 del cached[key]
 
     def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
