@@ -71,12 +71,12 @@ def read_object(
         spans.append((offset, data))
         checks.append((group[0][1], data))
     try:
-        cut = pieces(spans, max(tier.capabilities.transfer_chunk, 2**20))
+        cut = pieces(spans, max(tier.capabilities.read_size, 2**20))
     except ValueError:  # items partly over the same bytes: not a layout tierstore writes
         read_items(reader, requests, planner)
         return
     with ThreadPoolExecutor(
-        max(1, tier.capabilities.transfer_streams), thread_name_prefix="tierstore-get"
+        max(1, tier.capabilities.read_count), thread_name_prefix="tierstore-get"
     ) as pool:
         list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
     reader._count(sum(length for _, length in same))

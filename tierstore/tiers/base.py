@@ -98,9 +98,12 @@ class Capabilities:
         create_only_publish: :meth:`Tier.publish` with ``create_only`` is enforced by the store
             itself (``link``; ``If-None-Match: *``), not by a check-then-write.
         multipart: large objects are uploaded in parts assembled by the server.
-        transfer_chunk: the size in which copies into or out of the tier are best made.
+        transfer_chunk: the size in which copies into the tier are best made (and out of it,
+            unless ``read_chunk`` says otherwise).
         transfer_streams: how many chunks are best moved at once (an object store's requests in
             flight).
+        read_chunk: the size of the ranges reads are best made in (0: ``transfer_chunk``).
+        read_streams: how many ranges are best read at once (0: ``transfer_streams``).
     """
 
     local_files: bool = False
@@ -110,6 +113,18 @@ class Capabilities:
     multipart: bool = False
     transfer_chunk: int = 8 * 2**20
     transfer_streams: int = 4
+    read_chunk: int = 0
+    read_streams: int = 0
+
+    @property
+    def read_size(self) -> int:
+        """The size reads are best made in."""
+        return self.read_chunk or self.transfer_chunk
+
+    @property
+    def read_count(self) -> int:
+        """How many reads are best made at once."""
+        return self.read_streams or self.transfer_streams
 
 
 class WriteStream(Protocol):
@@ -201,7 +216,7 @@ class Tier(abc.ABC):
 
     def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         """Yield the file in chunks (for checksums and copies)."""
-        chunk = chunk_size or self.capabilities.transfer_chunk
+        chunk = chunk_size or self.capabilities.read_size
         size = self.stat(path).size
         for offset in range(0, size, chunk):
             yield self.read_range(path, offset, min(chunk, size - offset))

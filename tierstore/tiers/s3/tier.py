@@ -74,6 +74,8 @@ class S3Tier(Tier):
             multipart=True,
             transfer_chunk=config.part_size,
             transfer_streams=config.concurrency,
+            read_chunk=config.read_size,
+            read_streams=config.read_concurrency,
         )
         self.send_checksums = config.checksum == "crc32"
         self._new_process_state()
@@ -154,7 +156,7 @@ class S3Tier(Tier):
             retries={"total_max_attempts": 1},
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            max_pool_connections=max(10, 2 * self.concurrency),
+            max_pool_connections=max(10, 2 * max(self.concurrency, self.config.read_concurrency)),
             read_timeout=self.config.read_timeout,
         )
         global _LOADER

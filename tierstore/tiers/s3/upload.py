@@ -139,6 +139,17 @@ class ObjectUpload:
             self._pool = None
 
 
+PARTS_PER_DOUBLING = 900
+"""Parts of one size before the next size doubles: 10,000 parts (S3's limit) then hold more than
+5 TiB (S3's largest object) from a first part of 5 MiB (9.3 TiB; 11.9 TiB from 8 MiB)."""
+MAX_PART = 5 * 2**30
+
+
+def part_size_for(base: int, number: int) -> int:
+    """The size of part ``number`` (from 1) of an upload whose parts start at ``base`` bytes."""
+    return min(MAX_PART, base << ((number - 1) // PARTS_PER_DOUBLING))
+
+
 class S3WriteStream:
     """The :class:`~tierstore.tiers.base.WriteStream` of an S3 tier: fills one part at a time.
 
@@ -150,7 +161,9 @@ class S3WriteStream:
 
     def __init__(self, upload: ObjectUpload, part_size: int) -> None:
         self._upload = upload
+        self._base = part_size
         self._part_size = part_size
+        self._parts = 0
         self._buffer: bytearray | None = None
         self._filled = 0
         self._spare: list[bytearray] = []  # appended by part threads, taken here: atomic ops
@@ -160,11 +173,14 @@ class S3WriteStream:
         view = memoryview(data).cast("B")
         if not self._filled and len(view) == self._part_size and isinstance(data, bytes):
             self._upload.add_part(data)  # exactly one part (a promotion's reads): no copy
+            self._sent_one()
             return len(view)
         taken = 0
         while taken < len(view):
             if self._buffer is None:
                 self._buffer = self._spare.pop() if self._spare else bytearray(self._part_size)
+                if len(self._buffer) != self._part_size:  # a spare of the size before it grew
+                    self._buffer = bytearray(self._part_size)
             count = min(len(view) - taken, self._part_size - self._filled)
             self._buffer[self._filled : self._filled + count] = view[taken : taken + count]
             self._filled += count
@@ -172,7 +188,13 @@ class S3WriteStream:
             if self._filled == self._part_size:
                 full, self._buffer, self._filled = self._buffer, None, 0
                 self._upload.add_part(full).add_done_callback(self._reuse(full))
+                self._sent_one()
         return len(view)
+
+    def _sent_one(self) -> None:
+        """Count a part handed to the upload; the next one may be larger (:func:`part_size_for`)."""
+        self._parts += 1
+        self._part_size = part_size_for(self._base, self._parts + 1)
 
     def _reuse(self, buffer: bytearray) -> Callable[[Future[dict[str, Any]]], None]:
         """A part's done-callback: its buffer may be filled again (its bytes are no longer read)."""
