@@ -127,10 +127,11 @@ def test_data_then_metadata_then_marker(
     _save(config, "step_000001")
     order = [path.rsplit("/", 1)[-1] for _, path in tier_events]
     assert order[0].startswith("write~step_000001~"), "the save announces itself before any data"
-    assert "~step_000001~g" in order[1] and tier_events[1][0] == "marker", "then takes its seq"
+    assert order[1] == "000000000001~void" and tier_events[1][0] == "marker", "takes its number"
+    assert "~step_000001~g" in order[2] and tier_events[2][0] == "marker", "then names it"
     assert order[-1] == "commit.json" and tier_events[-1][0] == "marker"
     assert order[-2] == ".metadata"
-    assert set(order[2:-2]) == {"r00000-0.distcp", "r00000-1.distcp"}
+    assert set(order[3:-2]) == {"r00000-0.distcp", "r00000-1.distcp"}
 
 
 def test_failed_metadata_write_leaves_no_marker(

@@ -42,6 +42,10 @@ from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 logger = logging.getLogger(__name__)
 
 
+VOID_BELOW_TOP = "void log entry below the highest number"
+"""The reason of a bookkeeping cleanup: every claim leaves one (records/protocol.py ``claim``)."""
+
+
 @dataclass(frozen=True)
 class Cleanup:
     """Something to remove from ``tier``: ``kind`` is ``tree``, ``file``, ``entry`` (a log entry
@@ -129,10 +133,10 @@ def _orphan_log_entries(
     log, voids = read_log_and_voids(tier)
     log = [entry for entry in log if entry.path in ages]
     top = max([log[-1].seq if log else 0, *voids])
-    found: list[Cleanup] = [
-        Cleanup(tier.name, "file", void_entry_path(seq), "void log entry below the highest number")
+    found: list[Cleanup] = [  # a claim's number stays taken a while: a racing claimant's look
+        Cleanup(tier.name, "file", void_entry_path(seq), VOID_BELOW_TOP)
         for seq in voids
-        if seq < top
+        if seq < top and ages.get(void_entry_path(seq), 0.0) >= stale_after
     ]
     for entry in log:
         known = seen.get(entry.checkpoint_id)

@@ -30,7 +30,7 @@ from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import intent_path
 from tierstore.killpoints import kill_point
-from tierstore.promote.cleanup import Cleanup, find_leftovers, remove
+from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve
 from tierstore.promote.health import PromoterHealth, stall_bound
@@ -667,7 +667,11 @@ class Promoter:
                     except (TierstoreError, OSError) as exc:
                         logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
                         continue
-                    event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
+                    if cleanup.reason == VOID_BELOW_TOP:  # bookkeeping of the log, every commit
+                        logger.debug("cleaned %s in %s: %s", cleanup.path, tier.name,
+                                     cleanup.reason)  # fmt: skip
+                    else:
+                        event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
                     kill_point("cleanup.between_removals", cleanup.path)
                 cleanups.append(cleanup)
         return cleanups

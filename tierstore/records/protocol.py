@@ -51,17 +51,24 @@ _CLAIM_ATTEMPTS = 64
 def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) -> int:
     """Take the next commit number after ``max(the tier's highest, floor)`` for this generation.
 
-    ``floor`` is what the caller knows beyond this tier (other nodes, sightings, start-up). The entry
-    ``<seq>~<id>~<generation>`` is published create-only, so two writers never take one number in a
-    tier. Raises ``RuntimeError`` after 64 numbers taken by others in a row.
+    ``floor`` is what the caller knows beyond this tier (other nodes, sightings, start-up). The
+    number itself is taken first, create-only, as its void entry ``<seq>~void`` (a name that holds
+    the number alone, so two writers never take one number in a tier, whatever their ids); then
+    the entry ``<seq>~<id>~<generation>`` names the commit. Cleanup removes the void once a higher
+    number is taken (:mod:`tierstore.promote.cleanup`). Raises ``RuntimeError`` after 64 numbers
+    taken by others in a row.
     """
     seq = highest_in(tier, above=floor)  # lists only the log above what the caller knows
     for _attempt in range(_CLAIM_ATTEMPTS):
         seq += 1
         try:
-            tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=True)
+            # Its body names the claimant: a store's "taken" answer to a retried create-only PUT
+            # is told apart from this writer's own first attempt by the bytes (tiers/s3/tier.py).
+            tier.publish(void_entry_path(seq), f"{checkpoint_id}~{generation}".encode(),
+                         create_only=True)  # fmt: skip
         except FileExistsError:
             continue  # another writer took it a moment ago: the next one
+        tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=True)
         return seq
     raise RuntimeError(f"tier {tier.describe()}: no free commit number after {seq}")
 
