@@ -2,8 +2,9 @@
 
 Every commit takes the next sequence number: one more than the highest its writer knows of (its own
 tier's log, what the promoter saw elsewhere, what its process read at start-up), claimed create-only
-in the target tier (``.tierstore/commits/<seq>~<id>~<generation>``, an empty object), so two writers
-cannot take the same number in one tier (:func:`tierstore.records.protocol.claim`). The entry travels
+in the target tier as the number's void entry (``<seq>~void``, a name exclusive to the number), then
+named by ``.tierstore/commits/<seq>~<id>~<generation>`` (an empty object), so two writers cannot take
+the same number in one tier (:func:`tierstore.records.protocol.claim`). The entry travels
 with the copy: a promotion that publishes a marker writes the same entry in its target, a drop deletes
 it with the copy. One listing of the directory orders every commit in a tier, without reading a marker.
 
