@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 from tests.forked import in_forked_child
-from tierstore.runtime import ProcessLocal, SerialWorker, Ticker
+from tierstore.runtime import ProcessLocal, SerialWorker, Ticker, map_on_daemons
 
 
 def test_jobs_run_in_submission_order_on_one_thread() -> None:
@@ -256,3 +256,24 @@ def test_a_ticker_started_again_while_its_closed_beat_ticks_never_ticks_twice_at
     time.sleep(0.35)  # the old tick ends at 0.2 s; the new beat's first at about 0.21 s
     ticker.close()
     assert most == 1, f"{most} ticks ran at once"
+
+
+def test_map_on_daemons_maps_every_item_on_daemon_threads_and_raises_a_jobs_error() -> None:
+    seen: set[bool] = set()
+
+    def square(item: int) -> int:
+        seen.add(threading.current_thread().daemon)
+        return item * item
+
+    assert map_on_daemons(list(range(40)), square, width=8, name="t") == {
+        i: i * i for i in range(40)
+    }
+    assert seen == {True}, "daemons: a job still pending at exit does not hold it"
+
+    def fails(item: int) -> int:
+        if item == 3:
+            raise KeyboardInterrupt("stop")
+        return item
+
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        map_on_daemons(list(range(10)), fails, width=4, name="t")

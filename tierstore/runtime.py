@@ -4,7 +4,8 @@ tierstore keeps some state per process (stagers and their slabs, slab locks, cop
 clients, the heartbeat of activity records, the peer mirror's workers, watchers of DCP's save
 events) and runs background jobs on long-lived daemon threads: in order (:class:`SerialWorker`:
 spare slabs, copy helpers, mirror rounds, a file's checksum beside its write) or on a beat
-(:class:`Ticker`: the heartbeat). A forked child (DCP's checkpoint process, a data-loader worker, a
+(:class:`Ticker`: the heartbeat), or fanned out for one call (:func:`map_on_daemons`: a
+promoter's marker reads). A forked child (DCP's checkpoint process, a data-loader worker, a
 trainer that forks) inherits that state but none of the threads, and may inherit a lock held by a
 thread that does not exist there. So every such piece lives in a :class:`ProcessLocal`, a
 :class:`SerialWorker` or a :class:`Ticker`, and this module's one fork hook gives the child fresh
@@ -199,6 +200,45 @@ class Ticker:
                 self._tick()
             except Exception:
                 logger.exception("%s: a tick failed", self.name)
+
+
+K = TypeVar("K")
+
+
+def map_on_daemons(items: list[K], job: Callable[[K], T], *, width: int, name: str) -> dict[K, T]:
+    """``{item: job(item)}``, ``width`` items at a time on daemon threads that end with the call.
+
+    For short fan-outs whose jobs may outlive their caller's interest (reads a hung store leaves
+    pending once a deadline gave up on them): a pool's threads are joined at interpreter exit, and
+    would hold it for the client's timeouts and retries; daemons do not. Whatever a job raises
+    stops the others taking more and is raised here.
+    """
+    todo: queue.SimpleQueue[K] = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+    done: dict[K, T] = {}
+    raised: list[BaseException] = []
+
+    def work() -> None:
+        while not raised:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done[item] = job(item)
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+                raised.append(exc)
+
+    workers = [threading.Thread(target=work, name=name, daemon=True)
+               for _ in range(max(1, min(width, len(items))))]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if raised:
+        raise raised[0]
+    return done
 
 
 class ForkAware(Protocol):

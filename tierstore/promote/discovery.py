@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tierstore.ids import (
@@ -35,6 +33,7 @@ from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
+from tierstore.runtime import map_on_daemons
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -133,7 +132,9 @@ class MarkerCache:
         unread = [i for i in mtimes if not self._trusted(tier, i, mtimes[i])]
         if tier.capabilities.local_files or len(unread) < 2:
             return {i: one(i) for i in mtimes}
-        fetched = _read_on_daemon_threads(unread, one)
+        # Daemons, like the Prober's that bounds the pass: reads a hung store leaves pending after
+        # the pass gave up must not hold the process's exit.
+        fetched = map_on_daemons(unread, one, width=READ_AHEAD, name="tierstore-marker-read")
         return {i: fetched[i] if i in fetched else one(i) for i in mtimes}
 
     def _trusted(self, tier: Tier, checkpoint_id: str, mtime: float) -> bool:
@@ -181,41 +182,6 @@ def _dir_times(tier: Tier, checkpoint_id: str, generations: list[str]) -> _DirTi
             for generation in generations
         ),
     )
-
-
-def _read_on_daemon_threads(
-    ids: list[str], one: Callable[[str], Manifest | Exception]
-) -> dict[str, Manifest | Exception]:
-    """``{id: one(id)}``, :data:`READ_AHEAD` ids at a time. The threads are daemons, like the
-    :class:`~tierstore.bounded.Prober`'s that bounds the pass: reads a hung store leaves pending
-    after the pass gave up must not hold the process's exit for the client's timeouts and retries
-    (a pool's threads are joined at exit). Anything else ``one`` raises is raised here."""
-    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
-    for checkpoint_id in ids:
-        todo.put(checkpoint_id)
-    fetched: dict[str, Manifest | Exception] = {}
-    raised: list[BaseException] = []
-
-    def work() -> None:
-        while not raised:
-            try:
-                checkpoint_id = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                fetched[checkpoint_id] = one(checkpoint_id)
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
-                raised.append(exc)
-
-    workers = [threading.Thread(target=work, name="tierstore-marker-read", daemon=True)
-               for _ in range(min(READ_AHEAD, len(ids)))]  # fmt: skip
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    if raised:
-        raise raised[0]
-    return fetched
 
 
 READ_AHEAD = 16
