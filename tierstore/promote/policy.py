@@ -20,7 +20,7 @@ Deletion removes the marker first, then the data (see :mod:`tierstore.records.pr
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tierstore.ids import is_newer_commit, newest_first
@@ -131,10 +131,10 @@ def _newest_per_id(copies: Iterable[Copy]) -> dict[str, Copy]:
     return by_id
 
 
-def _judged(copies: Iterable[Copy]) -> Iterator[Copy]:
-    """The copies whose number is their commit's: not a node's unconfirmed part (its number is the
-    one planned; the coordinator may take another at its commit)."""
-    return (c for c in copies if not (c.partial and not c.confirmed))
+def _numbered(copy: Copy) -> bool:
+    """True when the copy's number is its commit's: not a node's unconfirmed part (its number is
+    the one planned; the coordinator may take another at its commit)."""
+    return not (copy.partial and not copy.confirmed)
 
 
 def _replaced(copy: Copy, where: str, newer: Copy) -> bool:
@@ -155,8 +155,7 @@ def _overtaken(copy: Copy, tiers: list[str], newest: Mapping[str, Copy]) -> bool
     """True when the newest known commit of the id (``newest``: per id) replaced ``copy``, held in
     ``tiers``. A node's unconfirmed part is not judged (its number is the one planned)."""
     known = newest.get(copy.checkpoint_id)
-    judged = not (copy.partial and not copy.confirmed)
-    return judged and known is not None and all(_replaced(copy, t, known) for t in tiers)
+    return _numbered(copy) and known is not None and all(_replaced(copy, t, known) for t in tiers)
 
 
 def _ordered(copies: Iterable[Copy]) -> list[Copy]:
@@ -243,7 +242,7 @@ def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     every = every_for(rules, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
-    newest = _newest_per_id(_judged(c for n in names for c in held.get(n, {}).values()))
+    newest = _newest_per_id(c for n in names for c in held.get(n, {}).values() if _numbered(c))
 
     def holders(copy: Copy) -> list[str]:
         return [n for n in names[:index] if held.get(n, {}).get(copy.checkpoint_id) == copy]
