@@ -230,9 +230,15 @@ def test_kill_9_mid_upload_then_restart(tmp_path: Path, faulty_s3: FaultyS3) -> 
     assert done.returncode == 0, done.stderr
     assert_complete(config, "s3", "step_0001")
     # The killed promoters' uploads belong to work announced by activity records: cleanup waits
-    # until those are stale (activity_ttl: 1 s here) and the uploads idle as long, then aborts them.
+    # until those are stale and the uploads idle as long, then aborts them. Judged first with
+    # activity_ttl 60 s, which the records (last written at the kills) are surely within on a
+    # loaded machine; with 1 s, `promote --once` above could take longer than that.
+    patient = tmp_path / "patient.yaml"
+    settings = yaml.safe_load(path.read_text())
+    settings["promote"]["activity_ttl"] = 60
+    patient.write_text(yaml.safe_dump(settings))
     leftovers = subprocess.run(
-        cli(path, "gc", "--dry-run"), check=True, capture_output=True, text=True
+        cli(patient, "gc", "--dry-run"), check=True, capture_output=True, text=True
     )
     assert "multipart upload" not in leftovers.stdout, (
         "the killed promoters' records are still fresh"
