@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput costs clean
+.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput costs costs-large clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
@@ -61,10 +61,19 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/standalone.py $(STANDALONE_ARGS)
 	$(BIN)/python benchmarks/costs.py $(COSTS_ARGS)
+	$(BIN)/python benchmarks/cost_plots.py bench-results/costs.json $(wildcard $(COSTS_LARGE)/costs.json)
 
-# requests and time per operation as ranks and retained checkpoints grow (make bench runs it too)
+# requests and time per operation as ranks and retained checkpoints grow (make bench runs it too),
+# to 1,000 retained; the 10,000 point is costs-large (about 20 minutes: the first pass reads 40,000
+# markers), kept apart so that make bench stays near 25 minutes. The plot merges both when both ran.
+COSTS_ARGS ?= --retained 10 100 1000 --ranks 8 64 256 1024
+COSTS_LARGE := bench-results/costs-large
 costs: $(STAMP)
 	$(BIN)/python benchmarks/costs.py $(COSTS_ARGS)
+	$(BIN)/python benchmarks/cost_plots.py bench-results/costs.json $(wildcard $(COSTS_LARGE)/costs.json)
+
+costs-large: $(STAMP)
+	$(BIN)/python benchmarks/costs.py --retained 10000 --ranks --seaweed 0 --out $(COSTS_LARGE)
 
 # what an S3 outage costs the fast path, against a real S3 server (make bench runs it too)
 standalone: $(STAMP)
