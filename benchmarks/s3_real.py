@@ -19,8 +19,8 @@ of per-round time ratios (tierstore's time over the baseline's: below 1 is faste
   configuration (``benchmarks/standalone.py`` measures the same in fresh processes).
 
 ``--tier KEY=VALUE`` sets a field of every S3 tier here (``part_size=16MiB``); ``--also
-KEY=VALUE[,KEY=VALUE]`` adds an S3-only ``dcp.save``/``dcp.load`` with those fields to every round,
-next to the others: a change measured in the same rounds as what it changes.
+KEY=VALUE[,KEY=VALUE]`` adds an S3-only ``dcp.save``/``dcp.load`` and a promotion with those fields
+to every round, next to the others: a change measured in the same rounds as what it changes.
 Writes ``s3_real.json`` to ``--out``.
 """
 
@@ -57,7 +57,6 @@ from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
-from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
 TARGETS: dict[str, float] = {
@@ -186,9 +185,10 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
     run.extra["last upload"], run.extra["last download"] = saved[1], loaded[1]
 
 
-def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -> None:
-    """A promotion memory -> S3 and a restore from S3, each against boto3's best of the round."""
-    s3 = make_tier(run.config("s3").tiers[0], namespace="bench", node=0)
+def promotion(run: Run, promoter: Promoter, ckpt: str, name: str) -> Callable[[], float]:
+    """One promotion of ``ckpt`` by ``promoter`` (its S3 copy deleted first), timed by the
+    promoter's own metric and kept as ``name``."""
+    s3 = promoter.by_name["s3"]
     metric = promoter.metrics.promotion_seconds.labels("s3")
 
     def promote() -> float:
@@ -196,7 +196,21 @@ def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -
         before = metric._sum.get()
         report = promoter.run_once()
         assert report.promoted and not report.failed, report
-        return run.time("tierstore promotion memory -> S3", metric._sum.get() - before)
+        return run.time(name, metric._sum.get() - before)
+
+    return promote
+
+
+def round_promote_restore(run: Run, index: int, promoters: list[Promoter], ckpt: str) -> None:
+    """A promotion memory -> S3 and a restore from S3, each against boto3's best of the round;
+    each ``--also`` promoter's promotion beside the default's, in rotated order."""
+    names = ["tierstore promotion memory -> S3",
+             *(f"tierstore promotion memory -> S3, {also}" for also in run.args.also)]  # fmt: skip
+    runs = [promotion(run, p, ckpt, name) for p, name in zip(promoters, names, strict=True)]
+    promoted = rotated(index, runs)
+    for also, seconds in zip(run.args.also, promoted[1:], strict=True):
+        run.ratio(f"promotion, {also} / boto3 best upload", seconds, run.extra["last upload"])
+        run.ratio(f"promotion: default / {also}", promoted[0], seconds)
 
     behind_empty_ram = run.config("ram", "s3", ram="ram-empty")
 
@@ -205,7 +219,7 @@ def round_promote_restore(run: Run, index: int, promoter: Promoter, ckpt: str) -
             run.restored, storage_reader=TieredReader(behind_empty_ram), checkpoint_id=ckpt)))  # fmt: skip
 
     # against boto3's best of this round's save and load group: the same bytes, minutes apart
-    run.ratio("promotion memory -> S3 / boto3 best upload", promote(), run.extra["last upload"])
+    run.ratio("promotion memory -> S3 / boto3 best upload", promoted[0], run.extra["last upload"])
     run.ratio("restore from S3 / boto3 best download", restore(), run.extra["last download"])
 
 
@@ -244,11 +258,15 @@ def measure(run: Run) -> None:
     both = run.config("ram", "s3")
     promoted = "promoted"
     dcp.save(run.state, storage_writer=TieredWriter(both), checkpoint_id=promoted)
-    promoter = Promoter(both)  # one for every round, as the sidecar is: its clients are made once
+    # one per configuration for every round, as the sidecar is: its clients are made once
+    promoters = [Promoter(both)] + [
+        Promoter(run.config("ram", "s3", prefix=f"also-{also}", **fields_of([also])))
+        for also in run.args.also
+    ]
     # untimed warm-up of each side: clients, the server's first volumes, the pages of the landing
     round_save_load(run, -1, connector)
     assert all(torch.equal(run.state[n], run.restored[n]) for n in run.state), "wrong restore"
-    round_promote_restore(run, -1, promoter, promoted)
+    round_promote_restore(run, -1, promoters, promoted)
     round_ram(run, -1, promoted)
     run.times.clear()
     run.ratios.clear()
@@ -256,7 +274,7 @@ def measure(run: Run) -> None:
         started = time.perf_counter()
         round_save_load(run, index, connector)
         if not run.args.saves_only:
-            round_promote_restore(run, index, promoter, promoted)
+            round_promote_restore(run, index, promoters, promoted)
             round_ram(run, index, promoted)
         print(f"  round {index + 1} of {run.args.rounds}: {time.perf_counter() - started:.0f} s",
               flush=True)  # fmt: skip
@@ -297,7 +315,7 @@ def main() -> None:
     parser.add_argument("--tier", action="append", default=[], metavar="KEY=VALUE",
                         help="a field of every S3 tier (part_size=16MiB)")  # fmt: skip
     parser.add_argument("--also", action="append", default=[], metavar="KEY=VALUE[,...]",
-                        help="one more S3-only save and load per round, with these fields")  # fmt: skip
+                        help="one more S3-only save, load, promotion a round, these fields set")  # fmt: skip
     parser.add_argument("--saves-only", action="store_true",
                         help="only the dcp.save/dcp.load rounds (to try a change quickly)")  # fmt: skip
     args = parser.parse_args()

@@ -35,9 +35,22 @@ class S3TierConfig(TierConfig):
     read_timeout: Duration = Field(
         60.0, description="Wait this long for each answer (or its next bytes); then retry."
     )
-    checksum: Literal["crc32", "none"] = Field(
-        "crc32",
-        description="Send a CRC32 with every part/object (S3 verifies it); none for stores that reject it.",
+    checksum: Literal["crc32c", "crc32", "none"] = Field(
+        "crc32c",
+        description=(
+            "Send a checksum with every body (the store verifies it): crc32c, a CRC32C with each"
+            " multipart part and a CRC32 with each whole object; crc32, CRC32 with both (stores"
+            " that take no CRC32C); none for stores that reject checksums."
+        ),
+    )
+    sign_payload: bool = Field(
+        False,
+        description=(
+            "Also sign request bodies with SHA-256 where botocore would (plain HTTP). Off: with"
+            " a checksum every body goes as UNSIGNED-PAYLOAD, as botocore sends parts over"
+            " HTTPS; the store still refuses damaged bytes by their checksum, and the client saves"
+            " about 0.7 s of CPU per GiB. Without checksums bodies are always signed."
+        ),
     )
     create_only_markers: bool = Field(
         True, description="Publish markers with If-None-Match: * (stores that support it)."

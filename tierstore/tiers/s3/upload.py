@@ -22,14 +22,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from tierstore.checksum import crc32c
+
 logger = logging.getLogger(__name__)
 
 
-def checksum_args(data: bytes | bytearray | memoryview) -> dict[str, str]:
-    """The ``ChecksumCRC32`` argument for a request body: the store checks the body against it and
-    refuses a mismatch (400 ``BadDigest`` from S3 and SeaweedFS), so bytes damaged on the way are
-    never stored; the retry policy sends them again."""
-    return {"ChecksumCRC32": base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()}
+def checksum_args(data: bytes | bytearray | memoryview, algorithm: str = "CRC32") -> dict[str, str]:
+    """The ``Checksum<algorithm>`` argument (``CRC32`` or ``CRC32C``) for a request body: the
+    store checks the body against it and refuses a mismatch (400 ``BadDigest`` from S3 and
+    SeaweedFS), so bytes damaged on the way are never stored; the retry policy sends them again."""
+    value = crc32c(data) if algorithm == "CRC32C" else zlib.crc32(data)
+    return {f"Checksum{algorithm}": base64.b64encode(value.to_bytes(4, "big")).decode()}
 
 
 class _Caller(Protocol):
@@ -37,6 +40,8 @@ class _Caller(Protocol):
     concurrency: int
     part_slots: threading.BoundedSemaphore
     send_checksums: bool
+    part_checksum: str | None
+    """The algorithm of each part's checksum (``CRC32``, ``CRC32C``), None for none."""
 
     def call(self, method: str, what: str, **kwargs: Any) -> Any: ...
 
@@ -67,7 +72,8 @@ class ObjectUpload:
         The part's upload, done when it is sent or has failed: ``data`` must not change until then.
         """
         if self._upload_id is None:
-            algorithm = {"ChecksumAlgorithm": "CRC32"} if self._caller.send_checksums else {}
+            part_checksum = self._caller.part_checksum
+            algorithm = {"ChecksumAlgorithm": part_checksum} if part_checksum else {}
             answer = self._caller.call(
                 "create_multipart_upload", f"start upload {self._key}", Bucket=self._bucket,
                 Key=self._key, **algorithm,
@@ -89,12 +95,10 @@ class ObjectUpload:
         self._parts.append(future)
         return future
 
-    def _checksum(self, data: bytes | bytearray) -> dict[str, str]:
-        """The store verifies each part against this (and real S3 rejects a mismatch)."""
-        return checksum_args(data) if self._caller.send_checksums else {}
-
     def _upload_part(self, number: int, data: bytes | bytearray) -> dict[str, Any]:
-        checksum = self._checksum(data)
+        """Send one part with its checksum, which the store verifies (and S3 rejects a mismatch)."""
+        part_checksum = self._caller.part_checksum
+        checksum = checksum_args(data, part_checksum) if part_checksum else {}
         answer = self._caller.call(
             "upload_part", f"part {number} of {self._key}", Bucket=self._bucket, Key=self._key,
             UploadId=self._upload_id, PartNumber=number, Body=data, **checksum,
@@ -106,7 +110,7 @@ class ObjectUpload:
         self.finishing_sent = True
         self._caller.call(
             "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
-            **self._checksum(data),
+            **(checksum_args(data) if self._caller.send_checksums else {}),
         )  # fmt: skip
 
     def finish(self) -> None:
