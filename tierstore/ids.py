@@ -17,6 +17,8 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     .tierstore/conflicts/<id>~<gen>~<tier>.json  a copy kept beside another content of its id in
                                      that tier (see records/conflicts.py)
     .tierstore/promoter/node00001.json  how node 1's promoter last fared (records/promoter_state.py)
+    .tierstore/changes               a random token rewritten after every change to what a promoter
+                                     lists (see records/changes.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -247,6 +249,9 @@ def clock_probe_path(token: str) -> str:
     """Tier-relative path of one clock probe (``token``: unique to the process and call)."""
     return f"{CLOCK_DIR}/{token}"
 
+
+CHANGES_PATH = f"{INTERNAL_DIR}/changes"
+"""Tier-relative path of the tier's change stamp (see records/changes.py)."""
 
 COMMITS_DIR = f"{INTERNAL_DIR}/commits"
 """Tier-relative directory of the commit log (see records/log.py)."""

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from tests.training import Trainer
 from tierstore import TieredWriter
 from tierstore.config import Config
-from tierstore.ids import marker_path
+from tierstore.ids import CHANGES_PATH, marker_path
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
@@ -125,6 +125,8 @@ def test_data_then_metadata_then_marker(
 ) -> None:
     config = make_config("local")
     _save(config, "step_000001")
+    assert tier_events[-1] == ("marker", CHANGES_PATH), "the change stamp follows the marker"
+    tier_events[:] = [e for e in tier_events if e[1] != CHANGES_PATH]  # records/changes.py
     order = [path.rsplit("/", 1)[-1] for _, path in tier_events]
     assert order[0].startswith("write~step_000001~"), "the save announces itself before any data"
     assert order[1] == "000000000001~void" and tier_events[1][0] == "marker", "takes its number"
@@ -209,6 +211,8 @@ def test_s3_marker_is_put_after_every_data_object(
     completed = [
         key for method, key in calls if method in ("put_object", "complete_multipart_upload")
     ]
+    assert completed[-1].endswith(CHANGES_PATH), "the change stamp follows the marker"
+    completed = [key for key in completed if not key.endswith(CHANGES_PATH)]
     assert completed[-1].endswith("step_000001/commit.json")
     assert any(key.endswith(".metadata") for key in completed[:-1])
     assert any(key.endswith(".distcp") for key in completed[:-1])

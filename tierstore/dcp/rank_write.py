@@ -22,6 +22,7 @@ from tierstore.errors import CommitVetoedError, TierstoreError
 from tierstore.ids import rank_part_path
 from tierstore.killpoints import kill_point
 from tierstore.records.activity import Activity, hold
+from tierstore.records.changes import touch
 from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import log_commit, settle_parts
@@ -98,11 +99,14 @@ def _write_rank(
             files.out.written.append(rank_part_path(ckpt, gen, rank))
             tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
             # Every node's log learns the number: whichever node coordinates next continues
-            # from it (the coordinator's node may be replaced, or swap places).
+            # from it (the coordinator's node may be replaced, or swap places). Its change stamp
+            # comes after the part record too: this node's promoter lists both.
             log_commit(tier, assignment.seq, ckpt, gen)
     except BaseException:
         for path in files.out.written:  # invisible without a marker, but leave no garbage
             quietly(functools.partial(tier.delete, path))
+        if tier.node_local and assignment.multi_node:  # its part record may have been seen
+            quietly(functools.partial(touch, tier))
         raise
     finally:
         if announced is not None:

@@ -33,6 +33,7 @@ from tierstore.ids import (
 from tierstore.owners import owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
+from tierstore.records.changes import touch
 from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
@@ -266,18 +267,24 @@ def _uncommitted_generations(
 
 
 def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) -> None:
-    """Carry out one cleanup (an uncommitted generation: see :func:`remove_generation`)."""
+    """Carry out one cleanup (an uncommitted generation: see :func:`remove_generation`). The
+    tier's change stamp follows every removal (the protocol's own for generations and log
+    entries: :mod:`tierstore.records.changes`)."""
     split = split_generation_path(f"{cleanup.path}/x")
     if cleanup.kind == "tree" and split is not None:
         remove_generation(tier, split[0], split[1], activity_ttl=activity_ttl)
-    elif cleanup.kind == "tree":
-        tier.delete_tree(cleanup.path)
     elif cleanup.kind == "entry" and (parsed := parse_commit_entry(cleanup.path)) is not None:
         forget_entry(tier, LogEntry(*parsed), top=highest_in(tier))
-    elif cleanup.kind == "incomplete" and cleanup.write is not None:
-        tier.discard_incomplete(cleanup.write)
     else:
-        tier.delete(cleanup.path)
+        try:
+            if cleanup.kind == "tree":
+                tier.delete_tree(cleanup.path)
+            elif cleanup.kind == "incomplete" and cleanup.write is not None:
+                tier.discard_incomplete(cleanup.write)
+            else:
+                tier.delete(cleanup.path)
+        finally:
+            touch(tier)
 
 
 def remove_generation(

@@ -32,6 +32,7 @@ from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.transfer import copy_files
 from tierstore.records.activity import ACTIVITY_TTL, held
+from tierstore.records.changes import touch
 from tierstore.records.marker import FileEntry, Manifest, read_manifest
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import Verdict, judge_promotion, publish
@@ -213,9 +214,13 @@ class PromotionJob:
         kill_point("promote.data_copied", self.checkpoint_id)
         manifest = self.found.manifest
         if self.target.node_local:
-            for record in self.found.parts:  # other nodes' promoters find their parts through these
-                path = rank_part_path(self.checkpoint_id, self.generation, record.ranks[0])
-                self.target.write_bytes(path, record.to_json())
+            try:
+                for record in self.found.parts:  # other nodes' promoters find their parts by these
+                    path = rank_part_path(self.checkpoint_id, self.generation, record.ranks[0])
+                    self.target.write_bytes(path, record.to_json())
+            finally:
+                if self.found.parts:  # this node's promoter lists them (records/changes.py)
+                    touch(self.target)
             if manifest is None:
                 return Outcome(copied, False)
             return self._publish(copied, manifest, node=self.node)

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from tierstore.ids import CONFLICTS_DIR, conflict_path, parse_conflict_path
+from tierstore.records.changes import touch
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -53,10 +54,14 @@ class Conflict:
 
 
 def record_conflict(tier: Tier, conflict: Conflict) -> bool:
-    """Leave the record in ``tier`` (the source); True if it is new."""
+    """Leave the record in ``tier`` (the source), then stamp it (records/changes.py); True if it
+    is new."""
     if tier.exists(conflict.path):
         return False
-    tier.write_bytes(conflict.path, json.dumps({"format": FORMAT, **asdict(conflict)}).encode())
+    try:
+        tier.write_bytes(conflict.path, json.dumps({"format": FORMAT, **asdict(conflict)}).encode())
+    finally:
+        touch(tier)
     return True
 
 
@@ -79,5 +84,8 @@ def read_conflicts(tier: Tier) -> list[Conflict]:
 
 
 def clear_conflict(tier: Tier, conflict: Conflict) -> None:
-    """Remove a record whose conflict is settled."""
-    tier.delete(conflict.path)
+    """Remove a record whose conflict is settled, then stamp the tier (records/changes.py)."""
+    try:
+        tier.delete(conflict.path)
+    finally:
+        touch(tier)

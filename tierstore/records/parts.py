@@ -20,6 +20,7 @@ from tierstore.ids import (
     parts_dir,
     rank_part_path,
 )
+from tierstore.records.changes import touch
 from tierstore.records.marker import FileEntry, dump_record, file_entry, load_record
 from tierstore.tiers.base import Tier
 
@@ -114,19 +115,24 @@ def generation_parts(tier: Tier, checkpoint_id: str, generation: str) -> list[Pa
 def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
     """Rewrite this node's rank part records of ``generation`` with its commit's final number
     (``confirmed``); True when a record changed. The coordinator may have taken a new number at
-    its commit; until then the records hold the one claimed when the save was planned."""
+    its commit; until then the records hold the one claimed when the save was planned. Stamps the
+    tier after a change (:mod:`tierstore.records.changes`)."""
     changed = False
-    for record in generation_parts(tier, checkpoint_id, generation):
-        if record.confirmed and record.seq == seq:
-            continue
-        path = rank_part_path(checkpoint_id, generation, record.ranks[0])
-        tier.write_bytes(path, replace(record, seq=seq, confirmed=True).to_json())
-        changed = True
-        if _any_missing(tier, checkpoint_id, record):
-            # A drop ran between the listing and the rewrite (retention, a settle at the next
-            # plan): the record just written would stand over missing data, and keep a part no
-            # cleanup removes (another node's parts are left to retention). Take it back.
-            tier.delete(path)
+    try:
+        for record in generation_parts(tier, checkpoint_id, generation):
+            if record.confirmed and record.seq == seq:
+                continue
+            path = rank_part_path(checkpoint_id, generation, record.ranks[0])
+            changed = True
+            tier.write_bytes(path, replace(record, seq=seq, confirmed=True).to_json())
+            if _any_missing(tier, checkpoint_id, record):
+                # A drop ran between the listing and the rewrite (retention, a settle at the next
+                # plan): the record just written would stand over missing data, and keep a part no
+                # cleanup removes (another node's parts are left to retention). Take it back.
+                tier.delete(path)
+    finally:
+        if changed:
+            touch(tier)
     return changed
 
 

@@ -20,13 +20,19 @@ to one tier (it asks no other tier):
   parts of the saves the coordinator says committed (their final number), drop those it says failed.
 
 Ordering rules, each with a test that fails if it is broken (``tests/records``): files before marker,
-marker before log entry is trusted, marker before data on drop, part records before data on drop.
+marker before log entry is trusted, marker before data on drop, part records before data on drop,
+every change before the tier's change stamp (:mod:`tierstore.records.changes`: each public operation
+here that changes what a promoter lists stamps the tier once, after its change, also when it raises
+part-way).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
 
 from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.ids import (
@@ -39,6 +45,7 @@ from tierstore.ids import (
 )
 from tierstore.killpoints import kill_point
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
+from tierstore.records.changes import touch
 from tierstore.records.log import LogEntry, highest_in, read_log
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
 from tierstore.records.parts import confirm_part
@@ -46,8 +53,26 @@ from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 _CLAIM_ATTEMPTS = 64
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
+def _stamped(change: Callable[Concatenate[Tier, _P], _R]) -> Callable[Concatenate[Tier, _P], _R]:
+    """``change(tier, ...)``, then the tier's change stamp, also when it raised part-way (a change
+    may have happened). The operations here call each other's unstamped forms: one stamp each."""
+
+    @functools.wraps(change)
+    def stamped(tier: Tier, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return change(tier, *args, **kwargs)
+        finally:
+            touch(tier)
+
+    stamped.__name__ = stamped.__qualname__ = change.__name__.lstrip("_")
+    return stamped
+
+
+@_stamped
 def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) -> int:
     """Take the next commit number after ``max(the tier's highest, floor)`` for this generation.
 
@@ -78,6 +103,7 @@ def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[st
     return copy_problems(tier, manifest, verify=False, entries=here)
 
 
+@_stamped
 def publish(
     tier: Tier,
     manifest: Manifest,
@@ -119,9 +145,9 @@ def publish(
             # The standing generation gets (keeps) its own entry first: were the new number the
             # id's only entry, a swap that never happens (killed, failed) would place the id by
             # it, for the catalog counts an id's only entry as its commit.
-            log_commit(tier, replaced_seq, ckpt, replaced)
+            _log_commit(tier, replaced_seq, ckpt, replaced)
     if log_first:
-        log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
+        _log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
     if replace and expect is not None and (standing := _swapped_since(tier, manifest, expect)):
         return standing
     kill_point("marker.files_checked", ckpt)
@@ -138,16 +164,16 @@ def publish(
         ) from exc
     kill_point("marker.published", ckpt)
     if problems := _files_problems(tier, manifest, node):
-        withdraw(tier, ckpt, manifest.generation)
+        _withdraw(tier, ckpt, manifest.generation)
         raise IntegrityError(
             f"{ckpt}: marker withdrawn from tier {tier.describe()}: files removed while it was"
             f" published: {'; '.join(problems)}"
         )
     kill_point("marker.rechecked", ckpt)
     if log and not log_first and manifest.seq is not None:
-        log_commit(tier, manifest.seq, ckpt, manifest.generation)
+        _log_commit(tier, manifest.seq, ckpt, manifest.generation)
     if replaced and replaced != manifest.generation:
-        drop(tier, ckpt, replaced, ttl=ttl)
+        _drop(tier, ckpt, replaced, ttl=ttl)
     return None
 
 
@@ -173,7 +199,7 @@ def _swapped_since(tier: Tier, manifest: Manifest, expect: str) -> Manifest | No
     top = highest_in(tier)
     for entry in read_log(tier):
         if entry.checkpoint_id == ckpt and entry.generation in stale:
-            forget_entry(tier, entry, top=top)
+            _forget_entry(tier, entry, top=top)
     if standing is None:  # dropped meanwhile: the caller publishes create-only again
         raise FileNotFoundError(f"{ckpt}: the marker in tier {tier.describe()} was dropped")
     return standing
@@ -196,7 +222,7 @@ def _marker_commit(tier: Tier, checkpoint_id: str) -> tuple[str | None, int | No
     return manifest.generation, manifest.seq
 
 
-def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
+def _forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
     """Remove a log entry whose commit does not stand. The tier's highest number (``top``) is kept as
     a void entry first: the sequence never goes back, and no id is named by a number it does not
     hold (a listing for candidates would otherwise read a marker elsewhere to place it)."""
@@ -205,7 +231,10 @@ def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
     tier.delete(entry.path)
 
 
-def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
+forget_entry = _stamped(_forget_entry)
+
+
+def _withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
     """Delete the id's marker if it names ``generation``; True if it did. Not atomic with the
     check on POSIX or S3: callers withdraw only generations that nobody else publishes."""
     if _marker_generation(tier, checkpoint_id) != generation:
@@ -214,7 +243,10 @@ def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
     return True
 
 
-def drop(
+withdraw = _stamped(_withdraw)
+
+
+def _drop(
     tier: Tier,
     checkpoint_id: str,
     generation: str,
@@ -231,14 +263,14 @@ def drop(
     another one of the id may be an overwrite in flight.
     """
     if committed:
-        withdraw(tier, checkpoint_id, generation)
+        _withdraw(tier, checkpoint_id, generation)
         kill_point("drop.marker_withdrawn", checkpoint_id)
     elif _marker_generation(tier, checkpoint_id) in (generation, ""):
         return False
     top = highest_in(tier)
     for entry in read_log(tier):
         if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation):
-            forget_entry(tier, entry, top=top)
+            _forget_entry(tier, entry, top=top)
     tier.delete_tree(parts_dir(checkpoint_id, generation))
     kill_point("drop.records_dropped", checkpoint_id)
     busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
@@ -247,6 +279,9 @@ def drop(
     tier.delete_tree(generation_dir(checkpoint_id, generation))
     tier.remove_if_empty(checkpoint_id)  # unless another generation (an overwrite) is there
     return True
+
+
+drop = _stamped(_drop)
 
 
 class Verdict(enum.Enum):
@@ -287,10 +322,14 @@ def judge_promotion(
     return Verdict.KEEP_NEWER, Verdict.KEEP_NEWER.value
 
 
-def log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
+def _log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
     """Log a commit number claimed elsewhere in ``tier``'s commit log (a node's part of a multi-node
-    save: whichever node coordinates next continues from it)."""
+    save: whichever node coordinates next continues from it). Its stamp also covers a rank's part
+    record written just before it (:mod:`tierstore.dcp.rank_write`)."""
     tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=False)
+
+
+log_commit = _stamped(_log_commit)
 
 
 def settle_parts(
