@@ -13,7 +13,11 @@ renames, removals; stats are not audited). Nothing in tierstore is patched.
   S3 objects are stored into moto's backend without HTTP: the cheap path that makes 10,000 possible).
   Measured: a promoter's first pass (it reads every marker, and leaves its sightings as in a job), a
   pass with nothing to do (the same promoter's third: its marker cache trusts a marker read
-  :data:`~tierstore.promote.discovery.SETTLE` s after it was listed), ``latest_committed``, a
+  :data:`~tierstore.promote.discovery.SETTLE` s after it was listed; it reads each tier's change
+  stamp and reuses its listings, :mod:`tierstore.promote.views`), the same pass when a full listing
+  is due (every ``promote.full_scan``: it lists every tier, as every pass did before the stamp; the
+  second such, when the cache trusts every marker),
+  ``latest_committed``, a
   restore's tier choice (:func:`tierstore.dcp.restore_choice.choose_copy`), ``tierstore ls``
   (:meth:`Catalog.listings` at its default page of 50, and ``--limit 0`` up to 1,000), a save of
   8 ranks' files through the commit protocol (every file written, then
@@ -99,6 +103,10 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     time.sleep(SETTLE)  # then the markers it read are trusted from its cache (see MarkerCache)
     promoter.run_once()
     row["promoter idle pass"] = job.measure(promoter.run_once)
+    full_scan, promoter.views.full_scan = promoter.views.full_scan, 0.0  # a full listing is due
+    promoter.run_once()  # the first one reads the markers the cache does not trust yet, once
+    row["promoter full-scan pass"] = job.measure(promoter.run_once)
+    promoter.views.full_scan = full_scan
     newest = manifest_for(retained, ranks, job.namespace).checkpoint_id
     answer: list[str | None] = []
     row["latest_committed"] = job.measure(
@@ -159,7 +167,8 @@ def seaweed_point(s3: CountingS3, ops: FileOps, root: Path, retained: int) -> di
 
 LS_PAGE = 50
 """``tierstore ls``'s default ``--limit``."""
-OPERATIONS = ("latest_committed", "restore tier choice", "promoter idle pass", "tierstore ls",
+OPERATIONS = ("latest_committed", "restore tier choice", "promoter idle pass",
+              "promoter full-scan pass", "tierstore ls",
               "ls --limit 0", "protocol save to s3", "dcp.save to s3", "promoter first pass")  # fmt: skip
 
 

@@ -4,17 +4,23 @@ with the number of checkpoints retained. ``benchmarks/costs.py`` measures the sa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.request_counter import CountingS3, FileOps
-from tests.simulated_job import Job, settled_promoters
+from tests.simulated_job import BLOB, Job, manifest_for, settled_promoters
 from tierstore import Catalog, latest_committed
+from tierstore.cli import main as cli_main
 from tierstore.ids import MARKER_NAME
+from tierstore.promote.policy import Deletion
+from tierstore.promote.retention import delete_copies
+from tierstore.promote.sidecar import Promoter
 from tierstore.records.log import highest_in
-from tierstore.records.protocol import claim
+from tierstore.records.protocol import claim, publish
 from tierstore.tiers import make_tier
 
 
@@ -27,6 +33,23 @@ def counted_s3() -> Iterator[CountingS3]:
 @pytest.fixture(scope="module")
 def file_ops() -> FileOps:
     return FileOps()
+
+
+def protocol_save_into(job: Job, tier_name: str, index: int, ranks: int = 2) -> None:
+    """A save of checkpoint ``index`` into ``tier_name`` through the commit protocol: every file
+    written, then :func:`~tierstore.records.protocol.claim` and
+    :func:`~tierstore.records.protocol.publish` (what a writer's commit does)."""
+    tier = make_tier(job.config.tier(tier_name), namespace=job.namespace, node=0)
+    manifest = manifest_for(index, ranks, job.namespace)
+    for entry in manifest.files:
+        tier.write_bytes(f"{manifest.checkpoint_id}/{entry.path}", BLOB)
+    seq = claim(tier, manifest.checkpoint_id, manifest.generation)
+    assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+
+
+def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
+    """:func:`protocol_save_into` the S3 tier, to call later."""
+    return lambda: protocol_save_into(job, "s3", index, ranks)
 
 
 def _job(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -> Job:
@@ -113,3 +136,93 @@ def test_a_claim_above_a_known_number_lists_only_the_log_after_it(
         assert highest_in(tier) == retained + 1
     print(f"highest_in + claim above the known number at 10 and 1,200 kept: {requests} requests")
     assert requests[0] == requests[1], requests
+
+
+@pytest.mark.slow  # ~15 s: two simulated jobs of 40 and 400 retained checkpoints in four tiers
+def test_an_idle_pass_asks_each_tier_the_same_over_n_and_10n_retained(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """A pass with nothing to do reads each tier's change stamp and reuses its last listing
+    (promote/views.py): the same S3 requests and file operations over 40 retained checkpoints
+    as over 400, whose S3 marker listing is two pages and whose disks hold ten times the
+    directories."""
+    jobs = [_job(counted_s3, file_ops, tmp_path, retained, 2) for retained in (40, 400)]
+    promoters = settled_promoters(jobs)
+    passes, files, operations = [], [], []
+    for job, promoter in zip(jobs, promoters, strict=True):
+        file_ops.roots = tuple(str(root) for root in job.roots.values())
+        for _ in range(2):  # the second of two idle passes in a row costs the same too
+            with counted_s3.counting() as seen, file_ops.window() as opened:
+                report = promoter.run_once()
+            assert not report.promoted and not report.deleted and not report.cleaned
+        passes.append(seen.total)
+        files.append(opened.total)
+        operations.append(dict(seen.by_operation))
+    print(f"idle pass at 40 and 400 kept: {passes} requests {operations}, {files} file operations")
+    assert passes[0] == passes[1], operations
+    assert files[0] == files[1], files
+
+
+def _observed_job(
+    s3: CountingS3, ops: FileOps, root: Path, retained: int, *, full_scan: float = 300.0
+) -> tuple[Job, Promoter]:
+    """A job of ``retained`` checkpoints and its settled promoter, whose listings stay reusable
+    for ``full_scan`` seconds."""
+    job = _job(s3, ops, root, retained, 2)
+    job.config = job.config.model_copy(
+        update={"promote": job.config.promote.model_copy(update={"full_scan": full_scan})}
+    )
+    (promoter,) = settled_promoters([job])
+    return job, promoter
+
+
+def _config_file(job: Job, root: Path) -> Path:
+    path = root / f"{job.namespace}.yaml"
+    tiers = [{"name": n, "type": t, "path": str(job.roots[n])}
+             for n, t in (("ram", "memory"), ("nvme", "local"), ("pfs", "shared"))]  # fmt: skip
+    tiers.append({"name": "s3", "type": "s3", "url": f"s3://{job.bucket}/ts",
+                  "endpoint_url": job.endpoint})  # fmt: skip
+    path.write_text(yaml.safe_dump({"namespace": job.namespace, "tiers": tiers}))
+    return path
+
+
+def test_a_change_by_each_tierstore_actor_is_seen_by_the_next_pass(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """The promoter keeps its listings for five minutes here; every change a tierstore actor
+    makes is still in its very next look: a save's commit, another promoter's copy, retention's
+    delete, an operator's ``tierstore drop``."""
+    job, promoter = _observed_job(counted_s3, file_ops, tmp_path, 6)
+    s3 = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+
+    protocol_save(job, 7, 2)()  # a save committed straight into S3 (claim, publish)
+    assert "step_00000700" in promoter.catalog()["s3"], "a save's commit"
+
+    (other,) = settled_promoters([job])  # another promoter, as on another node after a restart
+    protocol_save_into(job, "ram", 8)
+    promoter.catalog()  # the new id is in ram, not yet below
+    other.run_once()  # copies it down every tier
+    found = promoter.catalog()
+    assert all("step_00000800" in found[name] for name in ("nvme", "pfs", "s3")), "a copy"
+
+    delete_copies({"s3": s3}, [Deletion("s3", "step_00000100", "test")])  # retention's routine
+    assert "step_00000100" not in promoter.catalog()["s3"], "retention's delete"
+
+    assert cli_main(["--config", str(_config_file(job, tmp_path)), "drop", "step_00000200",
+                     "--tier", "pfs"]) == 0  # fmt: skip
+    assert "step_00000200" not in promoter.catalog()["pfs"], "an operator's drop"
+
+
+def test_a_change_behind_tierstores_back_is_seen_within_full_scan(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """An operator's ``aws s3 rm`` stamps nothing: the promoter sees it at its next full listing,
+    ``promote.full_scan`` after the previous one at most (real time)."""
+    job, promoter = _observed_job(counted_s3, file_ops, tmp_path, 4, full_scan=3.0)
+    promoter.catalog(full=True)
+    listed = time.monotonic()
+    job.client.delete_object(Bucket=job.bucket, Key=f"ts/{job.namespace}/step_00000300/commit.json")
+    while "step_00000300" in promoter.catalog()["s3"]:
+        assert time.monotonic() - listed < 3.0 + 1.0, "not seen within full_scan"
+        time.sleep(0.1)
+    assert time.monotonic() - listed < 3.0 + 1.0

@@ -60,6 +60,11 @@ class PromoteConfig(StrictModel):
         1, ge=1, description="Every k-th committed checkpoint reaches the last tier."
     )
     interval: Duration = Field(10.0, description="Polling interval for new markers.")
+    full_scan: Duration = Field(
+        300.0,
+        description="A pass lists a tier whose change stamp is unchanged again once its last listing"
+        " is this old (changes made behind tierstore's back are seen within it); 0: every pass.",
+    )
     grace_period: Duration = Field(30.0, description="On SIGTERM, time allowed to finish a file.")
     stale_after: Duration = Field(
         3600.0,

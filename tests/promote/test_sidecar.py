@@ -185,7 +185,7 @@ def test_exhausted_retries_fail_and_abort_the_upload(tmp_path: Path, faulty_s3: 
 def test_access_denied_is_not_retried(tmp_path: Path, faulty_s3: FaultyS3) -> None:
     config = config_from_dict(yaml.safe_load(faulty_config(tmp_path, faulty_s3).read_text()))
     save(config, "step_0001")
-    faulty_s3.faults.fail(1, status=403, method="PUT")
+    faulty_s3.faults.fail(1, status=403, method="PUT", path="step_0001")  # the promotion's
     promoter = Promoter(config)
     report = promoter.run_once()
     assert report.failed and "AccessDenied" in report.failed[0][1]

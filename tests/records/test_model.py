@@ -71,6 +71,10 @@ class CommitProtocol(RuleBasedStateMachine):
         )
         self.durable_store = f"durable-{run}"
         self.tiers: dict[str, Tier] = {t.name: t for t in self.config.make_tiers(node=0)}
+        self.promoter = Promoter(self.config)
+        """One promoter process for as long as it lives: its listings of each tier are reused
+        across passes while the tier's change stamp holds (promote/views.py); a kill or a lost
+        host starts a new one."""
         self.values: dict[tuple[str, str], int] = {}
         """``(id, generation)`` -> the value saved in it (committed, or committed in doubt)."""
         self.counter = 0
@@ -144,7 +148,7 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule()
     def promoter_pass(self) -> None:
         try:
-            Promoter(self.config).run_once()
+            self.promoter.run_once()
         finally:
             FAULTS.revive()
         if self.durable_store not in FAULTS.down:  # a full pass sighted every tier
@@ -154,12 +158,13 @@ class CommitProtocol(RuleBasedStateMachine):
     def promoter_killed(self, verbs: int) -> None:
         FAULTS.arm(verbs)
         try:
-            Promoter(self.config).run_once()
+            self.promoter.run_once()
         except BaseException:  # noqa: BLE001, S110 - the kill itself
             pass
         finally:
             if FAULTS.revive():
                 self._bury_the_dead(trainer=False)
+                self.promoter = Promoter(self.config)  # restarted: a new process
 
     @rule()
     def host_memory_lost(self) -> None:
@@ -168,6 +173,7 @@ class CommitProtocol(RuleBasedStateMachine):
         (it was not durable yet: docs/operations.md)."""
         self.tiers["fast"].objects.clear()  # type: ignore[attr-defined]
         self._bury_the_dead(trainer=True)
+        self.promoter = Promoter(self.config)
         if self.last_success not in self._markers(up_only=False):
             self.last_success = None
 

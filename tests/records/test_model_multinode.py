@@ -23,6 +23,7 @@ After every step:
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,12 @@ class MultiNodeProtocol(RuleBasedStateMachine):
             }
         )
         self.tiers: dict[int, list[Tier]] = {n: self.config.make_tiers(node=n) for n in NODES}
+        self.promoters = {n: Promoter(self.config, node=n) for n in NODES}
+        """Each node's promoter process for as long as it lives: its listings of each tier are
+        reused across passes while the tier's change stamp holds (promote/views.py)."""
+        self.last_kill = time.monotonic()
+        """When an actor was last killed: a change it made but did not stamp yet is seen by a
+        promoter at its next full listing of the tier (the documented window, records/changes.py)."""
         self.values: dict[tuple[str, str], int] = {}
         """``(id, generation)`` -> the value saved in it."""
         self.last_commit: dict[str, int] = {}
@@ -162,6 +169,7 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         for activity in HEARTBEAT.get().holding():
             activity.released = True
             HEARTBEAT.get().forget(activity)
+        self.last_kill = time.monotonic()
         known._KNOWN.clear()
         self.window |= self.unsighted
         self.unsighted = set()
@@ -247,13 +255,14 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         if crash_after is not None:
             FAULTS.arm(crash_after)
         try:
-            Promoter(self.config, node=node).run_once()
+            self.promoters[node].run_once()
         except BaseException:  # noqa: BLE001, S110 - the kill itself
             pass
         finally:
             if FAULTS.revive():
                 self._bury_the_dead()
-            elif node == 1:
+                self.promoters[node] = Promoter(self.config, node=node)  # restarted
+            elif node == 1 and self._listed_since_last_kill(self.promoters[1]):
                 self._no_leak_on_node_1()
             else:  # a full pass of node 0's promoter sighted every tier
                 self.unsighted, self.window = set(), set()
@@ -324,6 +333,13 @@ class MultiNodeProtocol(RuleBasedStateMachine):
                 continue  # retention let it go everywhere; two contents kept in the open
             _seq, generation, _index = newest[checkpoint_id]
             assert self.values.get((checkpoint_id, generation)) == value, checkpoint_id
+
+    def _listed_since_last_kill(self, promoter: Promoter) -> bool:
+        """Whether ``promoter`` listed every job-wide tier since an actor was last killed: a kill
+        between a change and its stamp is seen at the next full listing, not before."""
+        now = time.monotonic()
+        ages = [promoter.views.age(t.name) for t in promoter.tiers if not t.node_local]
+        return all(age is not None and now - age > self.last_kill for age in ages)
 
     def _no_leak_on_node_1(self) -> None:
         """Right after node 1's pass: no confirmed part of a generation stays there that a newer

@@ -6,8 +6,9 @@ about their part of a checkpoint from the per-rank part records the writer left 
 (``<id>/<gen>/parts/rankNNNNN.json``). A node that holds rank 0's part record is the coordinator's node,
 and there a part without a marker is an uncommitted save: it is ignored.
 
-Markers are parsed once per (tier, id, mtime, size): polling re-lists every time and never trusts an
-old listing, but does not re-read a marker that has not changed.
+Markers are parsed once per (tier, id, mtime, size): a listing does not re-read a marker that has not
+changed. Whether a tier is listed at all in a pass is the promoter's call: it reuses its previous
+listing while the tier's change stamp holds (:mod:`tierstore.promote.views`).
 """
 
 from __future__ import annotations

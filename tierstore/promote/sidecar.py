@@ -1,7 +1,9 @@
 """The promoter sidecar: ``tierstore --config FILE promote``, one per training node.
 
 Each pass: discover committed copies by their markers (polling, so it works on NFS/Lustre where other
-nodes' writes raise no events), plan promotions and retention with :mod:`tierstore.promote.policy`, copy (see
+nodes' writes raise no events; a tier whose change stamp is unchanged since the last listing is not
+listed again, see :mod:`tierstore.promote.views`), plan promotions and retention with
+:mod:`tierstore.promote.policy`, copy (see
 :mod:`tierstore.promote.job`: verified data first, marker last), delete what retention no longer keeps
 (marker first, then data), and now and then clean up uncommitted leftovers (:mod:`tierstore.promote.cleanup`).
 
@@ -47,7 +49,9 @@ from tierstore.promote.policy import (
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.rules import rules_of
 from tierstore.promote.transfer import Cancelled
+from tierstore.promote.views import TierView, TierViews
 from tierstore.records.activity import live
+from tierstore.records.changes import read_stamp, touch
 from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts, record_conflict
 from tierstore.records.log import highest_in
 from tierstore.records.marker import Manifest
@@ -106,6 +110,15 @@ class Promoter:
         self.stopping = threading.Event()
         self.cancel = threading.Event()
         self.cache = MarkerCache()
+        self.views = TierViews(config.promote.full_scan)
+        """Each tier's last listing, reused while its change stamp holds (promote/views.py)."""
+        self._reused: set[str] = set()
+        """Tiers whose listing the last :meth:`catalog` reused rather than made."""
+        self._parts: dict[str, dict[str, dict[str, list[PartRecord]]]] = {}
+        """This node's parts of saves coordinated elsewhere, per node-local tier, as last listed."""
+        self._to_stamp: set[str] | None = None
+        """Tiers to stamp before this process's first pass looks at them (see :meth:`catalog`);
+        None until that pass."""
         self.prober = Prober(config.probe_timeout)
         self._last_gc = 0.0
         self.unavailable: set[str] = set()
@@ -179,31 +192,62 @@ class Promoter:
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def catalog(self, *, refresh: bool = True) -> dict[str, dict[str, SeenCopy]]:
+    def catalog(
+        self, *, refresh: bool = True, full: bool = False
+    ) -> dict[str, dict[str, SeenCopy]]:
         """What this node sees in every tier it can reach (committed copies; this node's parts).
 
-        Each tier is listed within ``probe_timeout``. A tier that cannot be listed is left out of
-        the answer and recorded as unreachable (metric, log): nothing is promoted into or out of it,
-        retention deletes nothing there, and the other tiers go on (tiers stand alone).
-        ``refresh=False`` (the promotion rounds inside a pass) reuses the conflict records and the
-        highest commit numbers read at the pass's start: fewer requests to slow tiers.
+        Each tier's change stamp is read first; while it holds the token read before this
+        promoter's previous listing of the tier, and that listing is younger than
+        ``promote.full_scan``, the listing is reused (:mod:`tierstore.promote.views`); ``full``
+        lists every tier regardless. The first pass of this process stamps each tier before its
+        first look there: a predecessor killed between a change and its stamp left that change
+        unstamped, and every promoter then sees it at its next pass. Each tier is asked within
+        ``probe_timeout``. A tier that cannot be listed is left out of the answer and recorded as
+        unreachable (metric, log): nothing is promoted into or out of it, retention deletes
+        nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the
+        promotion rounds inside a pass) reuses the conflict records and the highest commit
+        numbers read at the pass's start where a tier has changed: fewer requests to slow tiers
+        (that listing is not kept).
         """
         found: dict[str, dict[str, SeenCopy]] = {}
+        self._reused = set()
         for tier in self.tiers:
 
-            def listing(tier: Tier = tier) -> tuple[dict[str, SeenCopy], int, list[Conflict]]:
+            def listing(tier: Tier = tier, first: bool = tier.name in (self._to_stamp or ())
+                        ) -> tuple[TierView, bool]:  # fmt: skip
+                if first:  # a predecessor killed between a change and its stamp: seen by all now
+                    touch(tier)
+                started = time.monotonic()
+                token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
+                view = None if full else self.views.reusable(tier.name, token)
+                if view is not None:
+                    return view, True
                 known = None if refresh else self._conflicts.get(tier.name)
                 conflicts = read_conflicts(tier) if known is None else known
                 highest = highest_in(tier) if refresh else self.highest.get(tier.name, 0)
-                return discover(tier, self.cache, conflicts), highest, conflicts
+                seen = discover(tier, self.cache, conflicts)
+                parts = foreign_parts(tier, self.cache) if tier.node_local else {}
+                return TierView(token, started, seen, highest, tuple(conflicts), parts), False
 
             try:
-                found[tier.name], self.highest[tier.name], self._conflicts[tier.name] = (
-                    self.prober.ask(tier.name, listing, what="list its checkpoints")
-                )
+                view, reused = self.prober.ask(tier.name, listing, what="list its checkpoints")
             except (TierstoreError, OSError) as exc:
+                self.views.forget(tier.name)
                 self._set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
                 continue
+            if self._to_stamp is not None:
+                self._to_stamp.discard(tier.name)
+            if reused:
+                self._reused.add(tier.name)
+            elif refresh:
+                self.views.keep(tier.name, view)
+            else:  # made with the pass's first log and conflict records: not a listing to keep
+                self.views.forget(tier.name)
+            found[tier.name] = dict(view.found)  # a pass edits its copy (conflicts, deletions)
+            self.highest[tier.name] = view.highest
+            self._conflicts[tier.name] = list(view.conflicts)
+            self._parts[tier.name] = view.parts
             self._set_unreachable(tier.name, None)
         if refresh:
             self._unknown.clear()  # committed manifests not there before may be there now
@@ -223,11 +267,13 @@ class Promoter:
                 continue
             try:
                 changed = False
-                for generations in foreign_parts(tier, self.cache).values():
+                for generations in self._parts.get(tier.name, {}).values():
                     for records in generations.values():
                         changed |= self._confirm(tier, wide, found, records)
-                if changed:
+                if changed:  # their records were rewritten (and the tier stamped): list it again
+                    self.views.forget(tier.name)
                     found[tier.name] = discover(tier, self.cache, self._conflicts.get(tier.name))
+                    self._parts[tier.name] = foreign_parts(tier, self.cache)
             except (TierstoreError, OSError) as exc:
                 logger.warning("cannot confirm the commit numbers of the parts in %s: %s",
                                tier.name, exc)  # fmt: skip
@@ -298,6 +344,9 @@ class Promoter:
         report = PassReport()
         attempted: set[Promotion] = set()
         self.health.beat()
+        if self._to_stamp is None:
+            self._to_stamp = {tier.name for tier in self.tiers}
+        found: dict[str, dict[str, SeenCopy]] = {}
         for _round in range(len(self.tiers)):  # each round moves checkpoints one tier further
             found = self.catalog(refresh=_round == 0)
             self.health.beat()
@@ -310,7 +359,8 @@ class Promoter:
                     break
                 attempted.add(promotion)
                 self._promote(promotion, found[promotion.source][promotion.checkpoint_id], report)
-        found = self.catalog()
+        if attempted:  # else the first round's look is this one: nothing was done since
+            found = self.catalog()
         self._set_backlog(self._plan(found))
         self._detect_conflicts(found)
         self._settle_conflicts(found)
@@ -405,6 +455,8 @@ class Promoter:
         except (TierstoreError, OSError) as exc:
             self.metrics.failures.labels(target.name).inc()
             report.failed.append((promotion, str(exc)))
+            for tier_name in (source.name, target.name):  # the source may have lost the copy
+                self.views.forget(tier_name)  # behind tierstore's back: both listed again
             if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
                 self._set_unavailable(target.name, str(exc))
             event("promotion_failed", checkpoint=promotion.checkpoint_id, source=source.name,
@@ -587,7 +639,7 @@ class Promoter:
                     checkpoint_id: {
                         gen: self._settle_part(records) for gen, records in generations.items()
                     }
-                    for checkpoint_id, generations in foreign_parts(tier, self.cache).items()
+                    for checkpoint_id, generations in self._parts.get(tier.name, {}).items()
                     if checkpoint_id not in in_use
                 }
             except (TierstoreError, OSError) as exc:
@@ -609,8 +661,18 @@ class Promoter:
     def apply_retention(
         self, found: dict[str, dict[str, SeenCopy]], *, dry_run: bool = False
     ) -> list[Deletion]:
-        """Delete what retention no longer keeps on this node (``dry_run``: only say what)."""
+        """Delete what retention no longer keeps on this node (``dry_run``: only say what).
+
+        Deletions are decided by listings made now: when ``found`` reused an earlier listing of
+        some tier (:mod:`tierstore.promote.views`) and retention would delete anything, every tier
+        is listed again first and ``found`` is updated in place with that look.
+        """
         planned = self.planned_deletions(found)
+        if planned and self._reused:
+            fresh = self.catalog(full=True)
+            found.clear()
+            found.update(fresh)
+            planned = self.planned_deletions(found)
         if dry_run:
             return planned
 
