@@ -34,6 +34,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +52,10 @@ from tierstore.dcp.mirror.transport import (
     map_file,
     post_send,
     receive_file,
+    send_files,
     wait_all,
 )
+from tierstore.dcp.staging.now import STAGING_NOW
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,
@@ -86,6 +90,25 @@ _TAG_SPAN = 2**21
 _TAG_ROUNDS = 500
 _NICE = 10
 """Priority of the exchange thread relative to the trainer's (higher is nicer)."""
+_PAUSE_BUDGET_S = 30.0
+"""The most one thread of a round pauses, in all, for this process's staging (and at most a
+quarter of the mirror's timeout: a paused peer's messages wait that long)."""
+
+
+class _YieldToStaging:
+    """Called between a round's chunks: waits while this process stages (the next save's copy of
+    the trainer's state, :mod:`tierstore.dcp.staging.now`), within a budget for the round. Staging
+    never waits for a round, and the peer's pauses are bounded too: no pause can hang the pair."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.left = min(_PAUSE_BUDGET_S, timeout_s / 4)
+        self.paused = 0.0
+
+    def __call__(self) -> None:
+        if self.left > 0:
+            waited = STAGING_NOW.get().wait_until_clear(self.left)
+            self.left -= waited
+            self.paused += waited
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,9 @@ class Round:
     """PROCESS mode: the exchange-end record the trainer waits for (see :class:`ExchangeWaits`)."""
     spares: Spares | None = None
     """The worker's landing files reserved ahead of time (set by :meth:`MirrorWorker.submit`)."""
+    sender: SerialWorker | None = None
+    """The worker's thread that sends this rank's files while this one receives (set by
+    :meth:`MirrorWorker.submit`; without it, the sends run on a thread of their own)."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +231,7 @@ class MirrorWorker:
         # Background work yields the CPU to the trainer: on a busy node the next save's copy and
         # the training step come first.
         self._worker = SerialWorker("tierstore-mirror", nice=_NICE)
+        self._sender = SerialWorker("tierstore-mirror-send", nice=_NICE)
         self._idle = threading.Condition()
         self._busy = 0
         """Rounds queued or running (a round's end is its exchange's, before the spares refill)."""
@@ -220,6 +247,7 @@ class MirrorWorker:
             if self._spares is None:
                 self._spares = Spares(round_.tier)
             round_.spares = self._spares
+            round_.sender = self._sender
         self._worker.post(lambda: self._run(round_))
 
     @property
@@ -249,12 +277,12 @@ class MirrorWorker:
         if idle and round_.spares is not None:
             # Between rounds, off every waiter's path: the next round's files land in pages
             # reserved now (a round already queued goes first and reserves its own).
-            _refill(round_.spares)
+            _refill(round_.spares, _YieldToStaging(round_.mirror.timeout))
 
 
-def _refill(spares: Spares) -> None:
+def _refill(spares: Spares, pause: Callable[[], None]) -> None:
     try:
-        spares.refill()
+        spares.refill(pause)
     except Exception as exc:  # noqa: BLE001 - without spares the next round reserves its own pages
         logger.warning("peer mirror: could not reserve landing files: %s", exc)
 
@@ -379,6 +407,8 @@ class _State:
     failed: dict[int, str]
     """Owner node -> why its mirror failed (shared facts: every rank fills it identically)."""
     tag_base: int = 0
+    pause: Callable[[], None] = lambda: None
+    """The round thread's :class:`_YieldToStaging` (set by :func:`run_round`)."""
     not_committed: str = ""
     """Why the coordinator sent no marker (empty when it did)."""
 
@@ -399,6 +429,10 @@ def run_round(round_: Round) -> None:
     groups = job_groups(round_.mirror.timeout)
     if groups is None:
         return
+    # Each step yields to this process's staging first: a round starts as its save commits, just
+    # when the trainer may stage the next one (back to back).
+    pause = _YieldToStaging(round_.mirror.timeout)
+    pause()
     try:
         shares: list[SavedShare] = _gather(round_.share, groups.mirror)
     except Exception as exc:  # noqa: BLE001 - the group is broken (a peer died earlier)
@@ -432,14 +466,16 @@ def run_round(round_: Round) -> None:
     base = (round_.number % _TAG_ROUNDS) * _TAG_SPAN
     state = _State(
         round_, groups.mirror, shares, placement, plan_transfers(shares, placement, base + 1),
-        next(s.rank for s in shares if s.coordinator), dict(placement.refused), base,
+        next(s.rank for s in shares if s.coordinator), dict(placement.refused), base, pause,
     )  # fmt: skip
     try:
         # Announced in this node's tier while files arrive: its cleanup takes a quiet, markerless
         # mirror directory for an exchange cut short, and must not remove one still receiving.
         with held(round_.tier, "write", round_.share.checkpoint_id, round_.share.generation,
                   ttl=round_.activity_ttl):  # fmt: skip
+            pause()
             _prepare_incoming(state)
+            pause()
             errors = _exchange(state)
             manifest = _share_commit(state, errors)
             _confirm_own_part(state, manifest)
@@ -500,30 +536,44 @@ def _exchange(state: _State) -> dict[int, str]:
     round_, me = state.round_, state.me
     live = [t for t in state.transfers if t.owner_node not in state.failed]
     ckpt, timeout = round_.share.checkpoint_id, round_.mirror.timeout
-    works: list[dist.Work] = []
-    kept: list[Any] = []  # mappings of sent files stay alive until their messages are out
     errors: dict[int, str] = {}
-    for t in live:
-        if t.sender != me:
-            continue
-        data = _readable(round_.tier, ckpt, t.entry, errors, round_.share.node, me)
-        kept.append(data)
-        works += post_send(data, t.receiver, state.group, t.first_tag)
+    sends = [  # the mappings of sent files stay alive until their messages are out
+        (_readable(round_.tier, ckpt, t.entry, errors, round_.share.node, me), t.receiver,
+         t.first_tag)
+        for t in live if t.sender == me
+    ]  # fmt: skip
+    # Sends and receives each pause while this process stages, between chunks (the sends on a
+    # thread of their own, so that neither waits for the other).
+    sending = _on_sender(round_, lambda: send_files(
+        sends, state.group, timeout_s=timeout, pause=_YieldToStaging(timeout)))  # fmt: skip
+    pause = state.pause
     for t in live:
         if t.receiver == me:
             try:  # one file failing (a full tmpfs) must not leave the others unreceived
                 receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry,
                              t.sender, state.group, first_tag=t.first_tag, timeout_s=timeout,
-                             spares=round_.spares)  # fmt: skip
+                             spares=round_.spares, pause=pause)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
                 errors.setdefault(t.owner_node, f"rank {me}: {t.entry.path}: {exc}")
     try:
-        wait_all(works, timeout)
+        sending.result()
     except Exception as exc:  # noqa: BLE001 - the holder failed: this node's mirror did
         errors.setdefault(round_.share.node, f"rank {me}: sending: {exc}")
+    pause()  # unmapping the sent files interrupts every core this process runs on
+    sends.clear()
     for owner, error in errors.items():
         logger.warning("peer mirror of %s (node %d's files): %s", ckpt, owner, error)
     return errors
+
+
+def _on_sender(round_: Round, job: Callable[[], None]) -> Future[Any]:
+    """Run ``job`` on the round's sender thread (a worker's), else on a thread of its own."""
+    if round_.sender is not None:
+        return round_.sender.submit(job)
+    alone = SerialWorker("tierstore-mirror-send")
+    done = alone.submit(job)
+    alone.close()  # its thread ends after the job
+    return done
 
 
 def _readable(  # noqa: PLR0917 - a helper of the two senders above and below
@@ -629,6 +679,7 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             continue
         try:
             readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
+            state.pause()  # freeing the dropped mirrors' pages costs CPU too
             prune_mirrors(tier, round_.keep, readers=readers)
         except Exception as exc:  # noqa: BLE001 - retention retries at the promoter's next pass
             logger.warning("peer mirror of %s: retention of the mirrors failed: %s", ckpt, exc)

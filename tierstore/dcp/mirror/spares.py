@@ -24,7 +24,7 @@ import logging
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -81,11 +81,12 @@ class Spares:
         """Remove a spare :meth:`take` handed out that never became a landing file."""
         _unlink(path)
 
-    def refill(self) -> None:
+    def refill(self, pause: Callable[[], object] = lambda: None) -> None:
         """Reserve a file for every size taken since the last refill, drop spares nobody took.
 
         A spare that would leave less than :attr:`keep_free` free is not made, and errors (no
         room) leave fewer spares: the next round then reserves its pages as it receives.
+        ``pause()`` is called before each reservation (the mirror yields to staging there too).
         """
         wanted, self._wanted = self._wanted, Counter()
         for size in list(self._files):
@@ -94,6 +95,7 @@ class Spares:
         try:
             for size, count in wanted.items():
                 while size and len(self._files[size]) < count:
+                    pause()
                     # Every rank of the node refills against the same keep_free, and rounds end
                     # together: the check and the reservation hold the node's lock, so one rank's
                     # spare is in the free space the next one sees.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -65,6 +65,37 @@ def post_send(
     ]
 
 
+SEND_AHEAD = 4
+"""Messages a sender keeps in flight (:func:`send_files`): one more than a receiver posts ahead."""
+
+
+def send_files(
+    sends: list[tuple[torch.Tensor, int, int]],
+    group: dist.ProcessGroup,
+    *,
+    timeout_s: float,
+    pause: Callable[[], object] = lambda: None,
+) -> None:
+    """Send each ``(data, dst, first_tag)`` as :func:`post_send` would, in order, at most
+    :data:`SEND_AHEAD` messages in flight, calling ``pause()`` before posting each one.
+
+    gloo moves a message only once its receiver has posted the receive, so a sender that stops
+    posting stops sending (after the messages in flight), and a receiver that pauses holds its
+    senders back in turn. Raises when a message fails or waits past ``timeout_s`` (then the rest
+    is not sent: the group is broken for this round anyway)."""
+    in_flight: collections.deque[dist.Work] = collections.deque()
+    for data, dst, first_tag in sends:
+        for index, start in enumerate(range(0, data.numel(), CHUNK)):
+            if len(in_flight) >= SEND_AHEAD:
+                wait_all([in_flight.popleft()], timeout_s)
+            pause()
+            piece = data[start : start + CHUNK]
+            in_flight.append(
+                _posted(dist.isend(piece, dst=dst, group=group, tag=first_tag + index))
+            )
+    wait_all(list(in_flight), timeout_s)
+
+
 def post_recv(
     into: torch.Tensor, src: int, group: dist.ProcessGroup, first_tag: int
 ) -> list[dist.Work]:
@@ -98,6 +129,7 @@ def receive_file(
     first_tag: int,
     timeout_s: float,
     spares: Spares | None = None,
+    pause: Callable[[], object] = lambda: None,
 ) -> None:
     """Receive a file sent by :func:`post_send` into ``path`` of ``tier``, durably, checked.
 
@@ -109,12 +141,13 @@ def receive_file(
     naming the tier and path. Only a file whose CRC32C is the owner's gets its name (fsync, rename,
     fsync the directory). When the file cannot be taken, the rest of it is still received (and
     dropped): the sender's messages all complete, so the group stays usable for the next save.
+    ``pause()`` is called before each chunk is taken (see :func:`send_files`).
     """
     spare = None if spares is None else spares.take(entry.size)
     incoming: _Chunks | None = None
     landing: Landing | None = None
     try:
-        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares))
+        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause)
         try:
             landing = tier.open_landing(path, entry.size, spare)
         except OSError as exc:
@@ -168,9 +201,10 @@ class _Chunks:
         first_tag: int,
         timeout_s: float,
         buffers: list[torch.Tensor],
+        pause: Callable[[], object],
     ) -> None:
         self.size, self.src, self.group, self.first_tag = size, src, group, first_tag
-        self.timeout_s, self.buffers = timeout_s, buffers
+        self.timeout_s, self.buffers, self.pause = timeout_s, buffers, pause
         self.posted: collections.deque[tuple[int, dist.Work]] = collections.deque()
         self.next = 0
         """The index of the next chunk to post."""
@@ -191,6 +225,7 @@ class _Chunks:
 
     def __iter__(self) -> Iterator[tuple[int, memoryview]]:
         while self.posted:
+            self.pause()  # before the CPU's share of a chunk: its sum and its write
             index, work = self.posted[0]
             try:
                 wait_all([work], self.timeout_s)

@@ -58,6 +58,7 @@ from torch.distributed.tensor import DTensor
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
 from tierstore.dcp.staging import slab_use
 from tierstore.dcp.staging.copier import can_move, move
+from tierstore.dcp.staging.now import STAGING_NOW
 from tierstore.dcp.staging.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staging.pending import Pending
 from tierstore.dcp.staging.staged_shard import StagedShard
@@ -307,7 +308,7 @@ def _copy_if_free(
 ) -> tuple[Any, bytes] | None:
     """:func:`_copy_into_slab` once no save is writing ``slab`` out (a retry of an earlier save, on
     a thread the back-pressure rule cannot see); None if that save adopted it as its checkpoint."""
-    with slab.use.staging():
+    with slab.use.staging(), STAGING_NOW.get().held():
         if slab.consumed:
             return None
         return _copy_into_slab(slab, state, offsets, made)
@@ -510,7 +511,8 @@ class Stager:
                 break
             copied = _copy_if_free(slab, state, offsets, made)
         if slab is None or copied is None:
-            staged = _copy_into_fresh_memory(state, made)
+            with STAGING_NOW.get().held():
+                staged = _copy_into_fresh_memory(state, made)
             if self._retired:
                 self._retire()
             self.pending = Pending(made)
