@@ -116,9 +116,8 @@ class Promoter:
         """Tiers whose listing the last :meth:`catalog` reused rather than made."""
         self._parts: dict[str, dict[str, dict[str, list[PartRecord]]]] = {}
         """This node's parts of saves coordinated elsewhere, per node-local tier, as last listed."""
-        self._to_stamp: set[str] | None = None
-        """Tiers to stamp before this process's first pass looks at them (see :meth:`catalog`);
-        None until that pass."""
+        self._unstamped = {tier.name for tier in self.tiers}
+        """Tiers this process has not stamped yet at the end of a pass (:meth:`_stamp_once`)."""
         self.prober = Prober(config.probe_timeout)
         self._last_gc = 0.0
         self.unavailable: set[str] = set()
@@ -200,9 +199,7 @@ class Promoter:
         Each tier's change stamp is read first; while it holds the token read before this
         promoter's previous listing of the tier, and that listing is younger than
         ``promote.full_scan``, the listing is reused (:mod:`tierstore.promote.views`); ``full``
-        lists every tier regardless. The first pass of this process stamps each tier before its
-        first look there: a predecessor killed between a change and its stamp left that change
-        unstamped, and every promoter then sees it at its next pass. Each tier is asked within
+        lists every tier regardless. Each tier is asked within
         ``probe_timeout``. A tier that cannot be listed is left out of the answer and recorded as
         unreachable (metric, log): nothing is promoted into or out of it, retention deletes
         nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the
@@ -214,10 +211,7 @@ class Promoter:
         self._reused = set()
         for tier in self.tiers:
 
-            def listing(tier: Tier = tier, first: bool = tier.name in (self._to_stamp or ())
-                        ) -> tuple[TierView, bool]:  # fmt: skip
-                if first:  # a predecessor killed between a change and its stamp: seen by all now
-                    touch(tier)
+            def listing(tier: Tier = tier) -> tuple[TierView, bool]:
                 started = time.monotonic()
                 token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
                 view = None if full else self.views.reusable(tier.name, token)
@@ -236,8 +230,6 @@ class Promoter:
                 self.views.forget(tier.name)
                 self._set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
                 continue
-            if self._to_stamp is not None:
-                self._to_stamp.discard(tier.name)
             if reused:
                 self._reused.add(tier.name)
             elif refresh:
@@ -344,8 +336,6 @@ class Promoter:
         report = PassReport()
         attempted: set[Promotion] = set()
         self.health.beat()
-        if self._to_stamp is None:
-            self._to_stamp = {tier.name for tier in self.tiers}
         found: dict[str, dict[str, SeenCopy]] = {}
         for _round in range(len(self.tiers)):  # each round moves checkpoints one tier further
             found = self.catalog(refresh=_round == 0)
@@ -371,12 +361,28 @@ class Promoter:
             if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
                 report.cleaned = self.collect_garbage(dry_run=False)
                 self._last_gc = time.time()
+        self._stamp_once(found)
         self._record_sightings(found)
         self._update_durable_age(found)
         self._update_mirror_status(found)
         self.metrics.last_pass.set_to_current_time()
         self.health.pass_finished()
         return report
+
+    def _stamp_once(self, found: dict[str, dict[str, SeenCopy]]) -> None:
+        """Stamp each tier once per promoter process, at the end of the first pass that lists it
+        (within ``probe_timeout``): a predecessor killed between a change and its stamp left that
+        change unstamped, and every promoter sees it at its next pass (records/changes.py). After
+        the pass's own look, so that a restart's first look is not slowed by it."""
+        for tier in self.tiers:
+            if tier.name not in self._unstamped or tier.name not in found:
+                continue
+            try:
+                self.prober.ask(tier.name, functools.partial(touch, tier), what="stamp it")
+            except (TierstoreError, OSError) as exc:
+                logger.warning("cannot stamp tier %s: %s", tier.name, exc)
+                continue
+            self._unstamped.discard(tier.name)
 
     def _copies(self, found: dict[str, dict[str, SeenCopy]]) -> dict[str, dict[str, Copy]]:
         return {name: {i: s.copy for i, s in seen.items()} for name, seen in found.items()}

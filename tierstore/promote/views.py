@@ -14,8 +14,8 @@ How long a change can go unseen:
 * made by a tierstore actor that stamped it: until the promoter's next pass (``promote.interval``);
 * made behind tierstore's back (``aws s3 rm``, a lifecycle rule, an older release) or by an actor
   killed between its change and its stamp: until the promoter's next full listing, at most
-  ``promote.full_scan`` after its previous one (a restarted promoter stamps the tiers it looks after
-  when it starts: what its predecessor left unstamped is seen at every promoter's next pass).
+  ``promote.full_scan`` after its previous one (a restarted promoter stamps every tier at the end of
+  its first pass: what its predecessor left unstamped is then seen at every promoter's next pass).
 
 Nothing destructive trusts a reused listing: retention deletes only by a listing made in the same
 pass (a pass with deletions to make lists every tier again first, as every pass did before); the
