@@ -231,7 +231,9 @@ class MirrorWorker:
         # Background work yields the CPU to the trainer: on a busy node the next save's copy and
         # the training step come first.
         self._worker = SerialWorker("tierstore-mirror", nice=_NICE)
-        self._sender = SerialWorker("tierstore-mirror-send", nice=_NICE)
+        # Not niced: it only posts messages (gloo's own thread moves them), and under load a niced
+        # thread that wakes late to post the next one would leave the wire idle.
+        self._sender = SerialWorker("tierstore-mirror-send")
         self._idle = threading.Condition()
         self._busy = 0
         """Rounds queued or running (a round's end is its exchange's, before the spares refill)."""
