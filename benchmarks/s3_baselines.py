@@ -20,8 +20,17 @@ BOTO3_CONCURRENCY = (4, 8, 16)
 REGION = "us-east-1"
 
 
-def best_boto3(client: Any, move: str, source: Path, bucket: str, key: str) -> dict[int, float]:
-    """Seconds of ``move`` ("upload" or "download") of ``bucket/key`` at each concurrency.
+def best_boto3(
+    client: Any,
+    move: str,
+    source: Path,
+    bucket: str,
+    key: str,
+    *,
+    cpu: dict[int, float] | None = None,
+) -> dict[int, float]:
+    """Seconds of ``move`` ("upload" or "download") of ``bucket/key`` at each concurrency; ``cpu``,
+    when given, receives this process's CPU seconds (every thread) of each.
 
     Uploads read ``source``; downloads write it (deleted first, untimed: a landing in fresh memory,
     as a restore's is). The transfer manager's own part size is kept (8 MiB).
@@ -32,13 +41,15 @@ def best_boto3(client: Any, move: str, source: Path, bucket: str, key: str) -> d
     for concurrency in BOTO3_CONCURRENCY:
         config = TransferConfig(max_concurrency=concurrency)
         if move == "upload":
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             client.upload_file(str(source), bucket, key, Config=config)
         else:
             source.unlink(missing_ok=True)
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             client.download_file(bucket, key, str(source), Config=config)
         seconds[concurrency] = time.perf_counter() - started
+        if cpu is not None:
+            cpu[concurrency] = time.process_time() - used
     return seconds
 
 

@@ -95,6 +95,8 @@ class Run:
                 out.write(tensor.numpy().tobytes())
         self.landing = self.shm / "landing.bin"
         self.times: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+        """This process's CPU seconds (every thread) for the moves that upload, by name."""
         self.ratios: dict[str, list[float]] = {}
         self.extra: dict[str, Any] = {}
 
@@ -114,8 +116,10 @@ class Run:
                 tiers.append({**tier, **fields_of(self.args.tier), **fields})
         return config_from_dict({"namespace": "bench", "tiers": tiers})
 
-    def time(self, name: str, seconds: float) -> float:
+    def time(self, name: str, seconds: float, cpu: float | None = None) -> float:
         self.times.setdefault(name, []).append(seconds)
+        if cpu is not None:
+            self.cpu.setdefault(name, []).append(cpu)
         return seconds
 
     def ratio(self, name: str, ours: float, theirs: float) -> None:
@@ -129,17 +133,23 @@ def fields_of(settings: list[str]) -> dict[str, str]:
 
 
 def timed(run: Callable[[], object]) -> float:
-    started = time.perf_counter()
+    return timed_cpu(run)[0]
+
+
+def timed_cpu(run: Callable[[], object]) -> tuple[float, float]:
+    """Wall seconds of ``run()`` and this process's CPU seconds meanwhile (every thread)."""
+    started, cpu = time.perf_counter(), time.process_time()
     run()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def boto3_best(run: Run, move: str, index: int) -> float:
     """boto3's best time of the round for ``move``; every concurrency's time is kept."""
+    cpu: dict[int, float] = {}
     seconds = best_boto3(run.client, move, run.blob if move == "upload" else run.landing, BUCKET,
-                         "boto3/object.bin")  # fmt: skip
+                         "boto3/object.bin", cpu=cpu)  # fmt: skip
     for concurrency, value in seconds.items():
-        run.time(f"boto3 {move}, concurrency {concurrency}", value)
+        run.time(f"boto3 {move}, concurrency {concurrency}", value, cpu[concurrency])
     return run.time(f"boto3 best {move}", min(seconds.values()))
 
 
@@ -148,7 +158,7 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
     s3_only = run.config("s3", prefix="saves")  # apart from the promotions' checkpoints
     ckpt, theirs = f"save-{index}", f"s3://{BUCKET}/s3tc/save-{index}"
     saves = [
-        lambda: run.time("tierstore dcp.save, S3 only", timed(lambda: dcp.save(
+        lambda: run.time("tierstore dcp.save, S3 only", *timed_cpu(lambda: dcp.save(
             run.state, storage_writer=TieredWriter(s3_only), checkpoint_id=ckpt))),
         lambda: boto3_best(run, "upload", index),
     ]  # fmt: skip
@@ -158,7 +168,7 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
         lambda: boto3_best(run, "download", index),
     ]  # fmt: skip
     if connector:
-        saves.append(lambda: run.time("s3torchconnector dcp.save", timed(lambda: dcp.save(
+        saves.append(lambda: run.time("s3torchconnector dcp.save", *timed_cpu(lambda: dcp.save(
             run.state, storage_writer=connector_writer(run.endpoint, theirs),
             checkpoint_id=theirs))))  # fmt: skip
         loads.append(lambda: run.time("s3torchconnector dcp.load", timed(lambda: dcp.load(
@@ -167,7 +177,7 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
     for also in run.args.also:
         tried = run.config("s3", prefix=f"also-{also}", **fields_of([also]))
         saves.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.save, S3 only, {also}",
-            timed(lambda: dcp.save(run.state, storage_writer=TieredWriter(tried),
+            *timed_cpu(lambda: dcp.save(run.state, storage_writer=TieredWriter(tried),
                                    checkpoint_id=ckpt))))  # fmt: skip
         loads.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.load, S3 only, {also}",
             timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(tried),
@@ -193,10 +203,11 @@ def promotion(run: Run, promoter: Promoter, ckpt: str, name: str) -> Callable[[]
 
     def promote() -> float:
         delete_copy(s3, ckpt)
-        before = metric._sum.get()
+        before, cpu = metric._sum.get(), time.process_time()
         report = promoter.run_once()
+        cpu = time.process_time() - cpu
         assert report.promoted and not report.failed, report
-        return run.time(name, metric._sum.get() - before)
+        return run.time(name, metric._sum.get() - before, cpu)
 
     return promote
 
@@ -256,19 +267,22 @@ def measure(run: Run) -> None:
     if not connector:
         print("s3torchconnector is not installed (pip install '.[bench]'): boto3 baselines only")
     both = run.config("ram", "s3")
+    # each --also promoter has a RAM tier of its own: promoters that share one record their
+    # sightings of different S3 tiers under one name, and the RAM group's lookups then ask S3
+    alike = [run.config("ram", "s3", ram=f"ram-{n}", prefix=f"also-{also}", **fields_of([also]))
+             for n, also in enumerate(run.args.also)]  # fmt: skip
     promoted = "promoted"
-    dcp.save(run.state, storage_writer=TieredWriter(both), checkpoint_id=promoted)
+    for config in [both, *alike]:
+        dcp.save(run.state, storage_writer=TieredWriter(config), checkpoint_id=promoted)
     # one per configuration for every round, as the sidecar is: its clients are made once
-    promoters = [Promoter(both)] + [
-        Promoter(run.config("ram", "s3", prefix=f"also-{also}", **fields_of([also])))
-        for also in run.args.also
-    ]
+    promoters = [Promoter(config) for config in [both, *alike]]
     # untimed warm-up of each side: clients, the server's first volumes, the pages of the landing
     round_save_load(run, -1, connector)
     assert all(torch.equal(run.state[n], run.restored[n]) for n in run.state), "wrong restore"
     round_promote_restore(run, -1, promoters, promoted)
     round_ram(run, -1, promoted)
     run.times.clear()
+    run.cpu.clear()
     run.ratios.clear()
     for index in range(run.args.rounds):
         started = time.perf_counter()
@@ -291,7 +305,9 @@ def report(run: Run) -> dict[str, Any]:
         ratios[name] = {"value": value, "target": f"<= {target}" if target else "(reported)",
                         "met": None if target is None else value <= target, "rounds": values}  # fmt: skip
     return {"bytes": run.nbytes, "tensors": run.args.tensors, "rounds": run.args.rounds,
-            "arguments": vars(run.args), "times": times, "ratios": ratios}  # fmt: skip
+            "arguments": vars(run.args), "times": times, "ratios": ratios,
+            "cpu": {name: {"median_s": statistics.median(v), "samples_s": v}
+                    for name, v in run.cpu.items()}}  # fmt: skip
 
 
 def show(found: dict[str, Any]) -> None:
@@ -299,6 +315,9 @@ def show(found: dict[str, Any]) -> None:
     print(f"\ntimes (median of {found['rounds']} rounds, {mib:.0f} MiB)")
     for name, row in found["times"].items():
         print(f"  {name:<52} {row['median_s']:8.3f} s  {mib / row['median_s']:7.0f} MiB/s")
+    print("\nthis process's CPU seconds (median of the rounds; the server's are not counted)")
+    for name, row in found["cpu"].items():
+        print(f"  {name:<52} {row['median_s']:8.2f} s")
     print("\nratios of times (median of per-round ratios)")
     for name, row in found["ratios"].items():
         verdict = {True: "met", False: "MISSED", None: ""}[row["met"]]
