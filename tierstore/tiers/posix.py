@@ -331,16 +331,18 @@ class PosixTier(Tier):
         start = self._path(path)
         found: list[FileInfo] = []
         for directory, _dirs, files in os.walk(start):
+            # One relative prefix per directory, not a relpath per file: a commit log of 10,000
+            # entries is one directory, and relpath was most of the listing's time.
+            rel_dir = os.path.relpath(directory, self.base).replace(os.sep, "/")
+            prefix = "" if rel_dir == "." else f"{rel_dir}/"
             for name in files:
                 if is_temporary(name):
                     continue
-                full = os.path.join(directory, name)
                 try:
-                    result = os.stat(full)
+                    result = os.stat(os.path.join(directory, name))
                 except FileNotFoundError:
                     continue  # deleted while we walked
-                rel = os.path.relpath(full, self.base).replace(os.sep, "/")
-                found.append(FileInfo(rel, result.st_size, result.st_mtime))
+                found.append(FileInfo(prefix + name, result.st_size, result.st_mtime))
         return sorted(found, key=lambda f: f.path)
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
