@@ -81,3 +81,33 @@ pause() {
   sleep "$1" >/dev/null 2>&1 &
   wait "$!"
 }
+
+# launch_unless STOPPED CMD...: CMD in the background, its PID in LAUNCHED, unless the command
+# STOPPED succeeds; then the launcher exits 75 and CMD never runs. Why not `STOPPED || CMD &`:
+# Slurm signals the processes a step has at that moment, so a stop between that check and CMD's
+# start would reach only this shell, and CMD would run on, deaf to it. Here the launcher traps
+# the stop signals first, and STOPPED is asked only once it can see them: a stop before that is
+# noted by this shell's trap, which runs before STOPPED is asked; a stop after it reaches the
+# launcher (which exits 75) or CMD itself.
+launch_unless() {
+  local stopped=$1 handshake
+  shift
+  handshake=$(mktemp -d "${TMPDIR:-/tmp}/launch.XXXXXX") || return 1
+  (
+    trap 'rm -rf "${handshake}"; exit 75' USR1 TERM INT
+    : >"${handshake}/ready"
+    until [ -e "${handshake}/verdict" ]; do sleep 0.02; done
+    verdict=$(<"${handshake}/verdict")
+    rm -rf "${handshake}"
+    [ "${verdict}" = go ] || exit 75
+    exec "$@"
+  ) &
+  LAUNCHED=$!
+  until [ -e "${handshake}/ready" ] || ! kill -0 "${LAUNCHED}" 2>/dev/null; do
+    pause 0.02
+  done
+  if "${stopped}"; then echo stop; else echo go; fi 2>/dev/null >"${handshake}/verdict.tmp" &&
+    mv "${handshake}/verdict.tmp" "${handshake}/verdict" 2>/dev/null
+  # A launcher killed before it could trap (the stop's default action) leaves its handshake here.
+  kill -0 "${LAUNCHED}" 2>/dev/null || rm -rf "${handshake}"
+}

@@ -35,12 +35,18 @@ say() {
 }
 
 stopping=0
+stopped_at=0
 # shellcheck disable=SC2329  # invoked by the trap
 note_stop() {
   if [ "${stopping}" = 0 ]; then
     stopping=1
+    stopped_at=${SECONDS}
     say "$1: the trainer saves and exits, then this node drains"
   fi
+}
+# shellcheck disable=SC2329  # invoked by launch_unless
+stop_noted() {
+  [ "${stopping}" = 1 ]
 }
 trap 'note_stop SIGUSR1' USR1
 trap 'note_stop SIGTERM' TERM
@@ -100,12 +106,25 @@ if [ "${stopping}" = 0 ]; then
   # trainer and the promoter of this node agree on its node index. torchrun forwards SIGUSR1 to the
   # workers only when told to handle it (by default SIGUSR1 kills it); --shutdown-timeout is the
   # time the workers get to save before SIGKILL.
-  torchrun --nnodes "${SLURM_JOB_NUM_NODES}" --nproc-per-node "${NPROC_PER_NODE}" \
+  # launch_unless (lib.sh): a stop that comes while torchrun starts reaches it, or stops the launch.
+  launch_unless stop_noted \
+    torchrun --nnodes "${SLURM_JOB_NUM_NODES}" --nproc-per-node "${NPROC_PER_NODE}" \
     --node-rank "${node}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" \
-    --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout "${SAVE_TIMEOUT}" "$@" &
-  trainer=$!
+    --signals-to-handle SIGTERM,SIGINT,SIGUSR1 --shutdown-timeout "${SAVE_TIMEOUT}" "$@"
+  trainer=${LAUNCHED}
   restarts=0
+  reminded=0
   while kill -0 "${trainer}" 2>/dev/null; do
+    # torchrun ends at most --shutdown-timeout after a stop: one still running well past it cannot
+    # have seen it (it came in the microseconds between the launcher's last look and its exec).
+    # Only then is the stop sent to it, once: a second signal would cut a graceful shutdown short.
+    if [ "${stopping}" = 1 ] && [ "${reminded}" = 0 ] &&
+      [ $((SECONDS - stopped_at)) -gt $((SAVE_TIMEOUT + STOP_GRACE)) ]; then
+      reminded=1
+      say "torchrun still runs $((SECONDS - stopped_at)) s after the stop, past its" \
+        "--shutdown-timeout: it started as the stop came and missed it; sending it SIGUSR1"
+      kill -USR1 "${trainer}" 2>/dev/null
+    fi
     if [ "${stopping}" = 0 ] && ! kill -0 "${promoter}" 2>/dev/null; then
       wait_for "${promoter}"
       say "the promoter exited with status $? during training; restart $((++restarts)) in" \

@@ -74,7 +74,17 @@ TORCHRUN = """#!/bin/bash
 node=${SLURM_NODEID}
 echo "torchrun node=${node} start $*" >>"${EVENTS}"
 signalled=0
-trap 'echo "torchrun node=${node} got USR1" >>"${EVENTS}"; signalled=1' USR1
+missed=${FAKE_TORCHRUN_MISSES_STOP:-0}  # 1: deaf to the first SIGUSR1, as one started as it came
+got_usr1() {
+  if [ "${missed}" = 1 ]; then
+    missed=0
+    echo "torchrun node=${node} missed USR1" >>"${EVENTS}"
+    return
+  fi
+  echo "torchrun node=${node} got USR1" >>"${EVENTS}"
+  signalled=1
+}
+trap got_usr1 USR1
 trap 'echo "torchrun node=${node} got TERM" >>"${EVENTS}"; signalled=1' TERM
 tenths=${FAKE_TRAIN_TENTHS:-600}
 [ "${FAKE_CRASH_NODE:-}" = "${node}" ] && tenths=5  # this node's training crashes after 0.5 s

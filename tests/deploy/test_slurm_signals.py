@@ -267,3 +267,64 @@ def test_a_crash_on_one_node_is_not_requeued_when_the_others_are_stopped_later(
     assert f"job step exited with status {STOPPED}" in out, "srun: the highest status"
     assert status == 1 and count(events, r"^scontrol requeue") == 0
     assert "node 1 exited with status 1, not stopped by the signal: not requeued" in err
+
+
+def run_launch_unless(tmp_path: Path, stopped_body: str) -> tuple[int, str]:
+    """Runs lib.sh's ``launch_unless`` in a shell of its own session that traps SIGUSR1 as node.sh
+    does, with ``stopped`` defined by ``stopped_body``; the command would write ``ran``. Returns
+    the launcher's exit status and what the shell printed."""
+    ran = tmp_path / "ran"
+    script = f"""
+        source {DEPLOY / "slurm" / "lib.sh"}
+        stopping=0
+        trap 'stopping=1' USR1
+        stopped() {{ {stopped_body} }}
+        launch_unless stopped bash -c 'sleep 0.5; echo ran >{ran}'
+        wait_for "${{LAUNCHED}}"
+        echo "launcher $? stopping=${{stopping}}"
+    """
+    result = subprocess.run(
+        ["bash", "-c", script], check=False, capture_output=True, text=True, timeout=30,
+        start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    handshakes = list(tmp_path.glob("launch.*"))
+    assert not handshakes, f"the launch left its handshake behind: {handshakes}"
+    return (1 if ran.exists() else 0), result.stdout
+
+
+def test_a_stop_that_comes_just_after_the_launch_check_still_stops_the_launch(
+    tmp_path: Path,
+) -> None:
+    """The check answers "not stopped", then the stop reaches the step's processes at once (a
+    signal to the whole process group, as Slurm sends): the command must not run deaf to it. A
+    plain ``stopped || cmd &`` would start it after the signal had passed."""
+    ran, out = run_launch_unless(tmp_path, 'local was=${stopping}; kill -USR1 0; [ "${was}" = 1 ];')
+    assert (ran, out.split()) == (0, ["launcher", "75", "stopping=1"])
+
+
+def test_launch_unless_runs_the_command_when_no_stop_came_and_not_when_one_did(
+    tmp_path: Path,
+) -> None:
+    assert run_launch_unless(tmp_path, "false;") == (1, "launcher 0 stopping=0\n")
+    (tmp_path / "ran").unlink()
+    assert run_launch_unless(tmp_path, "true;") == (0, "launcher 75 stopping=0\n")
+
+
+def test_a_torchrun_that_missed_the_stop_gets_it_once_past_its_shutdown_timeout(
+    launch: Callable[..., Job],
+) -> None:
+    """A torchrun started in the instant the stop came never saw it; node.sh sends it the stop
+    once torchrun outlives its --shutdown-timeout (+ STOP_GRACE) after it, and only once."""
+    job = launch(FAKE_TORCHRUN_MISSES_STOP="1", SAVE_TIMEOUT="1", STOP_GRACE="1")
+    job.training()
+    job.process.send_signal(signal.SIGUSR1)
+    status, out, err = job.finish()
+    events = job.events()
+    for node in range(NODES):
+        assert at(events, rf"^torchrun node={node} missed USR1$") < at(
+            events, rf"^torchrun node={node} got USR1$"
+        )
+    assert_saved_drained_stopped(events, "USR1")
+    assert status == 0 and "requeueing 42" in out
+    assert len(re.findall(r"missed it; sending it SIGUSR1", err)) == NODES, err
