@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -279,19 +279,34 @@ def mirrored_ids(tier: Tier) -> dict[str, int | None]:
     return found
 
 
-def remove_mirror(tier: Tier, checkpoint_id: str, generation: str, owner_node: int) -> None:
+Recycle = Callable[[str, int], bool]
+"""``recycle(path, size)``: take the file ``path`` (tier-relative, ``size`` bytes) of a dropped
+mirror out of the mirror directory for reuse, True when it did (``Spares.recycle``)."""
+
+
+def remove_mirror(
+    tier: Tier, checkpoint_id: str, generation: str, owner_node: int, *,
+    recycle: Recycle | None = None,
+) -> None:  # fmt: skip
     """Delete one mirror: its marker first (it stops counting), then its generation's files when
-    no other owner's mirror of that generation remains."""
+    no other owner's mirror of that generation remains. ``recycle`` is offered each of those
+    files first, once no marker names them; what it does not take is deleted."""
     tier.delete(mirror_marker_path(checkpoint_id, generation, owner_node))
     if any(m.generation == generation for m in held_mirrors(tier, checkpoint_id)):
         return
-    tier.delete_tree(f"{mirror_id_dir(checkpoint_id)}/{generation}")
+    directory = f"{mirror_id_dir(checkpoint_id)}/{generation}"
+    if recycle is not None:
+        for info in tier.find(directory):
+            if not info.path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX):
+                recycle(info.path, info.size)
+    tier.delete_tree(directory)
     tier.remove_if_empty(mirror_id_dir(checkpoint_id))
 
 
 def prune_mirrors(
-    tier: Tier, keep: int | None, *, readers: Sequence[ActivityInfo] = ()
-) -> list[str]:
+    tier: Tier, keep: int | None, *, readers: Sequence[ActivityInfo] = (),
+    recycle: Recycle | None = None,
+) -> list[str]:  # fmt: skip
     """Retention of the mirrors this node holds (every owner's): ``keep`` as the memory tier's.
 
     A mirror of an older generation of an id whose newer generation is mirrored here is stale (an
@@ -299,7 +314,8 @@ def prune_mirrors(
     whichever node owns them (a node that left the job leaves none behind). Called by a holder right
     after it wrote a new mirror marker and by the promoter's retention, so the previous mirror goes
     only once the next one is complete (double-buffered). Ids a live restore is reading (``readers``)
-    are left alone. Returns ``id/generation`` of each mirror removed.
+    are left alone. ``recycle``: see :func:`remove_mirror`. Returns ``id/generation`` of each
+    mirror removed.
     """
     held: list[MirrorMarker] = []
     for checkpoint_id in tier.list_dir(MIRROR_DIR):
@@ -317,6 +333,7 @@ def prune_mirrors(
         if (stale or marker.checkpoint_id not in kept) and not is_busy(
             list(readers), marker.checkpoint_id, None
         ):
-            remove_mirror(tier, marker.checkpoint_id, marker.generation, marker.owner_node)
+            remove_mirror(tier, marker.checkpoint_id, marker.generation, marker.owner_node,
+                          recycle=recycle)  # fmt: skip
             removed.append(f"{marker.checkpoint_id}/{marker.generation}")
     return removed

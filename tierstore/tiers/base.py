@@ -190,6 +190,16 @@ class Tier(abc.ABC):
         """
         raise NotImplementedError(f"tier {self.describe()} cannot adopt files")
 
+    def recycle(self, path: str, into: str) -> None:
+        """Move the file ``path`` out of the tier, without copying, to ``into`` (a path in a
+        directory of this process's own, :meth:`own_directory`, on this tier's filesystem): its
+        pages are reused (a mirror's next landing file) instead of freed and allocated anew. When
+        this returns, ``path`` no longer names the file (both directories fsynced). Only a regular
+        file with no other name is moved: ``ValueError`` otherwise, ``FileNotFoundError`` if it
+        is absent. Only where ``capabilities.adopt``; elsewhere ``NotImplementedError`` (callers
+        then delete)."""
+        raise NotImplementedError(f"tier {self.describe()} cannot recycle files")
+
     # -- reading ---------------------------------------------------------------------------------
 
     @abc.abstractmethod

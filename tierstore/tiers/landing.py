@@ -21,7 +21,8 @@ from tierstore.tiers.durable import make_dirs_durable, temp_name_for
 
 class Landing:
     """A temp file of ``size`` bytes beside ``target``, or ``spare``, a file of that size reserved
-    beforehand in the same filesystem, open for writing at any offset.
+    beforehand in the same filesystem (one of another size is cut or grown to it, its pages
+    reserved: its old bytes past ``size`` never stay), open for writing at any offset.
 
     Raises :class:`OSError` (ENOSPC when the filesystem has no room) with nothing left behind.
     """
@@ -35,6 +36,11 @@ class Landing:
             self.temp = Path(spare)
             self._fd = os.open(self.temp, os.O_WRONLY)
         try:
+            if spare is not None and os.fstat(self._fd).st_size != size:
+                # A spare is made for one size; one of another would keep old bytes past the
+                # new file's end (the CRC32C covers only what arrives), or have no pages there.
+                os.ftruncate(self._fd, size)
+                spare = None
             if spare is None and size:
                 os.posix_fallocate(self._fd, 0, size)
         except BaseException:

@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -263,6 +264,16 @@ class PosixTier(Tier):
         os.rename(source_file, target)
         fsync_dir(target.parent)
         fsync_dir(Path(source_file).parent)
+
+    def recycle(self, path: str, into: str) -> None:
+        """See :meth:`Tier.recycle` (``rename``; fsync both directories)."""
+        source = self._path(path)
+        info = os.lstat(source)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise ValueError(f"tier {self.name}: {path} is not a file with one name: not recycled")
+        os.rename(source, into)
+        fsync_dir(source.parent)
+        fsync_dir(Path(into).parent)
 
     def _open_for_reading(self, path: str) -> Any:
         """An unbuffered binary handle on ``path`` (the caller closes it); a path through a foreign

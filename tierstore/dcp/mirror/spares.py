@@ -8,8 +8,11 @@ afresh for each file, which this module therefore keeps too). So after each roun
 round waits, a holder reserves files of the sizes it just received (``posix_fallocate``) in a
 directory of its own; the next round's files of those sizes land in them and are renamed into place.
 A round whose files have no spare (the first one, a changed shape, back-to-back saves) reserves
-fresh pages as before. The spares are the budget's "mirror being received" share (docs/mirror.md):
-held between rounds instead of during one.
+fresh pages as before. Better still, the files of the mirror that retention drops in a round are
+*recycled* as spares (:meth:`Spares.recycle`: renamed out of the mirror, once its marker is gone):
+their pages exist and were touched, so in steady state no round allocates a page at all. The
+spares are the budget's "mirror being received" share (docs/mirror.md): held between rounds
+instead of during one.
 
 The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked for its
 lifetime): it goes at exit, and cleanup removes it once its process is gone.
@@ -76,6 +79,27 @@ class Spares:
         for size, paths in self._files.items():
             while len(paths) > wanted[size]:
                 _unlink(paths.pop())
+
+    def recycle(self, path: str, size: int) -> bool:
+        """Take the file ``path`` of this tier (a mirror retention drops, its marker already gone)
+        as a spare of ``size`` bytes instead of deleting it: its pages exist, so a file landing in
+        it skips allocating and zeroing them. Only while this round took more files of that size
+        than spares remain, and while holding it leaves :attr:`keep_free` free; the file is
+        renamed out of the mirror first, so it is no checkpoint file any more. False (the file
+        left where it is, for the caller to delete) otherwise."""
+        if not size or len(self._files[size]) >= self._wanted[size]:
+            return False
+        try:
+            into = os.path.join(self._home(), f"mirror-spare-{uuid.uuid4().hex[:12]}")
+            with _node_lock(os.path.dirname(self._home())):  # as refill: the ranks in turn
+                if _free(self._home()) < self.keep_free:
+                    return False
+                self.tier.recycle(path, into)
+        except (OSError, ValueError, NotImplementedError) as exc:
+            logger.info("peer mirror: %s not recycled (%s): deleted", path, exc)
+            return False
+        self._files[size].append(into)
+        return True
 
     def discard(self, path: str) -> None:
         """Remove a spare :meth:`take` handed out that never became a landing file."""
