@@ -4,11 +4,13 @@ so the next round lands without allocating and zeroing fresh tmpfs pages
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -182,3 +184,19 @@ def test_a_file_with_another_name_is_never_recycled(tmp_path: Path) -> None:
     spares.take(MIB)
     assert not spares.recycle(path, MIB)
     assert tier.exists(path) and other.read_bytes() == bytes([0xAB]) * MIB
+
+
+def test_a_landing_in_a_shorter_spare_on_a_full_tmpfs_is_refused_at_its_start(
+    mount_tmpfs: Callable[[str], Path],
+) -> None:
+    """A spare smaller than the file has no pages for the rest: the landing reserves them first,
+    so a full tmpfs is an ENOSPC before any byte (never a late error or a SIGBUS), and the spare
+    goes with the refusal."""
+    root = mount_tmpfs("8m")
+    tier = MemoryTier("memory", str(root), mirror=None)
+    spare = root / "spare"
+    spare.write_bytes(bytes([0xAB]) * MIB)
+    with pytest.raises(OSError) as refused:
+        tier.open_landing("mirror/y/new.distcp", 16 * MIB, str(spare))
+    assert refused.value.errno == errno.ENOSPC
+    assert not spare.exists()
