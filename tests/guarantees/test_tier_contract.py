@@ -223,10 +223,12 @@ def test_own_directory_is_locked_for_its_process_and_holds_its_files(tier: Tier)
     assert tier.owner_alive("owned/a") is False, "the lock's holder let go: gone"
 
 
-def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
+def test_adopt_capability_moves_a_file_in_and_recycle_one_out(tier: Tier, tmp_path: Path) -> None:
     if not tier.capabilities.adopt:
         with pytest.raises(NotImplementedError):
             tier.adopt("a/file", str(tmp_path / "x"))
+        with pytest.raises(NotImplementedError):
+            tier.recycle("a/file", str(tmp_path / "x"))
         pytest.skip(f"{tier.type} cannot adopt files")
     home = tier.own_directory("staging")
     os.close(home.lock)  # only its directory is needed here
@@ -234,6 +236,13 @@ def test_adopt_capability_moves_a_file_in(tier: Tier, tmp_path: Path) -> None:
     Path(staged).write_bytes(b"staged")
     tier.adopt("a/file", staged)
     assert tier.read_bytes("a/file") == b"staged" and not Path(staged).exists()
+    tier.recycle("a/file", staged)  # out again, for reuse (a mirror's next landing file)
+    assert not tier.exists("a/file") and Path(staged).read_bytes() == b"staged"
+    tier.adopt("a/file", staged)
+    os.link(tier.local_path("a/file"), os.path.join(home.path, "second-name"))  # POSIX tiers
+    with pytest.raises(ValueError, match="one name"):  # its bytes would change under the other
+        tier.recycle("a/file", staged)
+    assert tier.read_bytes("a/file") == b"staged"
 
 
 def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
