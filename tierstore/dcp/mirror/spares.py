@@ -8,11 +8,12 @@ afresh for each file, which this module therefore keeps too). So after each roun
 round waits, a holder reserves files of the sizes it just received (``posix_fallocate``) in a
 directory of its own; the next round's files of those sizes land in them and are renamed into place.
 A round whose files have no spare (the first one, a changed shape, back-to-back saves before
-retention drops a mirror) reserves fresh pages as before. Better still, the files of the mirror that retention drops in a round are
-*recycled* as spares (:meth:`Spares.recycle`: renamed out of the mirror, once its marker is gone):
-their pages exist and were touched, so in steady state no round allocates a page at all (on the
-node's first rank, which runs retention; its other ranks reserve theirs). The spares are the
-budget's "mirror being received" share (docs/mirror.md): held between rounds instead of during one.
+retention drops a mirror) reserves fresh pages as before. Better still, the files of the mirror that
+retention drops in a round are *recycled* as spares (:meth:`Spares.recycle`: renamed out of the
+mirror, once its marker is gone): their pages exist and were touched, so in steady state no round
+allocates a page at all (on the node's first rank, which runs retention; its other ranks reserve
+theirs). The spares are the budget's "mirror being received" share (docs/mirror.md): held between
+rounds instead of during one.
 
 The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked for its
 lifetime): it goes at exit, and cleanup removes it once its process is gone.
