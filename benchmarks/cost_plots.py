@@ -21,6 +21,7 @@ OPERATIONS = (
     "latest_committed",
     "restore tier choice",
     "promoter idle pass",
+    "promoter full-scan pass",
     "tierstore ls",
     "protocol save to s3",
     "dcp.save to s3",
