@@ -196,6 +196,12 @@ def measure(tmp: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
             f"{row['figure']:<48} {row['ratio']:6.2f}x  target <= {row['target']}x"
             f"  {'met' if row['met'] else 'MISSED'}  rounds {[round(r, 2) for r in row['rounds']]}"
         )
+    medians = {mode: {what: statistics.median(pooled[mode][what]) for what in ("stall", "commit")}
+               for mode in ("pass", *FAULTS)}  # fmt: skip
+    for mode, found in medians.items():
+        print(f"steady-state saves, S3 {'healthy' if mode == 'pass' else mode:<8} stall median"
+              f" {found['stall']:.3f}s, commit median {found['commit']:.3f}s"
+              f" ({len(pooled[mode]['stall'])} saves)")  # fmt: skip
     for name, values in first_commit.items():
         print(
             f"first save's commit (start-up look included), S3 {name:<8} "
@@ -205,7 +211,14 @@ def measure(tmp: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
     out.mkdir(parents=True, exist_ok=True)
     (out / "standalone.json").write_text(
         json.dumps(
-            {"size_bytes": numel * 4, "rows": table, "first_commit_s": first_commit}, indent=1
+            {
+                "size_bytes": numel * 4,
+                "rows": table,
+                "first_commit_s": first_commit,
+                "steady_medians_s": medians,
+                "steady_s": pooled,
+            },
+            indent=1,
         )
     )
     return 0
