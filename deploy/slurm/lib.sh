@@ -92,7 +92,14 @@ pause() {
 launch_unless() {
   local stopped=$1 handshake
   shift
-  handshake=$(mktemp -d "${TMPDIR:-/tmp}/launch.XXXXXX") || return 1
+  if ! handshake=$(mktemp -d "${TMPDIR:-/tmp}/launch.XXXXXX"); then
+    # Without a handshake, start as before, and say what is lost: the caller's LAUNCHED stays set.
+    echo "no handshake directory in ${TMPDIR:-/tmp} (mktemp's error is above): starting $1 without" \
+      "it; a stop that comes as it starts may reach only this shell" >&2
+    if "${stopped}"; then (exit 75) & else "$@" & fi
+    LAUNCHED=$!
+    return 0
+  fi
   (
     trap 'rm -rf "${handshake}"; exit 75' USR1 TERM INT
     : >"${handshake}/ready"

@@ -328,3 +328,22 @@ def test_a_torchrun_that_missed_the_stop_gets_it_once_past_its_shutdown_timeout(
     assert_saved_drained_stopped(events, "USR1")
     assert status == 0 and "requeueing 42" in out
     assert len(re.findall(r"missed it; sending it SIGUSR1", err)) == NODES, err
+
+
+def test_launch_unless_without_a_temporary_directory_still_starts_and_says_what_is_lost(
+    tmp_path: Path,
+) -> None:
+    ran = tmp_path / "ran"
+    script = f"""
+        source {DEPLOY / "slurm" / "lib.sh"}
+        stopped() {{ false; }}
+        launch_unless stopped bash -c 'echo ran >{ran}'
+        wait_for "${{LAUNCHED}}"
+        echo "launcher $?"
+    """
+    result = subprocess.run(
+        ["bash", "-c", script], check=False, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "TMPDIR": str(tmp_path / "absent")},
+    )  # fmt: skip
+    assert (result.returncode, result.stdout, ran.exists()) == (0, "launcher 0\n", True)
+    assert f"no handshake directory in {tmp_path / 'absent'}" in result.stderr
