@@ -133,11 +133,17 @@ def main() -> int:
         boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket=bucket)
         url = urlparse(server.endpoint)
         assert url.hostname is not None and url.port is not None
-        with FaultProxy(url.hostname, url.port) as proxy:
-            return measure(Path(tmp), proxy, bucket, numel, args)
+        # The memory tiers live in tmpfs, as on a real node: under a disk directory, their mapped
+        # landing files would time the disk's writeback, not the save.
+        shm = Path(tempfile.mkdtemp(prefix="tierstore-standalone-", dir="/dev/shm"))
+        try:
+            with FaultProxy(url.hostname, url.port) as proxy:
+                return measure(shm, proxy, bucket, numel, args)
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
 
 
-def measure(tmp: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) -> int:
+def measure(shm: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) -> int:
     from tierstore import load_config
     from tierstore.promote.sidecar import Promoter
 
@@ -152,7 +158,7 @@ def measure(tmp: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
     }
     first_commit: dict[str, list[float]] = {f: [] for f in ("healthy", *FAULTS)}
     for round_ in range(args.rounds):
-        root = tmp / f"round{round_}"
+        root = shm / f"round{round_}"
         root.mkdir()
         with_s3, ram_only = (
             config_yaml(root, proxy.endpoint, bucket),
