@@ -345,6 +345,26 @@ def phase_s3(bench: Bench, state: Any) -> None:
                                            checkpoint_id=checkpoint_id)),
             lambda: timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True)),
         ])  # fmt: skip
+        bench.sample("tierstore promotion memory -> s3", ours, data_bytes)
+        bench.sample(
+            "tierstore promoter pass (discovery, promotion, retention, gc)", whole_pass, data_bytes
+        )
+        bench.sample(f"boto3 upload_file, same bytes (concurrency {best})", theirs, biggest.size)
+        bench.sample("tierstore restore from s3", back, nbytes)
+        bench.sample(f"boto3 download_file, same bytes (concurrency {fetch_best})", fetched,
+                     biggest.size)  # fmt: skip
+        bench.pair(
+            "promotion to s3 / best boto3 upload (bandwidth)",
+            (theirs / biggest.size) / (ours / data_bytes),
+        )
+        bench.pair(
+            "restore from s3 / best boto3 download (bandwidth)",
+            (fetched / biggest.size) / (back / nbytes),
+        )
+        if index > 0:
+            # torch's fsspec I/O is a second column only, 4-6x slower than the rest on moto (50 s a
+            # round at 1 GiB): one round of it, beside the first round's restore.
+            continue
         fs_save = timed(
             lambda: dcp.save(
                 state, storage_writer=FsspecWriter(f"s3://{bench.bucket}/torch-fsspec")
@@ -355,24 +375,8 @@ def phase_s3(bench: Bench, state: Any) -> None:
                 restored, storage_reader=FsspecReader(f"s3://{bench.bucket}/torch-fsspec")
             )
         )
-        bench.sample("tierstore promotion memory -> s3", ours, data_bytes)
-        bench.sample(
-            "tierstore promoter pass (discovery, promotion, retention, gc)", whole_pass, data_bytes
-        )
-        bench.sample(f"boto3 upload_file, same bytes (concurrency {best})", theirs, biggest.size)
-        bench.sample("tierstore restore from s3", back, nbytes)
-        bench.sample(f"boto3 download_file, same bytes (concurrency {fetch_best})", fetched,
-                     biggest.size)  # fmt: skip
         bench.sample("torch FsspecWriter save, s3", fs_save, nbytes)
         bench.sample("torch FsspecReader load, s3", fs_load, nbytes)
-        bench.pair(
-            "promotion to s3 / best boto3 upload (bandwidth)",
-            (theirs / biggest.size) / (ours / data_bytes),
-        )
-        bench.pair(
-            "restore from s3 / best boto3 download (bandwidth)",
-            (fetched / biggest.size) / (back / nbytes),
-        )
         bench.pair("restore from s3 / torch FsspecReader (bandwidth)", fs_load / back)
     bench.show(
         "tierstore promotion memory -> s3",
