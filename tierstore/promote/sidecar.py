@@ -702,8 +702,9 @@ class Promoter:
                 readers = [a for a in live(tier, ttl=self.config.promote.activity_ttl)
                            if a.kind == "read"]  # fmt: skip
                 for removed in prune_mirrors(
-                    tier, self.config.policy(tier.name).keep, readers=readers
-                ):
+                    tier, self.config.policy(tier.name).keep, readers=readers,
+                    ttl=self.config.promote.activity_ttl,
+                ):  # fmt: skip
                     event("mirror_deleted", tier=tier.name, mirror=removed)
             except (TierstoreError, OSError) as exc:
                 logger.warning("retention of the mirrors in %s failed: %s", tier.name, exc)

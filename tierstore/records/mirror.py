@@ -43,7 +43,7 @@ from tierstore.ids import (
     mirror_status_path,
 )
 from tierstore.owners import LOCK_NAME
-from tierstore.records.activity import ActivityInfo, is_busy
+from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, is_busy, live
 from tierstore.records.marker import (
     FileEntry,
     Manifest,
@@ -286,13 +286,22 @@ mirror out of the mirror directory for reuse, True when it did (``Spares.recycle
 
 def remove_mirror(
     tier: Tier, checkpoint_id: str, generation: str, owner_node: int, *,
-    recycle: Recycle | None = None,
+    recycle: Recycle | None = None, ttl: float = ACTIVITY_TTL,
 ) -> None:  # fmt: skip
     """Delete one mirror: its marker first (it stops counting), then its generation's files when
     no other owner's mirror of that generation remains. ``recycle`` is offered each of those
-    files first, once no marker names them; what it does not take is deleted."""
+    files first, once no marker names them; what it does not take is deleted.
+
+    A restore writes its ``read`` record before it looks for markers; so the records are looked
+    at again once the marker is gone (``ttl``: theirs): a restore that may have seen the marker
+    and chosen this copy keeps the files, left for gc once stale. A snapshot of the readers taken
+    before the delete cannot tell (the restore may announce itself in between)."""
     tier.delete(mirror_marker_path(checkpoint_id, generation, owner_node))
     if any(m.generation == generation for m in held_mirrors(tier, checkpoint_id)):
+        return
+    if is_busy([a for a in live(tier, ttl=ttl) if a.kind == "read"], checkpoint_id, None):
+        logger.info("mirror %s/%s dropped; its files are left to the restore reading them",
+                    checkpoint_id, generation)  # fmt: skip
         return
     directory = f"{mirror_id_dir(checkpoint_id)}/{generation}"
     if recycle is not None:
@@ -305,7 +314,7 @@ def remove_mirror(
 
 def prune_mirrors(
     tier: Tier, keep: int | None, *, readers: Sequence[ActivityInfo] = (),
-    recycle: Recycle | None = None,
+    recycle: Recycle | None = None, ttl: float = ACTIVITY_TTL,
 ) -> list[str]:  # fmt: skip
     """Retention of the mirrors this node holds (every owner's): ``keep`` as the memory tier's.
 
@@ -314,8 +323,9 @@ def prune_mirrors(
     whichever node owns them (a node that left the job leaves none behind). Called by a holder right
     after it wrote a new mirror marker and by the promoter's retention, so the previous mirror goes
     only once the next one is complete (double-buffered). Ids a live restore is reading (``readers``)
-    are left alone. ``recycle``: see :func:`remove_mirror`. Returns ``id/generation`` of each
-    mirror removed.
+    are left alone, and so are the files of one a restore began reading since (see
+    :func:`remove_mirror`; ``ttl``: the ``read`` records'). ``recycle``: see :func:`remove_mirror`.
+    Returns ``id/generation`` of each mirror removed.
     """
     held: list[MirrorMarker] = []
     for checkpoint_id in tier.list_dir(MIRROR_DIR):
@@ -334,6 +344,6 @@ def prune_mirrors(
             list(readers), marker.checkpoint_id, None
         ):
             remove_mirror(tier, marker.checkpoint_id, marker.generation, marker.owner_node,
-                          recycle=recycle)  # fmt: skip
+                          recycle=recycle, ttl=ttl)  # fmt: skip
             removed.append(f"{marker.checkpoint_id}/{marker.generation}")
     return removed

@@ -683,7 +683,8 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
             state.pause()  # freeing the dropped mirrors' pages costs CPU too
             recycle = None if round_.spares is None else round_.spares.recycle
-            prune_mirrors(tier, round_.keep, readers=readers, recycle=recycle)
+            prune_mirrors(tier, round_.keep, readers=readers, recycle=recycle,
+                          ttl=round_.activity_ttl)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - retention retries at the promoter's next pass
             logger.warning("peer mirror of %s: retention of the mirrors failed: %s", ckpt, exc)
     # Every holder's markers are down (or withdrawn, and said so) before any owner says it is

@@ -1,0 +1,147 @@
+"""Review of recycled mirror files (``tierstore/records/mirror.py``, ``tierstore/dcp/mirror/spares.py``):
+a restore that chose a peer mirror copy keeps it until its data is read, even when the holder's
+retention (whose snapshot of the live ``read`` records predates the restore) drops that mirror
+meanwhile and would recycle its files as the next round's landing files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from tests.mirror_jobs import (
+    become,
+    blank_state,
+    memory_root,
+    mirror_config,
+    save_steps,
+    shard_state,
+)
+from tests.workers import run_ranks
+from tierstore import TieredReader
+from tierstore.config import Config
+from tierstore.dcp.mirror.spares import Spares
+from tierstore.ids import mirror_copy_path, mirror_marker_path
+from tierstore.records.activity import Activity, hold, live
+from tierstore.records.marker import FileEntry
+from tierstore.records.mirror import (
+    MIRROR_MARKER_PREFIX,
+    MirrorMarker,
+    held_mirrors,
+    prune_mirrors,
+)
+from tierstore.tiers.memory import MemoryTier
+
+MIB = 2**20
+
+
+def _retention_of_the_next_round(tier: MemoryTier, readers: list[Any]) -> list[str]:
+    """What a holder's mirror thread does once the next round's marker is down (``_conclude``),
+    with ``readers`` its snapshot of the live ``read`` records, then the round after it: keep 1
+    drops ``step_1``'s mirror, its files recycled as spares, and the next files land in them."""
+    (marker,) = held_mirrors(tier, "step_1")
+    spares = Spares(tier)
+    for entry in marker.files:
+        spares.take(entry.size)  # this round received files of these sizes
+    removed = prune_mirrors(tier, 1, readers=readers, recycle=spares.recycle)
+    for number, entry in enumerate(marker.files):  # the next round lands
+        spare = spares.take(entry.size)
+        if spare is None:
+            continue
+        path = f".tierstore/mirror/step_9/{'9' * 16}/landed-{number}"
+        landing = tier.open_landing(path, entry.size, spare)
+        landing.write_at(0, memoryview(b"\x5a" * entry.size))
+        tier.adopt(path, landing.seal())
+    return removed
+
+
+class _RetentionDuringTheLoad(DefaultLoadPlanner):
+    """Runs the holder's retention after the reader chose its copy, before it reads the data."""
+
+    def __init__(self, tier: MemoryTier, readers: list[Any]) -> None:
+        super().__init__()
+        self.tier, self.readers, self.removed = tier, readers, []
+
+    def create_local_plan(self) -> Any:
+        self.removed = _retention_of_the_next_round(self.tier, self.readers)
+        return super().create_local_plan()
+
+
+def load_while_retention_recycles(rank: int, world: int, config: Config, root: Path) -> None:
+    """Node 0, alone (world size 1): its own shard and node 1's from the mirror node 0 holds."""
+    become(0)
+    tier = MemoryTier("memory", str(memory_root(root, 0)), mirror=None)
+    snapshot = [a for a in live(tier) if a.kind == "read"]  # taken before the restore began
+    planner = _RetentionDuringTheLoad(tier, snapshot)
+    target = blank_state([0, 1])
+    reader = TieredReader(config, node=0)
+    dcp.load(target, storage_reader=reader, checkpoint_id="step_1", planner=planner)
+    assert reader.chosen_tier == "memory"
+    for saved in (0, 1):
+        expected = shard_state(saved, 1)["model"][f"shard{saved}"]
+        assert torch.equal(target["model"][f"shard{saved}"], expected), f"shard{saved} differs"
+
+
+def test_a_mirror_a_restore_chose_is_not_recycled_under_it(tmp_path: Path) -> None:
+    """The restore announced itself (a ``read`` record) before it looked at the mirror, but after
+    the holder's retention took its snapshot of the readers: the retention drops the mirror (its
+    marker goes) yet must leave its files to the restore, which then loads every shard correctly,
+    instead of failing on a file renamed away and overwritten by the next round's bytes."""
+    config = mirror_config(tmp_path, lower=(), keep=2)
+    run_ranks(save_steps, 2, tmp_path, config, [0, 1], [1, 2], "sync", tmp_path)
+    run_ranks(load_while_retention_recycles, 1, tmp_path, config, tmp_path)
+
+
+def _generation(seq: int) -> str:
+    return f"g{seq:016x}"
+
+
+def _mirror_of(tier: MemoryTier, checkpoint_id: str, seq: int, size: int = MIB) -> str:
+    """A mirror of ``checkpoint_id`` (commit ``seq``): one file of node 1's, its marker beside it."""
+    generation = _generation(seq)
+    entry = FileEntry(f"{generation}/__1_0.distcp", size, 0, rank=1, node=1)
+    path = mirror_copy_path(checkpoint_id, entry.path)
+    tier.write_bytes(path, bytes([0xAB]) * size)
+    marker = MirrorMarker(checkpoint_id, generation, 1, 0, (1,), (entry,), seq, 0)
+    tier.publish(mirror_marker_path(checkpoint_id, generation, 1), marker.to_json(),
+                 create_only=False)  # fmt: skip
+    return path
+
+
+class _ReaderArrivesAsTheMarkerGoes(MemoryTier):
+    """A restore announces itself (and reads the mirror marker, still there) just before the
+    retention's delete of that marker lands."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("memory", str(root), mirror=None)
+        self.arrived: list[Activity] = []
+
+    def delete(self, path: str) -> None:
+        if path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX) and not self.arrived:
+            self.arrived.append(hold(self, "read", "x", None, ttl=60))
+        super().delete(path)
+
+
+def test_retention_rechecks_the_readers_after_the_marker_is_gone(tmp_path: Path) -> None:
+    """Marker first, then the readers, then the files: a restore whose ``read`` record was not in
+    the retention's snapshot, but which may have seen the marker, keeps the files it reads. With
+    the readers looked at only before the marker is deleted, the files would be recycled."""
+    tier = _ReaderArrivesAsTheMarkerGoes(tmp_path)
+    path = _mirror_of(tier, "x", 1)
+    newer = _mirror_of(tier, "y", 2)
+    spares = Spares(tier)
+    spares.take(MIB)
+    try:
+        removed = prune_mirrors(tier, 1, readers=[], recycle=spares.recycle)
+        assert removed == [f"x/{_generation(1)}"], removed
+        assert not tier.exists(mirror_marker_path("x", _generation(1), 1)), "the mirror is dropped"
+        assert tier.exists(path), "a file a restore may be reading was recycled or deleted"
+        assert tier.read_bytes(path) == bytes([0xAB]) * MIB
+        assert spares.take(MIB) is None, "nothing was recycled"
+    finally:
+        for activity in tier.arrived:
+            activity.release()
+    assert tier.exists(newer)
