@@ -5,6 +5,9 @@ meanwhile and would recycle its files as the next round's landing files."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from tierstore import TieredReader
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.ids import mirror_copy_path, mirror_marker_path
+from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import (
@@ -99,16 +103,21 @@ def _generation(seq: int) -> str:
     return f"g{seq:016x}"
 
 
-def _mirror_of(tier: MemoryTier, checkpoint_id: str, seq: int, size: int = MIB) -> str:
-    """A mirror of ``checkpoint_id`` (commit ``seq``): one file of node 1's, its marker beside it."""
+def _mirror_of(
+    tier: MemoryTier, checkpoint_id: str, seq: int, size: int = MIB, files: int = 1
+) -> str:
+    """A mirror of ``checkpoint_id`` (commit ``seq``): ``files`` files of node 1's, its marker
+    beside them. Returns the first file's path."""
     generation = _generation(seq)
-    entry = FileEntry(f"{generation}/__1_0.distcp", size, 0, rank=1, node=1)
-    path = mirror_copy_path(checkpoint_id, entry.path)
-    tier.write_bytes(path, bytes([0xAB]) * size)
-    marker = MirrorMarker(checkpoint_id, generation, 1, 0, (1,), (entry,), seq, 0)
+    entries = tuple(
+        FileEntry(f"{generation}/__1_{n}.distcp", size, 0, rank=1, node=1) for n in range(files)
+    )
+    for entry in entries:
+        tier.write_bytes(mirror_copy_path(checkpoint_id, entry.path), bytes([0xAB]) * size)
+    marker = MirrorMarker(checkpoint_id, generation, 1, 0, (1,), entries, seq, 0)
     tier.publish(mirror_marker_path(checkpoint_id, generation, 1), marker.to_json(),
                  create_only=False)  # fmt: skip
-    return path
+    return mirror_copy_path(checkpoint_id, entries[0].path)
 
 
 class _ReaderArrivesAsTheMarkerGoes(MemoryTier):
@@ -145,3 +154,54 @@ def test_retention_rechecks_the_readers_after_the_marker_is_gone(tmp_path: Path)
         for activity in tier.arrived:
             activity.release()
     assert tier.exists(newer)
+
+
+_KILLED_WHILE_RECYCLING = """
+import os, signal, sys
+from tierstore.dcp.mirror.spares import Spares
+from tierstore.promote.cleanup import find_leftovers, remove
+from tierstore.records.mirror import prune_mirrors
+from tierstore.tiers.memory import MemoryTier
+
+tier = MemoryTier("memory", sys.argv[1], mirror=None)
+spares = Spares(tier)
+for _ in range(2):
+    spares.take(2**20)  # the round received two files of this size
+
+def recycle(path, size):
+    taken = spares.recycle(path, size)
+    assert taken, path
+    print("recycled", path, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # between one file's recycling and the next's
+    return taken
+
+prune_mirrors(tier, 1, recycle=recycle)
+"""
+
+
+def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spare_for_good(
+    tmp_path: Path,
+) -> None:
+    """kill -9 after the first of a dropped mirror's two files became a spare: no marker names a
+    file of that mirror any more, the newer mirror is whole, and cleanup takes both the dead
+    process's spare and the file left in the mirror directory (nothing held for good)."""
+    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    _mirror_of(tier, "x", 1, files=2)
+    newer = _mirror_of(tier, "y", 2)
+    done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_RECYCLING, str(tmp_path)],
+                          capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout.startswith("recycled"), done.stdout
+    assert held_mirrors(tier, "x") == [], "a committed mirror names a recycled file"
+    assert [m.checkpoint_id for m in held_mirrors(tier, "y")] == ["y"]
+    assert tier.read_bytes(newer) == bytes([0xAB]) * MIB
+    spares = list(tmp_path.glob(".tierstore/staging/*/mirror-spare-*"))
+    assert [p.stat().st_size for p in spares] == [MIB], spares
+    left = [info.path for info in tier.find(".tierstore/mirror/x")]
+    assert len(left) == 1 and left[0].endswith(".distcp"), left
+    found = find_leftovers(tier, stale_after=0, activity_ttl=60)
+    for cleanup in found:
+        remove(tier, cleanup)
+    assert list(tmp_path.glob(".tierstore/staging/*/mirror-spare-*")) == [], found
+    assert tier.find(".tierstore/mirror/x") == [], found
+    assert tier.read_bytes(newer) == bytes([0xAB]) * MIB, "cleanup took the newer mirror"
