@@ -229,3 +229,24 @@ def test_a_change_behind_tierstores_back_is_seen_within_full_scan(
         assert time.monotonic() - listed < 1.5 + 1.0, "not seen within full_scan"
         time.sleep(0.1)
     assert time.monotonic() - listed < 1.5 + 1.0
+
+
+def test_a_publish_checks_its_files_in_s3_by_listing_not_a_head_each(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """The marker's two presence checks (before it is published, and after, for files removed
+    meanwhile) list the generation: a request per 1,000 files, not a HEAD per file. 8 and 64 files
+    per checkpoint make the same number of requests beyond their PUTs."""
+    beyond_puts, heads = [], []
+    for ranks in (8, 64):
+        job = _job(counted_s3, file_ops, tmp_path, 2, ranks)
+        with counted_s3.counting() as seen:
+            protocol_save(job, 3, ranks)()
+        puts = seen.by_operation.get("PUT object", 0)
+        beyond_puts.append(seen.total - puts)
+        heads.append(seen.by_operation.get("HEAD object", 0))
+    print(
+        f"a protocol save of 8 and 64 files: {beyond_puts} requests besides the PUTs, {heads} HEADs"
+    )
+    assert beyond_puts[0] == beyond_puts[1], beyond_puts
+    assert heads[1] < 8, "no HEAD per file"

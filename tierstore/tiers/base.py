@@ -104,6 +104,9 @@ class Capabilities:
             flight).
         read_chunk: the size of the ranges reads are best made in (0: ``transfer_chunk``).
         read_streams: how many ranges are best read at once (0: ``transfer_streams``).
+        listing_page: how many files one request of :meth:`Tier.find` returns where listing is
+            cheaper than asking for each file (an object store: a LIST per 1,000 keys against a
+            HEAD per key); 0 where it is not (files of a filesystem: a ``stat`` each).
     """
 
     local_files: bool = False
@@ -115,6 +118,7 @@ class Capabilities:
     transfer_streams: int = 4
     read_chunk: int = 0
     read_streams: int = 0
+    listing_page: int = 0
 
     @property
     def read_size(self) -> int:

@@ -76,6 +76,7 @@ class S3Tier(Tier):
             transfer_streams=config.concurrency,
             read_chunk=config.read_size,
             read_streams=config.read_concurrency,
+            listing_page=1000,  # ListObjectsV2's most keys per page
         )
         self.send_checksums = config.checksum != "none"
         self.part_checksum = {"crc32": "CRC32", "crc32c": "CRC32C"}.get(config.checksum)
