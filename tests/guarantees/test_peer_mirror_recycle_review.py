@@ -27,8 +27,9 @@ from tests.workers import run_ranks
 from tierstore import TieredReader
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
-from tierstore.ids import mirror_copy_path, mirror_marker_path
+from tierstore.ids import marker_path, mirror_copy_path, mirror_marker_path
 from tierstore.promote.cleanup import find_leftovers, remove
+from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import (
@@ -93,9 +94,14 @@ def test_a_mirror_a_restore_chose_is_not_recycled_under_it(tmp_path: Path) -> No
     """The restore announced itself (a ``read`` record) before it looked at the mirror, but after
     the holder's retention took its snapshot of the readers: the retention drops the mirror (its
     marker goes) yet must leave its files to the restore, which then loads every shard correctly,
-    instead of failing on a file renamed away and overwritten by the next round's bytes."""
-    config = mirror_config(tmp_path, lower=(), keep=2)
+    instead of failing on a file renamed away and overwritten by the next round's bytes. (The
+    data read has no fallback: a failure there fails the load, even with a complete copy in the
+    shared tier, as here.)"""
+    config = mirror_config(tmp_path, lower=("shared",), keep=2)
     run_ranks(save_steps, 2, tmp_path, config, [0, 1], [1, 2], "sync", tmp_path)
+    for node in (0, 1):
+        Promoter(config, node=node).run_once()
+    assert (tmp_path / "shared" / marker_path("step_1")).exists(), "a complete copy below"
     run_ranks(load_while_retention_recycles, 1, tmp_path, config, tmp_path)
 
 
@@ -160,6 +166,7 @@ _KILLED_WHILE_RECYCLING = """
 import os, signal, sys
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.promote.cleanup import find_leftovers, remove
+from tierstore.promote.sidecar import Promoter
 from tierstore.records.mirror import prune_mirrors
 from tierstore.tiers.memory import MemoryTier
 
