@@ -81,8 +81,17 @@ def validate_checkpoint_id(value: object) -> str:
     return value
 
 
+_RESERVED = frozenset({".", "..", INTERNAL_DIR})
+
+
 def is_checkpoint_id(value: str) -> bool:
     """True when ``value`` is a valid checkpoint id (see :func:`validate_checkpoint_id`)."""
+    if type(value) is str:  # every name a listing yields: the same rules, without the messages
+        return (
+            0 < len(value) <= MAX_ID_LENGTH
+            and value not in _RESERVED
+            and ID_PATTERN.fullmatch(value) is not None
+        )
     try:
         validate_checkpoint_id(value)
     except InvalidCheckpointIdError:
