@@ -5,6 +5,7 @@ meanwhile and would recycle its files as the next round's landing files."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,19 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from tests.mirror_jobs import (
     become,
     blank_state,
+    load_and_check,
     memory_root,
     mirror_config,
     save_steps,
     shard_state,
 )
 from tests.workers import run_ranks
-from tierstore import TieredReader
+from tierstore import TieredReader, TieredWriter
+from tierstore.checksum import crc32c
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.ids import marker_path, mirror_copy_path, mirror_marker_path
@@ -212,3 +216,63 @@ def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spar
     assert list(tmp_path.glob(".tierstore/staging/*/mirror-spare-*")) == [], found
     assert tier.find(".tierstore/mirror/x") == [], found
     assert tier.read_bytes(newer) == bytes([0xAB]) * MIB, "cleanup took the newer mirror"
+
+
+TWO_NODES = (0, 0, 1, 1)
+
+
+def save_overwrite_and_prune(rank: int, world: int, config: Config, root: Path) -> None:
+    """Two ranks per node, keep 1: ``step_1``, ``step_2``, ``step_3`` twice (an overwrite), then
+    ``step_4``; each round drops the last mirror (a stale generation for the overwrite), while
+    each node's promoter runs a pass (its own mirror retention and gc) as the exchange runs (it
+    may drop the mirror first: then it deletes, it does not recycle). The overwrite's round drops
+    the replaced generation's mirror, and ``step_4``'s round lands in its recycled files (the
+    promoter passes after these two)."""
+    node = TWO_NODES[rank]
+    become(node)
+    writer = TieredWriter(config, node=node, overwrite=True)
+    held: list[int] = []
+    for number, step in enumerate((1, 2, 3, 3, 4)):
+        dcp.save(shard_state(rank, step), storage_writer=writer, checkpoint_id=f"step_{step}")
+        if rank % 2 == 0 and number < 3:  # later: after the rounds, which must recycle themselves
+            Promoter(config, node=node).run_once()
+        assert writer.wait_mirrored(120)
+        dist.barrier()
+        if number == 2 and rank % 2 == 0:  # held open: their inodes cannot be reused by new files
+            held = [os.open(p, os.O_RDONLY) for p in _mirror_data(root, node, "step_3")]
+    if rank % 2 == 0:
+        Promoter(config, node=node).run_once()
+    if held:  # the node's first rank runs retention: step_4 landed in the replaced step_3's
+        step_3 = {os.fstat(fd).st_ino for fd in held}
+        landed = {p.stat().st_ino for p in _mirror_data(root, node, "step_4")}
+        assert landed & step_3, f"nothing recycled: {landed} {step_3}"
+        for fd in held:
+            os.close(fd)
+    writer.close()
+    dist.barrier()
+
+
+def _mirror_data(root: Path, node: int, checkpoint_id: str) -> list[Path]:
+    return sorted(memory_root(root, node).glob(f".tierstore/mirror/{checkpoint_id}/*/*.distcp"))
+
+
+def test_two_ranks_a_node_overwrites_and_promoter_passes_keep_every_mirror_whole(
+    tmp_path: Path,
+) -> None:
+    """After the rounds, each node holds one mirror (``step_4``'s), whose every file matches its
+    marker's CRC32C though it landed in recycled files; no spare outlives its process, and node 0
+    alone restores every saved rank's shard of ``step_4`` from its memory (own and mirror)."""
+    config = mirror_config(tmp_path, lower=(), keep=1)
+    run_ranks(save_overwrite_and_prune, 4, tmp_path, config, tmp_path)
+    for node in (0, 1):
+        tier = MemoryTier("memory", str(memory_root(tmp_path, node)), mirror=None)
+        held = [m for i in ("step_1", "step_2", "step_3", "step_4") for m in held_mirrors(tier, i)]
+        assert [m.checkpoint_id for m in held] == ["step_4"], held
+        for entry in held[0].files:
+            data = tier.read_bytes(mirror_copy_path("step_4", entry.path))
+            assert (len(data), crc32c(data)) == (entry.size, entry.crc32c), entry.path
+        assert [p.name for p in (memory_root(tmp_path, node) / ".tierstore/mirror").iterdir()] == [
+            "step_4"
+        ]
+        assert not list(memory_root(tmp_path, node).glob(".tierstore/staging/*/mirror-spare-*"))
+    run_ranks(load_and_check, 1, tmp_path, config, [0], 4, "memory", [0, 1, 2, 3])
