@@ -205,13 +205,14 @@ def promotions(
     names = [t.name for t in rules.tiers]
     skipped = routed_around(rules, unavailable)
     planned: list[Promotion] = []
+    missing = _missing_everywhere(rules, held)
     for index in range(1, len(names)):
         arriving_above = {
             (c.checkpoint_id, c.generation)
-            for c in _missing_in(rules, held, index - 1)
+            for c in missing[index - 1]
             if names[index - 1] not in skipped
         }
-        for copy in _missing_in(rules, held, index):
+        for copy in missing[index]:
             if (copy.checkpoint_id, copy.generation) in arriving_above:
                 continue  # it reaches this tier from the one right above, once it is there
             sources = [  # only a tier holding this very generation may be copied from
@@ -225,7 +226,16 @@ def promotions(
     return planned
 
 
-def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
+def _missing_everywhere(rules: Rules, held: Holdings) -> list[list[Copy]]:
+    """:func:`_missing_in` of every tier, by index (the first tier has nothing above it), with the
+    newest commit of each id worked out once for all of them: a pass over 10,000 retained
+    checkpoints in 4 tiers otherwise walks every copy a dozen times."""
+    names = [t.name for t in rules.tiers]
+    newest = _newest_per_id(c for n in names for c in held.get(n, {}).values() if _numbered(c))
+    return [[], *(_missing_in(rules, held, i, newest) for i in range(1, len(names)))]
+
+
+def _missing_in(rules: Rules, held: Holdings, index: int, newest: Mapping[str, Copy]) -> list[Copy]:
     """Copies held above tier ``index`` that belong in it but are not there yet (newest first).
 
     A copy is identified by id **and generation**: an id held here at an older generation (it was
@@ -236,13 +246,13 @@ def _missing_in(rules: Rules, held: Holdings, index: int) -> list[Copy]:
     tier that replaced it (an overwrite saved straight into a lower tier) is not promoted: a
     restore would refuse it, and in a tier between it could be served once the tiers that know
     better are away. A content in conflict with a higher-numbered one still is (both are kept).
+    ``newest``: the newest numbered copy of each id in any tier.
     """
     names = [t.name for t in rules.tiers]
     here = held.get(names[index], {})
     every = every_for(rules, index)
     above = [c for n in names[:index] for c in held.get(n, {}).values()]
     conflicted = {(c.checkpoint_id, c.generation) for c in above if names[index] in c.conflicts}
-    newest = _newest_per_id(c for n in names for c in held.get(n, {}).values() if _numbered(c))
 
     def holders(copy: Copy) -> list[str]:
         return [n for n in names[:index] if held.get(n, {}).get(copy.checkpoint_id) == copy]
@@ -285,11 +295,12 @@ def retention(
     kept = {n: kept_by_rules(rules.tiers[i], held.get(n, {}).values()) for i, n in enumerate(names)}
     skipped = routed_around(rules, unavailable)
     pending: set[tuple[str, str]] = set()
+    everywhere = _missing_everywhere(rules, held)
     for j in range(1, len(names)):
         if names[j] in skipped:
             continue
         missing = [
-            c for c in _missing_in(rules, held, j)
+            c for c in everywhere[j]
             if not (c.partial and not c.confirmed and now - c.committed_at >= stale)
         ]  # fmt: skip
         if names[j] in unavailable:
@@ -300,12 +311,13 @@ def retention(
     durable = [t.name for t in rules.tiers if not t.node_local]
     known = {n: c for n, c in held.items() if n in names}
     deletions = [d for d in overtaken(names, known) if d.checkpoint_id not in in_use]
+    judged = {(d.tier, d.checkpoint_id) for d in deletions}  # each (tier, id) is visited once below
     for name in names:
         for checkpoint_id in held.get(name, {}):
             if (
                 checkpoint_id in kept[name]
                 or checkpoint_id in in_use
-                or (name, checkpoint_id) in {(d.tier, d.checkpoint_id) for d in deletions}
+                or (name, checkpoint_id) in judged
                 or (name, checkpoint_id) in pending
                 or held[name][checkpoint_id].conflicts  # both contents kept until settled
             ):
