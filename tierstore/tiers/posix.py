@@ -140,8 +140,8 @@ class PosixTier(Tier):
 
     def directory_mtime(self, path: str) -> float | None:
         """See :meth:`Tier.directory_mtime`."""
-        try:
-            return os.stat(self._path(path)).st_mtime
+        try:  # a string, not a Path: a promoter's pass asks this for every generation it keeps
+            return os.stat(f"{self.root}/{path}" if path else self.root).st_mtime
         except (FileNotFoundError, NotADirectoryError):
             return None
 
