@@ -27,7 +27,7 @@ from tierstore.records.mirror import MirrorMarker, remove_mirror
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20
-GEN = "g" * 16
+GEN = "g0000000000100000000"  # a well-formed generation name (is_generation)
 
 
 def _data_files(root: Path, node: int, checkpoint_id: str) -> list[Path]:

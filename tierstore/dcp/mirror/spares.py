@@ -179,6 +179,8 @@ def _remove_home(directory: str, lock: int) -> None:
         for name in os.listdir(directory):
             _unlink(os.path.join(directory, name))
         os.rmdir(directory)
+    except FileNotFoundError:
+        pass  # gone already (the tier removed with it): nothing of it is left to remove
     except OSError as exc:  # cleanup removes it once this process is gone
         logger.warning("could not remove %s: %s", directory, exc)
     finally:
