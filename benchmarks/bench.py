@@ -515,6 +515,21 @@ def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
     return out
 
 
+PHASE_SECONDS: dict[str, float] = {}
+"""Wall seconds each phase took in this run (printed, and kept in bench.json): what ``make bench``'s
+time is made of."""
+
+
+def clocked(name: str, run: Any, *args: Any) -> Any:
+    """``run(*args)``, its wall time kept in :data:`PHASE_SECONDS` and printed."""
+    started = time.perf_counter()
+    try:
+        return run(*args)
+    finally:
+        PHASE_SECONDS[name] = round(time.perf_counter() - started, 1)
+        print(f"[{name}: {PHASE_SECONDS[name]:.0f} s]", flush=True)
+
+
 def run_with_state(bench: Bench, phases: set[str]) -> None:
     """The phases that share one state of ``--size`` (built here, freed after them)."""
     args = bench.args
@@ -523,13 +538,13 @@ def run_with_state(bench: Bench, phases: set[str]) -> None:
     print(f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
           f" median of {args.reps} (S3: {args.s3_reps})", flush=True)  # fmt: skip
     if "stalls" in phases:
-        phase_stalls(bench, state)
+        clocked("stalls", phase_stalls, bench, state)
     if "disk" in phases:
-        phase_disk(bench, state)
+        clocked("disk", phase_disk, bench, state)
     if "reads" in phases:
-        phase_reads(bench, state)
+        clocked("reads", phase_reads, bench, state)
     if "s3" in phases:
-        phase_s3(bench, state)
+        clocked("s3", phase_s3, bench, state)
     bench.release()
 
 
@@ -638,15 +653,15 @@ def main() -> None:
             if phases & {"stalls", "disk", "reads", "s3"}:
                 run_with_state(bench, phases)
             if "first" in phases:
-                phase_first_saves(bench)
+                clocked("first", phase_first_saves, bench)
             if "mirror" in phases:
-                phase_mirror(bench)
-            rows = phase_sweep(bench) if args.sweep and "sweep" in phases else []
+                clocked("mirror", phase_mirror, bench)
+            rows = clocked("sweep", phase_sweep, bench) if args.sweep and "sweep" in phases else []
         finally:
             bench.cleanup()
     # in a process of its own: it starts a process group, and its model's threads must not linger here
-    goodput = run_goodput(args, out) if "goodput" in phases else None
-    s3_real = run_s3_real(args, out) if "s3real" in phases else None
+    goodput = clocked("goodput", run_goodput, args, out) if "goodput" in phases else None
+    s3_real = clocked("s3real", run_s3_real, args, out) if "s3real" in phases else None
     table = ratios(bench)
     print("\nratios (one run, this machine)")
     for name, row in table.items():
@@ -659,6 +674,7 @@ def main() -> None:
             "torch": torch.__version__,
         },
         "arguments": vars(args),
+        "phase_seconds": PHASE_SECONDS,
         "results": {name: s.as_dict() for name, s in bench.results.items()},
         "extra": bench.extra,
         "ratios": table,
