@@ -182,17 +182,31 @@ class Job:
             os.killpg(int(pid), signum)
 
     def kill(self) -> None:
-        """SIGKILL whatever of this job still runs (its process groups: the batch shell's and
-        each task's), so a failed test leaves nothing behind."""
+        """SIGKILL whatever of this job still runs, so a failed test leaves nothing behind."""
+        self._kill_all()
+        self.process.communicate()
+
+    def _kill_all(self) -> None:
+        """SIGKILL the job's process groups: the batch shell's and each task's."""
         pids = self.step_pids_file.read_text().split() if self.step_pids_file.exists() else []
         for pgid in [self.process.pid, *map(int, pids)]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-        self.process.communicate()
 
     def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
-        """The batch script's exit status, stdout and stderr."""
-        out, err = self.process.communicate(timeout=timeout)
+        """The batch script's exit status, stdout and stderr. A job still running after
+        ``timeout`` is killed and the test fails with its events and its whole stderr: a hang seen
+        once in a full run must say where each node was."""
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_all()
+            out, err = self.process.communicate()
+            events = "\n".join(self.events())
+            raise AssertionError(
+                f"the job still ran after {timeout:g} s\nevents:\n{events}\nstdout:\n{out}"
+                f"\nstderr:\n{err}"
+            ) from None
         return self.process.returncode, out, err
 
 
