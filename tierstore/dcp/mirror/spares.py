@@ -15,6 +15,12 @@ allocates a page at all (on the node's first rank, which runs retention; its oth
 theirs). The spares are the budget's "mirror being received" share (docs/mirror.md): held between
 rounds instead of during one.
 
+Where the tier is a tmpfs, every spare is also *mapped* writable once it is made (``MAP_POPULATE``,
+between rounds), so gloo lands a file's bytes straight in its pages and the receiver only sums
+them: no copy on the round's critical path. A mapping lives only while its file is a spare or a
+landing in this process's own directory; the receiver closes it before the file gets its name, so
+no committed file is ever mapped writable, and a file another process deletes is never held.
+
 The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked for its
 lifetime): it goes at exit, and cleanup removes it once its process is gone.
 """
@@ -23,8 +29,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import fcntl
 import logging
+import mmap
 import os
 import uuid
 from collections import Counter
@@ -50,6 +58,8 @@ class Spares:
         self._wanted: Counter[int] = Counter()
         self._directory: str | None = None
         self._buffers: list[torch.Tensor] = []
+        self._maps: dict[str, mmap.mmap] = {}
+        self._tmpfs: bool | None = None
         self.keep_free = 0
         """Bytes a refill leaves free in the tier's filesystem: the room this node's own next save
         needs (set by each round). Own saves come first; a spare is only a speed-up."""
@@ -68,6 +78,12 @@ class Spares:
         found = self._files.get(size)
         return found.pop() if found else None
 
+    def mapping(self, path: str) -> mmap.mmap | None:
+        """The writable shared mapping of the spare ``path`` (one :meth:`take` handed out), its
+        pages present, or None (not a tmpfs, or the mapping failed). The caller owns it from here
+        and closes it before the file gets its real name."""
+        return self._maps.pop(path, None)
+
     def reserved(self, sizes: list[int]) -> int:
         """How many of the bytes of files of ``sizes`` have a spare waiting (room already taken)."""
         have = Counter({size: len(paths) for size, paths in self._files.items()})
@@ -79,7 +95,7 @@ class Spares:
         wanted = Counter(sizes)
         for size, paths in self._files.items():
             while len(paths) > wanted[size]:
-                _unlink(paths.pop())
+                self._drop(paths.pop())
 
     def recycle(self, path: str, size: int) -> bool:
         """Take the file ``path`` of this tier (a mirror retention drops, its marker already gone)
@@ -99,12 +115,13 @@ class Spares:
         except (OSError, ValueError, NotImplementedError) as exc:
             logger.info("peer mirror: %s not recycled (%s): deleted", path, exc)
             return False
+        self._map(into, size)
         self._files[size].append(into)
         return True
 
     def discard(self, path: str) -> None:
         """Remove a spare :meth:`take` handed out that never became a landing file."""
-        _unlink(path)
+        self._drop(path)
 
     def refill(self, pause: Callable[[], object] = lambda: None) -> None:
         """Reserve a file for every size taken since the last refill, drop spares nobody took.
@@ -116,7 +133,7 @@ class Spares:
         wanted, self._wanted = self._wanted, Counter()
         for size in list(self._files):
             while len(self._files[size]) > wanted[size]:
-                _unlink(self._files[size].pop())
+                self._drop(self._files[size].pop())
         try:
             for size, count in wanted.items():
                 while size and len(self._files[size]) < count:
@@ -127,7 +144,9 @@ class Spares:
                     with _node_lock(os.path.dirname(self._home())):
                         if _free(self._home()) - size < self.keep_free:
                             return
-                        self._files[size].append(self._reserve(size))
+                        made = self._reserve(size)
+                    self._map(made, size)  # outside the node's lock: only this process's file
+                    self._files[size].append(made)
         except OSError as exc:
             logger.info("peer mirror: no spare landing file (%s): the next round reserves its own",
                         exc)  # fmt: skip
@@ -144,12 +163,64 @@ class Spares:
         os.close(fd)
         return path
 
+    def _map(self, path: str, size: int) -> None:
+        """Map the spare ``path`` writable, its page tables filled now (between rounds), where the
+        tier is a tmpfs: there its pages exist (reserved or written before), so a write through
+        the mapping never allocates and cannot fail (no SIGBUS). Measured on 256 MiB: 0.03 s for a
+        recycled file's pages, 0.10 s for freshly reserved ones, against 0.09 s for the copy that
+        a landing through the mapping does not make. Elsewhere, or if mapping fails, nothing: the
+        file then lands by copy."""
+        if self._tmpfs is None:
+            self._tmpfs = _is_tmpfs(self._home())
+        if not self._tmpfs or not size:
+            return
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size != size:  # a page past the end would be a SIGBUS
+                    return
+                mapped = mmap.mmap(
+                    fd, size, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE
+                )
+                # A forked child (a DataLoader worker) must not inherit it: its copy would hold
+                # the file's pages after this process removes the spare.
+                mapped.madvise(mmap.MADV_DONTFORK)
+                self._maps[path] = mapped
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as exc:
+            logger.info("peer mirror: spare %s not mapped (%s): it lands by copy", path, exc)
+
+    def _drop(self, path: str) -> None:
+        """Remove a spare and its mapping."""
+        mapped = self._maps.pop(path, None)
+        if mapped is not None:
+            mapped.close()
+        _unlink(path)
+
     def _home(self) -> str:
         if self._directory is None:
             home = self.tier.own_directory(writer_staging_dir(owner_dir_name()))
             finalize(self, _remove_home, home.path, home.lock)
             self._directory = home.path
         return self._directory
+
+
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_TMPFS_MAGIC = 0x01021994
+
+
+def _is_tmpfs(directory: str) -> bool:
+    """Whether ``directory`` is on a tmpfs (``statfs``'s ``f_type``: the first field, a C long,
+    on Linux). False where it cannot be told."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's statfs
+        buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+        if libc.statfs(os.fsencode(directory), buffer) != 0:
+            return False
+        return ctypes.c_long.from_buffer(buffer).value == _TMPFS_MAGIC
+    except (OSError, AttributeError, TypeError):
+        return False
 
 
 def _free(directory: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import mmap
 from collections.abc import Callable, Iterator
 
 import torch
@@ -138,27 +139,37 @@ def receive_file(
     (CRC32C) and written. The file's pages are reserved before the first chunk
     (:meth:`~tierstore.tiers.Tier.open_landing`; a spare of its size reserved between rounds
     saves even that): a full tier is a clean ENOSPC (:class:`~tierstore.errors.TierUnavailableError`)
-    naming the tier and path. Only a file whose CRC32C is the owner's gets its name (fsync, rename,
+    naming the tier and path. A spare that ``spares`` mapped (a tmpfs) is received into
+    directly: gloo writes the bytes into the file's pages and only their CRC32C is taken here, and
+    the mapping is closed before the file gets its name. Only a file whose CRC32C is the owner's
+    gets its name (fsync, rename,
     fsync the directory). When the file cannot be taken, the rest of it is still received (and
     dropped): the sender's messages all complete, so the group stays usable for the next save.
     ``pause()`` is called before each chunk is taken (see :func:`send_files`).
     """
     spare = None if spares is None else spares.take(entry.size)
+    mapped = _Mapped(None if spare is None or spares is None else spares.mapping(spare))
     incoming: _Chunks | None = None
     landing: Landing | None = None
     try:
-        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause)
-        try:
-            landing = tier.open_landing(path, entry.size, spare)
-        except OSError as exc:
-            raise TierUnavailableError(
-                f"tier {tier.describe()}: cannot take the peer mirror {path!r}"
-                f" ({entry.size} bytes): {exc.strerror or exc}; size host memory for own"
-                " checkpoints, a partner's mirror and staging (docs/mirror.md)",
-                tier=tier.name,
-            ) from exc
+        if mapped.tensor is not None:  # open first: the landing must not change the mapped file
+            try:
+                landing = _open_landing(tier, path, entry.size, spare)
+            except TierUnavailableError:
+                mapped.close(unmap=True)  # nothing was posted into it
+                # the file still arrives, into the buffers, and is dropped (drain, below)
+                incoming = _Chunks(entry.size, src, group, first_tag, timeout_s,
+                                   _buffers(spares), pause)  # fmt: skip
+                raise
+        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause,
+                           mapped.tensor)  # fmt: skip
+        if landing is None:  # posted first: the first chunks travel while pages are reserved
+            landing = _open_landing(tier, path, entry.size, spare)
         value = 0
         for offset, view in incoming:
+            if mapped.tensor is not None:  # gloo wrote the bytes into the file's pages
+                value = crc32c(view, value)
+                continue
             for start in range(0, len(view), SLICE):  # summed, then written while in the cache
                 piece = view[start : start + SLICE]
                 value = crc32c(piece, value)
@@ -168,14 +179,51 @@ def receive_file(
                 f"tier {tier.name}: {path}: received CRC32C {value:08x}, the owner's marker"
                 f" says {entry.crc32c:08x}"
             )
+        incoming.mapped = None
+        mapped.close(unmap=True)  # every receive done; before the name: no committed file mapped
         tier.adopt(path, landing.seal())
     finally:
         if incoming is not None:
             incoming.drain()
+            incoming.mapped = None
+        # A receive may still be in flight into the mapping when the file's receipt failed
+        # (posted, never waited for): then the mapping goes with the last reference to it
+        # (gloo's), never from under a receive.
+        mapped.close(unmap=incoming is not None and not incoming.posted)
         if landing is not None:
             landing.discard()  # removes the spare too, when it was the landing
         elif spare is not None and spares is not None:
             spares.discard(spare)  # taken, never a landing: nobody else would remove it
+
+
+def _open_landing(tier: Tier, path: str, size: int, spare: str | None) -> Landing:
+    try:
+        return tier.open_landing(path, size, spare)
+    except OSError as exc:
+        raise TierUnavailableError(
+            f"tier {tier.describe()}: cannot take the peer mirror {path!r}"
+            f" ({size} bytes): {exc.strerror or exc}; size host memory for own"
+            " checkpoints, a partner's mirror and staging (docs/mirror.md)",
+            tier=tier.name,
+        ) from exc
+
+
+class _Mapped:
+    """A spare's writable mapping (:meth:`Spares.mapping`) as a uint8 tensor, until closed."""
+
+    def __init__(self, mapping: mmap.mmap | None) -> None:
+        self.mapping = mapping
+        self.tensor = None if mapping is None else torch.frombuffer(mapping, dtype=torch.uint8)
+
+    def close(self, *, unmap: bool) -> None:
+        """Let go of the mapping; ``unmap``: unmap it now, which only a caller sure that no
+        receive into it is in flight may ask (a tensor does not hold its buffer exported: the
+        memory would go from under gloo). Otherwise it is unmapped with the last reference to
+        it, the tensors of receives still posted."""
+        self.tensor = None
+        if self.mapping is not None and unmap:
+            self.mapping.close()
+        self.mapping = None
 
 
 AHEAD = 3
@@ -202,10 +250,13 @@ class _Chunks:
         timeout_s: float,
         buffers: list[torch.Tensor],
         pause: Callable[[], object],
+        mapped: torch.Tensor | None = None,
     ) -> None:
         self.size, self.src, self.group, self.first_tag = size, src, group, first_tag
         self.timeout_s, self.buffers, self.pause = timeout_s, buffers, pause
-        self.posted: collections.deque[tuple[int, dist.Work]] = collections.deque()
+        self.mapped = mapped
+        """The landing file's mapping: chunks are received straight into it (None: buffers)."""
+        self.posted: collections.deque[tuple[int, dist.Work, torch.Tensor]] = collections.deque()
         self.next = 0
         """The index of the next chunk to post."""
         self.broken = False
@@ -217,26 +268,27 @@ class _Chunks:
         start = index * CHUNK
         if start >= self.size:
             return
-        into = self.buffers[index % len(self.buffers)][: min(CHUNK, self.size - start)]
+        length = min(CHUNK, self.size - start)
+        into = (
+            self.buffers[index % len(self.buffers)][:length]
+            if self.mapped is None
+            else self.mapped[start : start + length]
+        )
         work = dist.irecv(into, src=self.src, group=self.group, tag=self.first_tag + index)
         assert work is not None
-        self.posted.append((index, work))
+        self.posted.append((index, work, into))
         self.next += 1
 
     def __iter__(self) -> Iterator[tuple[int, memoryview]]:
         while self.posted:
             self.pause()  # before the CPU's share of a chunk: its sum and its write
-            index, work = self.posted[0]
+            index, work, into = self.posted[0]
             try:
                 wait_all([work], self.timeout_s)
             except Exception:
                 self.broken = True  # the peer or the group failed: nothing left to drain
                 raise
-            start = index * CHUNK
-            yield (
-                start,
-                bytes_of(self.buffers[index % len(self.buffers)][: min(CHUNK, self.size - start)]),
-            )
+            yield index * CHUNK, bytes_of(into)
             self.posted.popleft()  # its buffer is free only now: the caller is done with it
             self._post()
 
