@@ -31,12 +31,14 @@ import collections
 import contextlib
 import ctypes
 import fcntl
+import functools
 import logging
 import mmap
 import os
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Protocol, cast
 
 import torch
 
@@ -58,7 +60,7 @@ class Spares:
         self._wanted: Counter[int] = Counter()
         self._directory: str | None = None
         self._buffers: list[torch.Tensor] = []
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: dict[str, Mapping] = {}
         self._tmpfs: bool | None = None
         self.keep_free = 0
         """Bytes a refill leaves free in the tier's filesystem: the room this node's own next save
@@ -78,7 +80,7 @@ class Spares:
         found = self._files.get(size)
         return found.pop() if found else None
 
-    def mapping(self, path: str) -> mmap.mmap | None:
+    def mapping(self, path: str) -> Mapping | None:
         """The writable shared mapping of the spare ``path`` (one :meth:`take` handed out), its
         pages present, or None (not a tmpfs, or the mapping failed). The caller owns it from here
         and closes it before the file gets its real name."""
@@ -179,16 +181,10 @@ class Spares:
             try:
                 if os.fstat(fd).st_size != size:  # a page past the end would be a SIGBUS
                     return
-                mapped = mmap.mmap(
-                    fd, size, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE
-                )
-                # A forked child (a DataLoader worker) must not inherit it: its copy would hold
-                # the file's pages after this process removes the spare.
-                mapped.madvise(mmap.MADV_DONTFORK)
-                self._maps[path] = mapped
+                self._maps[path] = _map_shared(fd, size)
             finally:
-                os.close(fd)
-        except (OSError, ValueError) as exc:
+                os.close(fd)  # the mapping keeps no descriptor: a forked child would inherit it
+        except OSError as exc:
             logger.info("peer mirror: spare %s not mapped (%s): it lands by copy", path, exc)
 
     def _drop(self, path: str) -> None:
@@ -207,6 +203,60 @@ class Spares:
 
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+class Mapping(Protocol):
+    """A spare's writable shared mapping, as a buffer (what :func:`torch.frombuffer` takes), made
+    by :func:`_map_shared`: unmapped by :meth:`close`, else when the last reference to it goes (a
+    tensor made of it holds one)."""
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None:
+        """Unmap now (the caller is sure no tensor made of it is still in use)."""
+
+
+def _unmap(mapping: ctypes.Array[ctypes.c_char]) -> None:
+    if not getattr(mapping, "unmapped", False):
+        mapping.unmapped = True  # type: ignore[attr-defined]
+        _libc().munmap(ctypes.c_void_p(ctypes.addressof(mapping)), ctypes.c_size_t(len(mapping)))
+
+
+def _map_shared(fd: int, size: int) -> Mapping:
+    """Map ``size`` bytes of ``fd`` writable and shared, its pages present (``MAP_POPULATE``) and
+    not inherited by a forked child (``MADV_DONTFORK``: a training process forks DataLoader
+    workers, whose copy would hold the file's pages after this process removes the spare).
+
+    Through libc, not :class:`mmap.mmap`: that keeps a duplicate of ``fd`` open as long as the
+    mapping lives (before Python 3.13's ``trackfd``), and a forked child inherits a descriptor
+    (only ``exec`` closes it): it would hold the file, and its pages, all the same."""
+    libc = _libc()
+    address = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_SHARED | _MAP_POPULATE, fd, ctypes.c_long(0))  # fmt: skip
+    if address is None or address == _MAP_FAILED:
+        raise OSError(ctypes.get_errno(), f"mmap: {os.strerror(ctypes.get_errno())}")
+    if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), mmap.MADV_DONTFORK) != 0:
+        error = ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+        raise OSError(error, f"madvise: {os.strerror(error)}")
+    kind: type[ctypes.Array[ctypes.c_char]] = type(
+        "Mapping", (ctypes.c_char * size,), {"close": _unmap, "__del__": _unmap}
+    )
+    return cast(Mapping, kind.from_address(address))
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    return libc
+
+
 _TMPFS_MAGIC = 0x01021994
 
 

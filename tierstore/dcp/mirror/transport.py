@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import mmap
 from collections.abc import Callable, Iterator
 
 import torch
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
-from tierstore.dcp.mirror.spares import Spares
+from tierstore.dcp.mirror.spares import Mapping, Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Landing, Tier
@@ -211,7 +210,7 @@ def _open_landing(tier: Tier, path: str, size: int, spare: str | None) -> Landin
 class _Mapped:
     """A spare's writable mapping (:meth:`Spares.mapping`) as a uint8 tensor, until closed."""
 
-    def __init__(self, mapping: mmap.mmap | None) -> None:
+    def __init__(self, mapping: Mapping | None) -> None:
         self.mapping = mapping
         self.tensor = None if mapping is None else torch.frombuffer(mapping, dtype=torch.uint8)
 
