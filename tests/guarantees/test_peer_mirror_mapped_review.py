@@ -209,3 +209,35 @@ def test_a_forked_child_holds_no_descriptor_of_a_mapped_spare(shm: Path) -> None
     )
     spares.release_unused([])
     assert inode not in mapped_inodes() and not descriptors_of(inode)
+
+
+def pause_fails_while_sending(rank: int, world: int, root: Path) -> None:
+    """Rank 1 sends a 3-chunk file; rank 0's ``pause()`` raises every time it is called, after
+    its receives were posted into the spare's mapping. The sender's wait must complete: the
+    receiver drains the file though its pause failed, or the group is broken for the next save."""
+    data = data_of(FAILING, 5)
+    if rank == 1:
+        wait_all(post_send(data, 0, dist.group.WORLD, tag_of(0)), 30)
+        return
+    tier = MemoryTier("memory", str(root), mirror=None)
+    spares = Spares(tier)
+    spares.take(FAILING)
+    spares.refill()
+    ((spare_inode, _),) = spares_of(root.parent.parent, 0).items()
+
+    def stop() -> None:
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        receive_file(tier, "mirror/x/0/__1_0.distcp", entry_of(0, data), 1, dist.group.WORLD,
+                     first_tag=tag_of(0), timeout_s=30, spares=spares, pause=stop)  # fmt: skip
+    gc.collect()
+    assert not (root / "mirror/x/0/__1_0.distcp").exists()
+    assert spares_of(root.parent.parent, 0) == {}
+    assert spare_inode not in mapped_inodes()
+
+
+def test_a_receive_whose_pause_fails_still_drains_the_senders_messages(shm: Path) -> None:  # noqa: F811
+    root = memory_root(shm, 0)
+    root.mkdir(parents=True)
+    run_ranks(pause_fails_while_sending, 2, shm, root)

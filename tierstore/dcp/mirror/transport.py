@@ -295,6 +295,13 @@ class _Chunks:
         """Receive and drop whatever of the file has not been taken yet."""
         if self.broken:
             return
+        pause = self.pause
+
+        def pause_quietly() -> None:  # a pause that fails (as the receipt may have) must not
+            with contextlib.suppress(Exception):  # leave the sender's messages unreceived
+                pause()
+
+        self.pause = pause_quietly
         with contextlib.suppress(Exception):  # a peer that failed meanwhile: nothing to save
             for _item in self:
                 pass
