@@ -7,7 +7,9 @@ boto3 exactly as a real store would be; each test gets its own bucket.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,3 +129,16 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 def small_tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
     """A 1 MiB tmpfs: a memory or middle tier that fills up (real ENOSPC)."""
     return mount_tmpfs("1m")
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A directory of its own on the tmpfs at ``/dev/shm`` (where a mirror's spares are mapped),
+    removed after; a skip where ``/dev/shm`` is no tmpfs."""
+    from tierstore.dcp.mirror.spares import _is_tmpfs
+
+    if not os.path.isdir("/dev/shm") or not _is_tmpfs("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm: spares are mapped only on a tmpfs")
+    where = Path(tempfile.mkdtemp(prefix="tierstore-shm-", dir="/dev/shm"))
+    yield where
+    shutil.rmtree(where, ignore_errors=True)

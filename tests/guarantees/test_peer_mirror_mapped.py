@@ -6,9 +6,6 @@ then, so no committed file is ever mapped writable (``tierstore/dcp/mirror/spare
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,16 +26,6 @@ from tierstore.tiers.memory import MemoryTier
 MIB = 2**20
 SIZE = CHUNK + 3 * MIB + 5  # two messages, the second one short
 LANDED = "mirror/x/0/__1_0.distcp"
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A directory on a tmpfs (``/dev/shm``), where spares are mapped."""
-    if not os.path.isdir("/dev/shm") or not _is_tmpfs("/dev/shm"):
-        pytest.skip("no tmpfs at /dev/shm: spares are mapped only on a tmpfs")
-    where = Path(tempfile.mkdtemp(prefix="tierstore-mapped-", dir="/dev/shm"))
-    yield where
-    shutil.rmtree(where, ignore_errors=True)
 
 
 def mapped_inodes() -> set[int]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.guarantees.test_peer_mirror_mapped import mapped_inodes, shm  # noqa: F401 - fixture
+from tests.guarantees.test_peer_mirror_mapped import mapped_inodes
 from tests.guarantees.test_peer_mirror_spares import spares_of
 from tests.mirror_jobs import memory_root
 from tests.workers import run_ranks
@@ -78,7 +78,7 @@ def two_rounds_of_edge_sizes(rank: int, world: int, root: Path) -> None:
         dist.barrier()
 
 
-def test_every_size_at_a_chunk_boundary_lands_byte_exact_in_a_spare_of_its_own(shm: Path) -> None:  # noqa: F811
+def test_every_size_at_a_chunk_boundary_lands_byte_exact_in_a_spare_of_its_own(shm: Path) -> None:
     root = memory_root(shm, 0)
     root.mkdir(parents=True)
     run_ranks(two_rounds_of_edge_sizes, 2, shm, root)
@@ -136,9 +136,11 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
     def stop() -> None:
         raise RuntimeError("stop")
 
+    # "pause": the drain waits for a sender that sends only once this gave up, so it runs to the
+    # timeout (5 s: the drain's wait is what is timed out, the mapping's release what is checked)
     try:
         receive_file(tier, "mirror/x/0/__1_0.distcp", entry, 1, dist.group.WORLD, first_tag=tag_of(0),
-                     timeout_s=1 if how == "late" else 60, spares=spares,
+                     timeout_s={"late": 1, "pause": 5}.get(how, 60), spares=spares,
                      pause=stop if how == "pause" else lambda: None)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the finding is the type
         failed = type(exc).__name__
@@ -160,7 +162,7 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["dies", "late", "pause"])
 def test_a_receive_into_a_mapping_that_fails_mid_file_leaves_nothing_mapped_or_named(
-    shm: Path,  # noqa: F811
+    shm: Path,
     how: str,
 ) -> None:
     """A peer that dies after the first chunk, or whose rest arrives after the receiver's timeout:
@@ -189,7 +191,7 @@ def descriptors_of(inode: int) -> list[int]:
     return found
 
 
-def test_a_forked_child_holds_no_descriptor_of_a_mapped_spare(shm: Path) -> None:  # noqa: F811
+def test_a_forked_child_holds_no_descriptor_of_a_mapped_spare(shm: Path) -> None:
     """The mapping is not inherited (MADV_DONTFORK), and neither may a descriptor of the spare be:
     a DataLoader worker forked between rounds that holds one keeps the file's pages after this
     process removes the spare, as long as the worker lives (a mapping's descriptor kept open by
@@ -237,7 +239,7 @@ def pause_fails_while_sending(rank: int, world: int, root: Path) -> None:
     assert spare_inode not in mapped_inodes()
 
 
-def test_a_receive_whose_pause_fails_still_drains_the_senders_messages(shm: Path) -> None:  # noqa: F811
+def test_a_receive_whose_pause_fails_still_drains_the_senders_messages(shm: Path) -> None:
     root = memory_root(shm, 0)
     root.mkdir(parents=True)
     run_ranks(pause_fails_while_sending, 2, shm, root)
