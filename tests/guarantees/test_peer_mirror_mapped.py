@@ -38,6 +38,18 @@ def mapped_inodes() -> set[int]:
     return inodes
 
 
+def one_mapped_spare(root: Path, size: int) -> tuple[MemoryTier, Spares, int]:
+    """Node 0's memory tier at ``root`` (``memory_root``, on a tmpfs) with one spare of ``size``
+    reserved by a refill, checked to be mapped; the spare's inode."""
+    tier = MemoryTier("memory", str(root), mirror=None)
+    spares = Spares(tier)
+    spares.take(size)
+    spares.refill()
+    ((inode, _size),) = spares_of(root.parent.parent, 0).items()
+    assert inode in mapped_inodes(), "a spare on a tmpfs is mapped when it is made"
+    return tier, spares, inode
+
+
 def payload() -> torch.Tensor:
     return (torch.arange(SIZE, dtype=torch.int64) * 7 % 251).to(torch.uint8)
 
@@ -51,12 +63,7 @@ def receive_through_a_mapping(rank: int, world: int, root: Path, corrupt: bool) 
     if rank == 1:
         wait_all(post_send(data, 0, dist.group.WORLD, 1), 60)
         return
-    tier = MemoryTier("memory", str(root), mirror=None)
-    spares = Spares(tier)
-    spares.take(SIZE)
-    spares.refill()
-    ((spare_inode, _size),) = spares_of(root.parent.parent, 0).items()
-    assert spare_inode in mapped_inodes(), "a spare on a tmpfs is mapped when it is made"
+    tier, spares, spare_inode = one_mapped_spare(root, SIZE)
     copies: list[int] = []
     write_at = Landing.write_at
 
@@ -153,12 +160,7 @@ def test_spares_off_a_tmpfs_are_not_mapped(tmp_path: Path) -> None:
 def test_a_forked_child_does_not_inherit_a_spares_mapping(shm: Path) -> None:
     """A training process forks (DataLoader workers): a child holding a spare's mapping would keep
     the file's pages after the spare is removed, room the node's own saves count on."""
-    spares = Spares(MemoryTier("memory", str(shm), mirror=None))
-    spares.take(MIB)
-    spares.refill()
-    (spare,) = shm.glob(".tierstore/staging/*/mirror-spare-*")
-    inode = spare.stat().st_ino
-    assert inode in mapped_inodes()
+    _tier, _spares, inode = one_mapped_spare(memory_root(shm, 0), MIB)
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # the child only answers whether it has the mapping, and leaves

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.guarantees.test_peer_mirror_mapped import mapped_inodes
+from tests.guarantees.test_peer_mirror_mapped import mapped_inodes, one_mapped_spare
 from tests.guarantees.test_peer_mirror_spares import spares_of
 from tests.mirror_jobs import memory_root
 from tests.workers import run_ranks
@@ -125,12 +125,7 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
                 break
         time.sleep(2)
         os._exit(0)
-    tier = MemoryTier("memory", str(root), mirror=None)
-    spares = Spares(tier)
-    spares.take(FAILING)
-    spares.refill()
-    ((spare_inode, _),) = spares_of(root.parent.parent, 0).items()
-    assert spare_inode in mapped_inodes()
+    tier, spares, spare_inode = one_mapped_spare(root, FAILING)
     failed = ""
 
     def stop() -> None:
@@ -196,12 +191,7 @@ def test_a_forked_child_holds_no_descriptor_of_a_mapped_spare(shm: Path) -> None
     a DataLoader worker forked between rounds that holds one keeps the file's pages after this
     process removes the spare, as long as the worker lives (a mapping's descriptor kept open by
     :class:`mmap.mmap` would be inherited: only ``exec`` closes it)."""
-    spares = Spares(MemoryTier("memory", str(shm), mirror=None))
-    spares.take(2**20)
-    spares.refill()
-    (spare,) = shm.glob(".tierstore/staging/*/mirror-spare-*")
-    inode = spare.stat().st_ino
-    assert inode in mapped_inodes()
+    _tier, spares, inode = one_mapped_spare(memory_root(shm, 0), 2**20)
     child = os.fork()
     if child == 0:  # the child only answers (its exit status) whether it holds the file
         os._exit(1 if descriptors_of(inode) else 0)
@@ -221,11 +211,7 @@ def pause_fails_while_sending(rank: int, world: int, root: Path) -> None:
     if rank == 1:
         wait_all(post_send(data, 0, dist.group.WORLD, tag_of(0)), 30)
         return
-    tier = MemoryTier("memory", str(root), mirror=None)
-    spares = Spares(tier)
-    spares.take(FAILING)
-    spares.refill()
-    ((spare_inode, _),) = spares_of(root.parent.parent, 0).items()
+    tier, spares, spare_inode = one_mapped_spare(root, FAILING)
 
     def stop() -> None:
         raise RuntimeError("stop")

@@ -264,7 +264,7 @@ def _is_tmpfs(directory: str) -> bool:
     """Whether ``directory`` is on a tmpfs (``statfs``'s ``f_type``: the first field, a C long,
     on Linux). False where it cannot be told."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's statfs
+        libc = _libc()
         buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
         if libc.statfs(os.fsencode(directory), buffer) != 0:
             return False
