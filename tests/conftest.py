@@ -135,9 +135,9 @@ def small_tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
 def shm() -> Iterator[Path]:
     """A directory of its own on the tmpfs at ``/dev/shm`` (where a mirror's spares are mapped),
     removed after; a skip where ``/dev/shm`` is no tmpfs."""
-    from tierstore.dcp.mirror.spares import _is_tmpfs
+    from tierstore.tiers.mapping import is_tmpfs
 
-    if not os.path.isdir("/dev/shm") or not _is_tmpfs("/dev/shm"):
+    if not os.path.isdir("/dev/shm") or not is_tmpfs("/dev/shm"):
         pytest.skip("no tmpfs at /dev/shm: spares are mapped only on a tmpfs")
     where = Path(tempfile.mkdtemp(prefix="tierstore-shm-", dir="/dev/shm"))
     yield where

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.forked import in_forked_child
 from tierstore.tiers import Tier, make_tier
 
 KINDS = ["memory", "local", "shared", "s3", "dict"]
@@ -202,6 +203,43 @@ def test_local_files_capability_maps_files_without_letting_writes_through(tier: 
         tier.map_file("l/missing")
     with pytest.raises(FileNotFoundError):
         tier.map_file("l/file/through-a-file")
+
+
+def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_child(
+    tier: Tier,
+) -> None:
+    """A trainer forks DataLoader workers while the mirror sends its files: a child inheriting the
+    mapping, or a descriptor of the file, would hold the file's pages (host memory) after retention
+    removes it, for as long as the worker lives."""
+    if not tier.capabilities.local_files:
+        pytest.skip(f"{tier.type} declares no local files")
+    tier.write_bytes("l/file", os.urandom(5 * 4096))
+    inode = os.stat(tier.local_path("l/file")).st_ino  # type: ignore[attr-defined]
+    view = tier.map_file("l/file")
+    assert inode in _mapped_inodes(), "the view is a mapping of the file"
+    assert inode not in _open_inodes(), "the mapping keeps a descriptor of the file open"
+    status = in_forked_child(lambda: 3 if inode in _mapped_inodes() else 0, deadline=30)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+        "the forked child holds the file's mapping"
+    )
+    assert bytes(view[:4096]) == tier.read_bytes("l/file")[:4096]
+    del view
+    assert inode not in _mapped_inodes(), "the mapping outlived its last view"
+
+
+def _mapped_inodes() -> set[int]:
+    fields = (line.split() for line in Path("/proc/self/maps").read_text().splitlines())
+    return {int(f[4]) for f in fields if len(f) >= 6 and f[4] != "0"}
+
+
+def _open_inodes() -> set[int]:
+    inodes = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            inodes.add(os.stat(f"/proc/self/fd/{name}").st_ino)
+        except OSError:
+            continue  # the directory's own descriptor, closed meanwhile
+    return inodes
 
 
 def test_own_directory_is_locked_for_its_process_and_holds_its_files(tier: Tier) -> None:

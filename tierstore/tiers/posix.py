@@ -8,7 +8,6 @@ new name itself is durable.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import shutil
 import stat
@@ -43,6 +42,7 @@ from tierstore.tiers.durable import (
     withdraw_name,
 )
 from tierstore.tiers.landing import Landing
+from tierstore.tiers.mapping import map_private
 
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 _ADVICE = {
@@ -117,12 +117,14 @@ class PosixTier(Tier):
         return str(self._path(path))
 
     def map_file(self, path: str) -> memoryview:
-        """See :meth:`Tier.map_file` (``MAP_PRIVATE``: pages are shared with the page cache until
-        written, and a write never reaches the file)."""
+        """See :meth:`Tier.map_file` (:func:`~tierstore.tiers.mapping.map_private`: pages are
+        shared with the page cache until written, a write never reaches the file, the page tables
+        are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
         with self._open_for_reading(path) as file, self._reading(path):
-            if os.fstat(file.fileno()).st_size == 0:
+            size = os.fstat(file.fileno()).st_size
+            if size == 0:
                 return memoryview(b"")  # an empty file cannot be mapped
-            return memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY))
+            return map_private(file.fileno(), size)
 
     def own_directory(self, path: str) -> OwnedDirectory:
         """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,

@@ -181,6 +181,9 @@ class Round:
     sender: SerialWorker | None = None
     """The worker's thread that sends this rank's files while this one receives (set by
     :meth:`MirrorWorker.submit`; without it, the sends run on a thread of their own)."""
+    sent: list[torch.Tensor] = field(default_factory=list)
+    """The mappings of the files this rank sent, let go of only after the round's end (unmapping
+    256 MiB takes about 0.01 s, and interrupts every core this process runs on)."""
 
 
 @dataclass(frozen=True)
@@ -274,12 +277,21 @@ class MirrorWorker:
             with self._idle:
                 self._busy -= 1
                 self._idle.notify_all()
+            _let_go_of_sent(round_)
         with self._idle:
             idle = self._busy == 0
         if idle and round_.spares is not None:
             # Between rounds, off every waiter's path: the next round's files land in pages
             # reserved now (a round already queued goes first and reserves its own).
             _refill(round_.spares, _YieldToStaging(round_.mirror.timeout))
+
+
+def _let_go_of_sent(round_: Round) -> None:
+    """Unmap the files the round sent, once this process stages no more (unmapping interrupts
+    every core it runs on): after the round's end, off every waiter's path."""
+    if round_.sent:
+        _YieldToStaging(round_.mirror.timeout)()
+        round_.sent.clear()
 
 
 def _refill(spares: Spares, pause: Callable[[], None]) -> None:
@@ -561,8 +573,7 @@ def _exchange(state: _State) -> dict[int, str]:
         sending.result()
     except Exception as exc:  # noqa: BLE001 - the holder failed: this node's mirror did
         errors.setdefault(round_.share.node, f"rank {me}: sending: {exc}")
-    pause()  # unmapping the sent files interrupts every core this process runs on
-    sends.clear()
+    round_.sent.extend(data for data, _dst, _tag in sends)  # unmapped after the round's end
     for owner, error in errors.items():
         logger.warning("peer mirror of %s (node %d's files): %s", ckpt, owner, error)
     return errors

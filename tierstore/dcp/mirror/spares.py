@@ -29,16 +29,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import fcntl
-import functools
 import logging
-import mmap
 import os
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Protocol, cast
 
 import torch
 
@@ -46,6 +42,7 @@ from tierstore.ids import writer_staging_dir
 from tierstore.owners import owner_dir_name
 from tierstore.runtime import finalize
 from tierstore.tiers import Tier
+from tierstore.tiers.mapping import Mapping, is_tmpfs, map_shared
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +75,12 @@ class Spares:
         the size is wanted again after this round."""
         self._wanted[size] += 1
         found = self._files.get(size)
-        return found.pop() if found else None
+        if not found:
+            return None
+        spare = found.pop()
+        if spare not in self._maps:  # recycled by a round that ended just now (back to back)
+            self._map(spare, size)
+        return spare
 
     def mapping(self, path: str) -> Mapping | None:
         """The writable shared mapping of the spare ``path`` (one :meth:`take` handed out), its
@@ -105,7 +107,9 @@ class Spares:
         it skips allocating and zeroing them. Only while this round took more files of that size
         than spares remain, and while holding it leaves :attr:`keep_free` free; the file is
         renamed out of the mirror first, so it is no checkpoint file any more. False (the file
-        left where it is, for the caller to delete) otherwise."""
+        left where it is, for the caller to delete) otherwise. It is mapped (on a tmpfs) between
+        rounds, by :meth:`refill`, or when :meth:`take` hands it out: not here, within the round
+        that recycles it, before its end (256 MiB of page tables take about 0.02 s to fill)."""
         if not size or len(self._files[size]) >= self._wanted[size]:
             return False
         try:
@@ -117,7 +121,6 @@ class Spares:
         except (OSError, ValueError, NotImplementedError) as exc:
             logger.info("peer mirror: %s not recycled (%s): deleted", path, exc)
             return False
-        self._map(into, size)
         self._files[size].append(into)
         return True
 
@@ -126,7 +129,8 @@ class Spares:
         self._drop(path)
 
     def refill(self, pause: Callable[[], object] = lambda: None) -> None:
-        """Reserve a file for every size taken since the last refill, drop spares nobody took.
+        """Reserve a file for every size taken since the last refill, drop spares nobody took, map
+        the ones recycled since.
 
         A spare that would leave less than :attr:`keep_free` free is not made, and errors (no
         room) leave fewer spares: the next round then reserves its pages as it receives.
@@ -136,6 +140,11 @@ class Spares:
         for size in list(self._files):
             while len(self._files[size]) > wanted[size]:
                 self._drop(self._files[size].pop())
+        for size, paths in self._files.items():  # recycled during the round: mapped only now
+            for path in paths:
+                if path not in self._maps:
+                    pause()
+                    self._map(path, size)
         try:
             for size, count in wanted.items():
                 while size and len(self._files[size]) < count:
@@ -173,7 +182,7 @@ class Spares:
         a landing through the mapping does not make. Elsewhere, or if mapping fails, nothing: the
         file then lands by copy."""
         if self._tmpfs is None:
-            self._tmpfs = _is_tmpfs(self._home())
+            self._tmpfs = is_tmpfs(self._home())
         if not self._tmpfs or not size:
             return
         try:
@@ -181,7 +190,7 @@ class Spares:
             try:
                 if os.fstat(fd).st_size != size:  # a page past the end would be a SIGBUS
                     return
-                self._maps[path] = _map_shared(fd, size)
+                self._maps[path] = map_shared(fd, size)
             finally:
                 os.close(fd)  # the mapping keeps no descriptor: a forked child would inherit it
         except OSError as exc:
@@ -200,77 +209,6 @@ class Spares:
             finalize(self, _remove_home, home.path, home.lock)
             self._directory = home.path
         return self._directory
-
-
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-
-
-class Mapping(Protocol):
-    """A spare's writable shared mapping, as a buffer (what :func:`torch.frombuffer` takes), made
-    by :func:`_map_shared`: unmapped by :meth:`close`, else when the last reference to it goes (a
-    tensor made of it holds one)."""
-
-    def __len__(self) -> int: ...
-
-    def close(self) -> None:
-        """Unmap now (the caller is sure no tensor made of it is still in use)."""
-
-
-def _unmap(mapping: ctypes.Array[ctypes.c_char]) -> None:
-    if not getattr(mapping, "unmapped", False):
-        mapping.unmapped = True  # type: ignore[attr-defined]
-        _libc().munmap(ctypes.c_void_p(ctypes.addressof(mapping)), ctypes.c_size_t(len(mapping)))
-
-
-def _map_shared(fd: int, size: int) -> Mapping:
-    """Map ``size`` bytes of ``fd`` writable and shared, its pages present (``MAP_POPULATE``) and
-    not inherited by a forked child (``MADV_DONTFORK``: a training process forks DataLoader
-    workers, whose copy would hold the file's pages after this process removes the spare).
-
-    Through libc, not :class:`mmap.mmap`: that keeps a duplicate of ``fd`` open as long as the
-    mapping lives (before Python 3.13's ``trackfd``), and a forked child inherits a descriptor
-    (only ``exec`` closes it): it would hold the file, and its pages, all the same."""
-    libc = _libc()
-    address = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE,
-                        mmap.MAP_SHARED | _MAP_POPULATE, fd, ctypes.c_long(0))  # fmt: skip
-    if address is None or address == _MAP_FAILED:
-        raise OSError(ctypes.get_errno(), f"mmap: {os.strerror(ctypes.get_errno())}")
-    if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), mmap.MADV_DONTFORK) != 0:
-        error = ctypes.get_errno()
-        libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
-        raise OSError(error, f"madvise: {os.strerror(error)}")
-    kind: type[ctypes.Array[ctypes.c_char]] = type(
-        "Mapping", (ctypes.c_char * size,), {"close": _unmap, "__del__": _unmap}
-    )
-    return cast(Mapping, kind.from_address(address))
-
-
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
-    return libc
-
-
-_TMPFS_MAGIC = 0x01021994
-
-
-def _is_tmpfs(directory: str) -> bool:
-    """Whether ``directory`` is on a tmpfs (``statfs``'s ``f_type``: the first field, a C long,
-    on Linux). False where it cannot be told."""
-    try:
-        libc = _libc()
-        buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-        if libc.statfs(os.fsencode(directory), buffer) != 0:
-            return False
-        return ctypes.c_long.from_buffer(buffer).value == _TMPFS_MAGIC
-    except (OSError, AttributeError, TypeError):
-        return False
 
 
 def _free(directory: str) -> int:

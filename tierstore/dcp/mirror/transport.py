@@ -1,9 +1,11 @@
 """Moving whole checkpoint files between ranks over a gloo group.
 
-A sent file is memory-mapped and handed to gloo chunk by chunk (no copy). A received file arrives
-chunk by chunk in a few rotating buffers, kept warm from round to round, and is written into a file
-whose pages were reserved before (a spare made between rounds, or reserved at once), so a receiver's
-memory stays bounded and a full tmpfs is a clean ENOSPC naming the tier and path, never a SIGBUS.
+A sent file is memory-mapped and handed to gloo chunk by chunk (no copy), each chunk's page tables
+filled in one call as it is posted. A received file arrives chunk by chunk, straight into its landing
+file's mapping where the spare it lands in is mapped (a tmpfs), else in a few rotating buffers kept
+warm from round to round and written into a file whose pages were reserved before (a spare made
+between rounds, or reserved at once), so a receiver's memory stays bounded and a full tmpfs is a
+clean ENOSPC naming the tier and path, never a SIGBUS.
 Each chunk travels under its own tag, so both sides only need to agree on a schedule. Every received
 file is checked against its CRC32C before it gets its real name.
 """
@@ -20,10 +22,11 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
-from tierstore.dcp.mirror.spares import Mapping, Spares
+from tierstore.dcp.mirror.spares import Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Landing, Tier
+from tierstore.tiers.mapping import Mapping, populate_for_reading
 
 CHUNK = 16 * 2**20
 """Bytes per gloo message: as fast on loopback as larger ones, and small enough that a
@@ -90,6 +93,9 @@ def send_files(
                 wait_all([in_flight.popleft()], timeout_s)
             pause()
             piece = data[start : start + CHUNK]
+            # A mapped file's pages, mapped in one call while the messages before travel: gloo's
+            # thread would otherwise fault them in one by one as it sends.
+            populate_for_reading(piece.data_ptr(), piece.numel())
             in_flight.append(
                 _posted(dist.isend(piece, dst=dst, group=group, tag=first_tag + index))
             )
