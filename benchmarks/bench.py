@@ -98,7 +98,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, endpoint: str) -> None:
         self.args = args
         self.endpoint = endpoint
-        self.shm = Path(tempfile.mkdtemp(prefix="tierstore-bench-", dir="/dev/shm"))
+        self.shm = Path(tempfile.mkdtemp(prefix="tierstore-bench-", dir=args.memory_dir))
         self.disk = Path(tempfile.mkdtemp(prefix="tierstore-bench-", dir=args.disk_dir))
         self.results: dict[str, Samples] = {}
         self.pairs: dict[str, list[float]] = {}
@@ -611,6 +611,10 @@ def main() -> None:
     )
     parser.add_argument("--sweep", nargs="*", default=["256MiB", "512MiB", "1GiB", "2GiB"])
     parser.add_argument("--disk-dir", default=tempfile.gettempdir())
+    parser.add_argument(
+        "--memory-dir", default="/dev/shm",
+        help="the tmpfs the memory tiers live in (e.g. one mounted with huge=within_size)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench-results")
     parser.add_argument(
         "--first-save", choices=["torch", "tierstore", "tierstore-prepared"], help=argparse.SUPPRESS

@@ -11,7 +11,7 @@ rounds after one uncounted warm-up round, its sides in an order rotated from rou
   on the mirror thread from hand-off to the last marker, and ``rounds._exchange``, its file
   transfer) from the moment the last rank started to the moment the last rank ended; against plain
   ``dist.isend``/``dist.irecv`` of the same bytes in both directions on the default gloo group,
-  from and into warm buffers, the fastest of 4, 16, 64 and 256 MiB per message in each round;
+  from and into warm buffers, the fastest of 1, 4, 16, 64 and 256 MiB per message in each round;
 * **stall**: ``dcp.async_save`` (THREAD) with a ``TieredWriter`` into a mirrored memory tier and
   into an unmirrored one, timed to its return (the stall) and to its commit, each save committed
   and mirrored before the next side; and **back to back**: a first save waited for to its commit

@@ -86,7 +86,7 @@ def fill(nbytes: int) -> torch.Tensor:
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
 
 
-PLAIN_CHUNKS = (4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20)
+PLAIN_CHUNKS = (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20)
 """Message sizes of the plain gloo baseline; each round counts its fastest."""
 
 
