@@ -573,6 +573,9 @@ def _exchange(state: _State) -> dict[int, str]:
         sending.result()
     except Exception as exc:  # noqa: BLE001 - the holder failed: this node's mirror did
         errors.setdefault(round_.share.node, f"rank {me}: sending: {exc}")
+    # A failed send's exception, kept by the future, has this frame in its traceback (a cycle): the
+    # sent files' mappings would stay until the next full garbage collection, not the round's end.
+    del sending
     round_.sent.extend(data for data, _dst, _tag in sends)  # unmapped after the round's end
     for owner, error in errors.items():
         logger.warning("peer mirror of %s (node %d's files): %s", ckpt, owner, error)
