@@ -15,12 +15,58 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
+from tests.forked import in_forked_child
 from tests.guarantees.test_peer_mirror_mapped import mapped_inodes
-from tests.mirror_jobs import become, memory_root, mirror_config, shard_state
+from tests.mirror_jobs import become, memory_root, mirror_config, mirror_markers, shard_state
+from tests.workers import run_ranks
 from tierstore import TieredWriter
 from tierstore.config import Config
 
 _SIZE = 16 * 2**20  # floats: a 64 MiB shard, four messages
+
+
+def _own_inodes(root: Path, node: int, checkpoint_id: str) -> dict[int, str]:
+    return {
+        p.stat().st_ino: str(p)
+        for p in memory_root(root, node).rglob("*")
+        if p.is_file() and checkpoint_id in p.parts and ".tierstore" not in p.parts
+    }
+
+
+def _open_inodes() -> set[int]:
+    inodes = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            inodes.add(os.stat(f"/proc/self/fd/{name}").st_ino)
+        except OSError:
+            continue  # the listing's own descriptor
+    return inodes
+
+
+def _fork_while_sending(rank: int, world: int, root: Path) -> None:
+    become(rank)
+    writer = TieredWriter(mirror_config(root, lower=()), node=rank)
+    dcp.save(shard_state(rank, 1, _SIZE), storage_writer=writer, checkpoint_id="step_1")
+    own = _own_inodes(root, rank, "step_1")
+    deadline = time.monotonic() + 30
+    while not own.keys() & mapped_inodes():  # the round maps the files it sends
+        assert time.monotonic() < deadline, f"rank {rank}: never saw a sent file mapped"
+        time.sleep(0.0005)
+    status = in_forked_child(lambda: 3 if own.keys() & (mapped_inodes() | _open_inodes()) else 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+        f"rank {rank}: a child forked during the round holds a sent file (status {status})"
+    )
+    assert writer.wait_mirrored(60), f"rank {rank}: not mirrored after the fork"
+    writer.close()
+
+
+def test_a_child_forked_while_a_round_sends_holds_none_of_the_sent_files(shm: Path) -> None:
+    """A DataLoader worker forked while the mirror sends the node's files inherits neither their
+    mappings nor a descriptor (it would hold their tmpfs pages after retention removes them), and
+    the round goes on to mirror them."""
+    run_ranks(_fork_while_sending, 2, shm, shm)
+    for node in (0, 1):
+        assert len(mirror_markers(shm, node, "step_1")) == 1, f"node {node} holds no mirror"
 
 
 def _die_once_receiving(root: Path) -> None:
@@ -54,11 +100,7 @@ def _killed_peer_job(rank: int, world: int, store: str, config: Config, root: Pa
     except BaseException as exc:  # noqa: BLE001 - the peer may die before DCP's last broadcast
         said.append(f"save: {exc}")
     writer.wait_mirrored(60)
-    own = {
-        p.stat().st_ino: str(p)
-        for p in memory_root(root, 0).rglob("*")
-        if p.is_file() and "step_1" in p.parts and ".tierstore" not in p.parts
-    }
+    own = _own_inodes(root, 0, "step_1")
     deadline = time.monotonic() + 2
     while (still := own.keys() & mapped_inodes()) and time.monotonic() < deadline:
         time.sleep(0.05)
