@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
@@ -23,6 +24,8 @@ from tests.workers import run_ranks
 from tierstore import TieredWriter
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
+from tierstore.dcp.mirror.transport import map_file
+from tierstore.tiers.mapping import populate_for_reading
 from tierstore.tiers.memory import MemoryTier
 
 _SIZE = 16 * 2**20  # floats: a 64 MiB shard, four messages
@@ -288,3 +291,26 @@ def test_a_child_forked_while_a_spare_is_being_mapped_holds_no_descriptor_of_it(
     held = sum(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 4 for s in statuses)
     assert all(os.WIFEXITED(s) for s in statuses), "a forked child did not exit"
     assert not held, f"{held} of {len(statuses)} children forked meanwhile hold a spare open"
+
+
+def test_filling_a_messages_page_tables_is_best_effort_never_a_crash(shm: Path) -> None:
+    """``send_files`` fills each message's page tables before posting it: on a mapping of a file
+    truncated meanwhile (the pages past its end would be a SIGBUS if touched), on the zeros sent
+    for a vanished file, at an odd offset, on memory that is no mapping at all: never an error,
+    never a signal (in a forked child, so that a SIGBUS fails the test, not the run)."""
+    tier = MemoryTier("memory", str(shm), mirror=None)
+    tier.write_bytes("step_1/g/r0.distcp", os.urandom(3 * 2**20 + 5))
+
+    def populate_everything() -> int:
+        data = map_file(tier, "step_1/g/r0.distcp", 3 * 2**20 + 5)
+        os.truncate(tier.local_path("step_1/g/r0.distcp"), 0)
+        populate_for_reading(data.data_ptr(), data.numel())
+        populate_for_reading(data[4097:].data_ptr(), 2**20)
+        zeros = torch.zeros(3 * 2**20 + 5, dtype=torch.uint8)
+        populate_for_reading(zeros[5:].data_ptr(), 2**20)
+        populate_for_reading(0, 4096)
+        return 0 if zeros.sum().item() == 0 else 5
+
+    status = in_forked_child(populate_everything, deadline=30)
+    assert os.WIFEXITED(status), f"filling page tables killed the process (signal {status & 0x7F})"
+    assert os.WEXITSTATUS(status) == 0, f"filling page tables raised (status {status})"
