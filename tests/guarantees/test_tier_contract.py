@@ -283,6 +283,33 @@ def test_adopt_capability_moves_a_file_in_and_recycle_one_out(tier: Tier, tmp_pa
     assert tier.read_bytes("a/file") == b"staged"
 
 
+def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier) -> None:
+    """A mirror's receive keeps its landing file open for the whole transfer: a DataLoader worker
+    forked meanwhile must not keep the file (and its pages) after retention removes it."""
+    if not tier.capabilities.adopt:
+        pytest.skip(f"{tier.type} cannot adopt files")
+    for spare in (False, True):
+        reserved = None
+        if spare:
+            home = tier.own_directory("landing-spares")
+            os.close(home.lock)
+            reserved = os.path.join(home.path, "spare")
+            Path(reserved).write_bytes(b"\0" * 8192)
+        landing = tier.open_landing(f"l/landed-{spare}", 8192, reserved)
+        inode = os.stat(landing.temp).st_ino
+        assert inode in _open_inodes(), "the landing is open while it receives"
+        status = in_forked_child(
+            lambda inode=inode: 3 if inode in _open_inodes() else 0, deadline=30
+        )
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+            f"the forked child holds the landing file open (spare: {spare})"
+        )
+        landing.write_at(0, memoryview(b"x" * 8192))
+        tier.adopt(f"l/landed-{spare}", landing.seal())
+        assert tier.read_bytes(f"l/landed-{spare}") == b"x" * 8192
+        assert inode not in _open_inodes(), "the sealed landing left its descriptor open"
+
+
 def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
     tier.write_bytes("e/full/file", b"x")
     tier.remove_if_empty("e/full")

@@ -3,11 +3,12 @@
 A tier with local files hands one out (:meth:`Tier.open_landing`) to the peer mirror's receiver.
 Its pages are reserved before the first byte arrives (``posix_fallocate``; a spare's were reserved
 between rounds, :mod:`tierstore.dcp.mirror.spares`): a tier without room refuses the file at once
-with ENOSPC, and the writes that follow only fill pages that exist. They are ordinary writes, never
-stores through a mapping (a mapping's page tables cost more to set up here than the copy they save,
-and a store into a full tmpfs would be a SIGBUS). The file gets its real name only through the
-tier's ``adopt`` (rename, fsync the directory) once its bytes are checked; until then its name is a
-temporary one, which cleanup recognises.
+with ENOSPC, and the writes that follow only fill pages that exist (a spare on a tmpfs is written
+through its mapping instead, made between rounds: :mod:`tierstore.dcp.mirror.transport`). The file
+gets its real name only through the tier's ``adopt`` (rename, fsync the directory) once its bytes
+are checked; until then its name is a temporary one, which cleanup recognises. Its descriptor is one
+a forked child closes at once (:mod:`tierstore.tiers.forks`): a DataLoader worker forked during a
+receive must not hold the file's pages after retention removes it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from tierstore.tiers.durable import make_dirs_durable, temp_name_for
+from tierstore.tiers.forks import close_unshared, open_unshared
 
 
 class Landing:
@@ -31,10 +33,10 @@ class Landing:
         if spare is None:
             self.temp = temp_name_for(Path(target), uuid.uuid4().hex[:12])
             make_dirs_durable(self.temp.parent)
-            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._fd = open_unshared(str(self.temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         else:
             self.temp = Path(spare)
-            self._fd = os.open(self.temp, os.O_WRONLY)
+            self._fd = open_unshared(str(self.temp), os.O_WRONLY)
         try:
             if spare is not None and os.fstat(self._fd).st_size != size:
                 # A spare is made for one size; one of another would keep old bytes past the
@@ -56,7 +58,7 @@ class Landing:
     def seal(self) -> str:
         """Make the bytes durable (fsync) and return the file's path, for the tier's ``adopt``."""
         os.fsync(self._fd)
-        os.close(self._fd)
+        close_unshared(self._fd)
         self._fd = -1
         return str(self.temp)
 
@@ -64,6 +66,6 @@ class Landing:
         """Close and remove the file if it still has its temporary (or spare) name; after
         ``adopt`` it has not."""
         if self._fd >= 0:
-            os.close(self._fd)
+            close_unshared(self._fd)
             self._fd = -1
         self.temp.unlink(missing_ok=True)

@@ -6,8 +6,9 @@ landing file). Two properties :class:`mmap.mmap` cannot give matter there:
 * **No descriptor and no inheritance.** :class:`mmap.mmap` keeps a duplicate of the file's
   descriptor for the mapping's life (before Python 3.13's ``trackfd``), and a forked child (a
   training process forks DataLoader workers) inherits both the mapping and the descriptor: it would
-  hold a removed file's tmpfs pages for its own life. Here the descriptor is the caller's (closed
-  at once) and the range is ``MADV_DONTFORK``.
+  hold a removed file's tmpfs pages for its own life. Here the descriptor is the caller's (opened
+  with :func:`~tierstore.tiers.forks.open_unshared` and closed at once), and the range is
+  ``MADV_DONTFORK`` before any fork can see it.
 * **Page tables filled in one call**, not one fault per page on gloo's thread: 256 MiB of a tmpfs
   file is 65,536 pages (a spare's all at once, between rounds; a sent file's a message ahead of
   gloo, :func:`populate_for_reading`).
@@ -25,8 +26,10 @@ import mmap
 import os
 from typing import Protocol, cast
 
+from tierstore.tiers.forks import no_fork
+
 _MADV_POPULATE_READ = 22  # Linux >= 5.14: map every page in, for reading, with one call
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MADV_POPULATE_WRITE = 23  # the same, for writing (no page is copied in a shared mapping)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TMPFS_MAGIC = 0x01021994
@@ -43,9 +46,13 @@ class Mapping(Protocol):
 
 def map_shared(fd: int, size: int) -> Mapping:
     """Map ``size`` bytes of ``fd`` writable and shared (a write reaches the file), every page
-    present (``MAP_POPULATE``: for a shared mapping, read faults, no copy). ``OSError`` on failure.
-    """
-    return cast(Mapping, _map(fd, size, mmap.MAP_SHARED | _MAP_POPULATE))
+    present where the kernel can (``MADV_POPULATE_WRITE``: for a shared mapping, the file's own
+    pages, no copy). ``OSError`` on failure."""
+    mapping = _map(fd, size, mmap.MAP_SHARED)
+    # After the mapping is made, not by MAP_POPULATE within it: forks wait only for the mmap.
+    _libc().madvise(ctypes.c_void_p(ctypes.addressof(mapping)), ctypes.c_size_t(size),
+                    _MADV_POPULATE_WRITE)  # fmt: skip
+    return cast(Mapping, mapping)
 
 
 def map_private(fd: int, size: int) -> memoryview:
@@ -81,14 +88,15 @@ def is_tmpfs(directory: str) -> bool:
 
 def _map(fd: int, size: int, flags: int) -> ctypes.Array[ctypes.c_char]:
     libc = _libc()
-    address = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE, flags, fd,
-                        ctypes.c_long(0))  # fmt: skip
-    if address is None or address == _MAP_FAILED:
-        raise OSError(ctypes.get_errno(), f"mmap: {os.strerror(ctypes.get_errno())}")
-    if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), mmap.MADV_DONTFORK) != 0:
-        error = ctypes.get_errno()
-        libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
-        raise OSError(error, f"madvise: {os.strerror(error)}")
+    with no_fork():  # a child forked between the mmap and the madvise would inherit the mapping
+        address = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE, flags,
+                            fd, ctypes.c_long(0))  # fmt: skip
+        if address is None or address == _MAP_FAILED:
+            raise OSError(ctypes.get_errno(), f"mmap: {os.strerror(ctypes.get_errno())}")
+        if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), mmap.MADV_DONTFORK) != 0:
+            error = ctypes.get_errno()
+            libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+            raise OSError(error, f"madvise: {os.strerror(error)}")
     kind: type[ctypes.Array[ctypes.c_char]] = type(
         "Mapping", (ctypes.c_char * size,), {"close": _unmap, "__del__": _unmap}
     )

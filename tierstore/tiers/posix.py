@@ -41,6 +41,7 @@ from tierstore.tiers.durable import (
     temp_name_for,
     withdraw_name,
 )
+from tierstore.tiers.forks import close_unshared, open_unshared
 from tierstore.tiers.landing import Landing
 from tierstore.tiers.mapping import map_private
 
@@ -120,11 +121,21 @@ class PosixTier(Tier):
         """See :meth:`Tier.map_file` (:func:`~tierstore.tiers.mapping.map_private`: pages are
         shared with the page cache until written, a write never reaches the file, the page tables
         are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
-        with self._open_for_reading(path) as file, self._reading(path):
-            size = os.fstat(file.fileno()).st_size
-            if size == 0:
-                return memoryview(b"")  # an empty file cannot be mapped
-            return map_private(file.fileno(), size)
+        real = str(self._path(path))
+        with self._reading(path):
+            try:  # a descriptor no forked child keeps (tierstore.tiers.forks)
+                fd = open_unshared(real, os.O_RDONLY)
+            except NotADirectoryError as exc:  # a path through a foreign file
+                raise FileNotFoundError(errno.ENOENT, "no such file", real) from exc
+            try:
+                found = os.fstat(fd)
+                if stat.S_ISDIR(found.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "a directory, not a file", real)
+                if found.st_size == 0:
+                    return memoryview(b"")  # an empty file cannot be mapped
+                return map_private(fd, found.st_size)
+            finally:
+                close_unshared(fd)
 
     def own_directory(self, path: str) -> OwnedDirectory:
         """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,

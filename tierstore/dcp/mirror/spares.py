@@ -42,6 +42,7 @@ from tierstore.ids import writer_staging_dir
 from tierstore.owners import owner_dir_name
 from tierstore.runtime import finalize
 from tierstore.tiers import Tier
+from tierstore.tiers.forks import close_unshared, open_unshared
 from tierstore.tiers.mapping import Mapping, is_tmpfs, map_shared
 
 logger = logging.getLogger(__name__)
@@ -164,14 +165,14 @@ class Spares:
 
     def _reserve(self, size: int) -> str:
         path = os.path.join(self._home(), f"mirror-spare-{uuid.uuid4().hex[:12]}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_unshared(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError:
-            os.close(fd)
+            close_unshared(fd)
             _unlink(path)
             raise
-        os.close(fd)
+        close_unshared(fd)
         return path
 
     def _map(self, path: str, size: int) -> None:
@@ -186,13 +187,13 @@ class Spares:
         if not self._tmpfs or not size:
             return
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = open_unshared(path, os.O_RDWR)  # a child forked meanwhile does not keep it
             try:
                 if os.fstat(fd).st_size != size:  # a page past the end would be a SIGBUS
                     return
                 self._maps[path] = map_shared(fd, size)
             finally:
-                os.close(fd)  # the mapping keeps no descriptor: a forked child would inherit it
+                close_unshared(fd)  # the mapping keeps no descriptor
         except OSError as exc:
             logger.info("peer mirror: spare %s not mapped (%s): it lands by copy", path, exc)
 
