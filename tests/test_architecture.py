@@ -19,7 +19,7 @@ LAYERS = {
     "tierstore.checksum": 0, "tierstore.signing": 0, "tierstore.topology": 0,
     "tierstore.owners": 0,
     "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0, "tierstore.bounded": 0,
-    "tierstore.killpoints": 0, "tierstore.runtime": 0,
+    "tierstore.killpoints": 0, "tierstore.runtime": 0, "tierstore.forks": 0, "tierstore.mapping": 0,
     "tierstore.progress": 0,
     "tierstore.save_metrics": 0,
     "tierstore.tiers": 1,

@@ -19,9 +19,9 @@ from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.dcp.mirror.transport import CHUNK, bytes_of, post_send, receive_file, wait_all
 from tierstore.errors import IntegrityError
+from tierstore.mapping import is_tmpfs
 from tierstore.records.marker import FileEntry
 from tierstore.tiers.landing import Landing
-from tierstore.tiers.mapping import is_tmpfs
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20

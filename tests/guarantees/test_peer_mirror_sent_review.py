@@ -25,7 +25,7 @@ from tierstore import TieredWriter
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.dcp.mirror.transport import map_file
-from tierstore.tiers.mapping import populate_for_reading
+from tierstore.mapping import populate_for_reading
 from tierstore.tiers.memory import MemoryTier
 
 _SIZE = 16 * 2**20  # floats: a 64 MiB shard, four messages

@@ -21,7 +21,9 @@ from typing import Any
 from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
+from tierstore.forks import close_unshared, open_unshared
 from tierstore.killpoints import kill_point
+from tierstore.mapping import map_private
 from tierstore.owners import hold_owner_lock, owner_is_alive
 from tierstore.tiers.base import (
     Capabilities,
@@ -41,9 +43,7 @@ from tierstore.tiers.durable import (
     temp_name_for,
     withdraw_name,
 )
-from tierstore.tiers.forks import close_unshared, open_unshared
 from tierstore.tiers.landing import Landing
-from tierstore.tiers.mapping import map_private
 
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 _ADVICE = {
@@ -118,12 +118,12 @@ class PosixTier(Tier):
         return str(self._path(path))
 
     def map_file(self, path: str) -> memoryview:
-        """See :meth:`Tier.map_file` (:func:`~tierstore.tiers.mapping.map_private`: pages are
+        """See :meth:`Tier.map_file` (:func:`~tierstore.mapping.map_private`: pages are
         shared with the page cache until written, a write never reaches the file, the page tables
         are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
         real = str(self._path(path))
         with self._reading(path):
-            try:  # a descriptor no forked child keeps (tierstore.tiers.forks)
+            try:  # a descriptor no forked child keeps (tierstore.forks)
                 fd = open_unshared(real, os.O_RDONLY)
             except NotADirectoryError as exc:  # a path through a foreign file
                 raise FileNotFoundError(errno.ENOENT, "no such file", real) from exc

@@ -38,12 +38,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from tierstore.forks import close_unshared, open_unshared
 from tierstore.ids import writer_staging_dir
+from tierstore.mapping import Mapping, is_tmpfs, map_shared
 from tierstore.owners import owner_dir_name
 from tierstore.runtime import finalize
 from tierstore.tiers import Tier
-from tierstore.tiers.forks import close_unshared, open_unshared
-from tierstore.tiers.mapping import Mapping, is_tmpfs, map_shared
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
+from tierstore.mapping import Mapping, populate_for_reading
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Landing, Tier
-from tierstore.tiers.mapping import Mapping, populate_for_reading
 
 CHUNK = 16 * 2**20
 """Bytes per gloo message: as fast on loopback as larger ones, and small enough that a

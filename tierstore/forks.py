@@ -21,7 +21,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-_guard = threading.Lock()
+_guard = threading.RLock()
+"""Reentrant: a garbage collection inside a guarded step may run a finalizer that closes one."""
 _unshared: set[int] = set()
 
 
