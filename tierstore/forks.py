@@ -44,8 +44,8 @@ def close_unshared(fd: int) -> None:
 
 @contextlib.contextmanager
 def no_fork() -> Iterator[None]:
-    """Hold forks (by any thread of this process) back while the block runs: keep it to a few
-    system calls, and never fork inside it (that would wait for itself)."""
+    """Hold forks (by any other thread of this process) back while the block runs: keep it to a
+    few system calls, and never fork inside it (that fork would split the step)."""
     with _guard:
         yield
 
