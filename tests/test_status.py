@@ -228,6 +228,7 @@ def shared_config(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]
     return path
 
 
+@pytest.mark.slow  # waits out probe timeouts on purpose (4 s): make test runs it, make quick does not
 @pytest.mark.timeout(60, method="thread")
 def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_forever(
     tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],

@@ -138,6 +138,7 @@ def test_the_listing_answers_as_a_head_each_across_generations_and_nesting(
     assert len(listed) == len(entries)
 
 
+@pytest.mark.slow  # over 1,000 objects written to moto first (6 s): make test runs it, make quick does not
 def test_a_generation_past_one_page_is_listed_whole(s3: Tier, s3_endpoint: str) -> None:
     """1,003 files in one generation: the listing takes two pages, and a missing or short file on
     either page is found as a HEAD would find it."""

@@ -291,6 +291,7 @@ def test_asking_for_a_missing_object_is_one_request(faulty: tuple[FaultyS3, S3Ti
         tier.stat("dir/missing.json")
 
 
+@pytest.mark.slow  # over 1,000 objects written to moto first (6 s): make test runs it, make quick does not
 def test_listing_pages_past_a_thousand_objects_without_building_s3fs(
     s3_endpoint: str, s3_bucket: str
 ) -> None:
