@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from tests.guarantees.test_peer_mirror_spares import fail_a_receive_after_taking_a_spare, spares_of
 from tests.mirror_jobs import memory_root
+from tests.process_files import mapped_inodes
 from tests.workers import run_ranks
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.spares import Spares
@@ -27,16 +28,6 @@ from tierstore.tiers.memory import MemoryTier
 MIB = 2**20
 SIZE = CHUNK + 3 * MIB + 5  # two messages, the second one short
 LANDED = "mirror/x/0/__1_0.distcp"
-
-
-def mapped_inodes() -> set[int]:
-    """The inodes of the files this process has mapped (``/proc/self/maps``)."""
-    inodes = set()
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and fields[4] != "0":
-            inodes.add(int(fields[4]))
-    return inodes
 
 
 def one_mapped_spare(root: Path, size: int) -> tuple[MemoryTier, Spares, int]:

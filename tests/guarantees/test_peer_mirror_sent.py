@@ -9,20 +9,10 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from tests.guarantees.test_peer_mirror_mapped import mapped_inodes
-from tests.mirror_jobs import become, memory_root, mirror_config, mirror_markers, shard_state
+from tests.mirror_jobs import become, mirror_config, mirror_markers, shard_state
+from tests.process_files import mapped_inodes, own_checkpoint_files
 from tests.workers import run_ranks
 from tierstore import TieredWriter
-
-
-def _own_files(root: Path, node: int, checkpoint_id: str) -> dict[int, str]:
-    """The inodes of ``node``'s own files of ``checkpoint_id`` in its memory tier (not mirrors,
-    not spares)."""
-    found = {}
-    for path in memory_root(root, node).rglob("*"):
-        if path.is_file() and checkpoint_id in path.parts and ".tierstore" not in path.parts:
-            found[path.stat().st_ino] = str(path)
-    return found
 
 
 def _save_and_check_released(rank: int, world: int, root: Path) -> None:
@@ -32,7 +22,7 @@ def _save_and_check_released(rank: int, world: int, root: Path) -> None:
         dcp.save(shard_state(rank, step, 400_000), storage_writer=writer,
                  checkpoint_id=f"step_{step}")  # fmt: skip
         assert writer.wait_mirrored(60), f"rank {rank}: step_{step} not mirrored"
-        own = _own_files(root, rank, f"step_{step}")
+        own = own_checkpoint_files(root, rank, f"step_{step}")
         assert own, f"rank {rank}: no own files of step_{step} found"
         deadline = time.monotonic() + 10
         while (still := own.keys() & mapped_inodes()) and time.monotonic() < deadline:

@@ -11,15 +11,17 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from tests.forked import in_forked_child
-from tests.guarantees.test_peer_mirror_mapped import mapped_inodes
 from tests.mirror_jobs import become, memory_root, mirror_config, mirror_markers, shard_state
+from tests.process_files import mapped_inodes, open_inodes, own_checkpoint_files
 from tests.workers import run_ranks
 from tierstore import TieredWriter
 from tierstore.config import Config
@@ -31,29 +33,11 @@ from tierstore.tiers.memory import MemoryTier
 _SIZE = 16 * 2**20  # floats: a 64 MiB shard, four messages
 
 
-def _own_inodes(root: Path, node: int, checkpoint_id: str) -> dict[int, str]:
-    return {
-        p.stat().st_ino: str(p)
-        for p in memory_root(root, node).rglob("*")
-        if p.is_file() and checkpoint_id in p.parts and ".tierstore" not in p.parts
-    }
-
-
-def _open_inodes() -> set[int]:
-    inodes = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            inodes.add(os.stat(f"/proc/self/fd/{name}").st_ino)
-        except OSError:
-            continue  # the listing's own descriptor
-    return inodes
-
-
 def _fork_while_sending(rank: int, world: int, root: Path) -> None:
     become(rank)
     writer = TieredWriter(mirror_config(root, lower=()), node=rank)
     dcp.save(shard_state(rank, 1, _SIZE), storage_writer=writer, checkpoint_id="step_1")
-    own = _own_inodes(root, rank, "step_1")
+    own = own_checkpoint_files(root, rank, "step_1")
     deadline = time.monotonic() + 30
     while not own.keys() & mapped_inodes():  # the round maps the files it sends
         assert time.monotonic() < deadline, f"rank {rank}: never saw a sent file mapped"
@@ -108,7 +92,7 @@ def _killed_peer_job(rank: int, world: int, store: str, config: Config, root: Pa
     except BaseException as exc:  # noqa: BLE001 - the peer may die before DCP's last broadcast
         said.append(f"save: {exc}")
     writer.wait_mirrored(60)
-    own = _own_inodes(root, 0, "step_1")
+    own = own_checkpoint_files(root, 0, "step_1")
     deadline = time.monotonic() + 2
     while (still := own.keys() & mapped_inodes()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -121,11 +105,24 @@ def test_a_round_whose_sending_failed_lets_go_of_the_sent_files(tmp_path: Path, 
     """A peer killed while this rank sends: the send fails, the round ends (reduced redundancy),
     and the files it was sending are unmapped after the round, as after one that succeeded (not
     at some later garbage collection: a removed file's tmpfs pages would stay held till then)."""
+    killed, result = _until_rank_0_reports(_killed_peer_job, tmp_path, shm)
+    assert killed == -signal.SIGKILL
+    assert result["own"], "rank 0 saved no files"
+    assert any("sending" in line for line in result["said"]), (
+        f"the peer died after rank 0's sends were out (not the case under test): {result['said']}"
+    )
+    assert not result["still"], f"rank 0 still maps the files it sent: {result['still']}"
+
+
+def _until_rank_0_reports(
+    job: Callable[[int, int, str, Config, Path], None], tmp_path: Path, shm: Path
+) -> tuple[int | None, dict[str, Any]]:
+    """Run ``job`` on two ranks (mirrored memory tiers in ``shm``, a 2 s mirror timeout) until rank 0
+    writes its ``result0.json``; kill both. Rank 1's exit code and rank 0's result."""
     config = mirror_config(shm, lower=(), timeout="2s")
     store = str(tmp_path / "store")
     context = mp.get_context("forkserver")
-    ranks = [context.Process(target=_killed_peer_job, args=(r, 2, store, config, shm))
-             for r in (0, 1)]  # fmt: skip
+    ranks = [context.Process(target=job, args=(r, 2, store, config, shm)) for r in (0, 1)]
     for process in ranks:
         process.start()
     result_file = shm / "result0.json"
@@ -135,18 +132,12 @@ def test_a_round_whose_sending_failed_lets_go_of_the_sent_files(tmp_path: Path, 
             assert time.monotonic() < deadline, "rank 0 never ended its round"
             assert ranks[0].exitcode is None, "rank 0 died"
             time.sleep(0.05)
-        time.sleep(0.1)
+        time.sleep(0.1)  # the file is written whole: let its writer finish
     finally:
         for process in ranks:
             process.kill()
             process.join()
-    assert ranks[1].exitcode == -signal.SIGKILL
-    result = json.loads(result_file.read_text())
-    assert result["own"], "rank 0 saved no files"
-    assert any("sending" in line for line in result["said"]), (
-        f"the peer died after rank 0's sends were out (not the case under test): {result['said']}"
-    )
-    assert not result["still"], f"rank 0 still maps the files it sent: {result['still']}"
+    return ranks[1].exitcode, json.loads(result_file.read_text())
 
 
 def _deleted_mappings(root: Path) -> list[str]:
@@ -158,7 +149,7 @@ def _deleted_mappings(root: Path) -> list[str]:
 
 
 def _die_once_sending(root: Path) -> None:
-    while not _own_inodes(root, 1, "step_2").keys() & mapped_inodes():
+    while not own_checkpoint_files(root, 1, "step_2").keys() & mapped_inodes():
         time.sleep(0.0005)
     os.kill(os.getpid(), signal.SIGKILL)  # this rank's round is sending: the peer receives
 
@@ -195,26 +186,9 @@ def test_a_round_cut_short_while_receiving_into_a_mapped_spare_lets_go_of_it(
 ) -> None:
     """The peer dies in the second round (files land in mapped spares): after the round no removed
     file, sent or received, is still mapped (its tmpfs pages would stay held)."""
-    config = mirror_config(shm, lower=(), timeout="2s")
-    store = str(tmp_path / "store")
-    context = mp.get_context("forkserver")
-    ranks = [context.Process(target=_killed_in_second_round, args=(r, 2, store, config, shm))
-             for r in (0, 1)]  # fmt: skip
-    for process in ranks:
-        process.start()
-    result_file = shm / "result0.json"
-    try:
-        deadline = time.monotonic() + 60
-        while not result_file.exists():
-            assert time.monotonic() < deadline, "rank 0 never ended its rounds"
-            assert ranks[0].exitcode is None, "rank 0 died"
-            time.sleep(0.05)
-    finally:
-        for process in ranks:
-            process.kill()
-            process.join()
-    assert ranks[1].exitcode == -signal.SIGKILL, "rank 1 was not killed in the second round"
-    still = json.loads(result_file.read_text())["still"]
+    killed, result = _until_rank_0_reports(_killed_in_second_round, tmp_path, shm)
+    assert killed == -signal.SIGKILL, "rank 1 was not killed in the second round"
+    still = result["still"]
     assert not still, f"rank 0 still maps removed files: {still}"
 
 
@@ -241,11 +215,11 @@ def test_a_child_forked_while_a_sent_file_is_being_mapped_holds_no_descriptor_of
     try:
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            statuses.append(in_forked_child(lambda: 4 if inode in _open_inodes() else 0))
+            statuses.append(in_forked_child(lambda: 4 if inode in open_inodes() else 0))
     finally:
         stop.set()
         sender.join()
-    assert inode not in _open_inodes(), "the file is kept open (not only while being mapped)"
+    assert inode not in open_inodes(), "the file is kept open (not only while being mapped)"
     held = sum(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 4 for s in statuses)
     assert all(os.WIFEXITED(s) for s in statuses), "a forked child did not exit"
     assert not held, f"{held} of {len(statuses)} children forked meanwhile hold the file open"

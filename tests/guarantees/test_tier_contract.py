@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.forked import in_forked_child
+from tests.process_files import mapped_inodes, open_inodes
 from tierstore.tiers import Tier, make_tier
 
 KINDS = ["memory", "local", "shared", "s3", "dict"]
@@ -216,30 +217,15 @@ def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_chil
     tier.write_bytes("l/file", os.urandom(5 * 4096))
     inode = os.stat(tier.local_path("l/file")).st_ino  # type: ignore[attr-defined]
     view = tier.map_file("l/file")
-    assert inode in _mapped_inodes(), "the view is a mapping of the file"
-    assert inode not in _open_inodes(), "the mapping keeps a descriptor of the file open"
-    status = in_forked_child(lambda: 3 if inode in _mapped_inodes() else 0, deadline=30)
+    assert inode in mapped_inodes(), "the view is a mapping of the file"
+    assert inode not in open_inodes(), "the mapping keeps a descriptor of the file open"
+    status = in_forked_child(lambda: 3 if inode in mapped_inodes() else 0, deadline=30)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
         "the forked child holds the file's mapping"
     )
     assert bytes(view[:4096]) == tier.read_bytes("l/file")[:4096]
     del view
-    assert inode not in _mapped_inodes(), "the mapping outlived its last view"
-
-
-def _mapped_inodes() -> set[int]:
-    fields = (line.split() for line in Path("/proc/self/maps").read_text().splitlines())
-    return {int(f[4]) for f in fields if len(f) >= 6 and f[4] != "0"}
-
-
-def _open_inodes() -> set[int]:
-    inodes = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            inodes.add(os.stat(f"/proc/self/fd/{name}").st_ino)
-        except OSError:
-            continue  # the directory's own descriptor, closed meanwhile
-    return inodes
+    assert inode not in mapped_inodes(), "the mapping outlived its last view"
 
 
 def test_own_directory_is_locked_for_its_process_and_holds_its_files(tier: Tier) -> None:
@@ -297,9 +283,9 @@ def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier)
             Path(reserved).write_bytes(b"\0" * 8192)
         landing = tier.open_landing(f"l/landed-{spare}", 8192, reserved)
         inode = os.stat(landing.temp).st_ino
-        assert inode in _open_inodes(), "the landing is open while it receives"
+        assert inode in open_inodes(), "the landing is open while it receives"
         status = in_forked_child(
-            lambda inode=inode: 3 if inode in _open_inodes() else 0, deadline=30
+            lambda inode=inode: 3 if inode in open_inodes() else 0, deadline=30
         )
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
             f"the forked child holds the landing file open (spare: {spare})"
@@ -307,7 +293,7 @@ def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier)
         landing.write_at(0, memoryview(b"x" * 8192))
         tier.adopt(f"l/landed-{spare}", landing.seal())
         assert tier.read_bytes(f"l/landed-{spare}") == b"x" * 8192
-        assert inode not in _open_inodes(), "the sealed landing left its descriptor open"
+        assert inode not in open_inodes(), "the sealed landing left its descriptor open"
 
 
 def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
