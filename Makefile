@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TOOLS  := $(VENV)/.system-tools
 
 .PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput costs costs-large clean
 
@@ -27,6 +28,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
 
+# The system commands the tests run (faketime, fiu-run, promtool, ...): installed once as root where
+# missing, or the run stops before any test, naming them (tests/system-tools.txt lists them).
+$(TOOLS): tests/system-tools.txt tests/install-system-tools | $(STAMP)
+	tests/install-system-tools tests/system-tools.txt
+	touch $(TOOLS)
+
 demo: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
@@ -37,25 +44,25 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) $(TOOLS)
 	$(BIN)/pytest -q --durations=15
 
-quick: $(STAMP)
+quick: $(STAMP) $(TOOLS)
 	$(BIN)/pytest -q -n 2 -m "$(QUICK)" --durations=10
 
-procs: $(STAMP)
+procs: $(STAMP) $(TOOLS)
 	$(BIN)/pytest -q -m "procs and not s3server" --durations=15
 
-s3server: $(STAMP)
+s3server: $(STAMP) $(TOOLS)
 	$(BIN)/pytest -q -m s3server --durations=10
 
-faults: $(STAMP)
+faults: $(STAMP) $(TOOLS)
 	TIERSTORE_FAULT_SEEDS=$(FAULT_SEEDS) $(BIN)/pytest -q -m faults -s --durations=10
 
-soak: $(STAMP)
+soak: $(STAMP) $(TOOLS)
 	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py
 
-test: lint typecheck unit
+test: $(TOOLS) lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)

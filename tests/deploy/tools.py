@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.system_tools import system_tool as listed_system_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -23,11 +23,12 @@ def pip_tool(name: str) -> str:
 
 
 def system_tool(name: str, why: str) -> str:
-    """A tool the system may lack (kubectl, systemd-analyze): the test skips, naming it."""
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} is not installed: {why} not checked")
-    return found
+    """A system command (kubectl, systemd-analyze, promtool) that ``make test`` installs; a missing
+    one fails the test, naming what it would have checked (``why``), never skips it."""
+    try:
+        return listed_system_tool(name)
+    except AssertionError as missing:
+        raise AssertionError(f"{missing}; {why} cannot be checked") from None
 
 
 def assert_shellcheck_clean(script: Path) -> None:

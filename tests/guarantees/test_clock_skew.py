@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ import yaml
 from tests.conftest import open_uploads
 from tests.guarantees.test_concurrency import assert_audit_clean, loaded, paused_save, state_of
 from tests.s3server import SeaweedServer
+from tests.system_tools import system_tool
 from tierstore import TieredWriter, latest_committed
 from tierstore.audit import audit_all
 from tierstore.cli import main
@@ -75,13 +75,8 @@ SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 def faketime() -> str:
-    """The ``faketime`` wrapper; a missing one fails (it is part of the set-up, like a pip tool)."""
-    found = shutil.which("faketime")
-    assert found, (
-        "faketime is missing: the clock-skew tests run actors under Debian's faketime"
-        " (`apt-get install -y faketime`; .ci/run installs it)"
-    )
-    return found
+    """The ``faketime`` wrapper; a missing one fails (``make test`` installs it)."""
+    return system_tool("faketime")
 
 
 def offset_seconds(offset: str) -> float:

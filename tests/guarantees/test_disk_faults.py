@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tests.guarantees.disk_fault_child import train_state
+from tests.system_tools import system_tool
 from tierstore import TieredReader, TieredWriter, latest_committed, load_config
 from tierstore.ids import marker_path
 from tierstore.tiers.durable import is_temporary
@@ -77,12 +77,8 @@ FAULTS = {
 
 
 def fiu_run() -> str:
-    """The ``fiu-run`` binary; a failure, not a skip, without it (``.ci/run`` installs it)."""
-    found = shutil.which("fiu-run")
-    if found is None:
-        pytest.fail("fiu-run is missing: install Debian's fiu-utils (apt-get install fiu-utils;"
-                    " .ci/run does) to run the disk-fault tests")  # fmt: skip
-    return found
+    """The ``fiu-run`` binary; a failure, not a skip, without it (``make test`` installs it)."""
+    return system_tool("fiu-run")
 
 
 def local_config(tmp_path: Path, root: Path) -> Path:
