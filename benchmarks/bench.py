@@ -87,8 +87,7 @@ TARGETS = (
 )
 
 
-PHASES = ("stalls", "disk", "reads", "s3", "first", "mirror", "sweep", "goodput",
-          "s3real")  # fmt: skip
+PHASES = ("stalls", "disk", "reads", "s3", "first", "mirror", "sweep", "goodput", "s3real")
 """The parts of a run, in the order they run (``--phases``)."""
 
 
@@ -119,8 +118,14 @@ class Bench:
             elif kind == "shared":
                 tiers.append({"name": "pfs", "type": "shared", "path": str(self.disk / "pfs")})
             else:
-                tiers.append({"name": "s3", "type": "s3", "url": f"s3://{self.bucket}/tierstore",
-                              "endpoint_url": self.endpoint})  # fmt: skip
+                tiers.append(
+                    {
+                        "name": "s3",
+                        "type": "s3",
+                        "url": f"s3://{self.bucket}/tierstore",
+                        "endpoint_url": self.endpoint,
+                    }
+                )
         return config_from_dict({"namespace": namespace, "tiers": tiers})
 
     def sample(self, name: str, seconds: float, nbytes: int) -> None:
@@ -202,9 +207,7 @@ def phase_disk(bench: Bench, state: Any) -> None:
     for _ in range(bench.args.reps):
         write = timed(plain, remove_plain(str(bench.disk)))
         ours = timed(
-            lambda: dcp.save(
-                state, storage_writer=TieredWriter(local), checkpoint_id="step_000000"
-            ),
+            lambda: dcp.save(state, storage_writer=TieredWriter(local), checkpoint_id="step_000000"),
             lambda: delete_copy(nvme, "step_000000"),
         )
         theirs = timed(
@@ -217,9 +220,7 @@ def phase_disk(bench: Bench, state: Any) -> None:
         bench.pair("local save / plain write+fsync (bandwidth)", write / ours)
         bench.pair("local save / torch FileSystemWriter (bandwidth)", theirs / ours)
     bench.show(
-        "plain write+fsync, disk",
-        "tierstore save to local tier (sync)",
-        "torch FileSystemWriter save, disk",
+        "plain write+fsync, disk", "tierstore save to local tier (sync)", "torch FileSystemWriter save, disk"
     )
 
 
@@ -228,20 +229,13 @@ def phase_reads(bench: Bench, state: Any) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     nbytes = state_bytes(state)
-    print(
-        "restores (rounds of: plain read, tierstore restore; tmpfs then disk; torch FileSystemReader)"
-    )
+    print("restores (rounds of: plain read, tierstore restore; tmpfs then disk; torch FileSystemReader)")
     restored = zeros_like_state(state)
-    memory, local = (
-        bench.config("memory", namespace="async"),
-        bench.config("local", namespace="local"),
-    )
+    memory, local = (bench.config("memory", namespace="async"), bench.config("local", namespace="local"))
     memory_id = bench.extra["memory checkpoint"]
 
     def restore(config: Config, checkpoint_id: str) -> Any:
-        return lambda: dcp.load(
-            restored, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id
-        )
+        return lambda: dcp.load(restored, storage_reader=TieredReader(config), checkpoint_id=checkpoint_id)
 
     read_tmpfs, read_disk = plain_read(state, str(bench.shm)), plain_read(state, str(bench.disk))
     read_tmpfs()  # warm-up: every reader's destination memory is touched before it is timed
@@ -252,9 +246,7 @@ def phase_reads(bench: Bench, state: Any) -> None:
         plain_disk = timed(read_disk)
         from_local = timed(restore(local, "step_000000"))
         theirs = timed(
-            lambda: dcp.load(
-                restored, storage_reader=FileSystemReader(str(bench.disk / "torch-fs"))
-            )
+            lambda: dcp.load(restored, storage_reader=FileSystemReader(str(bench.disk / "torch-fs")))
         )
         measured = {
             "plain read, tmpfs": plain_tmpfs,
@@ -268,8 +260,13 @@ def phase_reads(bench: Bench, state: Any) -> None:
         bench.pair("restore from memory / plain tmpfs read (bandwidth)", plain_tmpfs / from_memory)
         bench.pair("restore from local / plain disk read (bandwidth)", plain_disk / from_local)
         bench.pair("restore from local / torch FileSystemReader (bandwidth)", theirs / from_local)
-    bench.show("plain read, tmpfs", "tierstore restore from memory", "plain read, disk (page cache)",
-               "tierstore restore from local", "torch FileSystemReader load, disk")  # fmt: skip
+    bench.show(
+        "plain read, tmpfs",
+        "tierstore restore from memory",
+        "plain read, disk (page cache)",
+        "tierstore restore from local",
+        "torch FileSystemReader load, disk",
+    )
     os.unlink(bench.shm / "plain.bin")
 
 
@@ -297,8 +294,10 @@ def phase_s3(bench: Bench) -> None:
     # moto serialises requests: more in flight only slows boto3 down (in the 2026-12-03 run, 10
     # took 1.15x the time of 4 to upload and 1.22x to download), so the trial stops at 8
     configs = {c: TransferConfig(multipart_chunksize=64 * 2**20, max_concurrency=c) for c in (4, 8)}
-    trial = {c: timed(lambda c=c: bench.s3.upload_file(source, bench.bucket, "boto3/try", Config=configs[c]))
-             for c in configs}  # fmt: skip
+    trial = {
+        c: timed(lambda c=c: bench.s3.upload_file(source, bench.bucket, "boto3/try", Config=configs[c]))
+        for c in configs
+    }
     best = min(trial, key=lambda c: trial[c])
     bench.extra["boto3 upload_file trial (concurrency: seconds)"] = trial
     landing = bench.shm / "boto3-download.bin"  # into memory, as a restore lands in tensors
@@ -306,8 +305,9 @@ def phase_s3(bench: Bench) -> None:
     def download(concurrency: int) -> None:
         bench.s3.download_file(bench.bucket, "boto3/try", str(landing), Config=configs[concurrency])
 
-    fetch_trial = {c: timed(lambda c=c: download(c), lambda: landing.unlink(missing_ok=True))
-                   for c in configs}  # fmt: skip
+    fetch_trial = {
+        c: timed(lambda c=c: download(c), lambda: landing.unlink(missing_ok=True)) for c in configs
+    }
     fetch_best = min(fetch_trial, key=lambda c: fetch_trial[c])
     bench.extra["boto3 download_file trial (concurrency: seconds)"] = fetch_trial
     restored = zeros_like_state(state)
@@ -316,12 +316,8 @@ def phase_s3(bench: Bench) -> None:
     # and for downloads: the same tuning for both sides (moto slows down with more in flight).
     memory = memory_config.tiers[0].model_dump()
     s3_tier = bench.config("s3", namespace="x").tiers[0].model_dump()
-    both = config_from_dict(
-        {"namespace": namespace, "tiers": [memory, {**s3_tier, "concurrency": best}]}
-    )
-    s3_only = config_from_dict(
-        {"namespace": namespace, "tiers": [{**s3_tier, "concurrency": fetch_best}]}
-    )
+    both = config_from_dict({"namespace": namespace, "tiers": [memory, {**s3_tier, "concurrency": best}]})
+    s3_only = config_from_dict({"namespace": namespace, "tiers": [{**s3_tier, "concurrency": fetch_best}]})
     s3 = make_tier(both.tiers[1], namespace=namespace, node=0)
     promoter = Promoter(both)  # one for every round, as the sidecar is: its clients are made once
     promotions: list[float] = []
@@ -339,46 +335,49 @@ def phase_s3(bench: Bench) -> None:
     timed(promote, lambda: delete_copy(s3, checkpoint_id))
     promotions.clear()
     for index in range(bench.args.s3_reps):  # each pair in turns: neither side always goes first
-        whole_pass, theirs = in_turns(index, [
-            lambda: timed(promote, lambda: delete_copy(s3, checkpoint_id)),
-            lambda: timed(lambda: bench.s3.upload_file(source, bench.bucket, "boto3/upload.bin",
-                                                       Config=configs[best])),
-        ])  # fmt: skip
-        ours = promotions[-1]
-        back, fetched = in_turns(index, [
-            lambda: timed(lambda: dcp.load(restored, storage_reader=TieredReader(s3_only),
-                                           checkpoint_id=checkpoint_id)),
-            lambda: timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True)),
-        ])  # fmt: skip
-        bench.sample("tierstore promotion memory -> s3", ours, data_bytes)
-        bench.sample(
-            "tierstore promoter pass (discovery, promotion, retention, gc)", whole_pass, data_bytes
+        whole_pass, theirs = in_turns(
+            index,
+            [
+                lambda: timed(promote, lambda: delete_copy(s3, checkpoint_id)),
+                lambda: timed(
+                    lambda: bench.s3.upload_file(
+                        source, bench.bucket, "boto3/upload.bin", Config=configs[best]
+                    )
+                ),
+            ],
         )
+        ours = promotions[-1]
+        back, fetched = in_turns(
+            index,
+            [
+                lambda: timed(
+                    lambda: dcp.load(
+                        restored, storage_reader=TieredReader(s3_only), checkpoint_id=checkpoint_id
+                    )
+                ),
+                lambda: timed(lambda: download(fetch_best), lambda: landing.unlink(missing_ok=True)),
+            ],
+        )
+        bench.sample("tierstore promotion memory -> s3", ours, data_bytes)
+        bench.sample("tierstore promoter pass (discovery, promotion, retention, gc)", whole_pass, data_bytes)
         bench.sample(f"boto3 upload_file, same bytes (concurrency {best})", theirs, biggest.size)
         bench.sample("tierstore restore from s3", back, nbytes)
-        bench.sample(f"boto3 download_file, same bytes (concurrency {fetch_best})", fetched,
-                     biggest.size)  # fmt: skip
+        bench.sample(f"boto3 download_file, same bytes (concurrency {fetch_best})", fetched, biggest.size)
         bench.pair(
-            "promotion to s3 / best boto3 upload (bandwidth)",
-            (theirs / biggest.size) / (ours / data_bytes),
+            "promotion to s3 / best boto3 upload (bandwidth)", (theirs / biggest.size) / (ours / data_bytes)
         )
         bench.pair(
-            "restore from s3 / best boto3 download (bandwidth)",
-            (fetched / biggest.size) / (back / nbytes),
+            "restore from s3 / best boto3 download (bandwidth)", (fetched / biggest.size) / (back / nbytes)
         )
         if index > 0:
             # torch's fsspec I/O is a second column only, 4-6x slower than the rest on moto (50 s a
             # round at 1 GiB): one round of it, beside the first round's restore.
             continue
         fs_save = timed(
-            lambda: dcp.save(
-                state, storage_writer=FsspecWriter(f"s3://{bench.bucket}/torch-fsspec")
-            )
+            lambda: dcp.save(state, storage_writer=FsspecWriter(f"s3://{bench.bucket}/torch-fsspec"))
         )
         fs_load = timed(
-            lambda: dcp.load(
-                restored, storage_reader=FsspecReader(f"s3://{bench.bucket}/torch-fsspec")
-            )
+            lambda: dcp.load(restored, storage_reader=FsspecReader(f"s3://{bench.bucket}/torch-fsspec"))
         )
         bench.sample("torch FsspecWriter save, s3", fs_save, nbytes)
         bench.sample("torch FsspecReader load, s3", fs_load, nbytes)
@@ -404,13 +403,21 @@ def phase_first_saves(bench: Bench) -> None:
         shift = index % len(kinds)  # no kind always runs right after another's exit
         for kind in kinds[shift:] + kinds[:shift]:
             done = subprocess.run(
-                [sys.executable, __file__, "--first-save", kind, "--size", bench.args.size,
-                 "--disk-dir", str(bench.shm)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            samples[kind].seconds.append(
-                json.loads(done.stdout.strip().splitlines()[-1])["stall_s"]
+                [
+                    sys.executable,
+                    __file__,
+                    "--first-save",
+                    kind,
+                    "--size",
+                    bench.args.size,
+                    "--disk-dir",
+                    str(bench.shm),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             )
+            samples[kind].seconds.append(json.loads(done.stdout.strip().splitlines()[-1])["stall_s"])
         bench.pair(
             "first-save stall / torch first-save stall",
             samples["tierstore"].seconds[-1] / samples["torch"].seconds[-1],
@@ -473,11 +480,18 @@ def phase_sweep(bench: Bench) -> list[dict[str, Any]]:
         local_s = statistics.median(
             timed(save_local, lambda n=nvme: delete_copy(n, "step_0")) for _ in range(3)
         )
-        rows.append({
-            "size": size, "bytes": nbytes, "tensors": len(list(tensors_of(state))),
-            "stall_s": statistics.median(stalls[1:]), "commit_s": statistics.median(commits[1:]),
-            "wait_s": statistics.median(waits[1:]), "local_save_s": local_s, "files_per_rank": files,
-        })  # fmt: skip
+        rows.append(
+            {
+                "size": size,
+                "bytes": nbytes,
+                "tensors": len(list(tensors_of(state))),
+                "stall_s": statistics.median(stalls[1:]),
+                "commit_s": statistics.median(commits[1:]),
+                "wait_s": statistics.median(waits[1:]),
+                "local_save_s": local_s,
+                "files_per_rank": files,
+            }
+        )
         row = rows[-1]
         print(
             f"  {size:>7}: stall {row['stall_s']:.3f} s, commit {row['commit_s']:.3f} s,"
@@ -501,9 +515,7 @@ def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
     for name, value in values.items():
         if name in TARGETS:
             op, target = TARGETS[name]
-            met = (
-                value <= target if op == "<=" else value >= target if op == ">=" else value < target
-            )
+            met = value <= target if op == "<=" else value >= target if op == ">=" else value < target
             out[name] = {
                 "value": value,
                 "target": f"{op} {target}",
@@ -511,12 +523,7 @@ def ratios(bench: Bench) -> dict[str, dict[str, Any]]:
                 "rounds": bench.pairs.get(name),
             }
         else:
-            out[name] = {
-                "value": value,
-                "target": "(reported)",
-                "met": None,
-                "rounds": bench.pairs.get(name),
-            }
+            out[name] = {"value": value, "target": "(reported)", "met": None, "rounds": bench.pairs.get(name)}
     return out
 
 
@@ -540,8 +547,11 @@ def run_with_state(bench: Bench, phases: set[str]) -> None:
     args = bench.args
     state = model_state(parse_size(args.size))
     count = len(list(tensors_of(state)))
-    print(f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
-          f" median of {args.reps} (S3: {args.s3_reps})", flush=True)  # fmt: skip
+    print(
+        f"state: {state_bytes(state) / 2**30:.2f} GiB in {count} tensors; {os.cpu_count()} cores;"
+        f" median of {args.reps} (S3: {args.s3_reps})",
+        flush=True,
+    )
     if "stalls" in phases:
         clocked("stalls", phase_stalls, bench, state)
     if "disk" in phases:
@@ -558,10 +568,19 @@ def run_goodput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     # torch's checkpoint process (PROCESS mode) logs every request at INFO on stderr: keep it aside
     with open(out / "goodput.log", "w") as log:
         subprocess.run(
-            [sys.executable, str(script), "--size", args.goodput_size, "--reps",
-             str(args.goodput_reps), "--out", str(out)],
-            check=True, stderr=log,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(script),
+                "--size",
+                args.goodput_size,
+                "--reps",
+                str(args.goodput_reps),
+                "--out",
+                str(out),
+            ],
+            check=True,
+            stderr=log,
+        )
     found: dict[str, Any] = json.loads((out / "goodput.json").read_text())
     return found
 
@@ -569,8 +588,7 @@ def run_goodput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 def run_s3_real(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Run ``s3_real.py`` (S3 on a real server) in a fresh process; its figures, as it wrote them."""
     script = Path(__file__).resolve().parent / "s3_real.py"
-    subprocess.run([sys.executable, str(script), "--size", args.s3_real_size, "--out", str(out)],
-                   check=True)  # fmt: skip
+    subprocess.run([sys.executable, str(script), "--size", args.s3_real_size, "--out", str(out)], check=True)
     found: dict[str, Any] = json.loads((out / "s3_real.json").read_text())
     return found
 
@@ -583,12 +601,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     gib = [row["bytes"] / 2**30 for row in rows]
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for key, label in (("stall_s", "async stall"), ("commit_s", "commit in memory tier"),
-                       ("local_save_s", "save to local tier (sync)")):  # fmt: skip
+    for key, label in (
+        ("stall_s", "async stall"),
+        ("commit_s", "commit in memory tier"),
+        ("local_save_s", "save to local tier (sync)"),
+    ):
         axis.plot(gib, [row[key] for row in rows], marker="o", label=label)
     for x, row in zip(gib, rows, strict=True):
-        axis.annotate(f"{row['files_per_rank']} files/rank", (x, row["local_save_s"]),
-                      textcoords="offset points", xytext=(0, 6), fontsize=7, ha="center")  # fmt: skip
+        axis.annotate(
+            f"{row['files_per_rank']} files/rank",
+            (x, row["local_save_s"]),
+            textcoords="offset points",
+            xytext=(0, 6),
+            fontsize=7,
+            ha="center",
+        )
     axis.set_xlabel("state size (GiB)")
     axis.set_ylabel("seconds (median)")
     axis.set_title("tierstore scale sweep (this machine)")
@@ -603,18 +630,15 @@ def main() -> None:
     parser.add_argument("--size", default="1GiB")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--s3-reps", type=int, default=3)
-    parser.add_argument(
-        "--first-reps", type=int, default=5, help="rounds of first saves (fresh processes)"
-    )
-    parser.add_argument(
-        "--gap", type=float, default=2.0, help="seconds of 'training' between saves"
-    )
+    parser.add_argument("--first-reps", type=int, default=5, help="rounds of first saves (fresh processes)")
+    parser.add_argument("--gap", type=float, default=2.0, help="seconds of 'training' between saves")
     parser.add_argument("--sweep", nargs="*", default=["256MiB", "512MiB", "1GiB", "2GiB"])
     parser.add_argument("--disk-dir", default=tempfile.gettempdir())
     parser.add_argument(
-        "--memory-dir", default="/dev/shm",
+        "--memory-dir",
+        default="/dev/shm",
         help="the tmpfs the memory tiers live in (e.g. one mounted with huge=within_size)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", default="bench-results")
     parser.add_argument(
         "--first-save", choices=["torch", "tierstore", "tierstore-prepared"], help=argparse.SUPPRESS
@@ -678,11 +702,7 @@ def main() -> None:
         verdict = {True: "met", False: "MISSED", None: ""}[row["met"]]
         print(f"  {name:<68} {row['value']:8.3f}  {row['target']:>10}  {verdict}")
     report = {
-        "machine": {
-            "cores": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "arguments": vars(args),
         "phase_seconds": PHASE_SECONDS,
         "results": {name: s.as_dict() for name, s in bench.results.items()},

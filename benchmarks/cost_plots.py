@@ -64,8 +64,7 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], out: Path) -> None:
                 continue
             sizes = [size for size, _ in points]
             panels[0][column].plot(sizes, [max(requests(c), 1) for _, c in points], "o-", label=op)
-            panels[1][column].plot(sizes, [max(c["seconds"], 1e-4) for _, c in points], "o-",
-                                   label=op)  # fmt: skip
+            panels[1][column].plot(sizes, [max(c["seconds"], 1e-4) for _, c in points], "o-", label=op)
         for row_index, unit in enumerate(("S3 requests + file operations", "seconds")):
             panel = panels[row_index][column]
             panel.set_xscale("log")

@@ -80,8 +80,7 @@ def dcp_save(job: Job, checkpoint_id: str) -> Callable[[], None]:
     state = {f"w{i}": torch.zeros(16) for i in range(8)}
 
     def save() -> None:
-        dcp.save(state, storage_writer=TieredWriter(job.config, tier="s3"),
-                 checkpoint_id=checkpoint_id)  # fmt: skip
+        dcp.save(state, storage_writer=TieredWriter(job.config, tier="s3"), checkpoint_id=checkpoint_id)
 
     return save
 
@@ -120,9 +119,7 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     # two minutes, were too old and the choice asked S3 for the copy).
     trust = trust_period(job.config.promote.interval)
     row["restore tier choice"] = job.measure(
-        lambda: choose_copy(
-            tiers, newest, node=0, verify=False, collective=False, sighting_trust=trust
-        )
+        lambda: choose_copy(tiers, newest, node=0, verify=False, collective=False, sighting_trust=trust)
     )
     listed: list[int] = []
     row["tierstore ls"] = job.measure(  # the CLI's default page
@@ -165,18 +162,24 @@ def seaweed_point(s3: CountingS3, ops: FileOps, root: Path, retained: int) -> di
             row[name] = round(sorted(seconds)[1], 3)
     print(
         f"  SeaweedFS, {retained} x 4 tiers: "
-        + ", ".join(
-            f"{k} {v:.3f} s" for k, v in row.items() if k not in ("retained", "ranks", "setup_s")
-        )
+        + ", ".join(f"{k} {v:.3f} s" for k, v in row.items() if k not in ("retained", "ranks", "setup_s"))
     )
     return row
 
 
 LS_PAGE = 50
 """``tierstore ls``'s default ``--limit``."""
-OPERATIONS = ("latest_committed", "restore tier choice", "promoter idle pass",
-              "promoter full-scan pass", "tierstore ls",
-              "ls --limit 0", "protocol save to s3", "dcp.save to s3", "promoter first pass")  # fmt: skip
+OPERATIONS = (
+    "latest_committed",
+    "restore tier choice",
+    "promoter idle pass",
+    "promoter full-scan pass",
+    "tierstore ls",
+    "ls --limit 0",
+    "protocol save to s3",
+    "dcp.save to s3",
+    "promoter first pass",
+)
 
 
 def show(rows: list[dict[str, Any]], axis: str) -> None:
@@ -184,8 +187,10 @@ def show(rows: list[dict[str, Any]], axis: str) -> None:
     print(f"\n{axis:>9}  " + "  ".join(f"{op[:22]:>22}" for op in OPERATIONS))
     print(f"{'':>9}  " + "  ".join(f"{'S3  files  seconds':>22}" for _ in OPERATIONS))
     for row in rows:
-        cells = [f"{r['s3']:>5} {r['file_ops']:>6} {r['seconds']:>8.3f}" if r else "-"
-                 for r in (row.get(op) for op in OPERATIONS)]  # fmt: skip
+        cells = [
+            f"{r['s3']:>5} {r['file_ops']:>6} {r['seconds']:>8.3f}" if r else "-"
+            for r in (row.get(op) for op in OPERATIONS)
+        ]
         print(f"{row[axis]:>9}  " + "  ".join(f"{c:>22}" for c in cells), flush=True)
 
 

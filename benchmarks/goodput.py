@@ -65,10 +65,7 @@ MODES = {"thread": AsyncCheckpointerType.THREAD, "process": AsyncCheckpointerTyp
 def make_variants(root: Path) -> tuple[list[Variant], list[Any]]:
     """Every variant (a baseline before each executor's four), and what to close at the end."""
     config = config_from_dict(
-        {
-            "namespace": "goodput",
-            "tiers": [{"name": "ram", "type": "memory", "path": str(root / "ram")}],
-        }
+        {"namespace": "goodput", "tiers": [{"name": "ram", "type": "memory", "path": str(root / "ram")}]}
     )
     tier = make_tier(config.tiers[0], namespace="goodput", node=0)
     variants: list[Variant] = []
@@ -158,17 +155,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| target | tierstore | torch best | |", "| --- | ---: | ---: | --- |"]
     for name, row in report["targets"].items():
         verdict = "met" if row["met"] else "missed"
-        lines.append(
-            f"| {name} | {100 * row['value']:.1f} % | {100 * row['target']:.1f} % | {verdict} |"
-        )
+        lines.append(f"| {name} | {100 * row['value']:.1f} % | {100 * row['target']:.1f} % | {verdict} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--size", default="512MiB", help="training state (parameters + AdamW moments)"
-    )
+    parser.add_argument("--size", default="512MiB", help="training state (parameters + AdamW moments)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--every", type=int, default=5, help="steps between saves")
     parser.add_argument("--saves", type=int, default=3, help="saves per timed run")
@@ -181,9 +174,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="tierstore-goodput-", dir="/dev/shm"))
-    dist.init_process_group(
-        "gloo", init_method=f"file://{root / 'rendezvous'}", rank=0, world_size=1
-    )
+    dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=0, world_size=1)
     closing: list[Any] = []
     try:
         with quiet_warnings():
@@ -218,10 +209,7 @@ def measure(args: argparse.Namespace, root: Path, closing: list[Any]) -> dict[st
         repeat = []
         for variant in variants[shift:] + variants[:shift]:
             run = run_loop(trainer, variant, steps, args.every, tag=f"r{index}")
-            print(
-                f"  {run.variant:<32} {run.wall_s:7.2f} s, blocked {run.blocked_s:.3f} s",
-                flush=True,
-            )
+            print(f"  {run.variant:<32} {run.wall_s:7.2f} s, blocked {run.blocked_s:.3f} s", flush=True)
             repeat.append(run)
             time.sleep(args.settle)
         runs.append(repeat)
@@ -230,9 +218,7 @@ def measure(args: argparse.Namespace, root: Path, closing: list[Any]) -> dict[st
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "arguments": vars(args),
         "state_bytes": trainer.state_bytes(),
-        "step_s": statistics.mean(
-            row["wall_s"] for name, row in summary.items() if name.startswith(BASELINE)
-        )
+        "step_s": statistics.mean(row["wall_s"] for name, row in summary.items() if name.startswith(BASELINE))
         / steps,
         "summary": summary,
         "targets": verdicts(summary),

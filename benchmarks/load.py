@@ -46,10 +46,7 @@ class BackgroundLoad:
         return self
 
     def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         child = self._child
         if child is not None and child.stdin is not None:

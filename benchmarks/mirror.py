@@ -75,10 +75,16 @@ def phase_mirror(bench: Bench) -> None:
         flush=True,
     )
     job = MirrorJob(
-        size, reps, bench.args.gap, shm=str(bench.shm / "mirror"), disk=str(bench.disk / "mirror"),
-        endpoint=bench.endpoint, bucket=bench.bucket, prefix=PREFIX,
+        size,
+        reps,
+        bench.args.gap,
+        shm=str(bench.shm / "mirror"),
+        disk=str(bench.disk / "mirror"),
+        endpoint=bench.endpoint,
+        bucket=bench.bucket,
+        prefix=PREFIX,
         result=str(bench.disk / "mirror-result.json"),
-    )  # fmt: skip
+    )
     store = bench.disk / f"mirror-store-{os.urandom(4).hex()}"
     limit = 900 + 120 * (reps + 1) * max(1.0, size / 2**28)
     try:
@@ -168,9 +174,7 @@ def markdown(report: dict[str, Any]) -> str:
     """The phase's own tables (figures, then ratios) for docs/performance.md."""
 
     found = report["extra"]["mirror"]
-    overlapped = found.get(
-        "back to back: previous mirror still running at the timed save (per round)", []
-    )
+    overlapped = found.get("back to back: previous mirror still running at the timed save (per round)", [])
     lines = [
         f"Peer mirror: {WORLD} ranks on {WORLD} simulated nodes,"
         f" {found['state bytes per rank'] / 2**20:.0f} MiB of state per rank;"

@@ -49,8 +49,13 @@ from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
 TIMEOUT_S = 120.0
-WAYS = ("plain gloo", "sender maps the file", "tierstore transfer", "receive into a kept mapping",
-        "both: mapped file into a kept mapping")  # fmt: skip
+WAYS = (
+    "plain gloo",
+    "sender maps the file",
+    "tierstore transfer",
+    "receive into a kept mapping",
+    "both: mapped file into a kept mapping",
+)
 
 
 def rank_main(rank: int, size: int, rounds: int, root: str, store: str) -> None:
@@ -58,12 +63,13 @@ def rank_main(rank: int, size: int, rounds: int, root: str, store: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     peer = 1 - rank
     tier = make_tier(
-        config_from_dict({"tiers": [{"name": "ram", "type": "memory", "path": f"{root}/{rank}"}]},
-                         check_paths=False).tiers[0],
-        namespace="probe", node=rank,
-    )  # fmt: skip
-    source = torch.randint(0, 256, (size,), dtype=torch.uint8,
-                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+        config_from_dict(
+            {"tiers": [{"name": "ram", "type": "memory", "path": f"{root}/{rank}"}]}, check_paths=False
+        ).tiers[0],
+        namespace="probe",
+        node=rank,
+    )
+    source = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     tier.write_bytes("own/data.bin", memoryview(source.numpy()))
     entry_of_peer = FileEntry("data.bin", size, crc32c_of_peer(source))
     warm = torch.ones(size, dtype=torch.uint8)
@@ -77,13 +83,22 @@ def rank_main(rank: int, size: int, rounds: int, root: str, store: str) -> None:
         both(lambda: send(source), lambda: receive_into(warm, peer, crc=False))
 
     def sender_maps() -> None:
-        both(lambda: send(map_file(tier, "own/data.bin", size)),
-             lambda: receive_into(warm, peer, crc=False))  # fmt: skip
+        both(lambda: send(map_file(tier, "own/data.bin", size)), lambda: receive_into(warm, peer, crc=False))
 
     def tierstore_transfer() -> None:
-        both(lambda: send(map_file(tier, "own/data.bin", size)),
-             lambda: receive_file(tier, "peer/data.bin", entry_of_peer, peer, dist.group.WORLD,
-                                  first_tag=0, timeout_s=TIMEOUT_S, spares=spares))  # fmt: skip
+        both(
+            lambda: send(map_file(tier, "own/data.bin", size)),
+            lambda: receive_file(
+                tier,
+                "peer/data.bin",
+                entry_of_peer,
+                peer,
+                dist.group.WORLD,
+                first_tag=0,
+                timeout_s=TIMEOUT_S,
+                spares=spares,
+            ),
+        )
         # steady state: the landed file goes back as the next round's spare (retention's recycle)
         assert spares.recycle("peer/data.bin", size)
 
@@ -91,13 +106,14 @@ def rank_main(rank: int, size: int, rounds: int, root: str, store: str) -> None:
         both(lambda: send(source), lambda: receive_into(kept.tensor, peer, crc=True))
 
     def mapped_both_sides() -> None:
-        both(lambda: send(map_file(tier, "own/data.bin", size)),
-             lambda: receive_into(kept.tensor, peer, crc=True))  # fmt: skip
+        both(
+            lambda: send(map_file(tier, "own/data.bin", size)),
+            lambda: receive_into(kept.tensor, peer, crc=True),
+        )
 
     ways: dict[str, Callable[[], None]] = dict(
-        zip(WAYS, (plain, sender_maps, tierstore_transfer, kept_mapping, mapped_both_sides),
-            strict=True)
-    )  # fmt: skip
+        zip(WAYS, (plain, sender_maps, tierstore_transfer, kept_mapping, mapped_both_sides), strict=True)
+    )
     seconds: dict[str, list[float]] = {way: [] for way in WAYS}
     cpu: dict[str, list[float]] = {way: [] for way in WAYS}
     for index in range(rounds + 1):  # round 0 warms everything up: not counted
@@ -181,8 +197,10 @@ def report(seconds: dict[str, list[float]], cpu: dict[str, list[float]], size: i
     print(f"{'way':<30} {'median s':>9} {'CPU s':>7} {'vs plain gloo':>14}")
     for way in WAYS:
         ratio = statistics.median(b / s for b, s in zip(base, seconds[way], strict=True))
-        print(f"{way:<30} {statistics.median(seconds[way]):9.3f} "
-              f"{statistics.median(cpu[way]):7.3f} {ratio:14.2f}")  # fmt: skip
+        print(
+            f"{way:<30} {statistics.median(seconds[way]):9.3f} "
+            f"{statistics.median(cpu[way]):7.3f} {ratio:14.2f}"
+        )
 
 
 def main() -> None:

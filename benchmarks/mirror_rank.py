@@ -72,9 +72,13 @@ class RoundClock:
             finally:
                 share = round_.share
                 self.timings[share.checkpoint_id] = RoundTiming(
-                    share.checkpoint_id, share.generation, sum(f.size for f in share.files),
-                    started, time.monotonic(), self._transfers.pop(share.checkpoint_id, None),
-                )  # fmt: skip
+                    share.checkpoint_id,
+                    share.generation,
+                    sum(f.size for f in share.files),
+                    started,
+                    time.monotonic(),
+                    self._transfers.pop(share.checkpoint_id, None),
+                )
 
         def timed_exchange(state: Any) -> dict[int, str]:
             started = time.monotonic()
@@ -108,8 +112,12 @@ class Rank:
 
     def memory(self, name: str, *, mirror: bool) -> Config:
         """A memory tier under ``/dev/shm`` with one root per node, mirrored or not."""
-        tier: dict[str, Any] = {"name": "memory", "type": "memory", "keep": 1,
-                                "path": f"{self.job.shm}/{name}/mem/{{node}}"}  # fmt: skip
+        tier: dict[str, Any] = {
+            "name": "memory",
+            "type": "memory",
+            "keep": 1,
+            "path": f"{self.job.shm}/{name}/mem/{{node}}",
+        }
         if mirror:
             tier["mirror"] = {"timeout": WAIT_S}
         return config_from_dict({"tiers": [tier]}, check_paths=False)
@@ -123,8 +131,12 @@ class Rank:
         if kind == "shared":
             tier = {"name": "shared", "type": "shared", "path": f"{self.job.disk}/shared"}
         else:
-            tier = {"name": "s3", "type": "s3", "endpoint_url": self.job.endpoint,
-                    "url": f"s3://{self.job.bucket}/{self.job.prefix}"}  # fmt: skip
+            tier = {
+                "name": "s3",
+                "type": "s3",
+                "endpoint_url": self.job.endpoint,
+                "url": f"s3://{self.job.bucket}/{self.job.prefix}",
+            }
         return config_from_dict({"tiers": [tier]}, check_paths=False)
 
     def next_id(self) -> str:
@@ -188,7 +200,5 @@ def wait_mirrored(r: Rank, writer: TieredWriter, checkpoint_id: str) -> float:
     """Seconds ``wait_mirrored`` took; raises when the exchange outlasts :data:`WAIT_S`."""
     started = time.monotonic()
     if not writer.wait_mirrored(WAIT_S):
-        raise RuntimeError(
-            f"rank {r.rank}: mirror of {checkpoint_id} still running after {WAIT_S}s"
-        )
+        raise RuntimeError(f"rank {r.rank}: mirror of {checkpoint_id} still running after {WAIT_S}s")
     return time.monotonic() - started

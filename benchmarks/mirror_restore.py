@@ -40,8 +40,7 @@ def measure_restores(r: Rank) -> None:
     wait_mirrored(r, writer, checkpoint_id)
     check_mirrored(r, writer, checkpoint_id)
     for config in (shared, s3):
-        dcp.save(r.state, storage_writer=TieredWriter(config, node=r.rank),
-                 checkpoint_id=checkpoint_id)  # fmt: skip
+        dcp.save(r.state, storage_writer=TieredWriter(config, node=r.rank), checkpoint_id=checkpoint_id)
     lost_root = Path(f"{r.job.shm}/restore/mem/{LOST}")
     target = zeros_like_state(r.state)
     sides: dict[str, tuple[Config, str, bool]] = {
@@ -60,9 +59,7 @@ def measure_restores(r: Rank) -> None:
                 for tensor in tensors_of(target):
                     tensor.zero_()
             seconds[name] = r.slowest(
-                restore(
-                    r, config, checkpoint_id, target, tier=tier, lost=lost_root if lose else None
-                )
+                restore(r, config, checkpoint_id, target, tier=tier, lost=lost_root if lose else None)
             )
             if not index:
                 check_equal(target, r.state, name)
@@ -71,14 +68,9 @@ def measure_restores(r: Rank) -> None:
         for name, value in seconds.items():
             r.sample(f"restore of both ranks, {name}", value, r.total_bytes)
         mirror = seconds[names[0]]
-        r.pair(
-            "lost-node restore: peer mirror / shared disk tier (bandwidth)",
-            seconds[names[2]] / mirror,
-        )
+        r.pair("lost-node restore: peer mirror / shared disk tier (bandwidth)", seconds[names[2]] / mirror)
         r.pair("lost-node restore: peer mirror / s3 (bandwidth)", seconds[names[3]] / mirror)
-        r.pair(
-            "lost-node restore: peer mirror / intact memory (bandwidth)", seconds[names[1]] / mirror
-        )
+        r.pair("lost-node restore: peer mirror / intact memory (bandwidth)", seconds[names[1]] / mirror)
     r.say("restores done")
 
 

@@ -54,17 +54,19 @@ def measure_throughput(r: Rank, writer: TieredWriter) -> None:
         moved = sum(sizes)
         r.sample("mirror exchange, whole round (both nodes' files)", whole, moved)
         r.sample("mirror exchange, file-transfer step only", transfer, moved)
-        r.sample("plain gloo isend/irecv, same bytes, both directions (best chunk size)", plain,
-                 moved)  # fmt: skip
+        r.sample("plain gloo isend/irecv, same bytes, both directions (best chunk size)", plain, moved)
         r.sample("sync save into the mirrored memory tier", r.slowest(saved), r.total_bytes)
         r.sample("wait_mirrored after the sync save returned", r.slowest(waited), moved)
         r.pair("mirror exchange / plain gloo send+recv (bandwidth)", plain / whole)
         r.pair("mirror file transfer / plain gloo send+recv (bandwidth)", plain / transfer)
         r.pair(CPU_RATIO, exchange_cpu / plain_cpu)
         r.extra.setdefault(CPU_SECONDS, []).append(
-            {"mirror exchange": round(exchange_cpu, 4), "plain gloo": round(plain_cpu, 4),
-             "bytes moved": moved}
-        )  # fmt: skip
+            {
+                "mirror exchange": round(exchange_cpu, 4),
+                "plain gloo": round(plain_cpu, 4),
+                "bytes moved": moved,
+            }
+        )
     r.say("throughput done")
 
 
@@ -108,10 +110,13 @@ def plain_exchange(send: torch.Tensor, receive: torch.Tensor, chunk: int) -> flo
     peer = 1 - dist.get_rank()
     dist.barrier()
     started = time.monotonic()
-    works = [dist.isend(send[s : s + chunk], dst=peer, tag=i)
-             for i, s in enumerate(range(0, send.numel(), chunk))]  # fmt: skip
-    works += [dist.irecv(receive[s : s + chunk], src=peer, tag=i)
-              for i, s in enumerate(range(0, receive.numel(), chunk))]  # fmt: skip
+    works = [
+        dist.isend(send[s : s + chunk], dst=peer, tag=i) for i, s in enumerate(range(0, send.numel(), chunk))
+    ]
+    works += [
+        dist.irecv(receive[s : s + chunk], src=peer, tag=i)
+        for i, s in enumerate(range(0, receive.numel(), chunk))
+    ]
     for work in works:
         assert work is not None
         work.wait()
@@ -137,16 +142,20 @@ def timed_async_save(r: Rank, writer: TieredWriter, *, back_to_back: bool) -> As
     if back_to_back:
         first = r.next_id()
         dcp.async_save(
-            r.state, storage_writer=writer, checkpoint_id=first,
+            r.state,
+            storage_writer=writer,
+            checkpoint_id=first,
             async_checkpointer_type=AsyncCheckpointerType.THREAD,
-        ).result()  # fmt: skip
+        ).result()
     checkpoint_id = r.next_id()
     running = not writer.wait_mirrored(0)
     started = time.perf_counter()
     future = dcp.async_save(
-        r.state, storage_writer=writer, checkpoint_id=checkpoint_id,
+        r.state,
+        storage_writer=writer,
+        checkpoint_id=checkpoint_id,
         async_checkpointer_type=AsyncCheckpointerType.THREAD,
-    )  # fmt: skip
+    )
     stall = time.perf_counter() - started
     future.result()
     committed = time.perf_counter() - started
@@ -193,10 +202,6 @@ def measure_stalls(r: Rank, mirrored: TieredWriter, unmirrored: TieredWriter) ->
             "stall, previous mirror still running / without mirror (THREAD)",
             stalls["mirror, back to back"] / stalls["no mirror, back to back"],
         )
-        r.pair(
-            "commit time with mirror / without (THREAD)", commits["mirror"] / commits["no mirror"]
-        )
-    r.extra["back to back: previous mirror still running at the timed save (per round)"] = (
-        overlapped[1:]
-    )
+        r.pair("commit time with mirror / without (THREAD)", commits["mirror"] / commits["no mirror"])
+    r.extra["back to back: previous mirror still running at the timed save (per round)"] = overlapped[1:]
     r.say("stalls done")

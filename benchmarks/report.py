@@ -27,7 +27,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"One run of `make bench` on this machine ({machine['cores']} cores, {machine['platform']},"
         f" torch {machine['torch']}); state {args['size']}, median of {args['reps']} rounds"
-        f" ({args['s3_reps']} for S3).",
+        f" ({args['s3_reps']} for S3)."
     ]
     if figures:
         lines += ["", *figure_table(report, figures)]

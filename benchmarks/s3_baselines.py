@@ -21,13 +21,7 @@ REGION = "us-east-1"
 
 
 def best_boto3(
-    client: Any,
-    move: str,
-    source: Path,
-    bucket: str,
-    key: str,
-    *,
-    cpu: dict[int, float] | None = None,
+    client: Any, move: str, source: Path, bucket: str, key: str, *, cpu: dict[int, float] | None = None
 ) -> dict[int, float]:
     """Seconds of ``move`` ("upload" or "download") of ``bucket/key`` at each concurrency; ``cpu``,
     when given, receives this process's CPU seconds (every thread) of each.
@@ -58,9 +52,7 @@ def _connector_fs(endpoint: str, reader_constructor: Any = None) -> Any:
     from s3torchconnector._s3client import S3Client
     from s3torchconnector.dcp import S3FileSystem
 
-    client = S3Client(
-        REGION, endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True)
-    )
+    client = S3Client(REGION, endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
     return S3FileSystem(REGION, s3_client=client, reader_constructor=reader_constructor)
 
 

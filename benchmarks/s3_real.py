@@ -100,9 +100,7 @@ class Run:
         self.ratios: dict[str, list[float]] = {}
         self.extra: dict[str, Any] = {}
 
-    def config(
-        self, *kinds: str, ram: str = "ram", prefix: str = "tierstore", **fields: str
-    ) -> Config:
+    def config(self, *kinds: str, ram: str = "ram", prefix: str = "tierstore", **fields: str) -> Config:
         """A configuration of ``kinds`` ("ram", "s3") in order, namespace ``bench``; the S3 tier
         at ``s3://bench/<prefix>`` with ``--tier``'s fields and ``fields``, the RAM tier in the
         run's ``<ram>`` directory."""
@@ -111,8 +109,12 @@ class Run:
             if kind == "ram":
                 tiers.append({"name": "ram", "type": "memory", "path": str(self.shm / ram)})
             else:
-                tier = {"name": "s3", "type": "s3", "url": f"s3://{BUCKET}/{prefix}",
-                        "endpoint_url": self.endpoint}  # fmt: skip
+                tier = {
+                    "name": "s3",
+                    "type": "s3",
+                    "url": f"s3://{BUCKET}/{prefix}",
+                    "endpoint_url": self.endpoint,
+                }
                 tiers.append({**tier, **fields_of(self.args.tier), **fields})
         return config_from_dict({"namespace": "bench", "tiers": tiers})
 
@@ -147,8 +149,9 @@ def boto3_best(run: Run, move: str, index: int, beside: str = "") -> float:
     """boto3's best time of the round for ``move``; every concurrency's time is kept (under names
     ending in ``beside``, when it is measured beside another group than the saves)."""
     cpu: dict[int, float] = {}
-    seconds = best_boto3(run.client, move, run.blob if move == "upload" else run.landing, BUCKET,
-                         "boto3/object.bin", cpu=cpu)  # fmt: skip
+    seconds = best_boto3(
+        run.client, move, run.blob if move == "upload" else run.landing, BUCKET, "boto3/object.bin", cpu=cpu
+    )
     for concurrency, value in seconds.items():
         run.time(f"boto3 {move}, concurrency {concurrency}{beside}", value, cpu[concurrency])
     return run.time(f"boto3 best {move}{beside}", min(seconds.values()))
@@ -159,30 +162,58 @@ def round_save_load(run: Run, index: int, connector: bool) -> None:
     s3_only = run.config("s3", prefix="saves")  # apart from the promotions' checkpoints
     ckpt, theirs = f"save-{index}", f"s3://{BUCKET}/s3tc/save-{index}"
     saves = [
-        lambda: run.time("tierstore dcp.save, S3 only", *timed_cpu(lambda: dcp.save(
-            run.state, storage_writer=TieredWriter(s3_only), checkpoint_id=ckpt))),
+        lambda: run.time(
+            "tierstore dcp.save, S3 only",
+            *timed_cpu(lambda: dcp.save(run.state, storage_writer=TieredWriter(s3_only), checkpoint_id=ckpt)),
+        ),
         lambda: boto3_best(run, "upload", index),
-    ]  # fmt: skip
+    ]
     loads = [
-        lambda: run.time("tierstore dcp.load, S3 only", timed(lambda: dcp.load(
-            run.restored, storage_reader=TieredReader(s3_only), checkpoint_id=ckpt))),
+        lambda: run.time(
+            "tierstore dcp.load, S3 only",
+            timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(s3_only), checkpoint_id=ckpt)),
+        ),
         lambda: boto3_best(run, "download", index),
-    ]  # fmt: skip
+    ]
     if connector:
-        saves.append(lambda: run.time("s3torchconnector dcp.save", *timed_cpu(lambda: dcp.save(
-            run.state, storage_writer=connector_writer(run.endpoint, theirs),
-            checkpoint_id=theirs))))  # fmt: skip
-        loads.append(lambda: run.time("s3torchconnector dcp.load", timed(lambda: dcp.load(
-            run.restored, storage_reader=connector_reader(run.endpoint, theirs),
-            checkpoint_id=theirs))))  # fmt: skip
+        saves.append(
+            lambda: run.time(
+                "s3torchconnector dcp.save",
+                *timed_cpu(
+                    lambda: dcp.save(
+                        run.state, storage_writer=connector_writer(run.endpoint, theirs), checkpoint_id=theirs
+                    )
+                ),
+            )
+        )
+        loads.append(
+            lambda: run.time(
+                "s3torchconnector dcp.load",
+                timed(
+                    lambda: dcp.load(
+                        run.restored,
+                        storage_reader=connector_reader(run.endpoint, theirs),
+                        checkpoint_id=theirs,
+                    )
+                ),
+            )
+        )
     for also in run.args.also:
         tried = run.config("s3", prefix=f"also-{also}", **fields_of([also]))
-        saves.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.save, S3 only, {also}",
-            *timed_cpu(lambda: dcp.save(run.state, storage_writer=TieredWriter(tried),
-                                   checkpoint_id=ckpt))))  # fmt: skip
-        loads.append(lambda tried=tried, also=also: run.time(f"tierstore dcp.load, S3 only, {also}",
-            timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(tried),
-                                   checkpoint_id=ckpt))))  # fmt: skip
+        saves.append(
+            lambda tried=tried, also=also: run.time(
+                f"tierstore dcp.save, S3 only, {also}",
+                *timed_cpu(
+                    lambda: dcp.save(run.state, storage_writer=TieredWriter(tried), checkpoint_id=ckpt)
+                ),
+            )
+        )
+        loads.append(
+            lambda tried=tried, also=also: run.time(
+                f"tierstore dcp.load, S3 only, {also}",
+                timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(tried), checkpoint_id=ckpt)),
+            )
+        )
     saved = rotated(index, saves)
     loaded = rotated(index, loads)
     for offset, also in enumerate(run.args.also, start=len(saves) - len(run.args.also)):
@@ -215,8 +246,10 @@ def promotion(run: Run, promoter: Promoter, ckpt: str, name: str) -> Callable[[]
 def round_promote_restore(run: Run, index: int, promoters: list[Promoter], ckpt: str) -> None:
     """A promotion memory -> S3 and a restore from S3, each against boto3's best of the round;
     each ``--also`` promoter's promotion beside the default's, in rotated order."""
-    names = ["tierstore promotion memory -> S3",
-             *(f"tierstore promotion memory -> S3, {also}" for also in run.args.also)]  # fmt: skip
+    names = [
+        "tierstore promotion memory -> S3",
+        *(f"tierstore promotion memory -> S3, {also}" for also in run.args.also),
+    ]
     runs = [promotion(run, p, ckpt, name) for p, name in zip(promoters, names, strict=True)]
     # boto3's best upload again, in this group: the server's speed drifts within a round (its
     # volumes fill, deleted objects wait for compaction), so a baseline minutes away is biased
@@ -229,12 +262,19 @@ def round_promote_restore(run: Run, index: int, promoters: list[Promoter], ckpt:
     behind_empty_ram = run.config("ram", "s3", ram="ram-empty")
 
     def restore() -> float:
-        return run.time("tierstore restore from S3 (RAM + S3, RAM empty)", timed(lambda: dcp.load(
-            run.restored, storage_reader=TieredReader(behind_empty_ram), checkpoint_id=ckpt)))  # fmt: skip
+        return run.time(
+            "tierstore restore from S3 (RAM + S3, RAM empty)",
+            timed(
+                lambda: dcp.load(
+                    run.restored, storage_reader=TieredReader(behind_empty_ram), checkpoint_id=ckpt
+                )
+            ),
+        )
 
     run.ratio("promotion memory -> S3 / boto3 best upload", promoted[0], upload)
-    restored, download = rotated(index, [restore, lambda: boto3_best(
-        run, "download", index, ", beside the restore")])  # fmt: skip
+    restored, download = rotated(
+        index, [restore, lambda: boto3_best(run, "download", index, ", beside the restore")]
+    )
     run.ratio("restore from S3 / boto3 best download", restored, download)
 
 
@@ -244,8 +284,10 @@ def round_ram(run: Run, index: int, ckpt: str) -> None:
 
     def restores(config: Config, name: str) -> Callable[[], float]:
         def go() -> float:
-            found = [timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(config),
-                                            checkpoint_id=ckpt)) for _ in range(RAM_RESTORES)]  # fmt: skip
+            found = [
+                timed(lambda: dcp.load(run.restored, storage_reader=TieredReader(config), checkpoint_id=ckpt))
+                for _ in range(RAM_RESTORES)
+            ]
             return run.time(name, statistics.median(found))
 
         return go
@@ -257,11 +299,14 @@ def round_ram(run: Run, index: int, ckpt: str) -> None:
 
         return go
 
-    ours, theirs = rotated(index, [restores(both, "restore from RAM, RAM + S3"),
-                                   restores(ram_only, "restore from RAM, RAM only")])  # fmt: skip
+    ours, theirs = rotated(
+        index,
+        [restores(both, "restore from RAM, RAM + S3"), restores(ram_only, "restore from RAM, RAM only")],
+    )
     run.ratio("restore from RAM: RAM + S3 / RAM only", ours, theirs)
-    ours, theirs = rotated(index, [latest(both, "latest_committed, RAM + S3"),
-                                   latest(ram_only, "latest_committed, RAM only")])  # fmt: skip
+    ours, theirs = rotated(
+        index, [latest(both, "latest_committed, RAM + S3"), latest(ram_only, "latest_committed, RAM only")]
+    )
     run.ratio("latest_committed: RAM + S3 / RAM only", ours, theirs)
 
 
@@ -273,8 +318,10 @@ def measure(run: Run) -> None:
     both = run.config("ram", "s3")
     # each --also promoter has a RAM tier of its own: promoters that share one record their
     # sightings of different S3 tiers under one name, and the RAM group's lookups then ask S3
-    alike = [run.config("ram", "s3", ram=f"ram-{n}", prefix=f"also-{also}", **fields_of([also]))
-             for n, also in enumerate(run.args.also)]  # fmt: skip
+    alike = [
+        run.config("ram", "s3", ram=f"ram-{n}", prefix=f"also-{also}", **fields_of([also]))
+        for n, also in enumerate(run.args.also)
+    ]
     promoted = "promoted"
     for config in [both, *alike]:
         dcp.save(run.state, storage_writer=TieredWriter(config), checkpoint_id=promoted)
@@ -294,24 +341,31 @@ def measure(run: Run) -> None:
         if not run.args.saves_only:
             round_promote_restore(run, index, promoters, promoted)
             round_ram(run, index, promoted)
-        print(f"  round {index + 1} of {run.args.rounds}: {time.perf_counter() - started:.0f} s",
-              flush=True)  # fmt: skip
+        print(f"  round {index + 1} of {run.args.rounds}: {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def report(run: Run) -> dict[str, Any]:
     """Medians of the times and of the per-round ratios, each ratio against its target."""
-    times = {name: {"median_s": statistics.median(v), "samples_s": v}
-             for name, v in run.times.items()}  # fmt: skip
+    times = {name: {"median_s": statistics.median(v), "samples_s": v} for name, v in run.times.items()}
     ratios = {}
     for name, values in run.ratios.items():
         value = statistics.median(values)
         target = TARGETS.get(name)
-        ratios[name] = {"value": value, "target": f"<= {target}" if target else "(reported)",
-                        "met": None if target is None else value <= target, "rounds": values}  # fmt: skip
-    return {"bytes": run.nbytes, "tensors": run.args.tensors, "rounds": run.args.rounds,
-            "arguments": vars(run.args), "times": times, "ratios": ratios,
-            "cpu": {name: {"median_s": statistics.median(v), "samples_s": v}
-                    for name, v in run.cpu.items()}}  # fmt: skip
+        ratios[name] = {
+            "value": value,
+            "target": f"<= {target}" if target else "(reported)",
+            "met": None if target is None else value <= target,
+            "rounds": values,
+        }
+    return {
+        "bytes": run.nbytes,
+        "tensors": run.args.tensors,
+        "rounds": run.args.rounds,
+        "arguments": vars(run.args),
+        "times": times,
+        "ratios": ratios,
+        "cpu": {name: {"median_s": statistics.median(v), "samples_s": v} for name, v in run.cpu.items()},
+    }
 
 
 def show(found: dict[str, Any]) -> None:
@@ -335,12 +389,25 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--tier", action="append", default=[], metavar="KEY=VALUE",
-                        help="a field of every S3 tier (part_size=16MiB)")  # fmt: skip
-    parser.add_argument("--also", action="append", default=[], metavar="KEY=VALUE[,...]",
-                        help="one more S3-only save, load, promotion a round, these fields set")  # fmt: skip
-    parser.add_argument("--saves-only", action="store_true",
-                        help="only the dcp.save/dcp.load rounds (to try a change quickly)")  # fmt: skip
+    parser.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field of every S3 tier (part_size=16MiB)",
+    )
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,...]",
+        help="one more S3-only save, load, promotion a round, these fields set",
+    )
+    parser.add_argument(
+        "--saves-only",
+        action="store_true",
+        help="only the dcp.save/dcp.load rounds (to try a change quickly)",
+    )
     args = parser.parse_args()
     # the restore behind an empty RAM tier says at INFO/WARNING why it skips RAM: expected here
     logging.basicConfig(level=logging.ERROR)
@@ -353,8 +420,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
     workdir = Path(tempfile.mkdtemp(prefix="tierstore-seaweed-"))
-    print(f"S3 on a real server (SeaweedFS): {args.size} in {args.tensors} tensors,"
-          f" {args.rounds} rounds", flush=True)  # fmt: skip
+    print(
+        f"S3 on a real server (SeaweedFS): {args.size} in {args.tensors} tensors, {args.rounds} rounds",
+        flush=True,
+    )
     try:
         with seaweed_server(workdir) as server, quiet_warnings():
             client = server.client()

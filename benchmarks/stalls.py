@@ -99,10 +99,7 @@ def best_stager() -> DefaultStager:
     cuda = torch.cuda.is_available()
     return DefaultStager(
         StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=True,
-            use_async_staging=True,
-            use_non_blocking_copy=cuda,
+            use_pinned_memory=cuda, use_shared_memory=True, use_async_staging=True, use_non_blocking_copy=cuda
         )
     )
 
@@ -140,9 +137,7 @@ class Sides:
     def tierstore_save(self, name: str, writer: TieredWriter) -> None:
         self.count += 1
         checkpoint_id = f"step_{self.count:06d}"
-        self.times[name] = time_async_save(
-            self.state, storage_writer=writer, checkpoint_id=checkpoint_id
-        )
+        self.times[name] = time_async_save(self.state, storage_writer=writer, checkpoint_id=checkpoint_id)
         self.timings[name] = read_manifest(self.ram, checkpoint_id).timings
         if self.last_id is not None:
             delete_copy(self.ram, self.last_id)  # keep tmpfs use bounded
@@ -226,9 +221,7 @@ def record_round(bench: Bench, sides: Sides, nbytes: int, suffix: str) -> None:
         "torch best: upload_completion (committed)": best.committed,
         "tierstore default: async_save return (stall)": default.staged,
         "tierstore default: committed": default.committed,
-        "tierstore default: commit in memory tier (marker)": float(
-            timings["tierstore default"]["commit_s"]
-        ),
+        "tierstore default: commit in memory tier (marker)": float(timings["tierstore default"]["commit_s"]),
         "tierstore overlapped: async_save return": overlapped.returned,
         "tierstore overlapped: staging_completion (stall)": overlapped.staged,
         "tierstore overlapped: upload_completion (committed)": overlapped.committed,

@@ -50,8 +50,16 @@ def config_yaml(root: Path, proxy: str | None, bucket: str, ram: str = "ram") ->
     """A memory tier (in ``root/ram``), and (with ``proxy``) an S3 tier behind the fault proxy."""
     tiers = [{"name": "ram", "type": "memory", "path": str(root / ram), "keep": 2}]
     if proxy is not None:
-        tiers.append({"name": "s3", "type": "s3", "url": f"s3://{bucket}/run", "endpoint_url": proxy,
-                      "max_attempts": 3, "max_retry_time": "5s"})  # fmt: skip
+        tiers.append(
+            {
+                "name": "s3",
+                "type": "s3",
+                "url": f"s3://{bucket}/run",
+                "endpoint_url": proxy,
+                "max_attempts": 3,
+                "max_retry_time": "5s",
+            }
+        )
     body = {"tiers": tiers, "probe_timeout": "3s"}
     path = root / f"tierstore-{ram}-{'s3' if proxy else 'ram'}.yaml"
     path.write_text(json.dumps(body))  # JSON is YAML
@@ -79,15 +87,20 @@ def worker(kind: str, config_path: str, numel: int) -> dict[str, Any]:
             reader = TieredReader(config)
             dcp.load(state, storage_reader=reader, checkpoint_id=newest)
             loads.append(time.perf_counter() - started)
-        return {"latest_s": statistics.median(latest[1:]), "load_s": statistics.median(loads[1:]),
-                "latest_first_s": latest[0], "load_first_s": loads[0],
-                "tier": reader.chosen_tier}  # fmt: skip
+        return {
+            "latest_s": statistics.median(latest[1:]),
+            "load_s": statistics.median(loads[1:]),
+            "latest_first_s": latest[0],
+            "load_first_s": loads[0],
+            "tier": reader.chosen_tier,
+        }
     state = {"w": torch.rand(numel)}
     stalls, commits = [], []
     for step in range(SAVES):
         started = time.perf_counter()
-        future = dcp.async_save(state, storage_writer=TieredWriter(config),
-                                checkpoint_id=f"{kind}-{os.getpid()}-{step}")  # fmt: skip
+        future = dcp.async_save(
+            state, storage_writer=TieredWriter(config), checkpoint_id=f"{kind}-{os.getpid()}-{step}"
+        )
         stalls.append(time.perf_counter() - started)
         future.result()
         commits.append(time.perf_counter() - started)
@@ -97,8 +110,11 @@ def worker(kind: str, config_path: str, numel: int) -> dict[str, Any]:
 def run_worker(kind: str, config_path: str, numel: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--worker", kind, config_path, str(numel)],
-        capture_output=True, text=True, check=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -147,28 +163,19 @@ def measure(shm: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
     from tierstore import load_config
     from tierstore.promote.sidecar import Promoter
 
-    restore: dict[str, list[float]] = {
-        "latest": [],
-        "load": [],
-        "latest_first": [],
-        "load_first": [],
-    }
-    pooled: dict[str, dict[str, list[float]]] = {
-        m: {"stall": [], "commit": []} for m in ("pass", *FAULTS)
-    }
+    restore: dict[str, list[float]] = {"latest": [], "load": [], "latest_first": [], "load_first": []}
+    pooled: dict[str, dict[str, list[float]]] = {m: {"stall": [], "commit": []} for m in ("pass", *FAULTS)}
     first_commit: dict[str, list[float]] = {f: [] for f in ("healthy", *FAULTS)}
     for round_ in range(args.rounds):
         root = shm / f"round{round_}"
         root.mkdir()
-        with_s3, ram_only = (
-            config_yaml(root, proxy.endpoint, bucket),
-            config_yaml(root, None, bucket),
-        )
+        with_s3, ram_only = (config_yaml(root, proxy.endpoint, bucket), config_yaml(root, None, bucket))
         proxy.set_mode("pass")
         run_worker("save", with_s3, numel)  # checkpoints to restore
         Promoter(load_config(with_s3)).run_once()  # S3 sighted, as with the sidecar running
-        timed = {name: run_worker("restore", path, numel)
-                 for name, path in (("s3", with_s3), ("ram", ram_only))}  # fmt: skip
+        timed = {
+            name: run_worker("restore", path, numel) for name, path in (("s3", with_s3), ("ram", ram_only))
+        }
         for what in ("latest", "load", "latest_first", "load_first"):
             restore[what].append(timed["s3"][f"{what}_s"] / timed["ram"][f"{what}_s"])
         # Each variant saves into a memory tier of its own (the same conditions for all), in an
@@ -178,9 +185,7 @@ def measure(shm: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
         timings: dict[str, dict[str, list[float]]] = {}
         for mode in variants:
             proxy.set_mode(mode)
-            timings[mode] = run_worker(
-                "save", config_yaml(root, proxy.endpoint, bucket, mode), numel
-            )
+            timings[mode] = run_worker("save", config_yaml(root, proxy.endpoint, bucket, mode), numel)
             shutil.rmtree(root / mode)
             first_commit["healthy" if mode == "pass" else mode].append(timings[mode]["commits"][0])
         proxy.set_mode("pass")
@@ -188,10 +193,12 @@ def measure(shm: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
             for what in ("stall", "commit"):
                 pooled[mode][what] += timings[mode][f"{what}s"][1:]
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    rows = [("latest_committed, RAM + S3 vs RAM only", restore["latest"], 1.2),
-            ("restore from RAM, RAM + S3 vs RAM only", restore["load"], 1.2),
-            ("  the same, first call of a process", restore["latest_first"], 1.2),
-            ("  the same, first restore of a process", restore["load_first"], 1.2)]  # fmt: skip
+    rows = [
+        ("latest_committed, RAM + S3 vs RAM only", restore["latest"], 1.2),
+        ("restore from RAM, RAM + S3 vs RAM only", restore["load"], 1.2),
+        ("  the same, first call of a process", restore["latest_first"], 1.2),
+        ("  the same, first restore of a process", restore["load_first"], 1.2),
+    ]
     for fault in FAULTS:
         for what in ("stall", "commit"):
             ratio = statistics.median(pooled[fault][what]) / statistics.median(pooled["pass"][what])
@@ -202,12 +209,16 @@ def measure(shm: Path, proxy: FaultProxy, bucket: str, numel: int, args: Any) ->
             f"{row['figure']:<48} {row['ratio']:6.2f}x  target <= {row['target']}x"
             f"  {'met' if row['met'] else 'MISSED'}  rounds {[round(r, 2) for r in row['rounds']]}"
         )
-    medians = {mode: {what: statistics.median(pooled[mode][what]) for what in ("stall", "commit")}
-               for mode in ("pass", *FAULTS)}  # fmt: skip
+    medians = {
+        mode: {what: statistics.median(pooled[mode][what]) for what in ("stall", "commit")}
+        for mode in ("pass", *FAULTS)
+    }
     for mode, found in medians.items():
-        print(f"steady-state saves, S3 {'healthy' if mode == 'pass' else mode:<8} stall median"
-              f" {found['stall']:.3f}s, commit median {found['commit']:.3f}s"
-              f" ({len(pooled[mode]['stall'])} saves)")  # fmt: skip
+        print(
+            f"steady-state saves, S3 {'healthy' if mode == 'pass' else mode:<8} stall median"
+            f" {found['stall']:.3f}s, commit median {found['commit']:.3f}s"
+            f" ({len(pooled[mode]['stall'])} saves)"
+        )
     for name, values in first_commit.items():
         print(
             f"first save's commit (start-up look included), S3 {name:<8} "

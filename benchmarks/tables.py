@@ -20,10 +20,7 @@ def figure_table(report: dict[str, Any], names: list[str]) -> list[str]:
 
 def ratio_table(report: dict[str, Any], names: list[str]) -> list[str]:
     """Markdown lines: the ratios ``names`` against their targets."""
-    lines = [
-        "| ratio (median of per-round ratios) | value | target | |",
-        "| --- | ---: | ---: | --- |",
-    ]
+    lines = ["| ratio (median of per-round ratios) | value | target | |", "| --- | ---: | ---: | --- |"]
     for name in names:
         ratio = report["ratios"][name]
         verdict = {True: "met", False: "missed", None: ""}[ratio["met"]]

@@ -92,9 +92,7 @@ class Variant:
     drop: Callable[[str], None]
 
 
-def tierstore_variant(
-    name: str, writer: TieredWriter, tier: Tier, mode: AsyncCheckpointerType
-) -> Variant:
+def tierstore_variant(name: str, writer: TieredWriter, tier: Tier, mode: AsyncCheckpointerType) -> Variant:
     def save(state: dict[str, Any], checkpoint_id: str) -> Future[Any] | AsyncSaveResponse:
         return dcp.async_save(
             state, storage_writer=writer, checkpoint_id=checkpoint_id, async_checkpointer_type=mode
@@ -103,9 +101,7 @@ def tierstore_variant(
     return Variant(name, mode, save, lambda checkpoint_id: delete_copy(tier, checkpoint_id))
 
 
-def torch_variant(
-    name: str, root: Path, mode: AsyncCheckpointerType, stager: Any = None
-) -> Variant:
+def torch_variant(name: str, root: Path, mode: AsyncCheckpointerType, stager: Any = None) -> Variant:
     """torch's ``FileSystemWriter`` into ``root/<id>``; ``stager`` None is torch's default stager."""
 
     def save(state: dict[str, Any], checkpoint_id: str) -> Future[Any] | AsyncSaveResponse:

@@ -73,11 +73,16 @@ def write_config(work: Path, endpoint: str) -> Path:
         "tiers": [
             {"name": "ram", "type": "memory", "path": ram, "keep": 2},
             {"name": "nvme", "type": "local", "path": str(work / "nvme"), "keep": 3},
-            {"name": "s3", "type": "s3", "url": "s3://demo-checkpoints/runs",
-             "endpoint_url": endpoint, "keep": 10},
+            {
+                "name": "s3",
+                "type": "s3",
+                "url": "s3://demo-checkpoints/runs",
+                "endpoint_url": endpoint,
+                "keep": 10,
+            },
         ],
         "promote": {"every": 2},
-    }  # fmt: skip
+    }
     path = work / "tierstore.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -88,9 +93,7 @@ def restore(cfg: Config, checkpoint_id: str, expected: dict[str, torch.Tensor]) 
     state = state_of(fresh, fresh_opt, 0)
     reader = TieredReader(cfg)
     dcp.load(state, storage_reader=reader, checkpoint_id=checkpoint_id)
-    set_state_dict(
-        fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )
+    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     same = all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
     print(f"   loaded {checkpoint_id} (step {state['step']}) from tier '{reader.chosen_tier}'")
     print(f"   model identical to the one saved: {same}")
@@ -108,16 +111,18 @@ def run(work: Path, endpoint: str) -> None:
         for step_no in (10, 20, 30):
             loss = train(model, optimizer, 10)
             checkpoint_id = f"step_{step_no:06d}"
-            dcp.save(state_of(model, optimizer, step_no), storage_writer=TieredWriter(cfg),
-                     checkpoint_id=checkpoint_id)  # fmt: skip
+            dcp.save(
+                state_of(model, optimizer, step_no),
+                storage_writer=TieredWriter(cfg),
+                checkpoint_id=checkpoint_id,
+            )
             print(f"   step {step_no}: loss {loss:.4f}, committed {checkpoint_id} in ram")
 
     with step("train 10 more, dcp.async_save (the trainer is free as soon as it returns)"):
         loss = train(model, optimizer, 10)
         future = dcp.async_save(
-            state_of(model, optimizer, 40), storage_writer=TieredWriter(cfg),
-            checkpoint_id="step_000040",
-        )  # fmt: skip
+            state_of(model, optimizer, 40), storage_writer=TieredWriter(cfg), checkpoint_id="step_000040"
+        )
         with torch.no_grad():  # e.g. an evaluation pass overlaps the save
             model(torch.randn(32, 256))
         assert isinstance(future, Future)  # THREAD mode without a stager returns a Future
@@ -146,15 +151,16 @@ def run(work: Path, endpoint: str) -> None:
     with step("restore again: the next tier holding it (nvme)"):
         restore(cfg, latest, saved)
 
-    with step(
-        "tierstore advise --mtbf 1h --restart 1m: the save interval from the measured stalls"
-    ):
+    with step("tierstore advise --mtbf 1h --restart 1m: the save interval from the measured stalls"):
         tierstore_cli(["--config", str(path), "advise", "--mtbf", "1h", "--restart", "1m"])
 
     with step("train 5 more; the run's final checkpoint straight to s3 (tier='s3')"):
         train(model, optimizer, 5)
-        dcp.save(state_of(model, optimizer, 45), storage_writer=TieredWriter(cfg, tier="s3"),
-                 checkpoint_id="step_000045")  # fmt: skip
+        dcp.save(
+            state_of(model, optimizer, 45),
+            storage_writer=TieredWriter(cfg, tier="s3"),
+            checkpoint_id="step_000045",
+        )
         tierstore_cli(["--config", str(path), "ls"])
 
 

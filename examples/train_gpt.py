@@ -62,11 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--resume-from", default=None, metavar="ID",
-                        help="roll back to this checkpoint instead of the latest")  # fmt: skip
+    parser.add_argument(
+        "--resume-from", default=None, metavar="ID", help="roll back to this checkpoint instead of the latest"
+    )
     parser.add_argument("--async-mode", choices=("thread", "process"), default="thread")
-    parser.add_argument("--loss-band", type=float, default=3.0,
-                        help="veto a save whose loss exceeds N x its running average")  # fmt: skip
+    parser.add_argument(
+        "--loss-band", type=float, default=3.0, help="veto a save whose loss exceeds N x its running average"
+    )
     return parser
 
 
@@ -114,8 +116,7 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for micro in range(self.accumulate):
-            inputs, targets = self.corpus.batch(first + micro * self.args.micro_batch,
-                                                self.args.micro_batch)  # fmt: skip
+            inputs, targets = self.corpus.batch(first + micro * self.args.micro_batch, self.args.micro_batch)
             last = micro == self.accumulate - 1
             with contextlib.nullcontext() if last else model.no_sync():
                 logits = model(inputs.to(self.device))  # through DDP: its gradient hooks
@@ -132,8 +133,9 @@ class Trainer:
 
     def load(self, reader: TieredReader, checkpoint: str) -> None:
         """Restore the whole state from ``checkpoint`` (collective)."""
-        dcp.load({"train": self.state}, storage_reader=reader, checkpoint_id=checkpoint,
-                 planner=ResumePlanner())  # fmt: skip
+        dcp.load(
+            {"train": self.state}, storage_reader=reader, checkpoint_id=checkpoint, planner=ResumePlanner()
+        )
 
 
 class StopRequest:
@@ -145,8 +147,11 @@ class StopRequest:
     def agreed(self, device: torch.device) -> bool:
         """True on every rank when any rank was asked to stop (collective)."""
         if gpt.stop.received and not self.agreed_once:
-            logger.warning("rank %d: %s received: saving at this step, then exiting",
-                           dist.get_rank(), gpt.stop.received[0])  # fmt: skip
+            logger.warning(
+                "rank %d: %s received: saving at this step, then exiting",
+                dist.get_rank(),
+                gpt.stop.received[0],
+            )
         flag = torch.tensor([1 if gpt.stop.received else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.agreed_once = bool(flag.item())
@@ -199,9 +204,13 @@ def resume(trainer: Trainer, config_path: str, requested: str | None) -> tuple[s
     reader = TieredReader(config)
     trainer.load(reader, checkpoint)
     if trainer.rank == 0:
-        logger.info("resumed from %s%s, tier %s, in %.2f s", checkpoint,
-                    " (rollback: --resume-from)" if requested else "", reader.chosen_tier,
-                    time.monotonic() - started)  # fmt: skip
+        logger.info(
+            "resumed from %s%s, tier %s, in %.2f s",
+            checkpoint,
+            " (rollback: --resume-from)" if requested else "",
+            reader.chosen_tier,
+            time.monotonic() - started,
+        )
     return checkpoint, reader.chosen_tier or "-"
 
 
@@ -216,28 +225,39 @@ def train(args: argparse.Namespace) -> int:
     resumed_from, tier = resume(trainer, args.config, args.resume_from)
     progress = trainer.state.progress
     if log:
-        log.write(event="start", resumed_from=resumed_from, tier=tier, step=progress.step,
-                  samples_seen=progress.samples_seen, world_size=trainer.world,
-                  restore_s=round(time.monotonic() - started, 3))  # fmt: skip
+        log.write(
+            event="start",
+            resumed_from=resumed_from,
+            tier=tier,
+            step=progress.step,
+            samples_seen=progress.samples_seen,
+            world_size=trainer.world,
+            restore_s=round(time.monotonic() - started, 3),
+        )
     # A resumed run is the timeline from now on: an id it reaches again (left by an abandoned
     # timeline after a rollback, or a save this job could not restore) is replaced by a new
     # generation, and the old one stays loadable until the new one commits.
-    writer = TieredWriter(args.config, overwrite=True, check_finite=True,
-                          commit_gate=LossBandGate(band=args.loss_band))  # fmt: skip
+    writer = TieredWriter(
+        args.config, overwrite=True, check_finite=True, commit_gate=LossBandGate(band=args.loss_band)
+    )
     saver = Saver(writer, args.async_mode, log)
     if args.resume_from:
         # Commit the rollback point again, now the newest, straight into the last (durable) tier: a
         # crash before the next save, even one that loses the faster tiers, must resume this
         # timeline and never the abandoned one, whose later checkpoints sit in those tiers.
-        durable = TieredWriter(args.config, tier=load_config(args.config).tiers[-1].name,
-                               overwrite=True)  # fmt: skip
+        durable = TieredWriter(args.config, tier=load_config(args.config).tiers[-1].name, overwrite=True)
         saver.save(trainer.state, progress.step, final=True, writer=durable)
     stop_at = args.stop_after or args.steps
     while progress.step < stop_at:
         loss = trainer.step()
         if log:
-            log.write(event="step", step=progress.step, loss=loss,
-                      samples_seen=progress.samples_seen, world_size=trainer.world)  # fmt: skip
+            log.write(
+                event="step",
+                step=progress.step,
+                loss=loss,
+                samples_seen=progress.samples_seen,
+                world_size=trainer.world,
+            )
         stopping = stop.agreed(trainer.device)
         final = stopping or progress.step == stop_at
         if final or progress.step % args.save_every == 0:
@@ -262,18 +282,11 @@ class Saver:
     def __init__(self, writer: TieredWriter, mode: str, log: LossLog | None) -> None:
         self.writer, self.log = writer, log
         self.group = dist.new_group(backend="gloo")
-        self.mode = (
-            AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
-        )
+        self.mode = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
         self.pending: tuple[str, Future[Any]] | None = None
 
     def save(
-        self,
-        state: TrainState,
-        step: int,
-        *,
-        final: bool = False,
-        writer: TieredWriter | None = None,
+        self, state: TrainState, step: int, *, final: bool = False, writer: TieredWriter | None = None
     ) -> None:
         """Save ``state`` as :func:`checkpoint_id` of ``step``, after the previous save.
 
@@ -283,14 +296,26 @@ class Saver:
         """
         self.wait()
         if final:
-            self.pending = (checkpoint_id(step), _done_or_failed(lambda: dcp.save(
-                {"train": state}, storage_writer=writer or self.writer,
-                checkpoint_id=checkpoint_id(step), process_group=self.group)))  # fmt: skip
+            self.pending = (
+                checkpoint_id(step),
+                _done_or_failed(
+                    lambda: dcp.save(
+                        {"train": state},
+                        storage_writer=writer or self.writer,
+                        checkpoint_id=checkpoint_id(step),
+                        process_group=self.group,
+                    )
+                ),
+            )
             self.wait()
             return
-        future = dcp.async_save({"train": state}, storage_writer=self.writer,
-                                checkpoint_id=checkpoint_id(step), process_group=self.group,
-                                async_checkpointer_type=self.mode)  # fmt: skip
+        future = dcp.async_save(
+            {"train": state},
+            storage_writer=self.writer,
+            checkpoint_id=checkpoint_id(step),
+            process_group=self.group,
+            async_checkpointer_type=self.mode,
+        )
         assert isinstance(future, Future)  # no async_stager given: DCP returns a plain Future
         self.pending = (checkpoint_id(step), future)
 
@@ -345,9 +370,7 @@ def drill_entry(ctx: Any) -> Iterator[tuple[int, float]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags and train."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return train(build_parser().parse_args(argv))
 
 

@@ -75,9 +75,13 @@ def tier_specs(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., 
                 bucket = request.getfixturevalue("s3_bucket")
                 endpoint = request.getfixturevalue("s3_endpoint")
                 spec = {
-                    "name": name, "type": "s3", "url": f"s3://{bucket}/ckpt",
-                    "endpoint_url": endpoint, "max_attempts": 3, "part_size": "5MiB",
-                }  # fmt: skip
+                    "name": name,
+                    "type": "s3",
+                    "url": f"s3://{bucket}/ckpt",
+                    "endpoint_url": endpoint,
+                    "max_attempts": 3,
+                    "part_size": "5MiB",
+                }
             else:
                 node = "/{node}" if kind in ("memory", "local") else ""
                 spec = {"name": name, "type": kind, "path": str(tmp_path / f"{name}{node}")}
@@ -113,8 +117,11 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     def mount(size: str) -> Path:
         where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
         where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              capture_output=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            check=False,
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
         mounts.append(where)

@@ -15,11 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-from moto.moto_server.werkzeug_app import (
-    DomainDispatcherApplication,
-    MotoRequestHandler,
-    create_backend_app,
-)
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
 _ERRORS = {
@@ -49,16 +45,12 @@ class FaultInjector:
         self.seen: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def fail(
-        self, times: int, *, status: int = 503, method: str | None = None, path: str = ""
-    ) -> None:
+    def fail(self, times: int, *, status: int = 503, method: str | None = None, path: str = "") -> None:
         """Answer the next ``times`` matching requests with ``status``."""
         with self.lock:
             self.rules.append(Rule(method, path, times, status=status))
 
-    def slow(
-        self, times: int, seconds: float, *, method: str | None = None, path: str = ""
-    ) -> None:
+    def slow(self, times: int, seconds: float, *, method: str | None = None, path: str = "") -> None:
         """Delay the next ``times`` matching requests by ``seconds``."""
         with self.lock:
             self.rules.append(Rule(method, path, times, delay=seconds))
@@ -78,9 +70,7 @@ class FaultInjector:
                     return rule
         return None
 
-    def __call__(
-        self, environ: dict[str, Any], start_response: Callable[..., Any]
-    ) -> Iterable[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         query = environ.get("QUERY_STRING", "")
         rule = self._match(method, f"{path}?{query}")

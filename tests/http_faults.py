@@ -48,9 +48,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Literal, get_args
 from urllib.parse import urlsplit
 
-Fault = Literal[
-    "503", "500", "reset", "truncate", "slow", "flip_request", "flip_response", "flip_range"
-]
+Fault = Literal["503", "500", "reset", "truncate", "slow", "flip_request", "flip_response", "flip_range"]
 """A way to break one request (see the module docstring)."""
 FAULTS: tuple[Fault, ...] = tuple(f for f in get_args(Fault) if f != "flip_range")
 """The faults drawn unless others are asked for: every one but ``"flip_range"``."""
@@ -133,9 +131,7 @@ class HttpFaultProxy:
     def start(self) -> HttpFaultProxy:
         """Listen and serve on a background thread."""
         self._server = _Server(("127.0.0.1", 0), _Handler, self)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="http-faults", daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http-faults", daemon=True)
         self._thread.start()
         return self
 
@@ -253,9 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         fault = proxy.draw(self.command, self.path, body, ranged="Range" in self.headers)
         if fault == "503":
-            self._answer(
-                503, "Slow Down", error_body("SlowDown", "Please reduce your request rate.")
-            )
+            self._answer(503, "Slow Down", error_body("SlowDown", "Please reduce your request rate."))
             return
         if fault == "flip_request":
             body = _flipped(body, proxy.flip_position(len(body)))
@@ -308,9 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
             return response.status, response.reason, kept, answer
         raise AssertionError("unreachable")
 
-    def _send_head(
-        self, status: int, reason: str, headers: list[tuple[str, str]], length: int
-    ) -> None:
+    def _send_head(self, status: int, reason: str, headers: list[tuple[str, str]], length: int) -> None:
         self.send_response_only(status, reason)
         for name, value in headers:
             if name.lower() != "content-length" or self.command == "HEAD":

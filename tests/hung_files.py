@@ -30,5 +30,10 @@ def refusing_s3_tier(name: str = "s3") -> dict[str, Any]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
-    return {"name": name, "type": "s3", "url": "s3://away/ckpt", "max_attempts": 2,
-            "endpoint_url": f"http://127.0.0.1:{closed}"}  # fmt: skip
+    return {
+        "name": name,
+        "type": "s3",
+        "url": "s3://away/ckpt",
+        "max_attempts": 2,
+        "endpoint_url": f"http://127.0.0.1:{closed}",
+    }

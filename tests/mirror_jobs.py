@@ -25,9 +25,14 @@ def mirror_config(
 ) -> Config:
     """A memory tier (``{node}`` paths, mirrored) above node-local and job-wide tiers."""
     tiers: list[dict[str, Any]] = [
-        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": keep,
-         "mirror": mirror or True},
-    ]  # fmt: skip
+        {
+            "name": "memory",
+            "type": "memory",
+            "path": f"{root}/mem/{{node}}",
+            "keep": keep,
+            "mirror": mirror or True,
+        }
+    ]
     for kind in lower:
         node = "/{node}" if kind == "local" else ""
         tiers.append({"name": kind, "type": kind, "path": f"{root}/{kind}{node}"})
@@ -69,9 +74,8 @@ def become(node: int) -> None:
 
 
 def save_steps(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, layout: Sequence[int], steps: Sequence[int],
-    mode: str, root: Path,
-) -> None:  # fmt: skip
+    rank: int, world: int, config: Config, layout: Sequence[int], steps: Sequence[int], mode: str, root: Path
+) -> None:
     """Save ``steps`` (``sync``, ``thread`` or ``process``), then wait until every node's mirror
     of the last one has its marker."""
     node = layout[rank]
@@ -110,9 +114,14 @@ def wait_for_mirrors(root: Path, nodes: list[int], checkpoint_id: str, timeout: 
 
 
 def load_and_check(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, layout: Sequence[int], step: int, tier: str,
+    rank: int,
+    world: int,
+    config: Config,
+    layout: Sequence[int],
+    step: int,
+    tier: str,
     saved_ranks: Sequence[int],
-) -> None:  # fmt: skip
+) -> None:
     """Restart on ``layout``: ``latest_committed`` names ``step``, and every rank loads the shards
     its new rank needs (all of them at world size 1) bit-exact from ``tier``."""
     node = layout[rank]
@@ -153,9 +162,13 @@ def save_and_linger(rank: int, world: int, store: str, config: Config, root: Pat
 
 
 def save_on_hosts(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, layout: Sequence[int], hosts: Sequence[str],
+    rank: int,
+    world: int,
+    config: Config,
+    layout: Sequence[int],
+    hosts: Sequence[str],
     sizes: Sequence[int] = (200_000,),
-) -> None:  # fmt: skip
+) -> None:
     """Save ``step_1``, ``step_2``, ... with shards of ``sizes``, rank ``r`` on node ``layout[r]``
     of host ``hosts[r]``, each time waiting for the exchange to end (however it ends)."""
     os.environ[HOST_VARIABLE] = hosts[rank]
@@ -169,9 +182,7 @@ SaveStep = tuple[str, int, int, dict[str, Any]]
 """One save of a plan: checkpoint id, the step whose state it holds, shard size, writer kwargs."""
 
 
-def save_plan(
-    rank: int, world: int, config: Config, layout: Sequence[int], plan: Sequence[SaveStep],
-) -> None:  # fmt: skip
+def save_plan(rank: int, world: int, config: Config, layout: Sequence[int], plan: Sequence[SaveStep]) -> None:
     """Save each step of ``plan`` in turn, each time waiting for the exchange to end."""
     node = layout[rank]
     become(node)
@@ -183,9 +194,7 @@ def save_plan(
     dist.barrier()
 
 
-def check_latest(
-    rank: int, world: int, config: Config, layout: Sequence[int], expected: str
-) -> None:
+def check_latest(rank: int, world: int, config: Config, layout: Sequence[int], expected: str) -> None:
     """Every rank of a job on ``layout`` finds ``expected`` as the checkpoint to resume from."""
     node = layout[rank]
     become(node)
@@ -194,9 +203,14 @@ def check_latest(
 
 
 def load_step(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, layout: Sequence[int], checkpoint_id: str,
-    expected: tuple[str, int] | None, size: int,
-) -> None:  # fmt: skip
+    rank: int,
+    world: int,
+    config: Config,
+    layout: Sequence[int],
+    checkpoint_id: str,
+    expected: tuple[str, int] | None,
+    size: int,
+) -> None:
     """Load ``checkpoint_id`` (every saved rank's shard at world size 2): from tier ``expected[0]``
     with the state of step ``expected[1]``, or (``expected`` None) not at all."""
     node = layout[rank]

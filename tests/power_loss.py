@@ -59,8 +59,15 @@ _NAME_CALLS = ("rename", "replace", "link", "unlink", "remove", "mkdir", "rmdir"
 """The ``os`` calls that change names (and only names): one wrapper serves them all."""
 _WRAPPED = ("open", "write", "pwrite", "fsync", "fdatasync", "ftruncate", *_NAME_CALLS)
 """The ``os`` functions the recorder wraps: every call a POSIX tier makes to change a file."""
-_UNMODELLED = {"writev": 0, "pwritev": 0, "sendfile": 0, "copy_file_range": 1, "truncate": 0,
-               "symlink": 1, "posix_fallocate": 0}  # fmt: skip
+_UNMODELLED = {
+    "writev": 0,
+    "pwritev": 0,
+    "sendfile": 0,
+    "copy_file_range": 1,
+    "truncate": 0,
+    "symlink": 1,
+    "posix_fallocate": 0,
+}
 """Other ``os`` calls that change files, and which argument names the file changed: the model
 does not know them, so one below the root fails the recording instead of going unseen."""
 _TWO_PATHS = frozenset({"rename", "replace", "link"})
@@ -135,9 +142,7 @@ class Trace:
                 for count in range(1, len(pending) + 1):
                     extra = {inode: _apply(self._file(inode, after), pending[:count])}
                     tree = self._tree(self.root_inode, after, extra, dirs)
-                    states.append(
-                        CrashState(after, f"{label}, inode {inode} +{count} writes", tree)
-                    )
+                    states.append(CrashState(after, f"{label}, inode {inode} +{count} writes", tree))
         return states
 
     def _flush_choices(self, after: int) -> list[tuple[str, dict[int, Entries]]]:
@@ -152,8 +157,9 @@ class Trace:
 
     def _current(self, inode: int, after: int) -> Entries | None:
         """The entries of directory ``inode`` as last seen at or before ``after`` (None: unseen)."""
-        seen = [(op, e) for op, e in self.dir_syncs.get(inode, []) + self.dir_states.get(inode, [])
-                if op <= after]  # fmt: skip
+        seen = [
+            (op, e) for op, e in self.dir_syncs.get(inode, []) + self.dir_states.get(inode, []) if op <= after
+        ]
         return max(seen, key=lambda s: s[0])[1] if seen else None
 
     def _entries(self, inode: int, after: int) -> Entries:
@@ -178,9 +184,7 @@ class Trace:
             found |= self._reachable_files(child, after, flushed) if is_dir else {child}
         return found
 
-    def _tree(
-        self, directory: int, after: int, extra: dict[int, bytes], flushed: dict[int, Entries]
-    ) -> Tree:
+    def _tree(self, directory: int, after: int, extra: dict[int, bytes], flushed: dict[int, Entries]) -> Tree:
         tree: Tree = {}
         entries = flushed[directory] if directory in flushed else self._entries(directory, after)
         for name, (child, is_dir) in entries.items():
@@ -342,9 +346,7 @@ class OsRecorder:
         """A call that changes names: record it if any path it names is below the root."""
         two = name in _TWO_PATHS
         dir_fds = [kwargs.get("src_dir_fd" if two else "dir_fd"), kwargs.get("dst_dir_fd")]
-        paths = [
-            self._below(p, fd) for p, fd in zip(args[: 2 if two else 1], dir_fds, strict=False)
-        ]
+        paths = [self._below(p, fd) for p, fd in zip(args[: 2 if two else 1], dir_fds, strict=False)]
         with self._lock:
             result = self._real[name](*args, **kwargs)
             where = [p for p in paths if p is not None]
@@ -457,9 +459,7 @@ def _on_tmpfs(path: Path) -> bool:
         for line in mounts:
             fields = line.split()
             point = fields[1]
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(
-                best
-            ):
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
                 best, kind = point, fields[2]
     return kind == "tmpfs"
 

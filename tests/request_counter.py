@@ -20,20 +20,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 _FILE_EVENTS = frozenset(
-    {
-        "open",
-        "os.listdir",
-        "os.scandir",
-        "os.rename",
-        "os.link",
-        "os.remove",
-        "os.mkdir",
-        "os.rmdir",
-    }
+    {"open", "os.listdir", "os.scandir", "os.rename", "os.link", "os.remove", "os.mkdir", "os.rmdir"}
 )
 
-_PLACEHOLDERS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+_PLACEHOLDERS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def s3_operation(environ: dict[str, Any]) -> str:

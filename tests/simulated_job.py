@@ -32,8 +32,9 @@ def manifest_for(index: int, ranks: int, namespace: str) -> Manifest:
     crc = crc32c(BLOB)
     files = [FileEntry(data_file(generation, r, 0), len(BLOB), crc, r, 0) for r in range(ranks)]
     files.append(FileEntry(metadata_file(generation), len(BLOB), crc, None, 0))
-    return Manifest(f"step_{index * 100:08d}", generation, ranks, tuple(files), seq=index,
-                    namespace=namespace)  # fmt: skip
+    return Manifest(
+        f"step_{index * 100:08d}", generation, ranks, tuple(files), seq=index, namespace=namespace
+    )
 
 
 def layout(manifest: Manifest) -> Iterator[tuple[str, bytes]]:
@@ -61,18 +62,24 @@ class Job:
         self.client.create_bucket(Bucket=self.bucket)
         self.roots = {name: root / namespace / name for name in ("ram", "nvme", "pfs")}
         ops.roots = tuple(str(r) for r in self.roots.values())
-        self.config: Config = config_from_dict({
-            "namespace": namespace,
-            "promote": {"interval": "1h"},  # sightings stay trusted for the whole run
-            "probe_timeout": "1h",  # a slow listing is measured, not cut short
-            "tiers": [
-                {"name": "ram", "type": "memory", "path": str(self.roots["ram"])},
-                {"name": "nvme", "type": "local", "path": str(self.roots["nvme"])},
-                {"name": "pfs", "type": "shared", "path": str(self.roots["pfs"])},
-                {"name": "s3", "type": "s3", "url": f"s3://{self.bucket}/ts",
-                 "endpoint_url": self.endpoint},
-            ],
-        })  # fmt: skip
+        self.config: Config = config_from_dict(
+            {
+                "namespace": namespace,
+                "promote": {"interval": "1h"},  # sightings stay trusted for the whole run
+                "probe_timeout": "1h",  # a slow listing is measured, not cut short
+                "tiers": [
+                    {"name": "ram", "type": "memory", "path": str(self.roots["ram"])},
+                    {"name": "nvme", "type": "local", "path": str(self.roots["nvme"])},
+                    {"name": "pfs", "type": "shared", "path": str(self.roots["pfs"])},
+                    {
+                        "name": "s3",
+                        "type": "s3",
+                        "url": f"s3://{self.bucket}/ts",
+                        "endpoint_url": self.endpoint,
+                    },
+                ],
+            }
+        )
 
     def populate(self, count: int, ranks: int) -> None:
         """``count`` committed checkpoints of ``ranks`` files each, in every tier (set-up only)."""
@@ -88,8 +95,11 @@ class Job:
                 self.s3.put_direct(self.bucket, objects)
             else:
                 with ThreadPoolExecutor(16) as pool:
-                    list(pool.map(lambda o: self.client.put_object(Bucket=self.bucket, Key=o[0],
-                                                                   Body=o[1]), objects))  # fmt: skip
+                    list(
+                        pool.map(
+                            lambda o: self.client.put_object(Bucket=self.bucket, Key=o[0], Body=o[1]), objects
+                        )
+                    )
 
     def measure(self, what: Callable[[], object]) -> dict[str, Any]:
         """Run ``what`` once: its S3 requests (by operation), file operations and seconds."""
@@ -97,8 +107,12 @@ class Job:
             started = time.perf_counter()
             what()
             seconds = time.perf_counter() - started
-        return {"s3": s3.total, "s3_ops": dict(s3.by_operation), "file_ops": files.total,
-                "seconds": round(seconds, 4)}  # fmt: skip
+        return {
+            "s3": s3.total,
+            "s3_ops": dict(s3.by_operation),
+            "file_ops": files.total,
+            "seconds": round(seconds, 4),
+        }
 
 
 def settled_promoters(jobs: list[Job]) -> list[Any]:

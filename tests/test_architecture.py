@@ -15,20 +15,35 @@ SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
 """What code outside tierstore/tiers/ may import from it: the seam, never an adapter module."""
 
 LAYERS = {
-    "tierstore.errors": 0, "tierstore.version": 0, "tierstore.ids": 0, "tierstore.units": 0,
-    "tierstore.checksum": 0, "tierstore.signing": 0, "tierstore.topology": 0,
+    "tierstore.errors": 0,
+    "tierstore.version": 0,
+    "tierstore.ids": 0,
+    "tierstore.units": 0,
+    "tierstore.checksum": 0,
+    "tierstore.signing": 0,
+    "tierstore.topology": 0,
     "tierstore.owners": 0,
-    "tierstore.interval": 0, "tierstore.testing": 0, "tierstore.placement": 0, "tierstore.bounded": 0,
-    "tierstore.killpoints": 0, "tierstore.runtime": 0, "tierstore.forks": 0, "tierstore.mapping": 0,
+    "tierstore.interval": 0,
+    "tierstore.testing": 0,
+    "tierstore.placement": 0,
+    "tierstore.bounded": 0,
+    "tierstore.killpoints": 0,
+    "tierstore.runtime": 0,
+    "tierstore.forks": 0,
+    "tierstore.mapping": 0,
     "tierstore.progress": 0,
     "tierstore.save_metrics": 0,
     "tierstore.tiers": 1,
-    "tierstore.config": 2, "tierstore.policy_config": 2,
+    "tierstore.config": 2,
+    "tierstore.policy_config": 2,
     "tierstore.records": 3,
-    "tierstore.audit": 4, "tierstore.status": 4,
-    "tierstore.dcp": 5, "tierstore.promote": 5,
-    "tierstore.cli": 6, "tierstore": 6,
-}  # fmt: skip
+    "tierstore.audit": 4,
+    "tierstore.status": 4,
+    "tierstore.dcp": 5,
+    "tierstore.promote": 5,
+    "tierstore.cli": 6,
+    "tierstore": 6,
+}
 """ids/errors/checksum -> tiers -> config -> records -> audit -> {dcp, promote} -> cli."""
 
 
@@ -89,9 +104,7 @@ def test_nothing_outside_tiers_imports_an_adapter() -> None:
             if module.startswith("tierstore.tiers") and module not in SEAM:
                 offenders.append(f"{name} imports {module}")
             if module in SEAM:
-                offenders += [
-                    f"{name} imports {n}" for n in names if n.endswith("Tier") and n != "Tier"
-                ]
+                offenders += [f"{name} imports {n}" for n in names if n.endswith("Tier") and n != "Tier"]
     assert offenders == [], "ask the tier for a capability or call a verb instead"
 
 
@@ -117,9 +130,7 @@ def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
         for module, _names, top in imports(tree):
             if module.split(".")[0] != "torch":
                 continue
-            if name.startswith("tierstore.promote") or (
-                top and not name.startswith("tierstore.dcp")
-            ):
+            if name.startswith("tierstore.promote") or (top and not name.startswith("tierstore.dcp")):
                 offenders.append(f"{name} imports {module}")
     assert offenders == []
 
@@ -152,14 +163,11 @@ def test_dependencies_flow_one_way_with_no_lazy_imports_against_it() -> None:
 
 
 @pytest.mark.parametrize(
-    "modules_to_import",
-    ["tierstore, tierstore.cli", "tierstore.promote.sidecar, tierstore.promote.cleanup"],
+    "modules_to_import", ["tierstore, tierstore.cli", "tierstore.promote.sidecar, tierstore.promote.cleanup"]
 )
 def test_the_cli_and_the_promoter_run_without_loading_torch(modules_to_import: str) -> None:
     code = f"import sys, {modules_to_import}; print('torch' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
 
@@ -178,9 +186,7 @@ def test_the_design_docs_file_map_names_every_module_and_only_modules_that_exist
     files = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
     packages = {p.parent.name for p in PACKAGE.rglob("__init__.py")}
     assert sorted(files - named) == [], "modules missing from docs/design.md's package layout"
-    assert sorted(named - files) == [], (
-        "docs/design.md's package layout names modules that are gone"
-    )
+    assert sorted(named - files) == [], "docs/design.md's package layout names modules that are gone"
     assert sorted(packages - dirs) == [], "packages missing from docs/design.md's package layout"
 
 

@@ -34,9 +34,7 @@ def test_verify_all_finds_every_marker_over_missing_or_wrong_data(
     for name, tier in (("a", "memory"), ("b", "memory"), ("c", "s3")):
         save(config, name, tier)
     assert main(["--config", str(path), "verify", "--all"]) == 0
-    assert (
-        "3 committed copies, 0 with a marker over missing or wrong data" in capsys.readouterr().out
-    )
+    assert "3 committed copies, 0 with a marker over missing or wrong data" in capsys.readouterr().out
 
     memory, s3 = config.make_tiers(node=0)
     data = next(f for f in read_manifest(memory, "b").files if f.rank == 0)
@@ -53,9 +51,7 @@ def test_verify_all_finds_every_marker_over_missing_or_wrong_data(
     assert "CRC32C" in verdicts[("s3", "c")]["problems"][0]
 
 
-def test_audit_checks_each_node_local_file_on_its_own_node(
-    make_config: Callable[..., Config],
-) -> None:
+def test_audit_checks_each_node_local_file_on_its_own_node(make_config: Callable[..., Config]) -> None:
     config = make_config("memory")
     for node in (0, 1):
         state = {"w": torch.full((10,), float(node))}

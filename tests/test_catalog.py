@@ -32,9 +32,7 @@ def test_newest_first_rule() -> None:
 
 def _save(config: Config, checkpoint_id: str, tier: str | None = None) -> None:
     dcp.save(
-        {"x": torch.arange(4)},
-        storage_writer=TieredWriter(config, tier=tier),
-        checkpoint_id=checkpoint_id,
+        {"x": torch.arange(4)}, storage_writer=TieredWriter(config, tier=tier), checkpoint_id=checkpoint_id
     )
 
 
@@ -78,9 +76,7 @@ def seqs(config: Config) -> dict[str, int | None]:
     return held
 
 
-def test_ids_whose_last_number_is_not_the_step_order_as_committed(
-    make_config: Callable[..., Config],
-) -> None:
+def test_ids_whose_last_number_is_not_the_step_order_as_committed(make_config: Callable[..., Config]) -> None:
     config = make_config("memory")
     names = ["step100_20240601", "ckpt-000500-v1", "step100_bf16", "final"]
     for name in names:

@@ -21,8 +21,7 @@ from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 
 
-def _save(config: Config, checkpoint_id: str, tier: str | None = None, *, overwrite: bool = False
-          ) -> None:  # fmt: skip
+def _save(config: Config, checkpoint_id: str, tier: str | None = None, *, overwrite: bool = False) -> None:
     writer = TieredWriter(config, tier=tier, overwrite=overwrite)
     dcp.save({"x": torch.arange(4)}, storage_writer=writer, checkpoint_id=checkpoint_id)
 
@@ -91,9 +90,7 @@ def test_an_id_with_several_entries_none_of_its_markers_generation_is_placed_by_
     config = make_config("memory", "local")
     memory, local = config.make_tiers(node=0)
     _save(config, "step_000001", tier="local")
-    claim(
-        local, "step_000001", "g" + "e" * 19, floor=highest_in(memory)
-    )  # a failed overwrite's number
+    claim(local, "step_000001", "g" + "e" * 19, floor=highest_in(memory))  # a failed overwrite's number
     _save(config, "step_000003")
     _save(config, "step_000001", overwrite=True)
     publish_manifest(local, _copied(memory, local, "step_000001"), create_only=False)

@@ -28,9 +28,7 @@ from tierstore.tiers import make_tier
 @pytest.fixture
 def config_file(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]) -> Path:
     path = tmp_path / "tierstore.yaml"
-    path.write_text(
-        yaml.safe_dump({"namespace": "run", "tiers": tier_specs("memory", "local", "s3")})
-    )
+    path.write_text(yaml.safe_dump({"namespace": "run", "tiers": tier_specs("memory", "local", "s3")}))
     return path
 
 
@@ -82,9 +80,7 @@ def test_verify_ok_then_mismatch(config_file: Path, capsys: pytest.CaptureFixtur
     assert "memory: ok" in out
 
 
-def test_verify_unknown_id_and_bad_id(
-    config_file: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_verify_unknown_id_and_bad_id(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config", str(config_file), "verify", "nothing_here"]) == 2
     assert "not committed in any tier" in capsys.readouterr().err
     assert main(["--config", str(config_file), "verify", "../etc"]) == 2
@@ -92,9 +88,7 @@ def test_verify_unknown_id_and_bad_id(
     assert err.startswith("tierstore: error: checkpoint id '../etc'") and err.count("\n") == 1
 
 
-def test_ls_ignores_uncommitted_directories(
-    config_file: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_ls_ignores_uncommitted_directories(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save(config_file, "step_000001")
     save(config_file, "step_000002")
     config = load_config(config_file)
@@ -108,10 +102,7 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path: Path) -> None:
     bad.write_text("tiers:\n  - {name: a, type: tape}\n")
     for args in (["--config", str(bad), "ls"], ["--config", str(tmp_path / "none.yaml"), "ls"]):
         done = subprocess.run(
-            [sys.executable, "-m", "tierstore.cli", *args],
-            capture_output=True,
-            text=True,
-            check=False,
+            [sys.executable, "-m", "tierstore.cli", *args], capture_output=True, text=True, check=False
         )
         assert done.returncode == 2
         assert done.stderr.startswith("tierstore: error: ")
@@ -127,13 +118,13 @@ def test_unreachable_s3_endpoint_is_one_clear_line(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-m", "tierstore.cli", "--config", str(path), "verify", "step_1"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert (
-        "tier s3 (s3, s3://bucket/x)" in done.stderr
-        and "cannot reach http://127.0.0.1:9" in done.stderr
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
+    assert done.returncode == 2
+    assert "tier s3 (s3, s3://bucket/x)" in done.stderr and "cannot reach http://127.0.0.1:9" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -141,8 +132,11 @@ def restore(config_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``tierstore restore`` in its own process, as a person would run it."""
     return subprocess.run(
         [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "restore", *args],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def test_restore_json_summary_and_tier_choice(config_file: Path, tmp_path: Path) -> None:
@@ -153,9 +147,7 @@ def test_restore_json_summary_and_tier_choice(config_file: Path, tmp_path: Path)
     summary = json.loads(done.stdout)
     assert (summary["id"], summary["tier"]) == ("step_000001", "memory")
     exported = list((tmp_path / "fast").iterdir())
-    assert summary["files"] == len(exported) and summary["bytes"] == sum(
-        p.stat().st_size for p in exported
-    )
+    assert summary["files"] == len(exported) and summary["bytes"] == sum(p.stat().st_size for p in exported)
     assert summary["seconds"] >= 0
     done = restore(config_file, "step_000001", "--to", str(tmp_path / "slow"), "--tier", "s3")
     assert done.returncode == 0, done.stderr
@@ -171,8 +163,9 @@ def test_restore_json_summary_and_tier_choice(config_file: Path, tmp_path: Path)
 def test_restore_errors_name_the_id_and_the_tiers(config_file: Path, tmp_path: Path) -> None:
     done = restore(config_file, "step_000404", "--to", str(tmp_path / "out"))
     assert done.returncode == 2
-    assert done.stderr.startswith("tierstore: error: no tier holds a usable committed copy of"
-                                  " checkpoint 'step_000404'")  # fmt: skip
+    assert done.stderr.startswith(
+        "tierstore: error: no tier holds a usable committed copy of checkpoint 'step_000404'"
+    )
     assert all(f"{name} (" in done.stderr for name in ("memory", "local", "s3"))
     assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
     done = restore(config_file, "../etc", "--to", str(tmp_path / "out"))
@@ -200,15 +193,25 @@ def test_restore_of_a_corrupt_copy_exits_1(config_file: Path, tmp_path: Path) ->
 def test_ls_watch_lists_again_until_interrupted(config_file: Path) -> None:
     save(config_file, "step_000001")
     watch = subprocess.Popen(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
-         "--interval", "100ms", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(config_file),
+            "ls",
+            "--watch",
+            "--interval",
+            "100ms",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert watch.stdout is not None
-        lines = [
-            watch.stdout.readline() for _ in range(6)
-        ]  # three listings, each after a time line
+        lines = [watch.stdout.readline() for _ in range(6)]  # three listings, each after a time line
         watch.send_signal(signal.SIGINT)
         _, err = watch.communicate(timeout=60)
     finally:
@@ -220,8 +223,20 @@ def test_ls_watch_lists_again_until_interrupted(config_file: Path) -> None:
     assert all([e["id"] for e in json.loads(line)] == ["step_000001"] for line in lines[1::2])
     assert "Traceback" not in err
     done = subprocess.run(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(config_file), "ls", "--watch",
-         "--interval", "0"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(config_file),
+            "ls",
+            "--watch",
+            "--interval",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert done.returncode == 2 and "expected a positive interval" in done.stderr

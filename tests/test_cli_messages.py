@@ -83,11 +83,9 @@ def test_advise_takes_durations_like_the_configuration(
     config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     save(config_file, "step_0001", "step_0002")
-    assert main(["--config", str(config_file), "advise", "--mtbf", "6h", "--restart", "1m",
-                 "--json"]) == 0  # fmt: skip
+    assert main(["--config", str(config_file), "advise", "--mtbf", "6h", "--restart", "1m", "--json"]) == 0
     words = json.loads(capsys.readouterr().out)
-    assert main(["--config", str(config_file), "advise", "--mtbf", "21600", "--restart", "60",
-                 "--json"]) == 0  # fmt: skip
+    assert main(["--config", str(config_file), "advise", "--mtbf", "21600", "--restart", "60", "--json"]) == 0
     seconds = json.loads(capsys.readouterr().out)
     assert (words["mtbf_s"], words["restart_s"]) == (21600.0, 60.0)
     assert words["daly_s"] == seconds["daly_s"]
@@ -113,18 +111,9 @@ def test_a_bad_duration_is_refused_naming_the_option(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (
-            ["advise", "--mtbf", "6h", "--last", "0"],
-            "argument --last: expected a whole number >= 1",
-        ),
-        (
-            ["advise", "--mtbf", "6h", "--last", "-1"],
-            "argument --last: expected a whole number >= 1",
-        ),
-        (
-            ["promote", "--metrics-port", "70000"],
-            "argument --metrics-port: expected a port 0-65535",
-        ),
+        (["advise", "--mtbf", "6h", "--last", "0"], "argument --last: expected a whole number >= 1"),
+        (["advise", "--mtbf", "6h", "--last", "-1"], "argument --last: expected a whole number >= 1"),
+        (["promote", "--metrics-port", "70000"], "argument --metrics-port: expected a port 0-65535"),
         (["promote", "--metrics-port", "-1"], "argument --metrics-port: expected a port 0-65535"),
     ],
 )
@@ -163,11 +152,11 @@ def test_restore_of_an_unknown_id_names_it_the_tiers_searched_and_what_is_there(
     save(config_file, "step_0001", "step_0002")
     assert main(["--config", str(config_file), "restore", "step_0404", "--to", out]) == EXIT_ERROR
     err = error_line(capsys)
-    assert err.rstrip().endswith(
-        "committed in the tiers searched, newest first: step_0002, step_0001"
+    assert err.rstrip().endswith("committed in the tiers searched, newest first: step_0002, step_0001")
+    assert (
+        main(["--config", str(config_file), "restore", "step_0404", "--to", out, "--tier", "local"])
+        == EXIT_ERROR
     )
-    assert main(["--config", str(config_file), "restore", "step_0404", "--to", out,
-                 "--tier", "local"]) == EXIT_ERROR  # fmt: skip
     assert error_line(capsys).rstrip().endswith("nothing is committed in tier local")
     assert not Path(out).exists()
 
@@ -178,8 +167,21 @@ def test_restore_from_a_named_tier_does_not_warn_of_the_tiers_not_asked_for(
     save(config_file, "step_0001")
     Promoter(load_config(config_file)).run_once()  # now in memory and local
     with caplog.at_level(logging.WARNING):
-        assert main(["--config", str(config_file), "restore", "step_0001", "--to",
-                     str(tmp_path / "out"), "--tier", "local"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "--config",
+                    str(config_file),
+                    "restore",
+                    "step_0001",
+                    "--to",
+                    str(tmp_path / "out"),
+                    "--tier",
+                    "local",
+                ]
+            )
+            == 0
+        )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert (tmp_path / "out" / ".metadata").exists()
 
@@ -192,8 +194,9 @@ def test_restore_still_warns_of_a_tier_it_had_to_skip(
     memory = next((tmp_path / "memory").rglob("*.distcp"))
     memory.write_bytes(memory.read_bytes()[:-1])  # a truncated file: the choice skips memory
     with caplog.at_level(logging.WARNING):
-        assert main(["--config", str(config_file), "restore", "step_0001", "--to",
-                     str(tmp_path / "out")]) == 0  # fmt: skip
+        assert (
+            main(["--config", str(config_file), "restore", "step_0001", "--to", str(tmp_path / "out")]) == 0
+        )
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
     assert "skipping tier memory" in warned
 
@@ -205,9 +208,7 @@ def test_an_unquoted_placeholder_in_flow_style_yaml_gets_a_hint_naming_file_and_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "flow.yaml"
-    path.write_text(
-        f"namespace: run\ntiers:\n  - {{name: ram, type: memory, path: {tmp_path}/{{node}}}}\n"
-    )
+    path.write_text(f"namespace: run\ntiers:\n  - {{name: ram, type: memory, path: {tmp_path}/{{node}}}}\n")
     assert main(["--config", str(path), "ls"]) == EXIT_ERROR
     err = error_line(capsys)
     assert f"{path}: line 3, column" in err

@@ -73,48 +73,24 @@ BAD = [
     ("tiers:\n  - {name: a, type: tape, path: /tmp}\n", "tiers[0]", "unknown tier type 'tape'"),
     ("tiers:\n  - {name: a, type: local}\n", "tiers[0].path", "missing required key 'path'"),
     ("tiers:\n  - {name: a, type: s3}\n", "tiers[0].url", "missing required key 'url'"),
-    (
-        "tiers:\n  - {name: a, type: memory, paht: /dev/shm/x}\n",
-        "tiers[0].paht",
-        "unknown key 'paht'",
-    ),
+    ("tiers:\n  - {name: a, type: memory, paht: /dev/shm/x}\n", "tiers[0].paht", "unknown key 'paht'"),
     ("tiers:\n  - {name: a, type: memory, keep: many}\n", "tiers[0].keep", "integer"),
-    (
-        "tiers:\n  - {name: a, type: memory, keep: 0}\n",
-        "tiers[0].keep",
-        "expected a value >= 1, got 0",
-    ),
+    ("tiers:\n  - {name: a, type: memory, keep: 0}\n", "tiers[0].keep", "expected a value >= 1, got 0"),
     (
         "tiers:\n  - {name: a, type: memory}\n  - {name: a, type: local, path: /tmp/x}\n",
         "tiers",
         "duplicate tier name 'a'",
     ),
     ("tiers:\n  - {name: a, type: memory}\npromote: {every: -3}\n", "promote.every", ">= 1"),
-    (
-        "tiers:\n  - {name: a, type: memory}\npromote: {interval: soon}\n",
-        "promote.interval",
-        "duration",
-    ),
+    ("tiers:\n  - {name: a, type: memory}\npromote: {interval: soon}\n", "promote.interval", "duration"),
     ("tiers: []\n", "tiers", "at least 1 item"),
     ("tier:\n  - {name: a, type: memory}\n", "tier", "unknown key 'tier'"),
     ("tiers:\n  - {name: a, type: s3, url: 'http://bucket'}\n", "tiers[0].url", "s3://bucket"),
-    (
-        "tiers:\n  - {name: a, type: s3, url: 's3://b-1', part_size: 1MiB}\n",
-        "tiers[0].part_size",
-        "",
-    ),
+    ("tiers:\n  - {name: a, type: s3, url: 's3://b-1', part_size: 1MiB}\n", "tiers[0].part_size", ""),
     ("tiers:\n  - {name: 'a b', type: memory}\n", "tiers[0].name", "letters, digits"),
-    (
-        "tiers:\n  - {name: a, type: memory}\ntiers:\n  - {name: b, type: memory}\n",
-        "line",
-        "duplicate key",
-    ),
+    ("tiers:\n  - {name: a, type: memory}\ntiers:\n  - {name: b, type: memory}\n", "line", "duplicate key"),
     ("tiers:\n  - {name: a, type: shared, path: '/tmp/{node}'}\n", "tiers", "only for node-local"),
-    (
-        "tiers:\n  - {name: a, type: memory, path: '${NOT_SET_ANYWHERE}'}\n",
-        "tiers[0].path",
-        "NOT_SET",
-    ),
+    ("tiers:\n  - {name: a, type: memory, path: '${NOT_SET_ANYWHERE}'}\n", "tiers[0].path", "NOT_SET"),
     ("tiers:\n  - {name: a, type: memory}\nnamespace: '../escape'\n", "namespace", "names of"),
     ("tiers:\n  - {type: memory}\n", "tiers[0].name", "missing required key 'name'"),
     ("tiers:\n  - {name: a}\n", "tiers[0]", "missing required key 'type'"),
@@ -132,9 +108,7 @@ BAD = [
 
 
 @pytest.mark.parametrize(("text", "key", "expected"), BAD, ids=[b[1] + ":" + b[2] for b in BAD])
-def test_malformed_files_name_file_and_key(
-    tmp_path: Path, text: str, key: str, expected: str
-) -> None:
+def test_malformed_files_name_file_and_key(tmp_path: Path, text: str, key: str, expected: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as caught:
         load_config(path)
@@ -173,12 +147,12 @@ def test_config_pickles(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("staging", "expected"),
-    [("{overlap: perhaps}", "staging.overlap: expected true or false"),
-     ("{overlap: true, copy: later}", "staging.copy: unknown key 'copy'")],
-)  # fmt: skip
-def test_staging_overlap_is_off_by_default_and_validated(
-    tmp_path: Path, staging: str, expected: str
-) -> None:
+    [
+        ("{overlap: perhaps}", "staging.overlap: expected true or false"),
+        ("{overlap: true, copy: later}", "staging.copy: unknown key 'copy'"),
+    ],
+)
+def test_staging_overlap_is_off_by_default_and_validated(tmp_path: Path, staging: str, expected: str) -> None:
     tiers = "tiers:\n  - {name: a, type: memory, path: '%(tmp)s/shm'}\n"
     assert load_config(write(tmp_path, tiers)).staging.overlap is False
     assert load_config(write(tmp_path, tiers + "staging: {overlap: true}\n")).staging.overlap
@@ -207,22 +181,21 @@ def test_a_dump_writes_each_entry_whole_and_loads_back_as_it_was(tmp_path: Path)
         dumped = config.model_dump(mode=mode, exclude={"origin"}, exclude_none=True)
         nvme = dumped["tiers"][1]
         assert list(nvme)[:6] == ["type", "name", "keep", "keep_every", "pin", "every"]
-        assert (nvme["keep"], nvme["keep_every"], list(nvme["pin"]), nvme["every"]) == (
-            3, 10, ["step_1"], 2
-        )  # fmt: skip
+        assert (nvme["keep"], nvme["keep_every"], list(nvme["pin"]), nvme["every"]) == (3, 10, ["step_1"], 2)
         again = tmp_path / f"again-{mode}.yaml"
         again.write_text(yaml.safe_dump(dumped))
         assert load_config(again).model_copy(update={"origin": config.origin}) == config
     assert config.model_dump(exclude_unset=True)["tiers"][2] == {
-        "type": "shared", "name": "pfs", "path": str(tmp_path / "pfs")
-    }  # fmt: skip
+        "type": "shared",
+        "name": "pfs",
+        "path": str(tmp_path / "pfs"),
+    }
 
 
 def test_several_mistakes_in_one_entry_are_listed_in_the_entrys_key_order(tmp_path: Path) -> None:
     """Storage and policy keys are validated apart; the lines still follow the documented order
     (``type``, ``name``, the policy keys, the type's own keys, unknown keys last)."""
-    path = write(tmp_path, "tiers:\n  - {path: 3, every: x, name: 'a b', paht: y, type: memory,"
-                           " keep: 0}\n")  # fmt: skip
+    path = write(tmp_path, "tiers:\n  - {path: 3, every: x, name: 'a b', paht: y, type: memory, keep: 0}\n")
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     source = str(path.resolve())

@@ -18,22 +18,30 @@ def _cell(s3: int, files: int, seconds: float) -> dict[str, float]:
 
 
 def _row(axis: str, size: int, s3: int) -> dict[str, object]:
-    return {
-        axis: size,
-        "latest_committed": _cell(0, 29, 0.01),
-        "promoter idle pass": _cell(s3, 46, 0.1),
-    }
+    return {axis: size, "latest_committed": _cell(0, 29, 0.01), "promoter idle pass": _cell(s3, 46, 0.1)}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], check=False, capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_merges_runs_and_writes_a_png(tmp_path: Path) -> None:
     short = tmp_path / "short.json"
-    short.write_text(json.dumps({"retained": [_row("retained", 10, 16), _row("retained", 1000, 22)],
-                                 "ranks": [_row("ranks", 8, 16)]}))  # fmt: skip
+    short.write_text(
+        json.dumps(
+            {
+                "retained": [_row("retained", 10, 16), _row("retained", 1000, 22)],
+                "ranks": [_row("ranks", 8, 16)],
+            }
+        )
+    )
     long = tmp_path / "long.json"
     long.write_text(json.dumps({"retained": [_row("retained", 10000, 16)]}))
     sys.path.insert(0, str(SCRIPT.parent))
@@ -55,8 +63,7 @@ def test_merges_runs_and_writes_a_png(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("content", "expected"),
-    [(None, "no such file"), ("{}", "no 'retained' or 'ranks' rows")],
+    ("content", "expected"), [(None, "no such file"), ("{}", "no 'retained' or 'ranks' rows")]
 )
 def test_bad_input_is_named(tmp_path: Path, content: str | None, expected: str) -> None:
     path = tmp_path / "costs.json"

@@ -50,11 +50,7 @@ def client(endpoint: str, **config: Any) -> Any:
         **config,
     }
     return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        config=Config(**settings),
-        **_CREDENTIALS,
+        "s3", endpoint_url=endpoint, region_name="us-east-1", config=Config(**settings), **_CREDENTIALS
     )
 
 

@@ -95,8 +95,10 @@ def test_idle_promoter_pass_and_latest_ask_the_tiers_the_same_however_many_are_k
         with counted_s3.counting() as seen:
             assert latest_committed(job.config, node=0, collective=False) is not None
         latest.append(seen.total)
-    print(f"idle pass at 10 and 120 kept: {passes} requests, {files} file operations;"
-          f" latest_committed: {latest}")  # fmt: skip
+    print(
+        f"idle pass at 10 and 120 kept: {passes} requests, {files} file operations;"
+        f" latest_committed: {latest}"
+    )
     assert passes[0] == passes[1], passes
     assert files[0] == files[1], files
     assert latest[0] == latest[1], latest
@@ -181,10 +183,11 @@ def _observed_job(
 
 def _config_file(job: Job, root: Path) -> Path:
     path = root / f"{job.namespace}.yaml"
-    tiers = [{"name": n, "type": t, "path": str(job.roots[n])}
-             for n, t in (("ram", "memory"), ("nvme", "local"), ("pfs", "shared"))]  # fmt: skip
-    tiers.append({"name": "s3", "type": "s3", "url": f"s3://{job.bucket}/ts",
-                  "endpoint_url": job.endpoint})  # fmt: skip
+    tiers = [
+        {"name": n, "type": t, "path": str(job.roots[n])}
+        for n, t in (("ram", "memory"), ("nvme", "local"), ("pfs", "shared"))
+    ]
+    tiers.append({"name": "s3", "type": "s3", "url": f"s3://{job.bucket}/ts", "endpoint_url": job.endpoint})
     path.write_text(yaml.safe_dump({"namespace": job.namespace, "tiers": tiers}))
     return path
 
@@ -211,8 +214,10 @@ def test_a_change_by_each_tierstore_actor_is_seen_by_the_next_pass(
     delete_copies({"s3": s3}, [Deletion("s3", "step_00000100", "test")])  # retention's routine
     assert "step_00000100" not in promoter.catalog()["s3"], "retention's delete"
 
-    assert cli_main(["--config", str(_config_file(job, tmp_path)), "drop", "step_00000200",
-                     "--tier", "pfs"]) == 0  # fmt: skip
+    assert (
+        cli_main(["--config", str(_config_file(job, tmp_path)), "drop", "step_00000200", "--tier", "pfs"])
+        == 0
+    )
     assert "step_00000200" not in promoter.catalog()["pfs"], "an operator's drop"
 
 
@@ -245,8 +250,6 @@ def test_a_publish_checks_its_files_in_s3_by_listing_not_a_head_each(
         puts = seen.by_operation.get("PUT object", 0)
         beyond_puts.append(seen.total - puts)
         heads.append(seen.by_operation.get("HEAD object", 0))
-    print(
-        f"a protocol save of 8 and 64 files: {beyond_puts} requests besides the PUTs, {heads} HEADs"
-    )
+    print(f"a protocol save of 8 and 64 files: {beyond_puts} requests besides the PUTs, {heads} HEADs")
     assert beyond_puts[0] == beyond_puts[1], beyond_puts
     assert heads[1] < 8, "no HEAD per file"

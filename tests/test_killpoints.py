@@ -44,8 +44,14 @@ def test_an_unset_kill_point_costs_next_to_nothing() -> None:
 
 
 def run_armed(spec: str, script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", script], env={VARIABLE: spec, "PATH": ""},
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env={VARIABLE: spec, "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 REACHES = (

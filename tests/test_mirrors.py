@@ -32,11 +32,7 @@ from tierstore.tiers.memory import MemoryTier
 
 def memory(tmp_path: Path, **mirror: object) -> Tier:
     config = config_from_dict(
-        {
-            "tiers": [
-                {"name": "m", "type": "memory", "path": str(tmp_path), "mirror": mirror or True}
-            ]
-        }
+        {"tiers": [{"name": "m", "type": "memory", "path": str(tmp_path), "mirror": mirror or True}]}
     )
     return config.make_tier("m", node=0)
 
@@ -77,9 +73,7 @@ def test_retention_keeps_the_keep_newest_ids_whoever_owns_them(tmp_path: Path) -
     assert not (tmp_path / ".tierstore" / "mirror" / "step_1").exists(), "files go with the marker"
 
 
-def test_an_overwritten_generations_mirror_is_stale_and_never_takes_a_keep_slot(
-    tmp_path: Path,
-) -> None:
+def test_an_overwritten_generations_mirror_is_stale_and_never_takes_a_keep_slot(tmp_path: Path) -> None:
     tier = memory(tmp_path)
     hold(tier, "step_1", 1)
     old = hold(tier, "step_2", 2)
@@ -132,8 +126,7 @@ def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tiers: mirror is set on tiers \['a', 'b'\]"):
         config_from_dict({"tiers": two})
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror: unknown key"):
-        config_from_dict({"tiers": [{"name": "l", "type": "local", "path": str(tmp_path),
-                                     "mirror": True}]})  # fmt: skip
+        config_from_dict({"tiers": [{"name": "l", "type": "local", "path": str(tmp_path), "mirror": True}]})
 
 
 def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_path: Path) -> None:
@@ -154,18 +147,12 @@ def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_p
 
 def test_an_unheld_file_names_where_its_mirror_belonged() -> None:
     gen = "g00000000001aaaaaaaa"
-    files = (
-        FileEntry(f"{gen}/r00000-0.distcp", 3, 1, 0, 0),
-        FileEntry(f"{gen}/r00001-0.distcp", 3, 2, 1, 1),
-    )
+    files = (FileEntry(f"{gen}/r00000-0.distcp", 3, 1, 0, 0), FileEntry(f"{gen}/r00001-0.distcp", 3, 2, 1, 1))
     topology = {"hosts": {"0": "a", "1": "b"}, "mirror_stride": 1}
     manifest = Manifest("step_1", gen, 2, files, seq=1, topology=topology)
     lines = unheld(manifest, {0: {files[0].path: "own"}})
     assert len(lines) == 1
-    assert (
-        "r00001-0.distcp (saved by rank 1 on node 1; its mirror belongs on saving node 0)"
-        in lines[0]
-    )
+    assert "r00001-0.distcp (saved by rank 1 on node 1; its mirror belongs on saving node 0)" in lines[0]
     assert Manifest.from_json(manifest.to_json(), where="x").topology == topology
 
 
@@ -198,10 +185,9 @@ def test_a_mirror_is_removed_marker_first_then_its_files(tmp_path: Path) -> None
     tier = _RecordingTier(tmp_path)
     prune_mirrors(tier, keep=0)
     gen = marker.generation
-    assert tier.removed[:2] == [
-        mirror_marker_path("step_1", gen, 1),
-        f".tierstore/mirror/step_1/{gen}/",
-    ], "a reader that sees the marker must find every file it names"
+    assert tier.removed[:2] == [mirror_marker_path("step_1", gen, 1), f".tierstore/mirror/step_1/{gen}/"], (
+        "a reader that sees the marker must find every file it names"
+    )
     assert held_mirrors(memory(tmp_path), "step_1") == []
 
 
@@ -212,8 +198,7 @@ def test_mirror_tags_count_per_sender_and_receiver_and_never_collide_within_a_pa
 
     def share(rank: int) -> SavedShare:
         files = tuple(
-            FileEntry(f"g/r{rank}-{i}.distcp", 3 * CHUNK + 1, 0, rank=rank, node=rank)
-            for i in range(2)
+            FileEntry(f"g/r{rank}-{i}.distcp", 3 * CHUNK + 1, 0, rank=rank, node=rank) for i in range(2)
         )
         return SavedShare("step_1", "g", 1, rank, rank, f"host{rank}", files, True, rank == 0)
 

@@ -31,9 +31,7 @@ def test_a_single_node_has_no_partner() -> None:
 
 def test_stride_pairs_nodes_across_failure_domains() -> None:
     # Two racks of four: with stride 4 every partner sits in the other rack.
-    assert place(hosts(8), stride=4).holder_of == {
-        0: 4, 4: 0, 1: 5, 5: 1, 2: 6, 6: 2, 3: 7, 7: 3,
-    }  # fmt: skip
+    assert place(hosts(8), stride=4).holder_of == {0: 4, 4: 0, 1: 5, 5: 1, 2: 6, 6: 2, 3: 7, 7: 3}
 
 
 def test_indices_need_not_be_contiguous() -> None:

@@ -114,9 +114,7 @@ def test_the_recorder_refuses_a_root_that_is_not_tmpfs(tmp_path: Path) -> None:
         OsRecorder(tmp_path)
 
 
-def test_a_file_written_in_a_flushed_directory_shows_each_prefix_of_its_writes(
-    shm_root: Path,
-) -> None:
+def test_a_file_written_in_a_flushed_directory_shows_each_prefix_of_its_writes(shm_root: Path) -> None:
     recorder = OsRecorder(shm_root)
     with recorder.active() as trace:
         fd = os.open(shm_root / ".part.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -126,12 +124,7 @@ def test_a_file_written_in_a_flushed_directory_shows_each_prefix_of_its_writes(
         finally:
             os.close(fd)
     states = trace.crash_states(len(trace.ops), flushed=True, prefixes=True)
-    assert [s.tree for s in states] == [
-        {},
-        {".part.tmp": b""},
-        {".part.tmp": b"ab"},
-        {".part.tmp": b"abcd"},
-    ]
+    assert [s.tree for s in states] == [{}, {".part.tmp": b""}, {".part.tmp": b"ab"}, {".part.tmp": b"abcd"}]
 
 
 def test_a_call_the_model_does_not_know_fails_the_recording(shm_root: Path) -> None:

@@ -78,9 +78,7 @@ def test_restore_verify_and_promote_draw_bars_on_a_terminal(
     config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     terminal = as_terminal(monkeypatch)
-    assert (
-        main(["--config", str(config_file), "restore", "step_1", "--to", str(tmp_path / "o")]) == 0
-    )
+    assert main(["--config", str(config_file), "restore", "step_1", "--to", str(tmp_path / "o")]) == 0
     assert "restore step_1 from memory" in terminal.getvalue()
     assert main(["--config", str(config_file), "verify", "step_1"]) == 0
     assert "verify step_1 in memory" in terminal.getvalue()
@@ -92,13 +90,10 @@ def test_restore_verify_and_promote_draw_bars_on_a_terminal(
 
 
 def test_nothing_but_results_when_standard_error_is_a_pipe(
-    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(progress_module, "DELAY", 0.0)
-    assert (
-        main(["--config", str(config_file), "restore", "step_1", "--to", str(tmp_path / "o")]) == 0
-    )
+    assert main(["--config", str(config_file), "restore", "step_1", "--to", str(tmp_path / "o")]) == 0
     assert main(["--config", str(config_file), "verify", "step_1"]) == 0
     assert Promoter(load_config(config_file)).run(once=True) == 0
     captured = capsys.readouterr()
@@ -107,19 +102,18 @@ def test_nothing_but_results_when_standard_error_is_a_pipe(
 
 
 def test_a_restore_moves_its_bar_within_an_item_larger_than_a_chunk(
-    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One large tensor is one item: a bar moved per item would sit still for its whole read."""
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump({"namespace": "run", "tiers": tier_specs("local")}))
-    dcp.save({"w": torch.ones(64 * 1024)}, storage_writer=TieredWriter(str(path)),
-             checkpoint_id="big")  # fmt: skip
+    dcp.save({"w": torch.ones(64 * 1024)}, storage_writer=TieredWriter(str(path)), checkpoint_id="big")
     monkeypatch.setattr(export_module, "PROGRESS_CHUNK", 16 * 1024)
     steps: list[int] = []
     counted = ByteProgress.update
-    monkeypatch.setattr(ByteProgress, "update",
-                        lambda bar, count: (steps.append(count), counted(bar, count))[1])  # fmt: skip
+    monkeypatch.setattr(
+        ByteProgress, "update", lambda bar, count: (steps.append(count), counted(bar, count))[1]
+    )
     assert main(["--config", str(path), "restore", "big", "--to", str(tmp_path / "out")]) == 0
     assert steps.count(16 * 1024) == 16, steps  # the tensor's 256 KiB, a chunk at a time
     tensor_file = next((tmp_path / "local").rglob("*.distcp"))

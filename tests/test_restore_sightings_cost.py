@@ -22,13 +22,25 @@ def test_a_restore_from_memory_lists_nothing_in_s3_without_a_promoter(tmp_path: 
     with CountingS3() as s3:
         bucket = f"ts-{uuid.uuid4().hex[:16]}"
         boto3.client("s3", endpoint_url=s3.endpoint).create_bucket(Bucket=bucket)
-        config = config_from_dict({"tiers": [
-            {"name": "memory", "type": "memory", "path": str(tmp_path / "memory/{node}")},
-            {"name": "regional", "type": "s3", "url": f"s3://{bucket}/regional",
-             "endpoint_url": s3.endpoint},
-            {"name": "archive", "type": "s3", "url": f"s3://{bucket}/archive",
-             "endpoint_url": s3.endpoint},
-        ]})  # fmt: skip
+        config = config_from_dict(
+            {
+                "tiers": [
+                    {"name": "memory", "type": "memory", "path": str(tmp_path / "memory/{node}")},
+                    {
+                        "name": "regional",
+                        "type": "s3",
+                        "url": f"s3://{bucket}/regional",
+                        "endpoint_url": s3.endpoint,
+                    },
+                    {
+                        "name": "archive",
+                        "type": "s3",
+                        "url": f"s3://{bucket}/archive",
+                        "endpoint_url": s3.endpoint,
+                    },
+                ]
+            }
+        )
         dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config), checkpoint_id="x")
         known._KNOWN.clear()  # a new process: nothing known of the S3 tiers
         target = {"w": torch.zeros(8)}

@@ -17,8 +17,11 @@ from tierstore.config import Config, config_from_dict
 
 
 def info(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name.startswith("tierstore.dcp") and r.levelno == logging.INFO]  # fmt: skip
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("tierstore.dcp") and r.levelno == logging.INFO
+    ]
 
 
 def test_a_fresh_start_is_logged_naming_the_tiers_looked_in(
@@ -48,11 +51,17 @@ def test_the_checkpoint_and_tier_a_restart_takes_are_logged(
         dcp.load(target, storage_reader=TieredReader(config), checkpoint_id=checkpoint)
     assert torch.equal(target["w"], state["w"])
     said = info(caplog)
-    assert re.fullmatch(r"latest committed checkpoint: step_0007, restorable from tier memory"
-                        r" \(found in \d+\.\d\d s\)", said[0]), said  # fmt: skip
+    assert re.fullmatch(
+        r"latest committed checkpoint: step_0007, restorable from tier memory"
+        r" \(found in \d+\.\d\d s\)",
+        said[0],
+    ), said
     assert said[1].startswith("restore of step_0007: from tier memory (commit 1, generation ")
-    assert re.fullmatch(r"restored step_0007 from tier memory: rank 0 read \d+ bytes, \d+\.\d\d s"
-                        r" since the load began", said[2]), said  # fmt: skip
+    assert re.fullmatch(
+        r"restored step_0007 from tier memory: rank 0 read \d+ bytes, \d+\.\d\d s"
+        r" since the load began",
+        said[2],
+    ), said
     read = int(said[2].split(" read ")[1].split()[0])
     assert read >= 4000  # the tensor's bytes at least, and .metadata
 
@@ -60,8 +69,13 @@ def test_the_checkpoint_and_tier_a_restart_takes_are_logged(
 def test_an_unreachable_tier_is_named_with_the_decision(
     tier_specs: Callable[..., list[dict[str, Any]]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    dead = {"name": "s3", "type": "s3", "url": "s3://bucket/x", "max_attempts": 1,
-            "endpoint_url": "http://127.0.0.1:9"}  # fmt: skip
+    dead = {
+        "name": "s3",
+        "type": "s3",
+        "url": "s3://bucket/x",
+        "max_attempts": 1,
+        "endpoint_url": "http://127.0.0.1:9",
+    }
     config = config_from_dict({"tiers": [*tier_specs("memory"), dead], "probe_timeout": 5})
     with caplog.at_level(logging.INFO, logger="tierstore"):
         assert latest_committed(config) is None

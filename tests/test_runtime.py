@@ -20,9 +20,7 @@ def test_jobs_run_in_submission_order_on_one_thread() -> None:
     gate = threading.Event()
     seen: list[tuple[int, int]] = []
     first = worker.submit(gate.wait)  # holds the thread until released
-    futures = [
-        worker.submit(lambda i=i: seen.append((i, threading.get_ident()))) for i in range(20)
-    ]
+    futures = [worker.submit(lambda i=i: seen.append((i, threading.get_ident()))) for i in range(20)]
     assert not seen, "no job overtook the one still running"
     gate.set()
     for future in [first, *futures]:
@@ -160,9 +158,9 @@ def test_posted_jobs_run_in_order_with_submitted_ones_and_a_failure_is_logged_no
 def test_a_low_priority_worker_runs_its_jobs_at_that_nice_value() -> None:
     worker = SerialWorker("test-worker-nice", nice=5)
     here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    there = worker.submit(
-        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    ).result(timeout=10)
+    there = worker.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result(
+        timeout=10
+    )
     assert there == min(19, here + 5), "the mirror's rounds must yield the CPU to the trainer"
     worker.close()
 
@@ -265,9 +263,7 @@ def test_map_on_daemons_maps_every_item_on_daemon_threads_and_raises_a_jobs_erro
         seen.add(threading.current_thread().daemon)
         return item * item
 
-    assert map_on_daemons(list(range(40)), square, width=8, name="t") == {
-        i: i * i for i in range(40)
-    }
+    assert map_on_daemons(list(range(40)), square, width=8, name="t") == {i: i * i for i in range(40)}
     assert seen == {True}, "daemons: a job still pending at exit does not hold it"
 
     def fails(item: int) -> int:

@@ -23,9 +23,7 @@ def _multipart(s3: Any, bucket: str, key: str, **complete: Any) -> Any:
     parts = []
     for number in (1, 2):
         body = bytes([number]) * PART
-        etag = s3.upload_part(
-            Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=body
-        )["ETag"]
+        etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=body)["ETag"]
         parts.append({"ETag": etag, "PartNumber": number})
     try:
         return s3.complete_multipart_upload(
@@ -111,22 +109,29 @@ def test_checksums(seaweed: SeaweedServer, seaweed_bucket: str) -> None:
     upload = s3.create_multipart_upload(Bucket=bucket, Key="mp", ChecksumAlgorithm="CRC32")
     part = b"p" * PART
     with pytest.raises(ClientError) as caught:
-        s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload["UploadId"], PartNumber=1,
-                       Body=part, **checksum_args(b"other"))  # fmt: skip
+        s3.upload_part(
+            Bucket=bucket,
+            Key="mp",
+            UploadId=upload["UploadId"],
+            PartNumber=1,
+            Body=part,
+            **checksum_args(b"other"),
+        )
     assert _error_code(caught.value) == ("BadDigest", 400)
-    etag = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload["UploadId"], PartNumber=1,
-                          Body=part, **checksum_args(part))["ETag"]  # fmt: skip
+    etag = s3.upload_part(
+        Bucket=bucket, Key="mp", UploadId=upload["UploadId"], PartNumber=1, Body=part, **checksum_args(part)
+    )["ETag"]
     s3.complete_multipart_upload(
-        Bucket=bucket, Key="mp", UploadId=upload["UploadId"],
+        Bucket=bucket,
+        Key="mp",
+        UploadId=upload["UploadId"],
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag, **checksum_args(part)}]},
-    )  # fmt: skip
+    )
     composite = s3.get_object(Bucket=bucket, Key="mp", ChecksumMode="ENABLED")["ChecksumCRC32"]
     assert composite.endswith("-1"), composite
 
 
-def test_listing_starts_after_a_key_across_pages(
-    seaweed: SeaweedServer, seaweed_bucket: str
-) -> None:
+def test_listing_starts_after_a_key_across_pages(seaweed: SeaweedServer, seaweed_bucket: str) -> None:
     """``StartAfter`` (the commit log listed from a known number on, records/log.py), also past a
     page boundary and with a continuation token."""
     s3 = seaweed.client(connect_timeout=2, read_timeout=30)
@@ -136,8 +141,9 @@ def test_listing_starts_after_a_key_across_pages(
     seen, token = [], None
     while True:
         extra = {"ContinuationToken": token} if token else {}
-        page = s3.list_objects_v2(Bucket=seaweed_bucket, Prefix="ns/log/", MaxKeys=2,
-                                  StartAfter="ns/log/000000000004", **extra)  # fmt: skip
+        page = s3.list_objects_v2(
+            Bucket=seaweed_bucket, Prefix="ns/log/", MaxKeys=2, StartAfter="ns/log/000000000004", **extra
+        )
         seen += [o["Key"] for o in page.get("Contents", [])]
         token = page.get("NextContinuationToken")
         if not page.get("IsTruncated") or not token:

@@ -118,9 +118,7 @@ def test_a_restarted_rank_goes_on_counting_from_its_file(tmp_path: Path) -> None
 
 def test_a_file_is_replaced_whole_and_holds_only_its_rank(tmp_path: Path) -> None:
     SaveRecorder(str(tmp_path)).written(2, "ram", nbytes=1, write_s=0.1, save_s=0.1)
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
-        "rank-00002.prom"
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["rank-00002.prom"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert read_values(str(tmp_path / rank_file(2)), 5) == {}  # another rank's series are not its
 

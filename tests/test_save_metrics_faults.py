@@ -26,9 +26,7 @@ def record(directory: Path, rank: int = 0) -> None:
 def written(directory: Path, rank: int) -> float | None:
     for family in read_directory(str(directory)):
         for sample in family.samples:
-            if sample.name == "tierstore_saves_written_total" and sample.labels["rank"] == str(
-                rank
-            ):
+            if sample.name == "tierstore_saves_written_total" and sample.labels["rank"] == str(rank):
                 return sample.value
     return None
 
@@ -63,9 +61,7 @@ def test_a_fifo_for_a_ranks_file_neither_stalls_the_save_nor_the_scrape(tmp_path
         assert written(tmp_path, 1) == 1
 
 
-def test_a_file_where_the_directory_should_be_leaves_the_promoters_own_metrics(
-    tmp_path: Path,
-) -> None:
+def test_a_file_where_the_directory_should_be_leaves_the_promoters_own_metrics(tmp_path: Path) -> None:
     directory = tmp_path / "metrics"
     directory.write_text("a file, not a directory")
     assert read_directory(str(directory)) == []
@@ -97,8 +93,7 @@ def test_only_a_ranks_own_file_speaks_for_that_rank(tmp_path: Path) -> None:
         'tierstore_drill_success{tier="s3"} 1\n'
     )
     (tmp_path / rank_file(2)).write_text(
-        "# TYPE tierstore_saves_written counter\n"
-        'tierstore_saves_written_total{rank="1",tier="ram"} 99\n'
+        '# TYPE tierstore_saves_written counter\ntierstore_saves_written_total{rank="1",tier="ram"} 99\n'
     )
     assert written(tmp_path, 1) == 1
     served = scrape_own_and_ranks(tmp_path)

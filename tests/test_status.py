@@ -63,8 +63,7 @@ def test_after_a_promoter_pass_every_tier_and_the_recovery_point_are_shown(
     assert Promoter(load_config(config_file)).run(once=True) == 0
     code, out = status(config_file, capsys)
     lines = out.splitlines()
-    assert lines[0].split() == ["TIER", "NODE", "STATE", "CHECKPOINTS", "SIZE", "SPACE", "NEWEST",
-                                "LAG"]  # fmt: skip
+    assert lines[0].split() == ["TIER", "NODE", "STATE", "CHECKPOINTS", "SIZE", "SPACE", "NEWEST", "LAG"]
     memory, local = lines[1].split(), lines[2].split()
     assert memory[:4] == ["memory", "0", "ok", "2/2"], "retention kept 2 of keep 2"
     assert memory[-2] == "step_000003"
@@ -116,14 +115,16 @@ def test_a_stale_or_failing_promoter_is_a_problem(
     config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     memory = load_config(config_file).make_tiers(node=0)[0]
-    old = PromoterState(node=0, interval=10, stall_after=300, passes=7, last_error=None,
-                        at=time.time() - 1000)  # fmt: skip
+    old = PromoterState(
+        node=0, interval=10, stall_after=300, passes=7, last_error=None, at=time.time() - 1000
+    )
     write_state(memory, old)
     code, out = status(config_file, capsys)
     assert code == 1
     assert "promoter of node 0: stuck or stopped: last pass 1000 s ago (bound 300 s)" in out
-    failing = PromoterState(node=0, interval=10, stall_after=300, passes=7,
-                            last_error="tier local: disk full")  # fmt: skip
+    failing = PromoterState(
+        node=0, interval=10, stall_after=300, passes=7, last_error="tier local: disk full"
+    )
     write_state(memory, failing)
     code, out = status(config_file, capsys)
     assert code == 1 and "failing: last pass 0 s ago failed: tier local: disk full" in out
@@ -214,8 +215,11 @@ def test_nodes_lists_each_nodes_local_tiers_and_promoters(
     assert Promoter(load_config(config_file), node=0).run(once=True) == 0
     report = json.loads(status(config_file, capsys, "--nodes", "0,1", "--json")[1])
     assert [(t["name"], t["node"]) for t in report["tiers"]] == [
-        ("memory", 0), ("local", 0), ("memory", 1), ("local", 1),
-    ]  # fmt: skip
+        ("memory", 0),
+        ("local", 0),
+        ("memory", 1),
+        ("local", 1),
+    ]
     assert [(p["node"], p["ok"]) for p in report["promoters"]] == [(0, True), (1, False)]
     assert report["tiers"][2]["checkpoints"] == 0, "node 1 saved nothing"
 
@@ -231,9 +235,8 @@ def shared_config(tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]
 @pytest.mark.slow  # waits out probe timeouts on purpose (4 s): make test runs it, make quick does not
 @pytest.mark.timeout(60, method="thread")
 def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_forever(
-    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = shared_config(tmp_path, tier_specs)
     save(path, "step_000001")
     save(path, "step_000002")
@@ -262,9 +265,8 @@ def test_a_hung_promoter_record_or_marker_costs_status_and_ls_probe_timeout_not_
 
 
 def test_read_only_commands_create_and_write_nothing_in_the_tiers(
-    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = shared_config(tmp_path, tier_specs)
     for command in (["status"], ["status", "--json"], ["ls"], ["ls", "--json"]):
         code = main(["--config", str(path), *command])
@@ -278,10 +280,15 @@ def test_status_reports_what_the_promoter_could_not_do(
 ) -> None:
     memory = load_config(config_file).make_tiers(node=0)[0]
     state = PromoterState(
-        node=0, interval=10, stall_after=300, passes=3, last_error=None,
-        unreachable={"s3": "no answer within 10s"}, unavailable=("local",),
+        node=0,
+        interval=10,
+        stall_after=300,
+        passes=3,
+        last_error=None,
+        unreachable={"s3": "no answer within 10s"},
+        unavailable=("local",),
         failed=("step_000003 memory->local: No space left on device",),
-    )  # fmt: skip
+    )
     write_state(memory, state)
     code, out = status(config_file, capsys)
     assert code == 1
@@ -302,8 +309,14 @@ def test_a_promoter_record_from_the_future_or_not_finite_is_no_sign_of_health(
     config_file: Path, capsys: pytest.CaptureFixture[str], change: dict[str, float], why: str
 ) -> None:
     memory = load_config(config_file).make_tiers(node=0)[0]
-    fields: dict[str, Any] = {"node": 0, "interval": 10, "stall_after": 300, "passes": 1,
-                              "last_error": None, **change}  # fmt: skip
+    fields: dict[str, Any] = {
+        "node": 0,
+        "interval": 10,
+        "stall_after": 300,
+        "passes": 1,
+        "last_error": None,
+        **change,
+    }
     write_state(memory, PromoterState(**fields))
     code, out = status(config_file, capsys, "--json")
     report = json.loads(out)  # standard JSON: no NaN or Infinity tokens
@@ -323,14 +336,19 @@ def test_max_lag_makes_an_old_recovery_point_a_problem(
 
 
 def test_a_full_durable_tier_the_promoter_cannot_write_is_a_problem_in_status(
-    small_tmpfs: Path, tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
+    small_tmpfs: Path,
+    tmp_path: Path,
+    tier_specs: Callable[..., list[dict[str, Any]]],
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     specs = tier_specs("memory", "shared", shared={"path": str(small_tmpfs)})
     path = tmp_path / "full.yaml"
     path.write_text(yaml.safe_dump({"namespace": "run", "tiers": specs}))
-    dcp.save({"w": torch.full((1_000_000,), 1.0)},  # 4 MB: more than the 1 MiB tmpfs holds
-             storage_writer=TieredWriter(str(path)), checkpoint_id="step_000001")  # fmt: skip
+    dcp.save(
+        {"w": torch.full((1_000_000,), 1.0)},  # 4 MB: more than the 1 MiB tmpfs holds
+        storage_writer=TieredWriter(str(path)),
+        checkpoint_id="step_000001",
+    )
     assert Promoter(load_config(path)).run(once=True) == 1, "the promotion failed: ENOSPC"
     code, out = status(path, capsys)
     assert code == 1
@@ -340,9 +358,8 @@ def test_a_full_durable_tier_the_promoter_cannot_write_is_a_problem_in_status(
 
 
 def test_gc_cleans_what_it_can_reach_and_exits_1_naming_a_tier_it_could_not(
-    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]],
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = memory_and_refusing_s3(tmp_path, tier_specs)
     assert main(["--config", str(path), "gc"]) == 1
     err = capsys.readouterr().err

@@ -83,8 +83,11 @@ def test_the_installer_names_what_it_cannot_install(tmp_path: Path) -> None:
         (bin_dir / command).symlink_to(shutil.which(command) or command)
     done = subprocess.run(
         [shutil.which("bash") or "bash", str(INSTALLER), str(listing)],
-        env={**os.environ, "PATH": str(bin_dir)}, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env={**os.environ, "PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1
@@ -96,9 +99,7 @@ def test_the_installer_names_what_it_cannot_install(tmp_path: Path) -> None:
 def test_the_installer_does_nothing_when_everything_is_there(tmp_path: Path) -> None:
     listing = tmp_path / "tools.txt"
     listing.write_text("bash bash\n")
-    done = subprocess.run(
-        [str(INSTALLER), str(listing)], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run([str(INSTALLER), str(listing)], capture_output=True, text=True, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 

@@ -61,10 +61,7 @@ class Trainer:
     def restore(self, state: dict[str, Any]) -> None:
         """Apply a loaded state dict."""
         set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
@@ -86,9 +83,7 @@ def assert_same(left: Any, right: Any, where: str = "state") -> None:
         assert left.dtype == right.dtype and left.shape == right.shape, where
         assert torch.equal(_bytes_of(left), _bytes_of(right)), where
     elif isinstance(left, dict):
-        assert isinstance(right, dict) and set(left) == set(right), (
-            f"{where}: {set(left) ^ set(right)}"
-        )
+        assert isinstance(right, dict) and set(left) == set(right), f"{where}: {set(left) ^ set(right)}"
         for key in left:
             assert_same(left[key], right[key], f"{where}.{key}")
     elif isinstance(left, list | tuple):

@@ -25,15 +25,19 @@ def init_group(rank: int, world: int, store: str) -> None:
 # spends 3-4 s of CPU importing them, which on two cores was a third of the suite. Each rank still
 # starts as a fresh process (no state of the test process is inherited); the test's environment,
 # which a forked server does not follow, travels with the call.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed.checkpoint", "tierstore.dcp.writer",
-                      "tierstore.dcp.reader", "tests.workers"]  # fmt: skip
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed.checkpoint",
+    "tierstore.dcp.writer",
+    "tierstore.dcp.reader",
+    "tests.workers",
+]
 mp.set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 def run_ranks(function: Callable[..., None], world: int, tmp: Path, *args: Any) -> None:
     """Start ``world`` processes running ``function(rank, world, store, *args)``; raise on failure."""
-    call = _RankCall(function, world, str(tmp / f"store-{os.urandom(4).hex()}"), args,
-                     dict(os.environ))  # fmt: skip
+    call = _RankCall(function, world, str(tmp / f"store-{os.urandom(4).hex()}"), args, dict(os.environ))
     mp.start_processes(_entry, args=(call,), nprocs=world, join=True, start_method="forkserver")
 
 

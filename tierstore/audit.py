@@ -39,11 +39,7 @@ class CopyAudit:
 
 
 def audit_copy(
-    tiers_by_node: dict[int, Tier],
-    checkpoint_id: str,
-    marker_node: int,
-    *,
-    show_progress: bool = False,
+    tiers_by_node: dict[int, Tier], checkpoint_id: str, marker_node: int, *, show_progress: bool = False
 ) -> CopyAudit:
     """Audit the copy whose marker is in ``tiers_by_node[marker_node]``; each file on its node
     (``show_progress``: a bar on a terminal while its bytes are read)."""
@@ -56,27 +52,29 @@ def audit_copy(
     checked = not_checked = 0
     by_node = _files_by_node(manifest, tier.node_local, marker_node)
     total = sum(e.size for n, es in by_node.items() if n in tiers_by_node for e in es)
-    with ByteProgress(f"verify {checkpoint_id} in {tier.name}", total,
-                      enabled=show_progress) as bar:  # fmt: skip
+    with ByteProgress(f"verify {checkpoint_id} in {tier.name}", total, enabled=show_progress) as bar:
         for node, entries in by_node.items():
             holder = tiers_by_node.get(node)
             if holder is None:
                 not_checked += len(entries)
                 continue
             try:
-                problems += copy_problems(
-                    holder, manifest, verify=True, entries=entries, progress=bar.update
-                )
+                problems += copy_problems(holder, manifest, verify=True, entries=entries, progress=bar.update)
             except (TierstoreError, OSError) as exc:
                 problems.append(f"node {node}: cannot read: {exc}")
             checked += len(entries)
-    return CopyAudit(tier.name, checkpoint_id, manifest.generation, checked, not_checked,
-                     manifest.total_bytes, tuple(problems))  # fmt: skip
+    return CopyAudit(
+        tier.name,
+        checkpoint_id,
+        manifest.generation,
+        checked,
+        not_checked,
+        manifest.total_bytes,
+        tuple(problems),
+    )
 
 
-def _files_by_node(
-    manifest: Manifest, node_local: bool, marker_node: int
-) -> dict[int, list[FileEntry]]:
+def _files_by_node(manifest: Manifest, node_local: bool, marker_node: int) -> dict[int, list[FileEntry]]:
     """Where each named file lives: on its writer's node in a node-local tier, else with the marker."""
     grouped: dict[int, list[FileEntry]] = {}
     for entry in manifest.files:
@@ -84,9 +82,7 @@ def _files_by_node(
     return grouped
 
 
-def audit_all(
-    config: Config, nodes: Iterable[int], *, show_progress: bool = False
-) -> list[CopyAudit]:
+def audit_all(config: Config, nodes: Iterable[int], *, show_progress: bool = False) -> list[CopyAudit]:
     """Every committed copy in every tier, as seen from ``nodes`` (see the module docstring);
     ``show_progress``: a bar per copy on a terminal."""
     nodes = sorted(set(nodes))

@@ -58,9 +58,7 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
     """Left-aligned columns separated by two spaces."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def cmd_ls(config: Config, args: argparse.Namespace) -> int:
@@ -96,8 +94,7 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
 
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
         indent = None if args.watch else 1
-        print(json.dumps([{**e.as_dict(), "durable": durable(e)} for e in listings],
-                         indent=indent))  # fmt: skip
+        print(json.dumps([{**e.as_dict(), "durable": durable(e)} for e in listings], indent=indent))
         return 0
     if not listings:
         print("no committed checkpoints")
@@ -108,8 +105,7 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
         step = "-" if entry.step is None else str(entry.step)
         age = human_age(now - entry.committed_at)
         held = {True: "yes", False: "no", None: "?"}[durable(entry)]
-        rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), held,
-                     human_bytes(entry.bytes), age))  # fmt: skip
+        rows.append((entry.checkpoint_id, step, ",".join(entry.tiers), held, human_bytes(entry.bytes), age))
     print_table(rows)
     if args.limit and len(listings) == args.limit:
         print(f"(the newest {args.limit} shown; --limit 0 lists every checkpoint)")
@@ -142,9 +138,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
             manifest = read_manifest(tier, checkpoint_id)
         except FileNotFoundError:
             continue
-        except (
-            IntegrityError
-        ) as exc:  # a damaged marker is a mismatch; an unreachable tier an error
+        except IntegrityError as exc:  # a damaged marker is a mismatch; an unreachable tier an error
             print(f"{tier.name}: MISMATCH {exc}")
             bad += 1
             continue
@@ -175,9 +169,7 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
         for audit in audits:
             where = f"{audit.tier}: {audit.checkpoint_id}"
             if audit.ok:
-                note = (
-                    f", {audit.not_checked} on other nodes not checked" if audit.not_checked else ""
-                )
+                note = f", {audit.not_checked} on other nodes not checked" if audit.not_checked else ""
                 print(f"{where}: ok, {audit.checked} files, {human_bytes(audit.total_bytes)}{note}")
             for problem in audit.problems:
                 print(f"{where}: MISMATCH {problem}")
@@ -244,11 +236,19 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     if entry_args[:1] == ["--"]:
         entry_args = entry_args[1:]
     report = run_drill(
-        config, entry=args.entry, loss_log=args.loss_log, world_size=args.world_size,
-        steps=args.steps, tier=args.tier, checkpoint_id=args.checkpoint, argv=entry_args,
-        tolerance=args.tolerance, timeout_s=args.timeout, node=current_node(args.node),
+        config,
+        entry=args.entry,
+        loss_log=args.loss_log,
+        world_size=args.world_size,
+        steps=args.steps,
+        tier=args.tier,
+        checkpoint_id=args.checkpoint,
+        argv=entry_args,
+        tolerance=args.tolerance,
+        timeout_s=args.timeout,
+        node=current_node(args.node),
         verbose=args.verbose,
-    )  # fmt: skip
+    )
     lines = report.prometheus()
     if args.prom_file:
         write_text_atomically(args.prom_file, "\n".join(lines) + "\n")
@@ -259,8 +259,10 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
         rto = "-" if report.rto_s is None else f"{report.rto_s:.2f} s"
         restore = "-" if report.restore_s is None else f"{report.restore_s:.2f} s"
         read = ", ".join(f"{t} {human_bytes(n)}" for t, n in report.bytes_read.items()) or "-"
-        print(f"drill {verdict}: {report.checkpoint_id} from {report.tier} at world size"
-              f" {report.world_size}: {report.reason}")  # fmt: skip
+        print(
+            f"drill {verdict}: {report.checkpoint_id} from {report.tier} at world size"
+            f" {report.world_size}: {report.reason}"
+        )
         print(f"  restore {restore}, RTO {rto}, read {read}")
         for step, loss, logged in zip(report.steps, report.losses, report.logged, strict=True):
             print(f"  step {step}: loss {loss!r} logged {logged!r}")
@@ -292,15 +294,18 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
                 " (choose a free port with --metrics-port, or 0 for any free port)"
             ) from exc
         logging.getLogger(__name__).info(
-            "metrics on http://%s:%d/metrics, probes at /healthz and /readyz",
-            args.metrics_addr,
-            port,
+            "metrics on http://%s:%d/metrics, probes at /healthz and /readyz", args.metrics_addr, port
         )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: promoter.request_stop())
     # The first and last lines of its log: a promoter with nothing to do still shows it runs.
-    event("promoter_started", node=promoter.node, tiers=",".join(t.name for t in promoter.tiers),
-          interval=float(config.promote.interval), once=args.once)  # fmt: skip
+    event(
+        "promoter_started",
+        node=promoter.node,
+        tiers=",".join(t.name for t in promoter.tiers),
+        interval=float(config.promote.interval),
+        once=args.once,
+    )
     status = promoter.run(once=args.once)
     event("promoter_stopped", node=promoter.node, status=status)
     return status
@@ -320,9 +325,7 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     if not deletions:
         print("retention: nothing to delete")
     for name, why in sorted(promoter.unreachable.items()):  # what could be reached was done
-        print(
-            f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr
-        )
+        print(f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr)
     return EXIT_MISMATCH if promoter.unreachable else 0
 
 
@@ -349,8 +352,10 @@ def cmd_drop(config: Config, args: argparse.Namespace) -> int:
             f"checkpoint {checkpoint_id!r} is not committed in tier {tier.describe()}{held}"
         ) from None
     data_gone = drop(tier, checkpoint_id, generation, ttl=config.promote.activity_ttl)
-    print(f"dropped {checkpoint_id} (generation {generation}) from {tier.name}"
-          + ("" if data_gone else "; its data stays while a restore reads it"))  # fmt: skip
+    print(
+        f"dropped {checkpoint_id} (generation {generation}) from {tier.name}"
+        + ("" if data_gone else "; its data stays while a restore reads it")
+    )
     return 0
 
 
@@ -363,8 +368,7 @@ def _drop_part(config: Config, tier: Tier, checkpoint_id: str, generation: str) 
             f"tier {tier.describe()} holds no part of {checkpoint_id!r} generation {generation}"
             " saved from another node's coordinator"
         )
-    if not drop(tier, checkpoint_id, generation, committed=False,
-                ttl=config.promote.activity_ttl):  # fmt: skip
+    if not drop(tier, checkpoint_id, generation, committed=False, ttl=config.promote.activity_ttl):
         print(f"kept {checkpoint_id} (generation {generation}) in {tier.name}: work on it is live")
         return 1
     print(f"dropped this node's part of {checkpoint_id} (generation {generation}) from {tier.name}")
@@ -377,9 +381,7 @@ def cmd_advise(config: Config, args: argparse.Namespace) -> int:
     stalls = [float(s) for entry in listings if (s := entry.timings.get("stall_s")) is not None]
     lags = [float(u) for entry in listings if (u := entry.timings.get("durable_lag_s")) is not None]
     if not stalls:
-        raise TierstoreError(
-            "no committed checkpoint records a stall yet: save (dcp.async_save) first"
-        )
+        raise TierstoreError("no committed checkpoint records a stall yet: save (dcp.async_save) first")
     stall = statistics.median(stalls)
     lag = statistics.median(lags) if lags else 0.0
     advice = advise(stall, args.mtbf, args.restart, lag)
@@ -436,9 +438,7 @@ def _positive_count(text: str) -> int:
 def _port(text: str) -> int:
     """A TCP port, 0 (any free port) to 65535: a bind to anything else fails with a traceback."""
     if not text.strip().isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(
-            f"expected a port 0-65535 (0: any free port), got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0: any free port), got {text!r}")
     return int(text)
 
 
@@ -446,9 +446,7 @@ def _node_list(text: str) -> list[int]:
     try:
         nodes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected node indexes such as 0,1, got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected node indexes such as 0,1, got {text!r}") from None
     if not nodes or min(nodes) < 0:
         raise argparse.ArgumentTypeError(f"expected node indexes >= 0, got {text!r}")
     return nodes
@@ -479,15 +477,16 @@ def add_drill_parser(commands: Any) -> None:
         help="restore from this tier (default: the last, most durable one)",
     )
     drill.add_argument(
-        "--checkpoint",
-        default=None,
-        metavar="ID",
-        help="this checkpoint (default: the newest in the tier)",
+        "--checkpoint", default=None, metavar="ID", help="this checkpoint (default: the newest in the tier)"
     )
     drill.add_argument("--world-size", type=int, default=1, help="processes in the drill job")
-    drill.add_argument("--steps", type=int, default=3,
-                       help="training steps after the restore (at least 3: the third is the first"
-                       " whose loss shows the restored LR schedule)")  # fmt: skip
+    drill.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="training steps after the restore (at least 3: the third is the first"
+        " whose loss shows the restored LR schedule)",
+    )
     drill.add_argument(
         "--tolerance", type=float, default=1e-4, help="largest relative loss difference that passes"
     )
@@ -522,31 +521,50 @@ def build_parser() -> argparse.ArgumentParser:
     ls = commands.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("--json", action="store_true", help="print JSON objects")
     ls.add_argument("--watch", action="store_true", help="list again every interval until ^C")
-    ls.add_argument("--limit", type=_count, default=50, metavar="N",
-                    help="list the newest N checkpoints (default 50; 0: all)")  # fmt: skip
-    ls.add_argument("--interval", type=_interval, default=2.0, metavar="S",
-                    help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)")  # fmt: skip
+    ls.add_argument(
+        "--limit",
+        type=_count,
+        default=50,
+        metavar="N",
+        help="list the newest N checkpoints (default 50; 0: all)",
+    )
+    ls.add_argument(
+        "--interval",
+        type=_interval,
+        default=2.0,
+        metavar="S",
+        help="with --watch: seconds between listings, or 500ms, 1m (default: 2s)",
+    )
     ls.set_defaults(run=cmd_ls)
     status = commands.add_parser(
         "status", help="tiers, recovery point, mirrors and promoters at a glance (exit 1: problems)"
     )
     status.add_argument(
-        "--nodes", type=_node_list, default=None, metavar="N,N",
+        "--nodes",
+        type=_node_list,
+        default=None,
+        metavar="N,N",
         help="show the node-local tiers, mirrors and promoters of these nodes (default: this one)",
-    )  # fmt: skip
+    )
     status.add_argument(
-        "--max-lag", type=_interval, default=None, metavar="DURATION",
+        "--max-lag",
+        type=_interval,
+        default=None,
+        metavar="DURATION",
         help="a recovery point older than this (1h, 30m) is a problem: exit 1",
-    )  # fmt: skip
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(run=cmd_status)
     verify = commands.add_parser("verify", help="check sizes and CRC32C of a checkpoint (or --all)")
     verify.add_argument("checkpoint_id", metavar="ID", nargs="?")
     verify.add_argument("--all", action="store_true", help="every committed copy in every tier")
     verify.add_argument(
-        "--nodes", type=_node_list, default=None, metavar="N,N",
+        "--nodes",
+        type=_node_list,
+        default=None,
+        metavar="N,N",
         help="with --all: audit node-local tiers of these nodes (each file on its own node)",
-    )  # fmt: skip
+    )
     verify.add_argument("--json", action="store_true", help="with --all: print JSON objects")
     verify.set_defaults(run=cmd_verify)
     restore = commands.add_parser(
@@ -563,9 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
     promote = commands.add_parser("promote", help="run the promoter sidecar")
     promote.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     promote.add_argument(
-        "--metrics-port", type=_port, default=None, metavar="PORT",
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
         help="serve Prometheus /metrics and the /healthz, /readyz probes",
-    )  # fmt: skip
+    )
     promote.add_argument(
         "--metrics-addr", default="127.0.0.1", help="address to serve on (0.0.0.0: other hosts too)"
     )
@@ -574,8 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="show what would be deleted, and why")
     gc.set_defaults(run=cmd_gc)
     dropping = commands.add_parser(
-        "drop",
-        help="delete one committed copy from one tier (marker first), e.g. to settle a conflict",
+        "drop", help="delete one committed copy from one tier (marker first), e.g. to settle a conflict"
     )
     dropping.add_argument("checkpoint_id", metavar="ID")
     dropping.add_argument("--tier", required=True, help="the tier to delete the copy from")
@@ -585,15 +605,28 @@ def build_parser() -> argparse.ArgumentParser:
         " (a coordinator killed mid-save leaves it; check its node's marker does not name it)",
     )
     dropping.set_defaults(run=cmd_drop)
-    advice = commands.add_parser(
-        "advise", help="save interval from the measured stall (Young/Daly)"
+    advice = commands.add_parser("advise", help="save interval from the measured stall (Young/Daly)")
+    advice.add_argument(
+        "--mtbf",
+        type=_interval,
+        required=True,
+        metavar="DURATION",
+        help="mean time between failures of the job: seconds, or 30m, 6h, 2d",
     )
-    advice.add_argument("--mtbf", type=_interval, required=True, metavar="DURATION",
-                        help="mean time between failures of the job: seconds, or 30m, 6h, 2d")  # fmt: skip
-    advice.add_argument("--restart", type=_duration, default=0.0, metavar="DURATION",
-                        help="time to restart and restore: seconds, or 90s, 5m (default: 0)")  # fmt: skip
-    advice.add_argument("--last", type=_positive_count, default=20, metavar="N",
-                        help="use the N newest checkpoints' stalls (default 20)")  # fmt: skip
+    advice.add_argument(
+        "--restart",
+        type=_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="time to restart and restore: seconds, or 90s, 5m (default: 0)",
+    )
+    advice.add_argument(
+        "--last",
+        type=_positive_count,
+        default=20,
+        metavar="N",
+        help="use the N newest checkpoints' stalls (default 20)",
+    )
     advice.add_argument("--json", action="store_true", help="print JSON")
     advice.set_defaults(run=cmd_advise)
     for command in commands.choices.values():  # `ls --config F` as well as `--config F ls`
@@ -609,16 +642,28 @@ def add_global_options(parser: argparse.ArgumentParser, *, after_command: bool =
     def default(value: object) -> object:
         return argparse.SUPPRESS if after_command else value
 
-    parser.add_argument("--config", default=default(os.environ.get("TIERSTORE_CONFIG")),
-                        help="YAML configuration (default: $TIERSTORE_CONFIG)")  # fmt: skip
-    parser.add_argument("--node", type=int, default=default(None),
-                        help="node index for node-local tiers")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        default=default(os.environ.get("TIERSTORE_CONFIG")),
+        help="YAML configuration (default: $TIERSTORE_CONFIG)",
+    )
+    parser.add_argument("--node", type=int, default=default(None), help="node index for node-local tiers")
     loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-v", "--verbose", action="store_true", default=default(False),
-                          help="debug detail from tierstore, INFO from the libraries it uses;"
-                          " drill: the failed ranks' tracebacks")  # fmt: skip
-    loudness.add_argument("-q", "--quiet", action="store_true", default=default(False),
-                          help="warnings and errors only (promote logs each action at INFO)")  # fmt: skip
+    loudness.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="debug detail from tierstore, INFO from the libraries it uses;"
+        " drill: the failed ranks' tracebacks",
+    )
+    loudness.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default(False),
+        help="warnings and errors only (promote logs each action at INFO)",
+    )
 
 
 DAEMONS = frozenset({"promote"})

@@ -56,9 +56,7 @@ _ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 class PromoteConfig(StrictModel):
     """How the promoter sidecar moves committed checkpoints down the tiers."""
 
-    every: int = Field(
-        1, ge=1, description="Every k-th committed checkpoint reaches the last tier."
-    )
+    every: int = Field(1, ge=1, description="Every k-th committed checkpoint reaches the last tier.")
     interval: Duration = Field(10.0, description="Polling interval for new markers.")
     full_scan: Duration = Field(
         300.0,
@@ -67,8 +65,7 @@ class PromoteConfig(StrictModel):
     )
     grace_period: Duration = Field(30.0, description="On SIGTERM, time allowed to finish a file.")
     stale_after: Duration = Field(
-        3600.0,
-        description="Age after which uncommitted leftovers and multipart uploads are removed.",
+        3600.0, description="Age after which uncommitted leftovers and multipart uploads are removed."
     )
     workers: int = Field(4, ge=1, le=64, description="Files copied in parallel.")
     activity_ttl: Duration = Field(
@@ -139,9 +136,7 @@ class SigningConfig(StrictModel):
     verify_key_envs: tuple[str, ...] = Field(
         (), description="Environment variables of older keys still accepted (key rotation)."
     )
-    require: bool = Field(
-        False, description="Refuse to start when the key_env variable is not set."
-    )
+    require: bool = Field(False, description="Refuse to start when the key_env variable is not set.")
 
     @field_validator("key_env")
     @classmethod
@@ -233,9 +228,11 @@ class Config(StrictModel):
         if not isinstance(dumped, list | tuple):
             return data
         options: dict[str, Any] = {
-            "mode": info.mode, "exclude_none": info.exclude_none,
-            "exclude_defaults": info.exclude_defaults, "exclude_unset": info.exclude_unset,
-        }  # fmt: skip
+            "mode": info.mode,
+            "exclude_none": info.exclude_none,
+            "exclude_defaults": info.exclude_defaults,
+            "exclude_unset": info.exclude_unset,
+        }
         data["tiers"] = type(dumped)(
             merge_entry(entry, self._policies[entry["name"]].model_dump(**options))
             if isinstance(entry, dict) and entry.get("name") in self._policies
@@ -278,9 +275,7 @@ class Config(StrictModel):
     def _one_mirror(cls, tiers: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
         mirrored = [t.name for t in tiers if getattr(t, "mirror", None) is not None]
         if len(mirrored) > 1:
-            raise ValueError(
-                f"mirror is set on tiers {mirrored}: expected at most one mirrored memory tier"
-            )
+            raise ValueError(f"mirror is set on tiers {mirrored}: expected at most one mirrored memory tier")
         return tiers
 
     def tier(self, name: str) -> TierConfig:
@@ -300,9 +295,7 @@ class Config(StrictModel):
 
     def make_tier(self, name: str, *, node: int) -> Tier:
         """The tier called ``name``, as seen from ``node``."""
-        return make_tier(
-            self.tier(name), namespace=self.namespace, node=node, signing=self.signing.keys()
-        )
+        return make_tier(self.tier(name), namespace=self.namespace, node=node, signing=self.signing.keys())
 
     def make_tiers(self, *, node: int) -> list[Tier]:
         """Every configured tier, fastest first, as seen from ``node``."""
@@ -346,17 +339,12 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) 
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node)
         if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         mapping[key] = loader.construct_object(value_node, deep=True)
     return mapping
 
 
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_unique_mapping,
-)
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def _expand_env(value: Any, loc: str, source: str) -> Any:
@@ -404,15 +392,23 @@ def _describe(error: Mapping[str, Any]) -> str:
     got = error.get("input")
     ctx = error.get("ctx") or {}
     expected = {
-        "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
-        "float_parsing": "a number", "float_type": "a number",
-        "bool_parsing": "true or false", "bool_type": "true or false",
-        "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
-        "model_type": "a mapping", "dict_type": "a mapping", "model_attributes_type": "a mapping",
+        "int_parsing": "an integer",
+        "int_type": "an integer",
+        "int_from_float": "an integer",
+        "float_parsing": "a number",
+        "float_type": "a number",
+        "bool_parsing": "true or false",
+        "bool_type": "true or false",
+        "string_type": "a string",
+        "list_type": "a list",
+        "tuple_type": "a list",
+        "model_type": "a mapping",
+        "dict_type": "a mapping",
+        "model_attributes_type": "a mapping",
         "greater_than_equal": f"a value >= {ctx.get('ge')}",
         "less_than_equal": f"a value <= {ctx.get('le')}",
         "too_short": f"at least {ctx.get('min_length')} item(s)",
-    }.get(kind)  # fmt: skip
+    }.get(kind)
     if expected:
         return f"expected {expected}, got {got!r}"
     return str(error["msg"]).removeprefix("Value error, ")
@@ -424,9 +420,7 @@ def config_from_dict(
     """Validate an already-parsed configuration (as :func:`load_config` does after reading YAML)."""
     if not isinstance(data, dict):
         kind = type(data).__name__ if data is not None else "an empty document"
-        raise ConfigError(
-            f"{source}: top level: expected a mapping with a 'tiers' list, got {kind}"
-        )
+        raise ConfigError(f"{source}: top level: expected a mapping with a 'tiers' list, got {kind}")
     expanded = _expand_env(data, "", source)
     expanded["origin"] = source
     base = Path(source).parent if source not in ("<dict>", "<memory>") else Path.cwd()
@@ -481,9 +475,7 @@ def _check_separate_roots(config: Config, source: str, node: int) -> None:
     roots = [(t, _root_key(t.root)) for t in config.make_tiers(node=node)]
     for later, (tier, root) in enumerate(roots):
         for other, other_root in roots[:later]:
-            inside = (root + "/").startswith(other_root + "/") or (
-                (other_root + "/").startswith(root + "/")
-            )
+            inside = (root + "/").startswith(other_root + "/") or ((other_root + "/").startswith(root + "/"))
             if inside:
                 key = "url" if "://" in root else "path"
                 raise ConfigError(
@@ -545,9 +537,7 @@ def _validate_tier(
         return (tier, rules), []
     order = entry_order(model.model_fields)
     errors.sort(key=lambda e: order.get(str(e["loc"][0]), len(order)) if e["loc"] else len(order))
-    return None, [
-        f"{source}: {_format_loc(('tiers', index, *e['loc']))}: {_describe(e)}" for e in errors
-    ]
+    return None, [f"{source}: {_format_loc(('tiers', index, *e['loc']))}: {_describe(e)}" for e in errors]
 
 
 def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Config:

@@ -211,8 +211,7 @@ def checked_file_path(checkpoint_id: str, rel: str) -> str:
         or not all(_FILE_NAME.fullmatch(p) and p not in (".", "..") for p in parts[1:])
     ):
         raise InvalidCheckpointIdError(
-            f"file {rel!r} named by the marker of {checkpoint_id!r} is not of the form"
-            " '<generation>/<name>'"
+            f"file {rel!r} named by the marker of {checkpoint_id!r} is not of the form '<generation>/<name>'"
         )
     return f"{checkpoint_id}/{rel}"
 
@@ -304,9 +303,7 @@ def parse_void_entry(path: str) -> int | None:
     return None
 
 
-def is_newer_commit(
-    seq: int | None, generation: str, other_seq: int | None, other_generation: str
-) -> bool:
+def is_newer_commit(seq: int | None, generation: str, other_seq: int | None, other_generation: str) -> bool:
     """True when the commit ``(seq, generation)`` is newer than the other one.
 
     By sequence when both have one; between copies from before the commit log, by generation
@@ -326,9 +323,7 @@ def newest_first(ids_with_seq: Iterable[tuple[str, int | None]]) -> list[str]:
     return [
         i
         for i, _ in sorted(
-            ids_with_seq,
-            key=lambda item: (item[1] is not None, item[1] or 0, item[0]),
-            reverse=True,
+            ids_with_seq, key=lambda item: (item[1] is not None, item[1] or 0, item[0]), reverse=True
         )
     ]
 

@@ -50,8 +50,7 @@ def map_shared(fd: int, size: int) -> Mapping:
     pages, no copy). ``OSError`` on failure."""
     mapping = _map(fd, size, mmap.MAP_SHARED)
     # After the mapping is made, not by MAP_POPULATE within it: forks wait only for the mmap.
-    _libc().madvise(ctypes.c_void_p(ctypes.addressof(mapping)), ctypes.c_size_t(size),
-                    _MADV_POPULATE_WRITE)  # fmt: skip
+    _libc().madvise(ctypes.c_void_p(ctypes.addressof(mapping)), ctypes.c_size_t(size), _MADV_POPULATE_WRITE)
     return cast(Mapping, mapping)
 
 
@@ -69,8 +68,7 @@ def populate_for_reading(address: int, length: int) -> None:
     them faults no more. Best effort: a kernel without it (before 5.14), or memory that is not a
     mapping, leaves them to fault in as they are read."""
     start = address - address % _PAGE
-    _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + length - start),
-                    _MADV_POPULATE_READ)  # fmt: skip
+    _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + length - start), _MADV_POPULATE_READ)
 
 
 def is_tmpfs(directory: str) -> bool:
@@ -89,8 +87,9 @@ def is_tmpfs(directory: str) -> bool:
 def _map(fd: int, size: int, flags: int) -> ctypes.Array[ctypes.c_char]:
     libc = _libc()
     with no_fork():  # a child forked between the mmap and the madvise would inherit the mapping
-        address = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE, flags,
-                            fd, ctypes.c_long(0))  # fmt: skip
+        address = libc.mmap(
+            None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, ctypes.c_long(0)
+        )
         if address is None or address == _MAP_FAILED:
             raise OSError(ctypes.get_errno(), f"mmap: {os.strerror(ctypes.get_errno())}")
         if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), mmap.MADV_DONTFORK) != 0:
@@ -113,6 +112,12 @@ def _unmap(mapping: ctypes.Array[ctypes.c_char]) -> None:
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     return libc

@@ -39,10 +39,18 @@ class ByteProgress:
         self.done = 0
         self._lock = threading.Lock()
         self._bar = tqdm(
-            total=max(total, 0), desc=label, unit="B", unit_scale=True, unit_divisor=1024,
-            file=out, disable=not (enabled and _is_terminal(out)), leave=False,
-            delay=DELAY if delay is None else delay, dynamic_ncols=True, mininterval=0.2,
-        )  # fmt: skip
+            total=max(total, 0),
+            desc=label,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=out,
+            disable=not (enabled and _is_terminal(out)),
+            leave=False,
+            delay=DELAY if delay is None else delay,
+            dynamic_ncols=True,
+            mininterval=0.2,
+        )
 
     @property
     def shown(self) -> bool:
@@ -64,10 +72,7 @@ class ByteProgress:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
 

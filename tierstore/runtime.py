@@ -94,10 +94,7 @@ class SerialWorker:
                 # it, so jobs never run side by side or out of order.
                 self._jobs = queue.SimpleQueue()
                 self._thread = threading.Thread(
-                    target=self._run,
-                    args=(self._jobs, self._thread, self.nice),
-                    name=self.name,
-                    daemon=True,
+                    target=self._run, args=(self._jobs, self._thread, self.nice), name=self.name, daemon=True
                 )
                 self._thread.start()
             self._jobs.put((future, job))
@@ -230,8 +227,9 @@ def map_on_daemons(items: list[K], job: Callable[[K], T], *, width: int, name: s
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
                 raised.append(exc)
 
-    workers = [threading.Thread(target=work, name=name, daemon=True)
-               for _ in range(max(1, min(width, len(items))))]  # fmt: skip
+    workers = [
+        threading.Thread(target=work, name=name, daemon=True) for _ in range(max(1, min(width, len(items))))
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:

@@ -38,12 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-    SummaryMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 logger = logging.getLogger(__name__)
@@ -72,34 +67,60 @@ class Family:
 
 
 FAMILIES = (
-    Family("tierstore_save_stall_seconds", "summary",
-           "Time the trainer was blocked by saves: staging (the copy out of its state, with any wait"
-           " for the previous save); a plain dcp.save blocks until the rank's files are durable"),
+    Family(
+        "tierstore_save_stall_seconds",
+        "summary",
+        "Time the trainer was blocked by saves: staging (the copy out of its state, with any wait"
+        " for the previous save); a plain dcp.save blocks until the rank's files are durable",
+    ),
     Family("tierstore_save_last_stall_seconds", "gauge", "The stall of this rank's last save"),
-    Family("tierstore_save_last_wait_seconds", "gauge",
-           "Part of the last stall spent waiting for the previous save to persist (back-pressure:"
-           " save less often)"),
-    Family("tierstore_save_write_seconds", "summary",
-           "Time this rank took to write its files of a save until they were durable in the tier"),
+    Family(
+        "tierstore_save_last_wait_seconds",
+        "gauge",
+        "Part of the last stall spent waiting for the previous save to persist (back-pressure:"
+        " save less often)",
+    ),
+    Family(
+        "tierstore_save_write_seconds",
+        "summary",
+        "Time this rank took to write its files of a save until they were durable in the tier",
+    ),
     Family("tierstore_save_last_write_seconds", "gauge", "The write time of this rank's last save"),
-    Family("tierstore_save_commit_seconds", "summary",
-           "Coordinator: time from a save's start (staging) to its commit marker"),
-    Family("tierstore_save_last_commit_seconds", "gauge",
-           "Coordinator: the commit time of the last committed save"),
-    Family("tierstore_save_written_bytes", "counter",
-           "Bytes of the files this rank wrote into the tier by saving (DCP's .metadata aside)"),
-    Family("tierstore_saves_written", "counter",
-           "Saves whose files this rank made durable in the tier"),
-    Family("tierstore_saves_failed", "counter",
-           "Saves that failed on this rank: writing its files, the commit gate, or (coordinator)"
-           " the commit"),
-    Family("tierstore_saves_committed", "counter",
-           "Coordinator: saves committed (marker published) in the tier"),
-    Family("tierstore_save_last_written_timestamp_seconds", "gauge",
-           "When this rank's files of its last save became durable"),
-    Family("tierstore_save_last_committed_timestamp_seconds", "gauge",
-           "Coordinator: when the last save was committed in the tier"),
-)  # fmt: skip
+    Family(
+        "tierstore_save_commit_seconds",
+        "summary",
+        "Coordinator: time from a save's start (staging) to its commit marker",
+    ),
+    Family(
+        "tierstore_save_last_commit_seconds",
+        "gauge",
+        "Coordinator: the commit time of the last committed save",
+    ),
+    Family(
+        "tierstore_save_written_bytes",
+        "counter",
+        "Bytes of the files this rank wrote into the tier by saving (DCP's .metadata aside)",
+    ),
+    Family("tierstore_saves_written", "counter", "Saves whose files this rank made durable in the tier"),
+    Family(
+        "tierstore_saves_failed",
+        "counter",
+        "Saves that failed on this rank: writing its files, the commit gate, or (coordinator) the commit",
+    ),
+    Family(
+        "tierstore_saves_committed", "counter", "Coordinator: saves committed (marker published) in the tier"
+    ),
+    Family(
+        "tierstore_save_last_written_timestamp_seconds",
+        "gauge",
+        "When this rank's files of its last save became durable",
+    ),
+    Family(
+        "tierstore_save_last_committed_timestamp_seconds",
+        "gauge",
+        "Coordinator: when the last save was committed in the tier",
+    ),
+)
 SAMPLE_NAMES = frozenset(s for f in FAMILIES for s in f.samples)
 """Every series name a rank's file can hold (what dashboards and alerts may name)."""
 
@@ -139,8 +160,10 @@ class SaveRecorder:
             "tierstore_save_written_bytes_total": nbytes,
             "tierstore_saves_written_total": 1,
         }
-        put |= {"tierstore_save_last_write_seconds": write_s,
-                "tierstore_save_last_written_timestamp_seconds": now}  # fmt: skip
+        put |= {
+            "tierstore_save_last_write_seconds": write_s,
+            "tierstore_save_last_written_timestamp_seconds": now,
+        }
         self._update(rank, tier, add, put)
 
     def failed(self, rank: int, tier: str, *, save_s: float | None = None) -> None:
@@ -156,8 +179,10 @@ class SaveRecorder:
             "tierstore_save_commit_seconds_sum": commit_s,
             "tierstore_saves_committed_total": 1,
         }
-        put = {"tierstore_save_last_commit_seconds": commit_s,
-               "tierstore_save_last_committed_timestamp_seconds": time.time()}  # fmt: skip
+        put = {
+            "tierstore_save_last_commit_seconds": commit_s,
+            "tierstore_save_last_committed_timestamp_seconds": time.time(),
+        }
         self._update(rank, tier, add, put)
 
     def _stall_updates(self, save_s: float | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -172,9 +197,7 @@ class SaveRecorder:
         add = {"tierstore_save_stall_seconds_count": 1.0, "tierstore_save_stall_seconds_sum": stall}
         return add, put
 
-    def _update(
-        self, rank: int, tier: str, add: Mapping[str, float], put: Mapping[str, float]
-    ) -> None:
+    def _update(self, rank: int, tier: str, add: Mapping[str, float], put: Mapping[str, float]) -> None:
         if self.directory is None:
             return
         path = os.path.join(self.directory, rank_file(rank))
@@ -189,8 +212,7 @@ class SaveRecorder:
         except Exception as exc:  # noqa: BLE001 - metrics never fail a save
             if not self._warned:
                 self._warned = True
-                logger.warning("cannot record save metrics in %s (further failures quiet): %s",
-                               path, exc)  # fmt: skip
+                logger.warning("cannot record save metrics in %s (further failures quiet): %s", path, exc)
 
 
 @contextmanager
@@ -302,9 +324,7 @@ def _rank_of_file(name: str) -> str | None:
     return None
 
 
-def read_directory(
-    directory: str, *, stale_after: float = 0.0, now: float | None = None
-) -> list[Metric]:
+def read_directory(directory: str, *, stale_after: float = 0.0, now: float | None = None) -> list[Metric]:
     """Every metric family in the ``*.prom`` files of ``directory``, the series of all files merged
     per family (what the promoter serves). Files not rewritten for ``stale_after`` seconds (0: no
     limit) are left out: ranks of an earlier job, or of a smaller world. A file that cannot be read
@@ -313,9 +333,7 @@ def read_directory(
     merged: dict[str, Metric] = {}
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     try:
-        names = sorted(
-            n for n in os.listdir(directory) if n.endswith(".prom") and not n.startswith(".")
-        )
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".prom") and not n.startswith("."))
     except FileNotFoundError:
         return []
     except OSError as exc:  # not a directory, unreadable: the promoter's own metrics still serve
@@ -332,12 +350,11 @@ def read_directory(
             logger.warning("skipping metrics file %s: %s", path, exc)
             continue
         for family in families:
-            into = merged.setdefault(
-                family.name, Metric(family.name, family.documentation, family.type)
-            )
+            into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             if into.type != family.type:
-                logger.warning("skipping %s in %s: a %s here, a %s elsewhere",
-                               family.name, path, family.type, into.type)  # fmt: skip
+                logger.warning(
+                    "skipping %s in %s: a %s here, a %s elsewhere", family.name, path, family.type, into.type
+                )
                 continue
             for sample in family.samples:  # a series twice would fail the whole scrape
                 if sample.labels.get("rank") != owner:

@@ -47,9 +47,7 @@ class SigningKeys:
 
     __slots__ = ("_accepted", "_names", "require")
 
-    def __init__(
-        self, names: tuple[str, ...], accepted: tuple[bytes, ...], *, require: bool
-    ) -> None:
+    def __init__(self, names: tuple[str, ...], accepted: tuple[bytes, ...], *, require: bool) -> None:
         self._names = names
         self._accepted = accepted
         self.require = require

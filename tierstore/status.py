@@ -133,8 +133,9 @@ class StatusReport:
             found.append("no checkpoint is in the durable tier yet")
         lag = self.recovery_point_lag_s
         if self.max_lag is not None and lag is not None and lag > self.max_lag:
-            found.append(f"the recovery point is {human_age(lag)} old, older than --max-lag"
-                         f" {human_age(self.max_lag)}")  # fmt: skip
+            found.append(
+                f"the recovery point is {human_age(lag)} old, older than --max-lag {human_age(self.max_lag)}"
+            )
         for mirror in self.mirrors:
             if mirror.mirrored is False:
                 found.append(
@@ -145,9 +146,7 @@ class StatusReport:
             if not promoter.ok:
                 found.append(f"promoter of node {promoter.node}: {promoter.why}")
             if promoter.state is not None:
-                found += [
-                    f"promoter of node {promoter.node}: {p}" for p in promoter.state.troubles()
-                ]
+                found += [f"promoter of node {promoter.node}: {p}" for p in promoter.state.troubles()]
         return found
 
     @property
@@ -166,8 +165,7 @@ class StatusReport:
             "recovery_point_lag_s": self.recovery_point_lag_s,
             "durable_reachable": self.durable_reachable,
             "tiers": [
-                {**asdict(t), "reachable": t.reachable, "space": _space_dict(t.space)}
-                for t in self.tiers
+                {**asdict(t), "reachable": t.reachable, "space": _space_dict(t.space)} for t in self.tiers
             ],
             "mirrors": [asdict(m) for m in self.mirrors],
             "promoters": [
@@ -183,11 +181,7 @@ class StatusReport:
 
 
 def gather_status(
-    config: Config,
-    nodes: Sequence[int],
-    *,
-    now: float | None = None,
-    max_lag: float | None = None,
+    config: Config, nodes: Sequence[int], *, now: float | None = None, max_lag: float | None = None
 ) -> StatusReport:
     """The status of every tier of ``config`` as seen from ``nodes`` (the first lists the job-wide
     tiers too), their mirrors and their promoters; ``max_lag``: seconds past which the recovery
@@ -208,14 +202,18 @@ def gather_status(
         keeps = {c.name: config.policy(c.name).keep for c in config.tiers}
         for tier in shown:
             status = _tier_status(
-                tier, node, listings, error=catalog.unreachable.get(tier.name),
-                keep=keeps[tier.name], durable=tier.name == last, prober=prober, now=report.at,
-            )  # fmt: skip
+                tier,
+                node,
+                listings,
+                error=catalog.unreachable.get(tier.name),
+                keep=keeps[tier.name],
+                durable=tier.name == last,
+                prober=prober,
+                now=report.at,
+            )
             report.tiers.append(status)
             if status.reachable and status.newest is not None and tier.mirror is not None:
-                report.mirrors.append(
-                    _mirror_state(tier, node, status.newest.checkpoint_id, prober)
-                )
+                report.mirrors.append(_mirror_state(tier, node, status.newest.checkpoint_id, prober))
         away = {t.name for t in report.tiers if not t.reachable}
         report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))
     report.newest = _newest([t.newest for t in report.tiers])
@@ -242,18 +240,30 @@ def _tier_status(
     if held:
         first = held[0]
         started = first.timings.get("started_at")
-        newest = Newest(first.checkpoint_id, first.step, first.committed_at,
-                        float(started) if started is not None else first.committed_at)  # fmt: skip
+        newest = Newest(
+            first.checkpoint_id,
+            first.step,
+            first.committed_at,
+            float(started) if started is not None else first.committed_at,
+        )
     try:
-        space = prober.ask(tier.name, tier.space, what="measure its space",
-                           direct=tier.capabilities.staging_files)  # fmt: skip
+        space = prober.ask(
+            tier.name, tier.space, what="measure its space", direct=tier.capabilities.staging_files
+        )
     except (TierstoreError, OSError) as exc:
         return TierStatus(tier.name, tier.type, where, durable, error=str(exc), keep=keep)
     return TierStatus(
-        tier.name, tier.type, where, durable,
-        checkpoints=len(held), bytes=sum(e.bytes for e in held), keep=keep, space=space,
-        newest=newest, lag_s=None if newest is None else max(0.0, now - newest.started_at),
-    )  # fmt: skip
+        tier.name,
+        tier.type,
+        where,
+        durable,
+        checkpoints=len(held),
+        bytes=sum(e.bytes for e in held),
+        keep=keep,
+        space=space,
+        newest=newest,
+        lag_s=None if newest is None else max(0.0, now - newest.started_at),
+    )
 
 
 def _mirror_state(tier: Tier, node: int, checkpoint_id: str, prober: Prober) -> MirrorState:
@@ -262,35 +272,34 @@ def _mirror_state(tier: Tier, node: int, checkpoint_id: str, prober: Prober) -> 
         return read_status(tier, checkpoint_id, generation, node)
 
     try:
-        status = prober.ask(tier.name, question, what="read a mirror record",
-                            direct=tier.capabilities.staging_files)  # fmt: skip
+        status = prober.ask(
+            tier.name, question, what="read a mirror record", direct=tier.capabilities.staging_files
+        )
     except FileNotFoundError:  # deleted by retention since it was listed
         return MirrorState(tier.name, node, checkpoint_id, None, reason="gone since listed")
     except (TierstoreError, OSError) as exc:
         return MirrorState(tier.name, node, checkpoint_id, False, reason=f"unreadable: {exc}")
     if status is None:
         return MirrorState(tier.name, node, checkpoint_id, None, reason="no mirror record yet")
-    return MirrorState(tier.name, node, checkpoint_id, status.mirrored, status.holder_node,
-                       status.reason)  # fmt: skip
+    return MirrorState(tier.name, node, checkpoint_id, status.mirrored, status.holder_node, status.reason)
 
 
-def _promoter_view(
-    tiers: list[Tier], node: int, now: float, prober: Prober, away: set[str]
-) -> PromoterView:
+def _promoter_view(tiers: list[Tier], node: int, now: float, prober: Prober, away: set[str]) -> PromoterView:
     """The newest record node ``node``'s promoter left in the tiers it writes it to (``away``:
     tiers that did not answer, not asked again)."""
     newest: PromoterState | None = None
     problems = []
     for tier in [t for t in tiers if t.node_local] or tiers[:1]:
         if tier.name in away:
-            problems.append(
-                f"its record in tier {tier.name} cannot be read: the tier is unreachable"
-            )
+            problems.append(f"its record in tier {tier.name} cannot be read: the tier is unreachable")
             continue
         try:
-            state = prober.ask(tier.name, functools.partial(read_state, tier, node),
-                               what="read the promoter's record",
-                               direct=tier.capabilities.staging_files)  # fmt: skip
+            state = prober.ask(
+                tier.name,
+                functools.partial(read_state, tier, node),
+                what="read the promoter's record",
+                direct=tier.capabilities.staging_files,
+            )
         except (TierstoreError, OSError) as exc:
             problems.append(str(exc))
             continue
@@ -315,21 +324,25 @@ def render(report: StatusReport) -> list[str]:
         held = str(tier.checkpoints) + ("" if tier.keep is None else f"/{tier.keep}")
         newest = "-" if tier.newest is None else tier.newest.checkpoint_id
         lag = "-" if tier.lag_s is None else human_age(tier.lag_s)
-        rows.append((tier.name, node, "ok", held, human_bytes(tier.bytes), _space_text(tier.space),
-                     newest, lag))  # fmt: skip
+        rows.append(
+            (tier.name, node, "ok", held, human_bytes(tier.bytes), _space_text(tier.space), newest, lag)
+        )
     lines = _table(rows)
     if report.durable is not None:
         lag = human_age(report.recovery_point_lag_s or 0.0)
-        lines.append(f"recovery point: {report.durable.checkpoint_id} in the durable tier, its data"
-                     f" {lag} old")  # fmt: skip
+        lines.append(
+            f"recovery point: {report.durable.checkpoint_id} in the durable tier, its data {lag} old"
+        )
     elif not report.durable_reachable:
         away = ", ".join(sorted({t.name for t in report.tiers if t.durable}))
         lines.append(f"recovery point: unknown: the durable tier {away} is unreachable")
     elif report.newest is not None:
         lines.append("recovery point: nothing in the durable tier yet")
     if report.newest is not None:
-        lines.append(f"newest committed: {report.newest.checkpoint_id},"
-                     f" its data {human_age(report.at - report.newest.started_at)} old")  # fmt: skip
+        lines.append(
+            f"newest committed: {report.newest.checkpoint_id},"
+            f" its data {human_age(report.at - report.newest.started_at)} old"
+        )
     for mirror in report.mirrors:
         if mirror.mirrored:
             held_by = "a partner" if mirror.holder_node is None else f"node {mirror.holder_node}"
@@ -350,8 +363,7 @@ def render(report: StatusReport) -> list[str]:
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
 
 

@@ -131,8 +131,7 @@ class TrainState(Stateful):
             # Saved at a smaller world size: this rank had no stream. Derive one from the step, so
             # that the same resume is still repeatable.
             seed_everything(self.seed + 7919 * self.progress.step + self.rank)
-            logger.info("rank %d: no saved RNG state; reseeded for step %d",
-                        self.rank, self.progress.step)  # fmt: skip
+            logger.info("rank %d: no saved RNG state; reseeded for step %d", self.rank, self.progress.step)
         else:
             rng_restore(own)
 
@@ -145,10 +144,7 @@ class ResumePlanner(DefaultLoadPlanner):
     """
 
     def set_up_planner(
-        self,
-        state_dict: dict[str, Any],
-        metadata: Metadata | None = None,
-        is_coordinator: bool = False,
+        self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False
     ) -> None:
         """Drop this rank's RNG entry when the checkpoint has none, then plan as usual."""
         if metadata is not None:

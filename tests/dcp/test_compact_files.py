@@ -30,17 +30,13 @@ def replicated(step: int) -> dict[str, torch.Tensor]:
 def save_three(rank: int, world: int, config: Config) -> None:
     writer = TieredWriter(config)
     for step in range(3):
-        dcp.async_save(
-            replicated(step), storage_writer=writer, checkpoint_id=f"step_{step}"
-        ).result()
+        dcp.async_save(replicated(step), storage_writer=writer, checkpoint_id=f"step_{step}").result()
     dist.barrier()
     writer.close()
 
 
 def test_each_item_of_a_replicated_state_is_stored_once_and_loads_back(tmp_path: Path) -> None:
-    config = config_from_dict(
-        {"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")}]}
-    )
+    config = config_from_dict({"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")}]})
     run_ranks(save_three, 2, tmp_path, config)
 
     ram = config.make_tier("ram", node=0)

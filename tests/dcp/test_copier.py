@@ -42,8 +42,7 @@ def sources() -> list[torch.Tensor]:
 
 
 def test_every_byte_arrives_whatever_the_sizes(two_threads: None) -> None:
-    pairs = [(torch.full_like(s, 1) if s.dtype != torch.bool else torch.zeros_like(s), s)
-             for s in sources()]  # fmt: skip
+    pairs = [(torch.full_like(s, 1) if s.dtype != torch.bool else torch.zeros_like(s), s) for s in sources()]
     move(pairs)
     for destination, source in pairs:
         assert torch.equal(destination, source), (source.dtype, tuple(source.shape))
@@ -116,9 +115,7 @@ def test_slab_saves_keep_every_kind_of_tensor(
     config = make_config(kind)
     writer = TieredWriter(config)
     for index in range(3):
-        dcp.async_save(
-            mixed_state(index), storage_writer=writer, checkpoint_id=f"step_{index:04d}"
-        ).result()
+        dcp.async_save(mixed_state(index), storage_writer=writer, checkpoint_id=f"step_{index:04d}").result()
     assert writer._slab is not None, "the last save copied into a slab"
     for index in range(3):
         expected = mixed_state(index)

@@ -32,12 +32,27 @@ def trained(tmp_path: Path) -> tuple[Path, Path]:
     return config, log
 
 
-def drill(config: Path, log: Path, *flags: str, entry_args: tuple[str, ...] | None = None
-          ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def drill(
+    config: Path, log: Path, *flags: str, entry_args: tuple[str, ...] | None = None
+) -> subprocess.CompletedProcess[str]:
     argv = ("--config", str(config)) if entry_args is None else entry_args
-    command = [sys.executable, "-m", "tierstore.cli", "--config", str(config), "drill",
-               "--entry", ENTRY, "--loss-log", str(log), "--checkpoint", "step_0004", *flags,
-               "--", *argv]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tierstore.cli",
+        "--config",
+        str(config),
+        "drill",
+        "--entry",
+        ENTRY,
+        "--loss-log",
+        str(log),
+        "--checkpoint",
+        "step_0004",
+        *flags,
+        "--",
+        *argv,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
 
 
@@ -86,9 +101,7 @@ def test_a_corrupt_copy_fails_in_one_line_naming_the_file(trained: tuple[Path, P
     assert "Traceback (most recent call last)" in verbose.stdout
 
 
-def test_missing_entry_arguments_are_the_entrys_not_tierstores(
-    trained: tuple[Path, Path],
-) -> None:
+def test_missing_entry_arguments_are_the_entrys_not_tierstores(trained: tuple[Path, Path]) -> None:
     done = drill(*trained, entry_args=())
     assert done.returncode == 1
     verdict = done.stdout.splitlines()[0]

@@ -27,9 +27,7 @@ def wrapped(exc: BaseException, rank: int = 0) -> CheckpointException:
     try:
         raise exc
     except BaseException as caught:  # noqa: BLE001 - wrapping whatever it is, as DCP does
-        return CheckpointException(
-            "plan", {rank: (caught, traceback.extract_tb(caught.__traceback__))}
-        )
+        return CheckpointException("plan", {rank: (caught, traceback.extract_tb(caught.__traceback__))})
 
 
 def test_a_failed_metadata_read_gives_the_readers_own_line() -> None:
@@ -119,9 +117,7 @@ def test_a_pass_within_tolerance_does_not_claim_a_match() -> None:
 
 
 def test_a_drill_of_fewer_steps_than_show_the_schedule_is_refused(tmp_path: Path) -> None:
-    config = Config.model_validate(
-        {"tiers": [{"name": "disk", "type": "local", "path": str(tmp_path)}]}
-    )
+    config = Config.model_validate({"tiers": [{"name": "disk", "type": "local", "path": str(tmp_path)}]})
     with pytest.raises(TierstoreError, match=r"--steps 2: expected at least 3\. .*wrong schedule"):
         run_drill(config, entry="m:f", loss_log=tmp_path / "none.jsonl", steps=2)
     assert MIN_STEPS == 3
@@ -138,8 +134,12 @@ def resumed_losses(keep_schedule: bool, steps: int = 3) -> list[float]:
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s))
         return model, optimizer, schedule
 
-    def step(model: torch.nn.Linear, optimizer: torch.optim.Optimizer,
-             schedule: torch.optim.lr_scheduler.LambdaLR, number: int) -> float:  # fmt: skip
+    def step(
+        model: torch.nn.Linear,
+        optimizer: torch.optim.Optimizer,
+        schedule: torch.optim.lr_scheduler.LambdaLR,
+        number: int,
+    ) -> float:
         generator = torch.Generator().manual_seed(number)
         inputs = torch.randn(32, 8, generator=generator)
         loss = (model(inputs).squeeze(1) - inputs.sum(1)).pow(2).mean()

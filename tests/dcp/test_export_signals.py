@@ -30,10 +30,21 @@ def test_sigterm_mid_export_removes_the_temporary_directory_and_the_read_record(
     dest = tmp_path / "out" / "big"
     dest.parent.mkdir()
 
-    export = subprocess.Popen([sys.executable, "-m", "tierstore.cli", "--config", str(config_file),
-                               "restore", "big", "--to", str(dest)],
-                              env={**os.environ, "PYTHONPATH": os.getcwd()},
-                              stderr=subprocess.PIPE)  # fmt: skip
+    export = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(config_file),
+            "restore",
+            "big",
+            "--to",
+            str(dest),
+        ],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not any(p.name.startswith(".big.export-") for p in dest.parent.iterdir()):
         assert export.poll() is None, "the export ended before it could be stopped"

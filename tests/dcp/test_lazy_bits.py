@@ -24,10 +24,7 @@ def _values() -> torch.Tensor:
     return torch.randn(2048, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
 
 
-LAZY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "conj": torch.conj,
-    "neg": torch._neg_view,
-}
+LAZY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"conj": torch.conj, "neg": torch._neg_view}
 
 
 @pytest.mark.parametrize("kind", KINDS)

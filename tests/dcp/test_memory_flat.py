@@ -58,11 +58,15 @@ SAVES = textwrap.dedent("""
 def test_forty_saves_keep_anonymous_memory_and_the_tier_flat(mode: str, tmp_path: Path) -> None:
     memory = Path("/dev/shm") / f"tierstore-flat-{tmp_path.name}"
     config = tmp_path / "tierstore.yaml"
-    config.write_text(yaml.safe_dump({"tiers": [{"name": "ram", "type": "memory",
-                                                 "path": str(memory)}]}))  # fmt: skip
+    config.write_text(yaml.safe_dump({"tiers": [{"name": "ram", "type": "memory", "path": str(memory)}]}))
     try:
-        done = subprocess.run([sys.executable, "-c", SAVES, str(config), mode],
-                              capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", SAVES, str(config), mode],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     finally:
         subprocess.run(["rm", "-rf", str(memory)], check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -75,5 +79,7 @@ def test_forty_saves_keep_anonymous_memory_and_the_tier_flat(mode: str, tmp_path
     # the spare slab the next save copies into.
     bound = (2 + 1) * state + 8 * 2**20
     assert max(tier[5:]) <= bound, f"memory tier held {max(tier) / 2**20:.0f} MiB, bound {bound}"
-    print(f"{mode}: anon growth {growth / 2**20:.1f} MiB, tier max {max(tier) / 2**20:.0f} MiB,"
-          f" shmem {found['shmem'] / 2**20:.0f} MiB")  # fmt: skip
+    print(
+        f"{mode}: anon growth {growth / 2**20:.1f} MiB, tier max {max(tier) / 2**20:.0f} MiB,"
+        f" shmem {found['shmem'] / 2**20:.0f} MiB"
+    )

@@ -85,9 +85,7 @@ def one_rank_group(tmp_path: Path) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("one_rank_group")
-def test_one_stored_chunk_loaded_into_two_local_shards_from_s3(
-    make_config: Callable[..., Config],
-) -> None:
+def test_one_stored_chunk_loaded_into_two_local_shards_from_s3(make_config: Callable[..., Config]) -> None:
     """Resharding gives this rank two items over the same stored bytes (a table split in two
     local shards, as torchrec's are): one GET serves both."""
     from torch.distributed._shard import sharded_tensor

@@ -180,8 +180,11 @@ def test_a_plain_save_waits_for_overlapped_staging_queued_before_it(
     assert gate.reached.wait(60)
     queued = save(TieredWriter(config, overlap=True), model_state(2), "step_0002")
     plain: list[Any] = []
-    trainer = threading.Thread(target=lambda: plain.append(dcp.async_save(
-        model_state(3), storage_writer=TieredWriter(config), checkpoint_id="step_0003")))  # fmt: skip
+    trainer = threading.Thread(
+        target=lambda: plain.append(
+            dcp.async_save(model_state(3), storage_writer=TieredWriter(config), checkpoint_id="step_0003")
+        )
+    )
     trainer.start()
     trainer.join(0.5)  # time for it to get as far as it may; it may not pass the queued staging
     assert trainer.is_alive() and not queued.staging_completion.done()
@@ -230,14 +233,16 @@ def failing_then_working(rank: int, world: int, config: Config, mode: str) -> No
     writer = TieredWriter(config, overlap=True)
     partial = DTensor.from_local(torch.ones(4), mesh, [Partial()])
     kind = AsyncCheckpointerType(mode)
-    response = dcp.async_save({"p": partial}, storage_writer=writer, checkpoint_id="step_0001",
-                              async_checkpointer_type=kind)  # fmt: skip
+    response = dcp.async_save(
+        {"p": partial}, storage_writer=writer, checkpoint_id="step_0001", async_checkpointer_type=kind
+    )
     assert isinstance(response, AsyncSaveResponse)
     assert_both_raise(response, "partial placements")
     assert latest_committed(config) is None
     state = model_state(6)
-    response = dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002",
-                              async_checkpointer_type=kind)  # fmt: skip
+    response = dcp.async_save(
+        state, storage_writer=writer, checkpoint_id="step_0002", async_checkpointer_type=kind
+    )
     assert isinstance(response, AsyncSaveResponse)
     response.upload_completion.result()
     assert_loaded(config, "step_0002", model_state(6))
@@ -259,9 +264,11 @@ def isolated_dtensor_saves(rank: int, world: int, config: Config, mode: str) -> 
     for step in (1, 2, 3):  # consecutive saves: buffers are reused or replaced between them
         state = dtensor_state(step)
         response = dcp.async_save(
-            state, storage_writer=writer, checkpoint_id=f"step_{step:06d}",
+            state,
+            storage_writer=writer,
+            checkpoint_id=f"step_{step:06d}",
             async_checkpointer_type=AsyncCheckpointerType(mode),
-        )  # fmt: skip
+        )
         assert isinstance(response, AsyncSaveResponse)
         response.staging_completion.result()
         for value in (*state["model"].values(), state["optim"]["state"]["w"]["exp_avg"]):
@@ -288,9 +295,11 @@ def isolated_process_saves(rank: int, world: int, config: Config) -> None:
         state = model_state(step)
         expected = snapshot(state)
         response = dcp.async_save(
-            state, storage_writer=writer, checkpoint_id=f"step_{step:04d}",
+            state,
+            storage_writer=writer,
+            checkpoint_id=f"step_{step:04d}",
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-        )  # fmt: skip
+        )
         assert isinstance(response, AsyncSaveResponse)
         response.staging_completion.result()
         scribble(state)
@@ -300,9 +309,7 @@ def isolated_process_saves(rank: int, world: int, config: Config) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
-def test_process_mode_isolation(
-    kind: str, tmp_path: Path, make_config: Callable[..., Config]
-) -> None:
+def test_process_mode_isolation(kind: str, tmp_path: Path, make_config: Callable[..., Config]) -> None:
     run_ranks(isolated_process_saves, 1, tmp_path, make_config(kind))
 
 

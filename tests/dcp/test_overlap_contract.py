@@ -38,16 +38,18 @@ def failed(future: Future[Any]) -> Future[Any]:
 
 
 def save_with(stager: FixedStager, config: Config) -> AsyncSaveResponse:
-    response = dcp.async_save({"w": torch.ones(3)}, storage_writer=TieredWriter(config),
-                              async_stager=stager, checkpoint_id="step_0001")  # fmt: skip
+    response = dcp.async_save(
+        {"w": torch.ones(3)},
+        storage_writer=TieredWriter(config),
+        async_stager=stager,
+        checkpoint_id="step_0001",
+    )
     assert isinstance(response, AsyncSaveResponse), "a future from stage(): both futures back"
     assert not stager.synchronized, "synchronize_staging is never called for a staging future"
     return response
 
 
-def test_torch_reports_an_already_failed_staging_future_as_staged(
-    make_config: Callable[..., Config],
-) -> None:
+def test_torch_reports_an_already_failed_staging_future_as_staged(make_config: Callable[..., Config]) -> None:
     """The quirk StagingFuture works around: should this fail, torch fixed it; drop the override."""
     response = save_with(FixedStager(failed(Future())), make_config("local"))
     assert response.staging_completion.result() is None

@@ -48,8 +48,9 @@ class SyncSaver:
         while (job := self.jobs.get()) is not None:
             staged, checkpoint_id = job
             try:
-                dcp.save(staged, storage_writer=self.writer, checkpoint_id=checkpoint_id,
-                         planner=self.planner())  # fmt: skip
+                dcp.save(
+                    staged, storage_writer=self.writer, checkpoint_id=checkpoint_id, planner=self.planner()
+                )
             except CheckpointException as exc:
                 self.failed.append(f"{checkpoint_id}: {exc}")
             self.done.put((checkpoint_id, time.perf_counter()))
@@ -110,9 +111,7 @@ def test_saves_carried_by_a_long_lived_thread_do_not_hold_up_the_next_stage(
         assert_loaded(config, f"step_{index}", model_state(index))
 
 
-def test_the_next_stage_still_waits_while_a_synchronous_save_runs(
-    make_config: Callable[..., Config],
-) -> None:
+def test_the_next_stage_still_waits_while_a_synchronous_save_runs(make_config: Callable[..., Config]) -> None:
     """The other half of the rule: while the long-lived thread is still inside DCP's save (here, in
     a slow commit gate), the next stage must not copy into the buffers it is writing."""
     config = make_config("local")  # the one staging buffer is reused: a copy into it too early
@@ -138,9 +137,11 @@ def test_a_save_that_fails_before_its_handover_does_not_hold_up_the_next(
     writer = TieredWriter(config)
     with pytest.raises(ValueError, match="process group"):
         dcp.async_save(
-            model_state(1), storage_writer=writer, checkpoint_id="step_1",
+            model_state(1),
+            storage_writer=writer,
+            checkpoint_id="step_1",
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-        )  # fmt: skip
+        )
     started = time.perf_counter()
     dcp.async_save(model_state(2), storage_writer=writer, checkpoint_id="step_2").result()
     assert time.perf_counter() - started < 10
@@ -149,9 +150,7 @@ def test_a_save_that_fails_before_its_handover_does_not_hold_up_the_next(
     assert_loaded(config, "step_2", model_state(2))
 
 
-def test_an_unreported_save_whose_tensors_are_alive_is_waited_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_unreported_save_whose_tensors_are_alive_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Someone still holds the staged tensors: the save may yet start, so the wait goes on until
     the registration timeout, and then reports that the buffers are still in use."""
     monkeypatch.setattr(pending_module, "REGISTRATION_TIMEOUT", 0.5)
@@ -225,9 +224,7 @@ def test_a_retry_after_the_next_stage_is_refused_not_committed_with_the_later_st
             failed.set()
             time.sleep(0.5)  # back off, then retry the same staged state
             try:
-                dcp.save(
-                    staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst()
-                )
+                dcp.save(staged, storage_writer=writer, checkpoint_id="step_1", planner=FailsFirst())
             except CheckpointException as exc:
                 retry_error.append(exc)
             retried.set()
@@ -329,9 +326,7 @@ def test_two_threads_saving_through_two_writers_to_one_tier_keep_their_states_ap
                 expected[f"{name}{index}"] = value
                 state = {"w": torch.full((1 << 20,), value)}
                 start.wait(30)
-                dcp.async_save(
-                    state, storage_writer=writer, checkpoint_id=f"{name}{index}"
-                ).result()
+                dcp.async_save(state, storage_writer=writer, checkpoint_id=f"{name}{index}").result()
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(f"{name}: {exc!r}")
 
@@ -344,9 +339,7 @@ def test_two_threads_saving_through_two_writers_to_one_tier_keep_their_states_ap
     assert_loaded_values(config, expected)
 
 
-def test_a_save_carried_by_a_thread_threading_did_not_start(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_save_carried_by_a_thread_threading_did_not_start(make_config: Callable[..., Config]) -> None:
     """A carrier started with _thread (or by C++ code calling into Python) is a dummy thread:
     joining it raises, and it never reports its end. The next stage waits on its stack instead."""
     config = make_config("local")
@@ -398,9 +391,7 @@ def stale_dtensor_retry(rank: int, world: int, config: Config) -> None:
     assert latest_committed(config) == "step_2"
 
 
-def test_a_superseded_dtensor_state_is_refused(
-    tmp_path: Path, make_config: Callable[..., Config]
-) -> None:
+def test_a_superseded_dtensor_state_is_refused(tmp_path: Path, make_config: Callable[..., Config]) -> None:
     run_ranks(stale_dtensor_retry, 1, tmp_path, make_config("local"))
 
 

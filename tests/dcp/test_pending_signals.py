@@ -82,16 +82,13 @@ class NestedSavePlanner(DefaultSavePlanner):
         self.entered = entered
 
     def finish_plan(self, central_plan: Any) -> Any:
-        dcp.save({"x": model_state(99)["ints"]}, storage_writer=FileSystemWriter(self.side_dir),
-                 no_dist=True)  # fmt: skip
+        dcp.save({"x": model_state(99)["ints"]}, storage_writer=FileSystemWriter(self.side_dir), no_dist=True)
         self.entered.set()
         time.sleep(1.5)  # the staged save has not written its data yet
         return super().finish_plan(central_plan)
 
 
-def test_nested_save_ends_the_outer_save_early(
-    make_config: Callable[..., Config], tmp_path: Any
-) -> None:
+def test_nested_save_ends_the_outer_save_early(make_config: Callable[..., Config], tmp_path: Any) -> None:
     """The nested save's 'end' event is taken for the staged save's end: the next stage copies
     into the buffer the staged save has not written yet -> step_1 holds step_2's bytes."""
     config = make_config("local")  # one anonymous buffer, reused save after save
@@ -114,9 +111,7 @@ class Broken:
         pass
 
 
-def test_save_failing_before_the_writer_with_the_state_still_held(
-    make_config: Callable[..., Config],
-) -> None:
+def test_save_failing_before_the_writer_with_the_state_still_held(make_config: Callable[..., Config]) -> None:
     """dcp.save raises in DCP's Stateful step, before any writer call; the trainer still holds the
     staged state (to retry, or just its local name): the next stage waits REGISTRATION_TIMEOUT
     (120 s) for a save that is already over."""

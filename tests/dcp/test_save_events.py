@@ -35,9 +35,7 @@ class Watching(DefaultSavePlanner):
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
-def test_the_event_is_set_when_the_watched_save_returns_or_raises(
-    tmp_path: Path, fail: bool
-) -> None:
+def test_the_event_is_set_when_the_watched_save_returns_or_raises(tmp_path: Path, fail: bool) -> None:
     planner = Watching(fail)
     if fail:
         with pytest.raises(CheckpointException, match="the planner fails"):
@@ -62,9 +60,10 @@ def test_another_threads_save_does_not_set_it(tmp_path: Path) -> None:
 
     slow = Blocking()
     thread = threading.Thread(
-        target=dcp.save, args=({"a": torch.ones(4)},),
+        target=dcp.save,
+        args=({"a": torch.ones(4)},),
         kwargs={"checkpoint_id": tmp_path / "slow", "planner": slow},
-    )  # fmt: skip
+    )
     thread.start()
     try:
         assert blocked.wait(30)

@@ -22,13 +22,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from tests.forked import in_forked_child
 from tests.workers import run_ranks
-from tierstore import (
-    LossBandGate,
-    NonFiniteTensorError,
-    TieredReader,
-    TieredWriter,
-    latest_committed,
-)
+from tierstore import LossBandGate, NonFiniteTensorError, TieredReader, TieredWriter, latest_committed
 from tierstore.cli import main
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
@@ -76,9 +70,7 @@ def tier0(config: Config) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["memory", "local", "s3"])
-def test_staged_copy_is_isolated_from_the_trainer(
-    kind: str, make_config: Callable[..., Config]
-) -> None:
+def test_staged_copy_is_isolated_from_the_trainer(kind: str, make_config: Callable[..., Config]) -> None:
     config = make_config(kind)
     state = model_state(1)
     expected = {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
@@ -93,9 +85,7 @@ def test_staged_copy_is_isolated_from_the_trainer(
     writer.close()
 
 
-def test_memory_tier_adopts_the_slab_and_prepares_a_spare(
-    make_config: Callable[..., Config],
-) -> None:
+def test_memory_tier_adopts_the_slab_and_prepares_a_spare(make_config: Callable[..., Config]) -> None:
     config = make_config("memory")
     writer = TieredWriter(config)
     state = model_state(2)
@@ -122,9 +112,7 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(
     assert not list(staging.glob("*/slab-*.bin")), "close() releases unused buffers"
 
 
-def test_the_spare_is_prepared_only_once_the_save_is_handed_over(
-    make_config: Callable[..., Config],
-) -> None:
+def test_the_spare_is_prepared_only_once_the_save_is_handed_over(make_config: Callable[..., Config]) -> None:
     """The spare's allocation stays out of the stall: woken during it, the slab worker delayed the
     start of DCP's save thread by 3-20 ms on 2 cores."""
     config = make_config("memory")
@@ -184,19 +172,23 @@ print("closed from a callback", flush=True)
 """
 
 
-def test_a_synchronous_save_of_staged_state_and_close_in_a_callback_never_hang(
-    tmp_path: Path,
-) -> None:
+def test_a_synchronous_save_of_staged_state_and_close_in_a_callback_never_hang(tmp_path: Path) -> None:
     # The save then runs on the trainer's own thread, and close() on the save's thread: nothing
     # in the stager may wait for the thread that is waiting.
     done = subprocess.run(
         [sys.executable, "-c", _SYNC_AFTER_STAGE, str(tmp_path / "ram")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:4] == [
-        "step_1 saved", "step_2 saved", "step_3 saved", "closed from a callback",
-    ], done.stdout  # fmt: skip
+        "step_1 saved",
+        "step_2 saved",
+        "step_3 saved",
+        "closed from a callback",
+    ], done.stdout
 
 
 def test_other_tiers_reuse_one_buffer(make_config: Callable[..., Config]) -> None:
@@ -248,13 +240,12 @@ def test_a_save_whose_planner_fails_does_not_hold_up_the_next(
         def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
             raise RuntimeError("the planner fails")
 
-    dcp.async_save(
-        model_state(1), storage_writer=TieredWriter(config, checkpoint_id="step_0001")
-    ).result()
+    dcp.async_save(model_state(1), storage_writer=TieredWriter(config, checkpoint_id="step_0001")).result()
     failing = dcp.async_save(
-        model_state(2), storage_writer=TieredWriter(config, checkpoint_id="step_0002"),
+        model_state(2),
+        storage_writer=TieredWriter(config, checkpoint_id="step_0002"),
         planner=FailingPlanner(),
-    )  # fmt: skip
+    )
     with pytest.raises(BaseException, match="the planner fails"):
         failing.result()
     with caplog.at_level(logging.WARNING):
@@ -274,9 +265,7 @@ def test_a_writer_used_before_a_fork_saves_in_the_child(make_config: Callable[..
     config = make_config("memory")
     writer = TieredWriter(config)
     before = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # after a fork torch's OpenMP pool hangs parallel ops, tierstore or not
+    torch.set_num_threads(1)  # after a fork torch's OpenMP pool hangs parallel ops, tierstore or not
 
     def save_in_child() -> int:
         for index in range(3):
@@ -302,9 +291,7 @@ def test_a_writer_used_before_a_fork_saves_in_the_child(make_config: Callable[..
     writer.close()
 
 
-def test_check_finite_refuses_nan_and_keeps_the_previous_latest(
-    make_config: Callable[..., Config],
-) -> None:
+def test_check_finite_refuses_nan_and_keeps_the_previous_latest(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", check_finite=True)
     writer = TieredWriter(config)
     dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_0001").result()
@@ -313,9 +300,7 @@ def test_check_finite_refuses_nan_and_keeps_the_previous_latest(
     future = dcp.async_save(poisoned, storage_writer=writer, checkpoint_id="step_0002")
     with pytest.raises(BaseException, match=r"tensor 'model\.w3' holds NaN or Inf") as caught:
         future.result()
-    assert "NonFiniteTensorError" in str(caught.value) or isinstance(
-        caught.value, NonFiniteTensorError
-    )
+    assert "NonFiniteTensorError" in str(caught.value) or isinstance(caught.value, NonFiniteTensorError)
     assert latest_committed(config) == "step_0001"
     dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
     assert latest_committed(config) == "step_0003"
@@ -346,9 +331,11 @@ def process_mode_isolation(rank: int, world: int, config: Config) -> None:
         state = model_state(step)
         expected = {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
         future = dcp.async_save(
-            state, storage_writer=writer, checkpoint_id=f"step_{step:04d}",
+            state,
+            storage_writer=writer,
+            checkpoint_id=f"step_{step:04d}",
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-        )  # fmt: skip
+        )
         for tensor in state["model"].values():
             tensor.mul_(-1)
         future.result()
@@ -364,18 +351,18 @@ def test_process_mode_consecutive_saves(
 
 
 def test_timings_reach_ls_json_and_advise(
-    make_config: Callable[..., Config], tier_specs: Callable[..., Any], tmp_path: Path,
+    make_config: Callable[..., Config],
+    tier_specs: Callable[..., Any],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     import yaml
 
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump({"tiers": tier_specs("memory", "local")}))
     writer = TieredWriter(str(path))
     for step in (1, 2, 3):
-        dcp.async_save(
-            model_state(step), storage_writer=writer, checkpoint_id=f"step_{step:04d}"
-        ).result()
+        dcp.async_save(model_state(step), storage_writer=writer, checkpoint_id=f"step_{step:04d}").result()
     Promoter(writer.config).run_once()
     assert main(["--config", str(path), "ls", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
@@ -391,9 +378,7 @@ def test_timings_reach_ls_json_and_advise(
 
 def test_interval_math() -> None:
     assert young(10, 3600) == pytest.approx(268.3, abs=0.1)
-    assert daly(10, 3600) == pytest.approx(
-        268.3 * (1 + (10 / 7200) ** 0.5 / 3 + 10 / 7200 / 9) - 10, abs=0.1
-    )
+    assert daly(10, 3600) == pytest.approx(268.3 * (1 + (10 / 7200) ** 0.5 / 3 + 10 / 7200 / 9) - 10, abs=0.1)
     assert daly(10_000, 3600) == 3600
     advice = advise(10, 3600, restart=120, durable_lag=30)
     assert advice.waste_saving == pytest.approx(10 / advice.daly_s)
@@ -458,9 +443,7 @@ def test_back_to_back_saves_never_share_a_buffer_in_use(make_config: Callable[..
 
 
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
-def test_check_finite_also_sees_sparse_tensors(
-    layout: str, make_config: Callable[..., Config]
-) -> None:
+def test_check_finite_also_sees_sparse_tensors(layout: str, make_config: Callable[..., Config]) -> None:
     config = make_config("local", check_finite=True)
     values = torch.tensor([[0.0, 1.0], [float("nan"), 2.0]])
     bad = values.to_sparse() if layout == "sparse_coo" else values.to_sparse_csr()

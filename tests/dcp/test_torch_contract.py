@@ -27,13 +27,23 @@ def test_torch_version_is_in_the_supported_range() -> None:
 
 def test_storage_interfaces_have_the_methods_we_implement() -> None:
     assert StorageWriter.__abstractmethods__ == {
-        "reset", "set_up_storage_writer", "prepare_local_plan", "prepare_global_plan",
-        "write_data", "finish", "validate_checkpoint_id",
-    }  # fmt: skip
+        "reset",
+        "set_up_storage_writer",
+        "prepare_local_plan",
+        "prepare_global_plan",
+        "write_data",
+        "finish",
+        "validate_checkpoint_id",
+    }
     assert StorageReader.__abstractmethods__ == {
-        "reset", "read_metadata", "set_up_storage_reader", "prepare_local_plan",
-        "prepare_global_plan", "read_data", "validate_checkpoint_id",
-    }  # fmt: skip
+        "reset",
+        "read_metadata",
+        "set_up_storage_reader",
+        "prepare_local_plan",
+        "prepare_global_plan",
+        "read_data",
+        "validate_checkpoint_id",
+    }
     assert not TieredWriter.__abstractmethods__ and not TieredReader.__abstractmethods__
 
 
@@ -76,9 +86,7 @@ class RecordingWriter(TieredWriter):
         super().finish(metadata, results)
 
 
-def test_save_call_order_and_plan_storage_data_round_trip(
-    make_config: Callable[..., Config],
-) -> None:
+def test_save_call_order_and_plan_storage_data_round_trip(make_config: Callable[..., Config]) -> None:
     writer = RecordingWriter(make_config("local"))
     dcp.save({"w": torch.ones(3), "n": 1}, storage_writer=writer, checkpoint_id="step_1")
     names = [name for name, _ in writer.calls]
@@ -89,9 +97,7 @@ def test_save_call_order_and_plan_storage_data_round_trip(
     assert isinstance(dict(writer.calls)["global_plan"][0], RankReport)
     assert isinstance(dict(writer.calls)["write_data"], RankAssignment)
     results = dict(writer.calls)["finish"]
-    assert any(isinstance(r.storage_data, RankFiles) for r in results[0]), (
-        "results reach finish as-is"
-    )
+    assert any(isinstance(r.storage_data, RankFiles) for r in results[0]), "results reach finish as-is"
 
 
 def test_reader_read_metadata_has_no_kwargs_parameter() -> None:

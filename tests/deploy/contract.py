@@ -17,9 +17,7 @@ TRAINER_FLAGS = {"--config", "--run-dir", "--steps", "--save-every"}
 """examples/train_gpt.py's documented flags (used until the script exists; then its argparse)."""
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - what a promoter others scrape must bind
 """``--metrics-addr`` wherever another pod or host scrapes the promoter."""
-DRILL_FLAGS = {
-    "--tier", "--world-size", "--entry", "--loss-log", "--steps", "--tolerance", "--prom-file",
-}  # fmt: skip
+DRILL_FLAGS = {"--tier", "--world-size", "--entry", "--loss-log", "--steps", "--tolerance", "--prom-file"}
 """``tierstore drill``'s own flags as the deploy files use them (the step function's follow ``--``)."""
 
 
@@ -45,9 +43,7 @@ def trainer_flags() -> set[str]:
     for node in ast.walk(ast.parse(TRAIN_GPT.read_text(), str(TRAIN_GPT))):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
             flags |= {
-                a.value
-                for a in node.args
-                if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+                a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")
             }
     return flags
 

@@ -145,10 +145,7 @@ time.sleep(0.2)  # the files in flight
 log.write(f"promoter node={node} exit 0\\n")
 """
 
-FAKES = {
-    "srun": SRUN, "scontrol": SCONTROL, "scancel": SCANCEL, "torchrun": TORCHRUN,
-    "tierstore": TIERSTORE,
-}  # fmt: skip
+FAKES = {"srun": SRUN, "scontrol": SCONTROL, "scancel": SCANCEL, "torchrun": TORCHRUN, "tierstore": TIERSTORE}
 NODES = 2
 
 
@@ -204,8 +201,7 @@ class Job:
             out, err = self.process.communicate()
             events = "\n".join(self.events())
             raise AssertionError(
-                f"the job still ran after {timeout:g} s\nevents:\n{events}\nstdout:\n{out}"
-                f"\nstderr:\n{err}"
+                f"the job still ran after {timeout:g} s\nevents:\n{events}\nstdout:\n{out}\nstderr:\n{err}"
             ) from None
         return self.process.returncode, out, err
 
@@ -222,16 +218,25 @@ def start(tmp: Path, job_id: int = 42, **env: str) -> Job:
     variables = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "SLURM_SUBMIT_DIR": str(tmp), "SLURM_JOB_ID": str(job_id),
-        "SLURM_JOB_NUM_NODES": str(NODES), "SLURM_JOB_NODELIST": "node[1-2]",
-        "SLURM_CPUS_PER_TASK": "4", "DEPLOY_DIR": str(DEPLOY / "slurm"),
-        "METRICS_SD_DIR": str(tmp / "sd"), "EVENTS": str(tmp / "events"),
-        "STEP_PIDS": str(tmp / "step-pids"), "PROMOTER_RESTART_DELAY": "0",
+        "SLURM_SUBMIT_DIR": str(tmp),
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NUM_NODES": str(NODES),
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_CPUS_PER_TASK": "4",
+        "DEPLOY_DIR": str(DEPLOY / "slurm"),
+        "METRICS_SD_DIR": str(tmp / "sd"),
+        "EVENTS": str(tmp / "events"),
+        "STEP_PIDS": str(tmp / "step-pids"),
+        "PROMOTER_RESTART_DELAY": "0",
         **env,
-    }  # fmt: skip
+    }
     process = subprocess.Popen(
         ["bash", str(DEPLOY / "slurm" / "train.sbatch")],
-        env=variables, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=variables,
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     return Job(process, tmp / "events", tmp / "step-pids")

@@ -16,9 +16,7 @@ _REDIRECTS = {">", ">>", "<", ">&"}
 def logical_lines(text: str) -> list[str]:
     """Lines with backslash continuations joined; comments and blank lines dropped."""
     joined = re.sub(r"\\\n", " ", text)
-    return [
-        line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
-    ]
+    return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def assignments(text: str, env: dict[str, str]) -> dict[str, str]:

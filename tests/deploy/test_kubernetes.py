@@ -35,8 +35,7 @@ K8S = DEPLOY / "kubernetes"
 BASE = K8S / "base"
 DRILL = K8S / "components" / "restore-drill"
 RUN_DIR_VOLUME = K8S / "components" / "run-dir-volume"
-OVERLAYS = {"base": BASE, "full": K8S / "overlays" / "full",
-            "restricted": K8S / "overlays" / "restricted"}  # fmt: skip
+OVERLAYS = {"base": BASE, "full": K8S / "overlays" / "full", "restricted": K8S / "overlays" / "restricted"}
 K8S_VERSIONS = ["1.33", latest_version()]
 """1.33: native sidecars (init containers with restartPolicy: Always) are GA."""
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -71,9 +70,7 @@ def pod() -> Doc:
 
 
 def container(name: str) -> Doc:
-    (found,) = [
-        c for c in pod().get("initContainers", []) + pod()["containers"] if c["name"] == name
-    ]
+    (found,) = [c for c in pod().get("initContainers", []) + pod()["containers"] if c["name"] == name]
     return found
 
 
@@ -231,9 +228,7 @@ def test_disruptions_do_not_count_against_the_job() -> None:
     assert rule["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
     # Other failures count per index, and one index out of retries ends the Job.
     assert spec["backoffLimitPerIndex"] > 0 and spec["maxFailedIndexes"] == 0
-    assert "backoffLimit" not in spec, (
-        "one budget shared by every index is what pre-emptions drained"
-    )
+    assert "backoffLimit" not in spec, "one budget shared by every index is what pre-emptions drained"
     assert pod()["restartPolicy"] == "Never", "podFailurePolicy and backoffLimitPerIndex need it"
     assert spec["podReplacementPolicy"] == "Failed", "never two pods of one index at once"
 
@@ -273,8 +268,11 @@ def test_the_restore_drill_uses_the_mounted_config_and_the_training_jobs_flags()
     flags = [a for a in entry_args if a.startswith("--")]
     assert not set(flags) - trainer_flags(), f"train_gpt.py has no {flags}"
     trainer = {e["name"]: e.get("value") for e in container("trainer")["env"]}
-    for flag, variable in (("--steps", "STEPS"), ("--global-batch", "GLOBAL_BATCH"),
-                           ("--micro-batch", "MICRO_BATCH")):  # fmt: skip
+    for flag, variable in (
+        ("--steps", "STEPS"),
+        ("--global-batch", "GLOBAL_BATCH"),
+        ("--micro-batch", "MICRO_BATCH"),
+    ):
         assert entry_args[entry_args.index(flag) + 1] == trainer[variable], flag
     (patch,) = load(RUN_DIR_VOLUME / "job-run-dir.yaml")
     (patched,) = patch["spec"]["template"]["spec"]["containers"]
@@ -287,10 +285,7 @@ def test_the_restore_drill_requests_resources_and_cannot_hang_forever() -> None:
     requests = drill["resources"]["requests"]
     assert {"cpu", "memory"} <= set(requests) and drill["resources"]["limits"]["memory"]
     spec = cronjob()["spec"]
-    assert (
-        spec["concurrencyPolicy"] == "Forbid"
-        and spec["jobTemplate"]["spec"]["activeDeadlineSeconds"]
-    )
+    assert spec["concurrencyPolicy"] == "Forbid" and spec["jobTemplate"]["spec"]["activeDeadlineSeconds"]
     runs = [m for m in drill["volumeMounts"] if m["name"] == "runs"]
     assert runs and all(m.get("readOnly") for m in runs), "the drill only reads the run directory"
 
@@ -328,18 +323,17 @@ spec:
 
 @pytest.mark.parametrize(
     ("overlay", "patch", "kind", "expected"),
-    [("full", RUNS_CLASS_PATCH, "PersistentVolumeClaim", "cephfs"),
-     ("restricted", NVME_CLASS_PATCH, "Job", "topolvm-nvme")],
-)  # fmt: skip
+    [
+        ("full", RUNS_CLASS_PATCH, "PersistentVolumeClaim", "cephfs"),
+        ("restricted", NVME_CLASS_PATCH, "Job", "topolvm-nvme"),
+    ],
+)
 def test_an_overlay_of_ones_own_sets_a_storage_class(
     tmp_path: Path, overlay: str, patch: str, kind: str, expected: str
 ) -> None:
     """The storage classes are parameters: an overlay of one's own over the shipped one sets them
     with a patch (docs/deployment.md shows both), and nothing else changes."""
-    mine = {
-        "resources": [os.path.relpath(OVERLAYS[overlay], tmp_path)],
-        "patches": [{"patch": patch}],
-    }
+    mine = {"resources": [os.path.relpath(OVERLAYS[overlay], tmp_path)], "patches": [{"patch": patch}]}
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(mine))
     shipped, patched = kustomize(OVERLAYS[overlay]), kustomize(tmp_path)
     (doc,) = [d for d in patched if d["kind"] == kind]
@@ -377,24 +371,38 @@ def test_drill_sh_pushes_the_drills_metrics_and_keeps_its_status(tmp_path: Path)
     server = HTTPServer(("127.0.0.1", 0), Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
-        "RUN_DIR": "/runs/gpt-demo", "STEPS": "10", "GLOBAL_BATCH": "8", "MICRO_BATCH": "8",
-        "POD_NAMESPACE": "ml", "PUSHGATEWAY_URL": f"http://127.0.0.1:{server.server_port}/",
-    }  # fmt: skip
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "TMPDIR": str(tmp_path),
+        "RUN_DIR": "/runs/gpt-demo",
+        "STEPS": "10",
+        "GLOBAL_BATCH": "8",
+        "MICRO_BATCH": "8",
+        "POD_NAMESPACE": "ml",
+        "PUSHGATEWAY_URL": f"http://127.0.0.1:{server.server_port}/",
+    }
     try:
         result = subprocess.run(
-            ["bash", str(DRILL / "drill.sh")], env=env, capture_output=True, text=True, timeout=60,
+            ["bash", str(DRILL / "drill.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
             check=False,
-        )  # fmt: skip
+        )
         quiet = subprocess.run(
-            ["bash", str(DRILL / "drill.sh")], env={**env, "PUSHGATEWAY_URL": ""},
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            ["bash", str(DRILL / "drill.sh")],
+            env={**env, "PUSHGATEWAY_URL": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         server.shutdown()
     assert result.returncode == quiet.returncode == 1, "the Job fails when the drill fails"
-    assert pushed == [("PUT", "/metrics/job/tierstore_drill/namespace/ml",
-                       b'tierstore_drill_success{tier="s3"} 0\n')]  # fmt: skip
+    assert pushed == [
+        ("PUT", "/metrics/job/tierstore_drill/namespace/ml", b'tierstore_drill_success{tier="s3"} 0\n')
+    ]
 
 
 def builtin(docs: list[Doc]) -> list[Doc]:
@@ -424,9 +432,7 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 
 def kustomize(folder: Path) -> list[Doc]:
     kubectl = system_tool("kubectl", "kustomize builds")
-    result = subprocess.run(
-        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
@@ -491,23 +497,36 @@ def test_the_pod_security_check_finds_each_rule_broken() -> None:
     spec["hostNetwork"] = True
     trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
     context = trainer["securityContext"]
-    context.update(privileged=True, allowPrivilegeEscalation=True, runAsUser=0,
-                   capabilities={"add": ["SYS_ADMIN"]})  # fmt: skip
+    context.update(
+        privileged=True, allowPrivilegeEscalation=True, runAsUser=0, capabilities={"add": ["SYS_ADMIN"]}
+    )
     promoter = spec["initContainers"][0]
     promoter["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
     del spec["securityContext"]["runAsNonRoot"]
     promoter["securityContext"].update(
-        procMount="Unmasked", appArmorProfile={"type": "Unconfined"},
-        seLinuxOptions={"type": "spc_t"}, windowsOptions={"hostProcess": True},
-    )  # fmt: skip
+        procMount="Unmasked",
+        appArmorProfile={"type": "Unconfined"},
+        seLinuxOptions={"type": "spc_t"},
+        windowsOptions={"hostProcess": True},
+    )
     spec["securityContext"].update(runAsUser=0, sysctls=[{"name": "kernel.msgmax", "value": "1"}])
     found = "\n".join(violations(spec, RESTRICTED))
-    for rule in ("spec.hostNetwork", "trainer: privileged", "trainer: adds capabilities ['SYS_ADMIN']",
-                 "trainer: allowPrivilegeEscalation", "trainer: runAsNonRoot", "trainer: runAsUser 0",
-                 "promoter: seccomp Unconfined", "trainer: capabilities do not drop ALL",
-                 "promoter: procMount Unmasked", "promoter: AppArmor Unconfined",
-                 "promoter: SELinux type spc_t", "promoter: windows hostProcess",
-                 "pod: unsafe sysctls ['kernel.msgmax']", "pod: runAsUser 0"):  # fmt: skip
+    for rule in (
+        "spec.hostNetwork",
+        "trainer: privileged",
+        "trainer: adds capabilities ['SYS_ADMIN']",
+        "trainer: allowPrivilegeEscalation",
+        "trainer: runAsNonRoot",
+        "trainer: runAsUser 0",
+        "promoter: seccomp Unconfined",
+        "trainer: capabilities do not drop ALL",
+        "promoter: procMount Unmasked",
+        "promoter: AppArmor Unconfined",
+        "promoter: SELinux type spc_t",
+        "promoter: windows hostProcess",
+        "pod: unsafe sysctls ['kernel.msgmax']",
+        "pod: runAsUser 0",
+    ):
         assert rule in found, f"{rule!r} not found in:\n{found}"
     # Baseline forbids these as well; restricted adds the rest.
     baseline = "\n".join(violations(spec, BASELINE))
@@ -518,11 +537,7 @@ def test_every_container_has_a_read_only_root_and_a_writable_tmp() -> None:
     for name, folder in OVERLAYS.items():
         for what, spec in pod_templates(kustomize(folder)).items():
             for c in spec.get("initContainers", []) + spec["containers"]:
-                assert c["securityContext"]["readOnlyRootFilesystem"] is True, (
-                    name,
-                    what,
-                    c["name"],
-                )
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True, (name, what, c["name"])
                 assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, (what, c["name"])
                 assert {"name": "HOME", "value": "/tmp"} in c["env"], (what, c["name"])
 

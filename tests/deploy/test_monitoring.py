@@ -35,8 +35,18 @@ SUFFIXES = {
 
 def drill_names() -> set[str]:
     """Every series name ``tierstore drill --prom-file`` writes (a report with every value set)."""
-    report = DrillReport("step_1", "s3", 1, True, "ok", 0.01, max_relative_error=0.0,
-                         restore_s=1.0, rto_s=2.0, bytes_read={"s3": 1})  # fmt: skip
+    report = DrillReport(
+        "step_1",
+        "s3",
+        1,
+        True,
+        "ok",
+        0.01,
+        max_relative_error=0.0,
+        restore_s=1.0,
+        rto_s=2.0,
+        bytes_read={"s3": 1},
+    )
     return {line.split("{", 1)[0] for line in report.prometheus()}
 
 
@@ -53,8 +63,21 @@ def exported() -> set[str]:
 
 # -- PromQL: the metric names an expression reads ---------------------------------------------------
 
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-            "unless", "offset", "inf", "nan"}  # fmt: skip
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _CLAUSE = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _IDENT = re.compile(r"(?<![\w:$.])([A-Za-z_:][\w:]*)(\s*\()?")
@@ -179,8 +202,9 @@ def test_the_rules_and_the_dashboard_name_only_exported_metrics() -> None:
 
 def test_promtool_accepts_the_rules() -> None:
     promtool = system_tool("promtool", "the rules' PromQL and templates")
-    done = subprocess.run([promtool, "check", "rules", str(RULES)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -327,8 +351,9 @@ def test_the_alerts_fire_on_their_series_and_only_on_them(tmp_path: Path) -> Non
     tested = {t["alertname"] for case in cases["tests"] for t in case["alert_rule_test"]}
     assert tested == {r["alert"] for r in rules()}  # every alert is exercised
     (tmp_path / "cases.yaml").write_text(UNIT_TESTS)
-    done = subprocess.run([promtool, "test", "rules", "cases.yaml"], cwd=tmp_path,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [promtool, "test", "rules", "cases.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -345,8 +370,9 @@ def promtool_parses(tmp_path: Path, exprs: dict[str, str]) -> str:
         recorded.append({"record": name, "expr": query})
     path = tmp_path / "queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recorded}]}))
-    done = subprocess.run([promtool, "check", "rules", str(path)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
     return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
@@ -388,9 +414,7 @@ def test_the_dashboard_is_an_importable_grafana_dashboard() -> None:
     for panel in board["panels"]:
         grid = panel["gridPos"]
         assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
-        cells = {
-            (grid["y"] + dy, grid["x"] + dx) for dy in range(grid["h"]) for dx in range(grid["w"])
-        }
+        cells = {(grid["y"] + dy, grid["x"] + dx) for dy in range(grid["h"]) for dx in range(grid["w"])}
         assert not cells & occupied, f"{panel['title']!r} overlaps another panel"
         occupied |= cells
         if panel["type"] == "row":

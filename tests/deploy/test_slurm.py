@@ -21,9 +21,13 @@ SLURM = DEPLOY / "slurm"
 SBATCH = SLURM / "train.sbatch"
 NODE_SH = SLURM / "node.sh"
 SLURM_ENV = {
-    "SLURM_SUBMIT_DIR": "/submit", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "5",
-    "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "42", "SLURM_CPUS_PER_TASK": "64",
-}  # fmt: skip
+    "SLURM_SUBMIT_DIR": "/submit",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NODEID": "5",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_JOB_ID": "42",
+    "SLURM_CPUS_PER_TASK": "64",
+}
 """What Slurm sets; SLURM_NODEID 5 to see that each node passes its own index."""
 RUN_TIME = {"port": "30042", "MASTER_PORT": "20042"}
 """The ports the scripts find free at run time, as these tests stand them in."""
@@ -99,9 +103,7 @@ def test_one_task_per_node_with_its_cpus_and_no_kill_on_a_nodes_stop_status() ->
 def test_ports_come_from_the_job_id() -> None:
     text = script()
     assert re.search(
-        r"^MASTER_PORT=\$\(free_port \$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)\) \|\| exit 1$",
-        text,
-        re.M,
+        r"^MASTER_PORT=\$\(free_port \$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)\) \|\| exit 1$", text, re.M
     )
     assert re.search(r"^METRICS_PORT=\$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)$", text, re.M)
     assert re.search(r'^port=\$\(free_port "\$\{METRICS_PORT\}"\) \|\| ', NODE_SH.read_text(), re.M)

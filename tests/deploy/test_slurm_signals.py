@@ -119,8 +119,9 @@ def test_sigusr1_before_the_time_limit_does_the_same_on_job_derived_free_ports(
     master = 20000 + job_id % 9900
     assert f"--master-port {master + 1} " in events[at(events, r"^torchrun node=0 start")]
     metrics = 30000 + job_id % 2000
-    ports = {int(p) for p in re.findall(r"^promoter node=\d start port=(\d+)$", "\n".join(events),
-                                        re.MULTILINE)}  # fmt: skip
+    ports = {
+        int(p) for p in re.findall(r"^promoter node=\d start port=(\d+)$", "\n".join(events), re.MULTILINE)
+    }
     assert ports and metrics not in ports and min(ports) == metrics + 1
     assert f"port {metrics} is in use here: metrics on {metrics + 1}" in err
     # Prometheus finds each node's port in its file_sd target, removed when the node stops.
@@ -154,9 +155,7 @@ def test_a_plain_scancel_is_not_undone_by_a_requeue(launch: Callable[..., Job]) 
     assert status not in (0, STOPPED)
 
 
-def test_a_requeue_that_slurm_refuses_ends_the_job_with_the_stop_status(
-    launch: Callable[..., Job],
-) -> None:
+def test_a_requeue_that_slurm_refuses_ends_the_job_with_the_stop_status(launch: Callable[..., Job]) -> None:
     job = launch(FAKE_REQUEUE_STATUS="1")  # after scontrol update Requeue=0
     job.training()
     job.process.send_signal(signal.SIGUSR1)
@@ -210,18 +209,32 @@ def test_the_promoters_bind_error_names_the_port_and_the_flag(tmp_path: Path) ->
         held.listen()
         port = held.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "tierstore.cli", "--config", str(config), "--node", "0",
-             "promote", "--once", "--metrics-port", str(port), "--metrics-addr", ALL_INTERFACES],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tierstore.cli",
+                "--config",
+                str(config),
+                "--node",
+                "0",
+                "promote",
+                "--once",
+                "--metrics-port",
+                str(port),
+                "--metrics-addr",
+                ALL_INTERFACES,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
     assert result.returncode == 2  # a configuration error: systemd does not restart it
     assert f"--metrics-port {port}: cannot listen on 0.0.0.0:{port}: " in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-def test_free_port_gives_up_naming_the_range_instead_of_climbing_into_the_next(
-    tmp_path: Path,
-) -> None:
+def test_free_port_gives_up_naming_the_range_instead_of_climbing_into_the_next(tmp_path: Path) -> None:
     """The rendezvous range (20000 + id % 9900) must never climb into the metrics range (30000 +
     id % 2000), nor that one into the kernel's ephemeral ports: the search stops after 100 ports."""
     with socket.socket() as taken:
@@ -284,18 +297,21 @@ def run_launch_unless(tmp_path: Path, stopped_body: str) -> tuple[int, str]:
         echo "launcher $? stopping=${{stopping}}"
     """
     result = subprocess.run(
-        ["bash", "-c", script], check=False, capture_output=True, text=True, timeout=30,
-        start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path)},
-    )  # fmt: skip
+        ["bash", "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     handshakes = list(tmp_path.glob("launch.*"))
     assert not handshakes, f"the launch left its handshake behind: {handshakes}"
     return (1 if ran.exists() else 0), result.stdout
 
 
-def test_a_stop_that_comes_just_after_the_launch_check_still_stops_the_launch(
-    tmp_path: Path,
-) -> None:
+def test_a_stop_that_comes_just_after_the_launch_check_still_stops_the_launch(tmp_path: Path) -> None:
     """The check answers "not stopped", then the stop reaches the step's processes at once (a
     signal to the whole process group, as Slurm sends): the command must not run deaf to it. A
     plain ``stopped || cmd &`` would start it after the signal had passed."""
@@ -303,9 +319,7 @@ def test_a_stop_that_comes_just_after_the_launch_check_still_stops_the_launch(
     assert (ran, out.split()) == (0, ["launcher", "75", "stopping=1"])
 
 
-def test_launch_unless_runs_the_command_when_no_stop_came_and_not_when_one_did(
-    tmp_path: Path,
-) -> None:
+def test_launch_unless_runs_the_command_when_no_stop_came_and_not_when_one_did(tmp_path: Path) -> None:
     assert run_launch_unless(tmp_path, "false;") == (1, "launcher 0 stopping=0\n")
     (tmp_path / "ran").unlink()
     assert run_launch_unless(tmp_path, "true;") == (0, "launcher 75 stopping=0\n")
@@ -342,8 +356,12 @@ def test_launch_unless_without_a_temporary_directory_still_starts_and_says_what_
         echo "launcher $?"
     """
     result = subprocess.run(
-        ["bash", "-c", script], check=False, capture_output=True, text=True, timeout=30,
+        ["bash", "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={**os.environ, "TMPDIR": str(tmp_path / "absent")},
-    )  # fmt: skip
+    )
     assert (result.returncode, result.stdout, ran.exists()) == (0, "launcher 0\n", True)
     assert f"no handshake directory in {tmp_path / 'absent'}" in result.stderr

@@ -108,9 +108,7 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     binary = line.removeprefix("ExecStart=").split()[0]
     copy = tmp_path / UNIT.name
     copy.write_text(text.replace(f"ExecStart={binary}", f"ExecStart={sys.executable}"))
-    result = subprocess.run(
-        [analyze, "verify", str(copy)], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, check=False)
     # verify exits 0 on unknown keys and bad values too; it only says so: silence is the check.
     assert result.returncode == 0 and (result.stdout + result.stderr).strip() == "", result.stderr
 
@@ -127,8 +125,11 @@ def test_a_configuration_error_is_not_restarted() -> None:
 def install_steps() -> list[list[str]]:
     """The install commands in the unit's header comment, as argv."""
     header = UNIT.read_text().split("[Unit]")[0]
-    return [shlex.split(line.removeprefix("#").split("#")[0])
-            for line in header.splitlines() if line.startswith("#   ")]  # fmt: skip
+    return [
+        shlex.split(line.removeprefix("#").split("#")[0])
+        for line in header.splitlines()
+        if line.startswith("#   ")
+    ]
 
 
 def test_the_install_steps_install_every_file_and_create_the_user_first() -> None:
@@ -173,9 +174,7 @@ def test_tmpfiles_creates_the_memory_tier_directory_for_that_user(tmp_path: Path
         pytest.skip("systemd-tmpfiles can set an owner as root only: not checked")
     tmpfiles = system_tool("systemd-tmpfiles", "the tmpfiles.d file")
     root, users, _ = sysusers_root(tmp_path)
-    subprocess.run(
-        [tmpfiles, f"--root={root}", "--create", str(TMPFILES)], check=True, capture_output=True
-    )
+    subprocess.run([tmpfiles, f"--root={root}", "--create", str(TMPFILES)], check=True, capture_output=True)
     memory = node_local_prefixes()["memory"]
     made = (root / memory.lstrip("/")).stat()
     user = users[settings()["User"]]

@@ -34,22 +34,35 @@ echo "drain exit 0" >>"${EVENTS}"
 """
 
 
-def test_sigterm_reaches_torchrun_once_then_the_drain_runs_and_the_status_is_kept(
-    tmp_path: Path,
-) -> None:
+def test_sigterm_reaches_torchrun_once_then_the_drain_runs_and_the_status_is_kept(tmp_path: Path) -> None:
     bin_dir, events = tmp_path / "bin", tmp_path / "events"
     bin_dir.mkdir()
     for name, text in (("torchrun", TORCHRUN), ("tierstore", TIERSTORE)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {
-        **os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "EVENTS": str(events),
-        "NNODES": "1", "NPROC_PER_NODE": "1", "TIERSTORE_NODE": "0", "MASTER_ADDR": "localhost",
-        "MASTER_PORT": "29500", "RUN_DIR": str(tmp_path / "run"), "STEPS": "10", "SAVE_EVERY": "5",
-        "GLOBAL_BATCH": "8", "MICRO_BATCH": "8",
-    }  # fmt: skip
-    container = subprocess.Popen(["bash", str(TRAIN_SH)], env=env, start_new_session=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "EVENTS": str(events),
+        "NNODES": "1",
+        "NPROC_PER_NODE": "1",
+        "TIERSTORE_NODE": "0",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": "29500",
+        "RUN_DIR": str(tmp_path / "run"),
+        "STEPS": "10",
+        "SAVE_EVERY": "5",
+        "GLOBAL_BATCH": "8",
+        "MICRO_BATCH": "8",
+    }
+    container = subprocess.Popen(
+        ["bash", str(TRAIN_SH)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while "torchrun start" not in (events.read_text() if events.exists() else ""):
@@ -66,8 +79,10 @@ def test_sigterm_reaches_torchrun_once_then_the_drain_runs_and_the_status_is_kep
             container.communicate()
     lines = events.read_text().splitlines()
     assert lines.count("torchrun got TERM") == 1, lines
-    order = [next(i for i, x in enumerate(lines) if re.match(p, x))
-             for p in ("torchrun got TERM", "torchrun exit", "drain start", "drain exit 0")]  # fmt: skip
+    order = [
+        next(i for i, x in enumerate(lines) if re.match(p, x))
+        for p in ("torchrun got TERM", "torchrun exit", "drain start", "drain exit 0")
+    ]
     assert order == sorted(order), lines
     assert "--config /etc/tierstore/tierstore.yaml promote --once" in lines[order[2]]
     assert container.returncode == 1, err

@@ -35,6 +35,8 @@ def assert_shellcheck_clean(script: Path) -> None:
     """shellcheck finds nothing in ``script`` (bash; the files it sources are followed)."""
     result = subprocess.run(
         [pip_tool("shellcheck"), "--shell=bash", "--external-sources", str(script)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0 and result.stdout == "", result.stdout

@@ -26,8 +26,7 @@ def main() -> None:
     config = load_config(config_path)
     trainer.load(TieredReader(config), source)
     trainer.state.optimizer.state.clear()
-    dcp.save({"train": trainer.state}, storage_writer=TieredWriter(config, tier=tier),
-             checkpoint_id=new_id)  # fmt: skip
+    dcp.save({"train": trainer.state}, storage_writer=TieredWriter(config, tier=tier), checkpoint_id=new_id)
 
 
 if __name__ == "__main__":

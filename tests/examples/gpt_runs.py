@@ -44,27 +44,43 @@ class Run:
 
     def command(self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()) -> list[str]:
         return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", *launcher, str(TRAIN), "--config", str(self.config),
-            "--run-dir", str(self.run_dir), *SCHEDULE, *flags,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            *launcher,
+            str(TRAIN),
+            "--config",
+            str(self.config),
+            "--run-dir",
+            str(self.run_dir),
+            *SCHEDULE,
+            *flags,
+        ]
 
     def train(self, nproc: int, *flags: str, timeout: float = 240) -> str:
         """Train to completion and return the job's log (stderr); fail the test with the job's
         output if it fails."""
-        done = subprocess.run(self.command(nproc, *flags), capture_output=True, text=True,
-                              timeout=timeout, env=_env(), check=False)  # fmt: skip
-        assert done.returncode == 0, (
-            f"training failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        done = subprocess.run(
+            self.command(nproc, *flags),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_env(),
+            check=False,
         )
+        assert done.returncode == 0, f"training failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         return done.stderr
 
-    def start(
-        self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()
-    ) -> subprocess.Popen[bytes]:
+    def start(self, nproc: int, *flags: str, launcher: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         """Start training in the background (torchrun and its workers)."""
-        return subprocess.Popen(self.command(nproc, *flags, launcher=launcher), env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.Popen(
+            self.command(nproc, *flags, launcher=launcher),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill_9(self) -> None:
         """SIGKILL torchrun and every worker of this run (workers sit in sessions of their own)."""
@@ -90,14 +106,18 @@ class Run:
     def losses(self, attempt: int = -1) -> dict[int, float]:
         """``step -> loss`` of one attempt (default: the last)."""
         wanted = self.starts()[attempt]["attempt"]
-        return {r["step"]: r["loss"] for r in self.records()
-                if r["event"] == "step" and r["attempt"] == wanted}  # fmt: skip
+        return {
+            r["step"]: r["loss"] for r in self.records() if r["event"] == "step" and r["attempt"] == wanted
+        }
 
     def samples(self, attempt: int = -1) -> dict[int, int]:
         """``step -> global samples seen after it`` of one attempt."""
         wanted = self.starts()[attempt]["attempt"]
-        return {r["step"]: r["samples_seen"] for r in self.records()
-                if r["event"] == "step" and r["attempt"] == wanted}  # fmt: skip
+        return {
+            r["step"]: r["samples_seen"]
+            for r in self.records()
+            if r["event"] == "step" and r["attempt"] == wanted
+        }
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -133,5 +153,9 @@ def new_run(root: Path) -> Run:
 
 def promote_once(run: Run) -> None:
     """One promoter pass, as the sidecar would make."""
-    subprocess.run([sys.executable, "-m", "tierstore.cli", "--config", str(run.config),
-                    "promote", "--once"], check=True, capture_output=True, env=_env())  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(run.config), "promote", "--once"],
+        check=True,
+        capture_output=True,
+        env=_env(),
+    )

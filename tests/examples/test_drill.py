@@ -29,11 +29,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Run:
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     root = tmp_path_factory.mktemp("drill")
     run = Run(root)
-    run.write_config([
-        {"name": "ram", "type": "memory", "path": str(root / "ram" / "{node}"), "keep": 8},
-        {"name": "s3", "type": "s3", "url": f"s3://{bucket}/ckpt", "endpoint_url": s3_endpoint,
-         "keep": 10},
-    ])  # fmt: skip
+    run.write_config(
+        [
+            {"name": "ram", "type": "memory", "path": str(root / "ram" / "{node}"), "keep": 8},
+            {
+                "name": "s3",
+                "type": "s3",
+                "url": f"s3://{bucket}/ckpt",
+                "endpoint_url": s3_endpoint,
+                "keep": 10,
+            },
+        ]
+    )
     run.train(2, "--stop-after", "16")
     tierstore(run, "promote", "--once")
     run.train(2, "--stop-after", "20")  # newer than anything in S3: logged, not promoted
@@ -41,14 +48,33 @@ def trained(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Run:
 
 
 def tierstore(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tierstore.cli", "--config", str(run.config), *args],
-                          capture_output=True, text=True, env=_env(), timeout=300, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tierstore.cli", "--config", str(run.config), *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
 
 
 def drill(run: Run, *flags: str) -> tuple[int, dict[str, Any]]:
     """Run a drill with --json; return its exit code and report."""
-    done = tierstore(run, "drill", "--entry", ENTRY, "--loss-log", str(run.run_dir / "loss.jsonl"),
-                     "--json", *flags, "--", "--config", str(run.config), "--steps", "200")  # fmt: skip
+    done = tierstore(
+        run,
+        "drill",
+        "--entry",
+        ENTRY,
+        "--loss-log",
+        str(run.run_dir / "loss.jsonl"),
+        "--json",
+        *flags,
+        "--",
+        "--config",
+        str(run.config),
+        "--steps",
+        "200",
+    )
     assert done.stdout.strip(), f"no report: {done.stderr[-3000:]}"
     return done.returncode, json.loads(done.stdout)
 
@@ -60,26 +86,21 @@ def test_drill_restores_the_newest_durable_checkpoint_and_matches_the_log(
     code, report = drill(trained, "--world-size", "2", "--steps", "3", "--prom-file", str(prom))
 
     assert code == 0, report["reason"]
-    assert (report["checkpoint_id"], report["tier"], report["passed"]) == (
-        "step_00000016",
-        "s3",
-        True,
-    )
+    assert (report["checkpoint_id"], report["tier"], report["passed"]) == ("step_00000016", "s3", True)
     assert report["steps"] == [17, 18, 19]
     assert report["losses"] == report["logged"]  # same world size: bit for bit
     assert report["max_relative_error"] == 0.0
     assert list(report["bytes_read"]) == ["s3"] and report["bytes_read"]["s3"] > 1_000_000
     assert 0 < report["restore_s"] <= report["rto_s"]
     lines = prom.read_text().splitlines()
-    assert lines[0] == (
-        'tierstore_drill_success{checkpoint_id="step_00000016",tier="s3",world_size="2"} 1'
-    )
+    assert lines[0] == ('tierstore_drill_success{checkpoint_id="step_00000016",tier="s3",world_size="2"} 1')
     assert any(line.startswith("tierstore_drill_rto_seconds{") for line in lines)
 
 
 def test_drill_at_another_world_size_passes_within_its_tolerance(trained: Run) -> None:
-    code, report = drill(trained, "--checkpoint", "step_00000012", "--world-size", "1",
-                         "--tolerance", "0.01", "--tier", "ram")  # fmt: skip
+    code, report = drill(
+        trained, "--checkpoint", "step_00000012", "--world-size", "1", "--tolerance", "0.01", "--tier", "ram"
+    )
     assert code == 0, report["reason"]
     assert report["tier"] == "ram" and report["steps"] == [13, 14, 15]
     # One rank draws the dropout masks two ranks drew: close to the log, not equal to it.
@@ -88,9 +109,24 @@ def test_drill_at_another_world_size_passes_within_its_tolerance(trained: Run) -
 
 def test_drill_fails_a_checkpoint_whose_optimizer_state_was_dropped(trained: Run) -> None:
     script = REPO / "tests" / "examples" / "drop_optimizer_state.py"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(script), str(trained.config), "step_00000012", "step_00000012-no-optim", "s3"],
-                   check=True, capture_output=True, env=_env(), timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            str(trained.config),
+            "step_00000012",
+            "step_00000012-no-optim",
+            "s3",
+        ],
+        check=True,
+        capture_output=True,
+        env=_env(),
+        timeout=300,
+    )
 
     code, report = drill(trained, "--checkpoint", "step_00000012-no-optim", "--world-size", "2")
 
@@ -103,8 +139,18 @@ def test_drill_fails_a_checkpoint_whose_optimizer_state_was_dropped(trained: Run
 
 
 def test_a_failing_step_function_fails_the_drill_naming_the_rank(trained: Run) -> None:
-    done = tierstore(trained, "drill", "--entry", ENTRY, "--checkpoint", "step_00000012",
-                     "--loss-log", str(trained.run_dir / "loss.jsonl"), "--", "--no-such-flag")  # fmt: skip
+    done = tierstore(
+        trained,
+        "drill",
+        "--entry",
+        ENTRY,
+        "--checkpoint",
+        "step_00000012",
+        "--loss-log",
+        str(trained.run_dir / "loss.jsonl"),
+        "--",
+        "--no-such-flag",
+    )
     assert done.returncode == 1
     assert "drill FAIL" in done.stdout and "rank 0" in done.stdout
 
@@ -141,8 +187,7 @@ def test_drill_fails_a_checkpoint_with_a_corrupted_byte(trained: Run) -> None:
         handle.seek(64)
         handle.write(bytes([byte[0] ^ 0x01]))
 
-    code, report = drill(trained, "--tier", "ram", "--checkpoint", "step_00000008",
-                         "--world-size", "2")  # fmt: skip
+    code, report = drill(trained, "--tier", "ram", "--checkpoint", "step_00000008", "--world-size", "2")
 
     assert code == 1 and not report["passed"]
     assert "r00000-0.distcp" in report["reason"], report["reason"]
@@ -150,9 +195,22 @@ def test_drill_fails_a_checkpoint_with_a_corrupted_byte(trained: Run) -> None:
 
 def test_drill_fails_when_the_entry_restores_another_checkpoint(trained: Run) -> None:
     entry = f"{REPO / 'tests' / 'examples' / 'other_id_entry.py'}:restores_step_4"
-    done = tierstore(trained, "drill", "--entry", entry, "--checkpoint", "step_00000012",
-                     "--loss-log", str(trained.run_dir / "loss.jsonl"), "--json", "--",
-                     "--config", str(trained.config), "--steps", "200")  # fmt: skip
+    done = tierstore(
+        trained,
+        "drill",
+        "--entry",
+        entry,
+        "--checkpoint",
+        "step_00000012",
+        "--loss-log",
+        str(trained.run_dir / "loss.jsonl"),
+        "--json",
+        "--",
+        "--config",
+        str(trained.config),
+        "--steps",
+        "200",
+    )
     report = json.loads(done.stdout)
     assert done.returncode == 1
     assert "restored step_00000004, not the drill's step_00000012" in report["reason"]
@@ -163,9 +221,24 @@ def test_a_rank_that_reported_is_not_lost_to_gloo_teardown_at_exit(trained: Run)
     # pass by luck unlikely.
     entry = f"{REPO / 'tests' / 'examples' / 'gloo_leftover_entry.py'}:leaves_work_in_flight"
     for _ in range(2):
-        done = tierstore(trained, "drill", "--entry", entry, "--checkpoint", "step_00000012",
-                         "--world-size", "2", "--loss-log", str(trained.run_dir / "loss.jsonl"),
-                         "--json", "--", "--config", str(trained.config), "--steps", "200")  # fmt: skip
+        done = tierstore(
+            trained,
+            "drill",
+            "--entry",
+            entry,
+            "--checkpoint",
+            "step_00000012",
+            "--world-size",
+            "2",
+            "--loss-log",
+            str(trained.run_dir / "loss.jsonl"),
+            "--json",
+            "--",
+            "--config",
+            str(trained.config),
+            "--steps",
+            "200",
+        )
         report = json.loads(done.stdout)
         assert done.returncode == 0 and report["passed"], report["reason"]
 

@@ -17,21 +17,15 @@ FORWARD = ("--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1")
 
 # Both stop signals, each in one mode: SIGUSR1 is what Slurm's time limit sends, SIGTERM what a
 # pre-emption, the hard time limit and the kubelet send (train.sh forwards it to torchrun).
-@pytest.mark.parametrize(
-    ("mode", "stop"), [("process", signal.SIGUSR1), ("thread", signal.SIGTERM)]
-)
+@pytest.mark.parametrize(("mode", "stop"), [("process", signal.SIGUSR1), ("thread", signal.SIGTERM)])
 def test_a_forwarded_stop_signal_commits_the_next_step_and_the_restart_resumes_there(
-    tmp_path: Path,
-    reference: dict[int, float],
-    mode: str,
-    stop: signal.Signals,
+    tmp_path: Path, reference: dict[int, float], mode: str, stop: signal.Signals
 ) -> None:
     run = new_run(tmp_path)
     job = run.start(2, "--async-mode", mode, launcher=FORWARD)
     try:
         # After a periodic save, so DCP's checkpoint process (PROCESS mode) exists and is hit too.
-        wait_for(lambda: _committed(run, "step_00000004") and max(_steps(run), default=0) >= 5,
-                 180, "step 5")  # fmt: skip
+        wait_for(lambda: _committed(run, "step_00000004") and max(_steps(run), default=0) >= 5, 180, "step 5")
         job.send_signal(stop)
         job.wait(180)
     finally:
@@ -62,7 +56,6 @@ def _steps(run: Run) -> list[int]:
 
 def _committed(run: Run, checkpoint: str) -> bool:
     try:
-        return any(r.get("checkpoint") == checkpoint and r["event"] == "committed"
-                   for r in run.records())  # fmt: skip
+        return any(r.get("checkpoint") == checkpoint and r["event"] == "committed" for r in run.records())
     except (FileNotFoundError, ValueError):
         return False

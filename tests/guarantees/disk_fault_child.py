@@ -103,8 +103,13 @@ def fault(point: str, error: int, pattern: str) -> Iterator[list[str]]:
         return 1
 
     callback = _CALLBACK(decide)
-    lib.fiu_enable_external.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                        ctypes.c_uint, _CALLBACK]  # fmt: skip
+    lib.fiu_enable_external.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_uint,
+        _CALLBACK,
+    ]
     lib.fiu_disable.argtypes = [ctypes.c_char_p]
     if lib.fiu_enable_external(point.encode(), 1, error or None, 0, callback) != 0:
         raise RuntimeError(f"libfiu refused to enable {point!r}")
@@ -129,15 +134,16 @@ def main() -> None:
     with fault(args.point, error, args.pattern) if args.point != "none" else _none() as hits:
         try:
             if args.mode == "load":  # restore step_1 while the fault is armed
-                state = {k: v.zero_() if isinstance(v, torch.Tensor) else v
-                         for k, v in train_state(1).items()}  # fmt: skip
+                state = {
+                    k: v.zero_() if isinstance(v, torch.Tensor) else v for k, v in train_state(1).items()
+                }
                 dcp.load(state, storage_reader=TieredReader(config), checkpoint_id="step_1")
             elif args.mode == "save":
-                dcp.save(train_state(2), storage_writer=TieredWriter(config),
-                         checkpoint_id="step_2")  # fmt: skip
+                dcp.save(train_state(2), storage_writer=TieredWriter(config), checkpoint_id="step_2")
             else:
-                future = dcp.async_save(train_state(2), storage_writer=TieredWriter(config),
-                                        checkpoint_id="step_2")  # fmt: skip
+                future = dcp.async_save(
+                    train_state(2), storage_writer=TieredWriter(config), checkpoint_id="step_2"
+                )
                 future.result(timeout=ASYNC_TIMEOUT_S)
             report["outcome"] = "committed"
         except concurrent.futures.TimeoutError:

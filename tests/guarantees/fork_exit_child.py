@@ -19,14 +19,11 @@ from tierstore.config import config_from_dict
 
 
 def files_under(root: str) -> list[str]:
-    return sorted(
-        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-    )
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
 def main(root: str) -> None:
-    config = config_from_dict({"tiers": [{"name": "memory", "type": "memory",
-                                          "path": root + "/mem/{node}"}]})  # fmt: skip
+    config = config_from_dict({"tiers": [{"name": "memory", "type": "memory", "path": root + "/mem/{node}"}]})
     in_gate, go = threading.Event(), threading.Event()
 
     def gate(_view: Any) -> None:
@@ -37,12 +34,14 @@ def main(root: str) -> None:
     writer = TieredWriter(config, commit_gate=gate)
     go.set()
     for step in (1, 2):  # the second save stages into a slab; a spare is prepared after it
-        dcp.async_save({"w": torch.full((256, 256), float(step))}, storage_writer=writer,
-                       checkpoint_id=f"step_{step}").result()  # fmt: skip
+        dcp.async_save(
+            {"w": torch.full((256, 256), float(step))}, storage_writer=writer, checkpoint_id=f"step_{step}"
+        ).result()
     writer._stager_for_this_process().wait_until_prepared()
     go.clear()
-    pending = dcp.async_save({"w": torch.full((256, 256), 3.0)}, storage_writer=writer,
-                             checkpoint_id="step_3")  # fmt: skip
+    pending = dcp.async_save(
+        {"w": torch.full((256, 256), 3.0)}, storage_writer=writer, checkpoint_id="step_3"
+    )
     assert in_gate.wait(30)  # step_3 is planned: its write record and generation exist
     before = files_under(root)
     pid = os.fork()
@@ -52,16 +51,12 @@ def main(root: str) -> None:
     removed = sorted(set(before) - set(files_under(root)))
     go.set()
     pending.result()
-    dcp.async_save({"w": torch.full((256, 256), 4.0)}, storage_writer=writer,
-                   checkpoint_id="step_4").result()  # fmt: skip
+    dcp.async_save({"w": torch.full((256, 256), 4.0)}, storage_writer=writer, checkpoint_id="step_4").result()
     target = {"w": torch.zeros(256, 256)}
     dcp.load(target, storage_reader=TieredReader(config), checkpoint_id="step_4")
     print(
         json.dumps(
-            {
-                "removed": removed,
-                "loaded": bool(torch.equal(target["w"], torch.full((256, 256), 4.0))),
-            }
+            {"removed": removed, "loaded": bool(torch.equal(target["w"], torch.full((256, 256), 4.0)))}
         )
     )
 

@@ -37,8 +37,7 @@ def only_tier(config: Config, name: str) -> Config:
 
 def assert_restores(config: Config, checkpoint_id: str, expected: dict[str, Any]) -> None:
     """``checkpoint_id`` loads (in this one process) bit-exact to ``expected``."""
-    state = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else b"" for k, v in
-             expected.items()}  # fmt: skip
+    state = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else b"" for k, v in expected.items()}
     reader = TieredReader(config, collective=False)
     dcp.load(state, storage_reader=reader, checkpoint_id=checkpoint_id)
     for key, value in expected.items():

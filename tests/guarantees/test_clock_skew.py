@@ -93,14 +93,16 @@ def run_skewed(
     if real_monotonic:
         env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
     return subprocess.run(
-        [faketime(), "-f", offset, *argv], env=env, capture_output=True, text=True,
-        check=False, timeout=timeout,
-    )  # fmt: skip
+        [faketime(), "-f", offset, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
 
 
-def cli(
-    config_path: Path, command: str, offset: str, *, real_monotonic: bool, refused: bool = False
-) -> str:
+def cli(config_path: Path, command: str, offset: str, *, real_monotonic: bool, refused: bool = False) -> str:
     """``tierstore --config F promote --once`` or ``gc``, on a skewed clock; its output.
     ``refused``: S3 refuses its requests (signed too far from the server's time): it says so, and
     both fail (``gc`` names the tier it could not reach and exits 1)."""
@@ -127,9 +129,7 @@ def write_config(tmp_path: Path, specs: list[dict[str, Any]]) -> tuple[Config, P
 def files_of(tier: Tier) -> dict[str, int]:
     """Every file in the tier with its size, but the records a pass leaves about itself."""
     return {
-        f.path: f.size
-        for f in tier.find("")
-        if not f.path.startswith((f"{CLOCK_DIR}/", f"{PROMOTER_DIR}/"))
+        f.path: f.size for f in tier.find("") if not f.path.startswith((f"{CLOCK_DIR}/", f"{PROMOTER_DIR}/"))
     }
 
 
@@ -172,8 +172,7 @@ def test_faketime_moves_python_wall_clock_not_file_times(tmp_path: Path) -> None
     )
     for real_monotonic in (False, True):
         wall, mono = time.time(), time.monotonic()
-        done = run_skewed("+2h", [sys.executable, "-c", script, str(probe)],
-                          real_monotonic=real_monotonic)  # fmt: skip
+        done = run_skewed("+2h", [sys.executable, "-c", script, str(probe)], real_monotonic=real_monotonic)
         assert done.returncode == 0, done.stderr
         fake_wall, mtime, fake_mono, elapsed = map(float, done.stdout.split())
         assert abs(fake_wall - wall - 7200) < 60, "time.time() runs two hours ahead"
@@ -201,17 +200,20 @@ def test_on_a_real_s3_server_a_skewed_promoter_deletes_nothing_in_flight(
 ) -> None:
     """The same against SeaweedFS: its own clock stamps ``LastModified`` and the uploads' start;
     beyond 15 minutes it refuses the skewed promoter's requests (which then deletes nothing)."""
-    spec = {"name": "s3", "type": "s3", "url": f"s3://{seaweed_bucket}/ckpt", "keep": 1,
-            "endpoint_url": seaweed.endpoint, "max_attempts": 3, "part_size": "5MiB"}  # fmt: skip
+    spec = {
+        "name": "s3",
+        "type": "s3",
+        "url": f"s3://{seaweed_bucket}/ckpt",
+        "keep": 1,
+        "endpoint_url": seaweed.endpoint,
+        "max_attempts": 3,
+        "part_size": "5MiB",
+    }
     skewed_promoters_leave_work_in_flight(tmp_path, [spec], REAL_S3_SKEWS, signed=True)
 
 
 def skewed_promoters_leave_work_in_flight(
-    tmp_path: Path,
-    specs: list[dict[str, Any]],
-    skews: list[tuple[str, str, bool]],
-    *,
-    signed: bool = False,
+    tmp_path: Path, specs: list[dict[str, Any]], skews: list[tuple[str, str, bool]], *, signed: bool = False
 ) -> None:
     """The scenario of the two tests above, over one tier with ``keep: 1``; ``signed``: the server
     checks request times (see :data:`REAL_S3_SKEWS`)."""
@@ -233,8 +235,7 @@ def skewed_promoters_leave_work_in_flight(
                 before = files_of(tier)
                 for command, offset, real_monotonic in skews:
                     refused = signed and abs(offset_seconds(offset)) > S3_SIGNING_SKEW
-                    said = cli(path, command, offset, real_monotonic=real_monotonic,
-                               refused=refused)  # fmt: skip
+                    said = cli(path, command, offset, real_monotonic=real_monotonic, refused=refused)
                     now = files_of(tier)
                     gone = sorted(p for p in before if now.get(p) != before[p])
                     assert gone == [], f"{command} at {offset} removed work in flight: {said}"
@@ -260,9 +261,12 @@ def trainer(config_path: Path, offset: str, *actions: str) -> subprocess.Popen[s
     """A trainer process (:mod:`tests.guarantees.skewed_trainer`) whose clock is ``offset`` off."""
     argv = [sys.executable, "-m", "tests.guarantees.skewed_trainer", str(config_path), *actions]
     return subprocess.Popen(
-        [faketime(), "-f", offset, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from
-    )  # fmt: skip
+        [faketime(), "-f", offset, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from
+    )
 
 
 def finished(process: subprocess.Popen[str]) -> None:
@@ -271,9 +275,7 @@ def finished(process: subprocess.Popen[str]) -> None:
 
 
 def test_a_skewed_trainer_orders_nothing_and_loses_nothing(
-    tier_specs: Callable[..., list[dict[str, Any]]],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    tier_specs: Callable[..., list[dict[str, Any]]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Trainers two hours ahead and two hours behind save, overwrite and pause a save in flight
     while promoters on a true clock and two hours ahead run: the newest is the last commit (the
@@ -285,8 +287,7 @@ def test_a_skewed_trainer_orders_nothing_and_loses_nothing(
     save(config, "step_000001", 1.0)
     finished(trainer(path, "+2h", "save:step_000002:2"))
     original = read_manifest(memory, "step_000002").generation
-    behind = trainer(path, "-2h", "save:step_000003:3", "pause:step_000004:4",
-                     "overwrite:step_000002:22")  # fmt: skip
+    behind = trainer(path, "-2h", "save:step_000003:3", "pause:step_000004:4", "overwrite:step_000002:22")
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "reached").exists():

@@ -36,9 +36,7 @@ def test_a_checkpoint_written_by_release_0_1_0_loads_bit_exact(tmp_path: Path, s
         "extra": b"",
         "nested": {"names": ["?", "?"]},
     }
-    dcp.load(
-        target, storage_reader=TieredReader(config, verify=True), checkpoint_id=f"step_{step:06d}"
-    )
+    dcp.load(target, storage_reader=TieredReader(config, verify=True), checkpoint_id=f"step_{step:06d}")
     for key, tensor in expected["model"].items():
         assert torch.equal(target["model"][key], tensor), key
     assert {k: target[k] for k in ("step", "lr", "extra", "nested")} == {

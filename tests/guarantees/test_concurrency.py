@@ -50,9 +50,7 @@ def paused_save(
 ) -> tuple[Pause, Future[None]]:
     pause = Pause()
     save = TieredWriter(config, commit_gate=pause, **writer)
-    future = pool.submit(
-        dcp.save, state_of(value), storage_writer=save, checkpoint_id=checkpoint_id
-    )
+    future = pool.submit(dcp.save, state_of(value), storage_writer=save, checkpoint_id=checkpoint_id)
     assert pause.reached.wait(60), "the save never reached its gate"
     return pause, future  # type: ignore[return-value]
 
@@ -69,17 +67,14 @@ def assert_audit_clean(config: Config) -> None:
     assert bad == [], "a marker stands over missing or wrong data"
 
 
-def test_two_overwrites_of_one_id_never_commit_over_deleted_files(
-    make_config: Callable[..., Config],
-) -> None:
+def test_two_overwrites_of_one_id_never_commit_over_deleted_files(make_config: Callable[..., Config]) -> None:
     config = make_config("memory")
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="latest")
     with ThreadPoolExecutor(1) as pool:
         # A zombie job's save of "latest" is planned first and is still writing ...
         zombie, zombie_done = paused_save(pool, config, "latest", 2.0, overwrite=True)
         # ... while the restarted job saves "latest" again and commits first.
-        dcp.save(state_of(3.0), storage_writer=TieredWriter(config, overwrite=True),
-                 checkpoint_id="latest")  # fmt: skip
+        dcp.save(state_of(3.0), storage_writer=TieredWriter(config, overwrite=True), checkpoint_id="latest")
         assert loaded(config, "latest") == 3.0
         zombie.go.set()
         zombie_done.result()
@@ -89,9 +84,7 @@ def test_two_overwrites_of_one_id_never_commit_over_deleted_files(
 
 @pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 @pytest.mark.parametrize("kind", ["memory", "s3"])
-def test_cleanup_never_removes_an_in_flight_save(
-    kind: str, make_config: Callable[..., Config]
-) -> None:
+def test_cleanup_never_removes_an_in_flight_save(kind: str, make_config: Callable[..., Config]) -> None:
     config = make_config(kind, promote={"stale_after": 0})  # cleanup takes anything uncommitted
     with ThreadPoolExecutor(1) as pool:
         pause, done = paused_save(pool, config, "step_000007", 7.0)
@@ -103,9 +96,7 @@ def test_cleanup_never_removes_an_in_flight_save(
     assert_audit_clean(config)
 
 
-def test_a_file_removed_before_the_marker_fails_the_save_instead(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_file_removed_before_the_marker_fails_the_save_instead(make_config: Callable[..., Config]) -> None:
     config = make_config("local")
     (local,) = config.make_tiers(node=0)
     with ThreadPoolExecutor(1) as pool:
@@ -121,23 +112,18 @@ def test_a_file_removed_before_the_marker_fails_the_save_instead(
     assert_audit_clean(config)
 
 
-def test_a_restore_in_progress_keeps_the_generation_it_reads(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_restore_in_progress_keeps_the_generation_it_reads(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", promote={"stale_after": 0})
     (memory,) = config.make_tiers(node=0)
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="latest")
     old = read_manifest(memory, "latest")
     with held(memory, "read", "latest", None):  # what TieredReader holds while it reads
-        dcp.save(state_of(2.0), storage_writer=TieredWriter(config, overwrite=True),
-                 checkpoint_id="latest")  # fmt: skip
+        dcp.save(state_of(2.0), storage_writer=TieredWriter(config, overwrite=True), checkpoint_id="latest")
         Promoter(config).run_once()
         for entry in old.files:  # the reader may still be reading any of them
             assert memory.exists(checkpoint_file("latest", entry.path))
     report = Promoter(config).run_once()  # the reader is gone: the old generation is cleaned up
-    assert [c.path for c in report.cleaned if c.kind == "tree"] == [
-        generation_dir("latest", old.generation)
-    ]
+    assert [c.path for c in report.cleaned if c.kind == "tree"] == [generation_dir("latest", old.generation)]
     assert loaded(config, "latest") == 2.0
     assert_audit_clean(config)
 
@@ -167,9 +153,7 @@ def test_cleanup_looping_through_a_save_never_touches_its_writes(
     assert_audit_clean(config)
 
 
-def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(
-    make_config: Callable[..., Config],
-) -> None:
+def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(make_config: Callable[..., Config]) -> None:
     config = make_config("local", tiers={"local": {"keep": 1}}, promote={"stale_after": 0})
     (local,) = config.make_tiers(node=0)
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="step_000001")
@@ -188,15 +172,12 @@ def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(
     ], "once the reader is done, cleanup removes it"
 
 
-def test_two_saves_of_one_id_into_two_tiers_never_both_commit(
-    make_config: Callable[..., Config],
-) -> None:
+def test_two_saves_of_one_id_into_two_tiers_never_both_commit(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "s3")
     memory, _s3 = config.make_tiers(node=0)
     with ThreadPoolExecutor(1) as pool:
         first, first_done = paused_save(pool, config, "step_000005", 5.0)
-        dcp.save(state_of(6.0), storage_writer=TieredWriter(config, tier="s3"),
-                 checkpoint_id="step_000005")  # fmt: skip
+        dcp.save(state_of(6.0), storage_writer=TieredWriter(config, tier="s3"), checkpoint_id="step_000005")
         first.go.set()
         with pytest.raises(BaseException, match="step_000005"):
             first_done.result()
@@ -206,17 +187,14 @@ def test_two_saves_of_one_id_into_two_tiers_never_both_commit(
 
 
 @pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
-def test_the_last_overwrite_to_commit_reaches_every_tier(
-    make_config: Callable[..., Config],
-) -> None:
+def test_the_last_overwrite_to_commit_reaches_every_tier(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "s3")
     memory, s3 = config.make_tiers(node=0)
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="latest")
     Promoter(config).run_once()
     with ThreadPoolExecutor(1) as pool:
         zombie, zombie_done = paused_save(pool, config, "latest", 2.0, overwrite=True)
-        dcp.save(state_of(3.0), storage_writer=TieredWriter(config, overwrite=True),
-                 checkpoint_id="latest")  # fmt: skip
+        dcp.save(state_of(3.0), storage_writer=TieredWriter(config, overwrite=True), checkpoint_id="latest")
         Promoter(config).run_once()  # 3.0 reaches S3
         zombie.go.set()
         zombie_done.result()  # 2.0 commits last
@@ -228,9 +206,7 @@ def test_the_last_overwrite_to_commit_reaches_every_tier(
     assert_audit_clean(config)
 
 
-def test_a_failed_overwrite_does_not_make_its_id_the_newest(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_failed_overwrite_does_not_make_its_id_the_newest(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", promote={"stale_after": 0})
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="x")
     dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="y")
@@ -260,6 +236,5 @@ def test_a_restore_never_serves_an_older_generation_from_a_faster_tier(
     config = make_config("memory", "s3")
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="x")
     Promoter(config).run_once()
-    dcp.save(state_of(2.0), storage_writer=TieredWriter(config, tier="s3", overwrite=True),
-             checkpoint_id="x")  # fmt: skip
+    dcp.save(state_of(2.0), storage_writer=TieredWriter(config, tier="s3", overwrite=True), checkpoint_id="x")
     assert loaded(config, "x") == 2.0, "memory still holds the overwritten generation"

@@ -56,24 +56,37 @@ class Fault:
 
 EIO_ADVICE = r"check the device"
 FAULTS = {
-    "write-EIO": Fault("posix/io/rw/write", "EIO", r"^write\(.*\.distcp", r"r00000-\d\.distcp",
-                       EIO_ADVICE),
-    "fsync-EIO-data": Fault("posix/io/sync/fsync", "EIO", r"^open_write\(.*\.distcp",
-                            r"r00000-\d\.distcp", EIO_ADVICE),
-    "fsync-EIO-data-dir": Fault("posix/io/sync/fsync", "EIO", r"^fsync_dir\(.* open_write\(.*distcp",
-                                r"r00000-\d\.distcp", EIO_ADVICE),
-    "fsync-EIO-metadata": Fault("posix/io/sync/fsync", "EIO", r"^open_write\(.*\.metadata",
-                                r"\.metadata", EIO_ADVICE),
-    "fsync-EIO-marker": Fault("posix/io/sync/fsync", "EIO", r"^publish\(.*commit\.json",
-                              r"step_2/commit\.json", EIO_ADVICE),
-    "fsync-EIO-marker-dir": Fault("posix/io/sync/fsync", "EIO",
-                                  r"^fsync_dir\(.* publish\(.*step_2/commit\.json",
-                                  r"step_2/commit\.json", EIO_ADVICE),
-    "rename-EIO": Fault("posix/io/dir/rename", "EIO", r"^open_write\(.*\.distcp",
-                        r"r00000-\d\.distcp", EIO_ADVICE),
-    "open-EACCES": Fault("posix/io/oc/open", "EACCES", r"^open_write\(.*\.distcp",
-                         r"r00000-\d\.distcp", r"check the permissions"),
-}  # fmt: skip
+    "write-EIO": Fault("posix/io/rw/write", "EIO", r"^write\(.*\.distcp", r"r00000-\d\.distcp", EIO_ADVICE),
+    "fsync-EIO-data": Fault(
+        "posix/io/sync/fsync", "EIO", r"^open_write\(.*\.distcp", r"r00000-\d\.distcp", EIO_ADVICE
+    ),
+    "fsync-EIO-data-dir": Fault(
+        "posix/io/sync/fsync", "EIO", r"^fsync_dir\(.* open_write\(.*distcp", r"r00000-\d\.distcp", EIO_ADVICE
+    ),
+    "fsync-EIO-metadata": Fault(
+        "posix/io/sync/fsync", "EIO", r"^open_write\(.*\.metadata", r"\.metadata", EIO_ADVICE
+    ),
+    "fsync-EIO-marker": Fault(
+        "posix/io/sync/fsync", "EIO", r"^publish\(.*commit\.json", r"step_2/commit\.json", EIO_ADVICE
+    ),
+    "fsync-EIO-marker-dir": Fault(
+        "posix/io/sync/fsync",
+        "EIO",
+        r"^fsync_dir\(.* publish\(.*step_2/commit\.json",
+        r"step_2/commit\.json",
+        EIO_ADVICE,
+    ),
+    "rename-EIO": Fault(
+        "posix/io/dir/rename", "EIO", r"^open_write\(.*\.distcp", r"r00000-\d\.distcp", EIO_ADVICE
+    ),
+    "open-EACCES": Fault(
+        "posix/io/oc/open",
+        "EACCES",
+        r"^open_write\(.*\.distcp",
+        r"r00000-\d\.distcp",
+        r"check the permissions",
+    ),
+}
 
 
 def fiu_run() -> str:
@@ -84,19 +97,20 @@ def fiu_run() -> str:
 def local_config(tmp_path: Path, root: Path) -> Path:
     """A config whose only tier is ``local`` at ``root``."""
     path = tmp_path / "tierstore.yaml"
-    path.write_text(yaml.safe_dump({"tiers": [{"name": "local", "type": "local",
-                                               "path": str(root)}]}))  # fmt: skip
+    path.write_text(yaml.safe_dump({"tiers": [{"name": "local", "type": "local", "path": str(root)}]}))
     return path
 
 
 def run_child(config: Path, mode: str, fault: Fault | None) -> dict[str, Any]:
     """Run the child trainer under ``fiu-run``; its JSON report."""
-    point, error, pattern = (
-        (fault.point, fault.errno, fault.pattern) if fault else ("none", "-", "")
+    point, error, pattern = (fault.point, fault.errno, fault.pattern) if fault else ("none", "-", "")
+    done = subprocess.run(
+        [fiu_run(), "-x", "-f", "", sys.executable, str(CHILD), str(config), mode, point, error, pattern],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
-    done = subprocess.run([fiu_run(), "-x", "-f", "", sys.executable, str(CHILD), str(config), mode,
-                           point, error, pattern],
-                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
     assert done.returncode == 0, f"the child died ({done.returncode}): {done.stderr[-3000:]}"
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -109,9 +123,12 @@ def temporary_files(root: Path) -> list[str]:
 def assert_restores(config: Path, checkpoint_id: str, step: int) -> None:
     """``checkpoint_id`` loads back bit-exact to ``train_state(step)``."""
     expected = train_state(step)
-    target: dict[str, Any] = {"w": torch.zeros_like(expected["w"]),
-                              "counts": torch.zeros_like(expected["counts"]),
-                              "blob": b"", "step": -1}  # fmt: skip
+    target: dict[str, Any] = {
+        "w": torch.zeros_like(expected["w"]),
+        "counts": torch.zeros_like(expected["counts"]),
+        "blob": b"",
+        "step": -1,
+    }
     dcp.load(target, storage_reader=TieredReader(load_config(config)), checkpoint_id=checkpoint_id)
     for key in ("w", "counts"):
         assert target[key].view(torch.uint8).equal(expected[key].view(torch.uint8)), key
@@ -187,8 +204,13 @@ def test_an_unreadable_file_fails_the_restore_naming_tier_file_and_remedy(tmp_pa
     unreadable = Fault("posix/io/oc/open", "EACCES", r"^read_into\(.*\.distcp", "", "")
     report = run_child(config, "load", unreadable)
     assert report["hits"] and report["outcome"] == "raised", report
-    assert_names(report["message"], root, r"cannot read 'step_1/\S+/r00000-0\.distcp'",
-                 r"Permission denied", r"check the permissions")  # fmt: skip
+    assert_names(
+        report["message"],
+        root,
+        r"cannot read 'step_1/\S+/r00000-0\.distcp'",
+        r"Permission denied",
+        r"check the permissions",
+    )
     assert latest_committed(load_config(config), collective=False) == "step_1"
     assert_restores(config, "step_1", 1)
 

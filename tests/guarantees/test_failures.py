@@ -92,9 +92,7 @@ def crash_on_rank1(rank: int, world: int, config: Config) -> None:
     trainer.train(1)
     with pytest.raises(BaseException, match="rank crashed mid-write"):
         dcp.save(
-            trainer.state(),
-            storage_writer=CrashingWriter(config, crash_rank=1),
-            checkpoint_id="step_000002",
+            trainer.state(), storage_writer=CrashingWriter(config, crash_rank=1), checkpoint_id="step_000002"
         )
     assert latest_committed(config) == "step_000001"
 
@@ -129,8 +127,7 @@ def test_directory_without_marker_is_never_loaded(make_config: Callable[..., Con
 
 
 @pytest.mark.parametrize(
-    ("damage", "verify"),
-    [("missing", False), ("truncated", False), ("flipped", True), ("bad-marker", False)],
+    ("damage", "verify"), [("missing", False), ("truncated", False), ("flipped", True), ("bad-marker", False)]
 )
 def test_damaged_copy_falls_back_to_the_next_tier(
     damage: str, verify: bool, make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
@@ -221,9 +218,7 @@ def test_overwrite_keeps_old_copy_loadable_until_the_new_one_commits(
     assert len(generations) == 1, "the old generation is removed after the new marker"
 
 
-def test_interrupted_overwrite_leaves_the_old_copy_bit_exact(
-    make_config: Callable[..., Config],
-) -> None:
+def test_interrupted_overwrite_leaves_the_old_copy_bit_exact(make_config: Callable[..., Config]) -> None:
     config = make_config("shared")
     old = save(config, "step_000001", seed=1)
     trainer = Trainer(seed=2)
@@ -238,9 +233,7 @@ def test_interrupted_overwrite_leaves_the_old_copy_bit_exact(
 
 
 @pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
-def test_concurrent_commit_of_the_same_id_keeps_exactly_one(
-    make_config: Callable[..., Config],
-) -> None:
+def test_concurrent_commit_of_the_same_id_keeps_exactly_one(make_config: Callable[..., Config]) -> None:
     config = make_config("s3")
     winners: list[dict[str, Any]] = []
 
@@ -260,9 +253,7 @@ def test_concurrent_commit_of_the_same_id_keeps_exactly_one(
     assert gens == {read_manifest(tier_of(config), "step_000007").generation}
 
 
-@pytest.mark.parametrize(
-    "bad", ["../escape", "a/b", "", ".", "..", ".tierstore", "x" * 300, "sp ace"]
-)
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".", "..", ".tierstore", "x" * 300, "sp ace"])
 def test_bad_checkpoint_ids_are_rejected(bad: str, make_config: Callable[..., Config]) -> None:
     config = make_config("local")
     with pytest.raises(InvalidCheckpointIdError):
@@ -274,9 +265,7 @@ def test_bad_checkpoint_ids_are_rejected(bad: str, make_config: Callable[..., Co
         dcp.save(trainer.state(), storage_writer=TieredWriter(config), checkpoint_id=bad)
 
 
-def test_tampered_metadata_is_refused_and_the_next_tier_used(
-    make_config: Callable[..., Config],
-) -> None:
+def test_tampered_metadata_is_refused_and_the_next_tier_used(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "local")
     trainer = save(config, "step_000003")
     Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
@@ -302,9 +291,7 @@ def test_metadata_unpickling_refuses_code() -> None:
         load_metadata(pickle.dumps(Evil()), where="tier x: id/.metadata")
 
 
-def test_marker_naming_paths_outside_the_checkpoint_is_refused(
-    make_config: Callable[..., Config],
-) -> None:
+def test_marker_naming_paths_outside_the_checkpoint_is_refused(make_config: Callable[..., Config]) -> None:
     config = make_config("local")
     save(config, "step_000001")
     tier = tier_of(config)

@@ -10,16 +10,17 @@ import sys
 from pathlib import Path
 
 
-def test_a_forked_child_exiting_normally_leaves_the_parents_files_and_records(
-    tmp_path: Path,
-) -> None:
+def test_a_forked_child_exiting_normally_leaves_the_parents_files_and_records(tmp_path: Path) -> None:
     root = Path("/dev/shm") / f"tierstore-fork-exit-{tmp_path.name}"  # a memory tier is tmpfs
     root.mkdir()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "tests.guarantees.fork_exit_child", str(root)],
-            capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     assert done.returncode == 0, done.stderr[-3000:]

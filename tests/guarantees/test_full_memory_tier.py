@@ -34,10 +34,14 @@ SAVE_TWICE = textwrap.dedent("""
 
 def run_saves(tmp_path: Path, memory: Path, nbytes: int) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "tierstore.yaml"
-    config.write_text(yaml.safe_dump({"tiers": [{"name": "ram", "type": "memory",
-                                                 "path": str(memory)}]}))  # fmt: skip
-    return subprocess.run([sys.executable, "-c", SAVE_TWICE, str(config), str(nbytes)],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    config.write_text(yaml.safe_dump({"tiers": [{"name": "ram", "type": "memory", "path": str(memory)}]}))
+    return subprocess.run(
+        [sys.executable, "-c", SAVE_TWICE, str(config), str(nbytes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_save_that_cannot_fit_is_refused_naming_path_and_bytes(

@@ -26,9 +26,8 @@ def test_promotion_routes_around_a_full_middle_tier(
     small_tmpfs: Path, make_config: Callable[..., Config]
 ) -> None:
     config = make_config(
-        "memory", "local", "s3",
-        tiers={"memory": {"keep": 1}, "local": {"path": str(small_tmpfs)}},
-    )  # fmt: skip
+        "memory", "local", "s3", tiers={"memory": {"keep": 1}, "local": {"path": str(small_tmpfs)}}
+    )
     memory, local, s3 = config.make_tiers(node=0)
     promoter = Promoter(config)
     save(config, "step_000001", 1.0)

@@ -139,24 +139,33 @@ class Tally:
         self.leaked += leaked
 
     def report(self, what: str, seeds: int = 1) -> None:
-        print(f"\n{what}: {len(self.points)} of {len(self.points)} kill points x {seeds} seeds"
-              f" survived ({self.cases} cases); orphaned multipart uploads after recovery:"
-              f" {self.uploads}; bytes leaked: {self.leaked}")  # fmt: skip
+        print(
+            f"\n{what}: {len(self.points)} of {len(self.points)} kill points x {seeds} seeds"
+            f" survived ({self.cases} cases); orphaned multipart uploads after recovery:"
+            f" {self.uploads}; bytes leaked: {self.leaked}"
+        )
 
 
 def write_config(root: Path, target: str, s3: tuple[str, str] | None, **tier: Any) -> Path:
     """A memory tier (node-local, ``{node}``) and the promotion target, ``shared`` or ``s3``."""
-    memory = {"name": "memory", "type": "memory", "path": f"{root}/memory/{{node}}",
-              **tier.get("memory", {})}  # fmt: skip
+    memory = {"name": "memory", "type": "memory", "path": f"{root}/memory/{{node}}", **tier.get("memory", {})}
     if target == "s3":
         assert s3 is not None
         endpoint, bucket = s3
-        second = {"name": "s3", "type": "s3", "url": f"s3://{bucket}/ckpt", "endpoint_url": endpoint,
-                  "max_attempts": 3, "part_size": "5MiB"}  # fmt: skip
+        second = {
+            "name": "s3",
+            "type": "s3",
+            "url": f"s3://{bucket}/ckpt",
+            "endpoint_url": endpoint,
+            "max_attempts": 3,
+            "part_size": "5MiB",
+        }
     else:
         second = {"name": "shared", "type": "shared", "path": f"{root}/shared"}
-    data = {"tiers": [memory, second],
-            "promote": {"activity_ttl": TTL, "stale_after": STALE, "interval": 1.0}}  # fmt: skip
+    data = {
+        "tiers": [memory, second],
+        "promote": {"activity_ttl": TTL, "stale_after": STALE, "interval": 1.0},
+    }
     path = root / f"tierstore-{uuid.uuid4().hex[:6]}.yaml"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data))
@@ -196,13 +205,29 @@ def run_trainers(jobs: list[tuple[Path, Case]], directory: Path) -> list[tuple[i
     """Run the trainer (steps 1 and 2, ``dcp.save``) once for each ``(config, case)``, each armed
     with its case's kill point, in processes forked from one that imported torch
     (``kill_child.py batch``); each job's exit code and output."""
-    rows = [[str(path), "1", "2", "sync", str(path.parent / f"store-{uuid.uuid4().hex[:8]}"),
-             case.spec, str(path.parent / "trainer.log")] for path, case in jobs]  # fmt: skip
+    rows = [
+        [
+            str(path),
+            "1",
+            "2",
+            "sync",
+            str(path.parent / f"store-{uuid.uuid4().hex[:8]}"),
+            case.spec,
+            str(path.parent / "trainer.log"),
+        ]
+        for path, case in jobs
+    ]
     jobs_file = directory / "jobs.json"
     jobs_file.write_text(json.dumps(rows))
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
-    done = subprocess.run([sys.executable, str(CHILD), "batch", str(jobs_file)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(CHILD), "batch", str(jobs_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ended = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(ended) == len(jobs), done.stdout
@@ -217,8 +242,9 @@ def cli_argv(config: Path, command: str) -> list[str]:
 def run_cli(config: Path, command: str, spec: str) -> tuple[int, str]:
     """``tierstore promote --once`` or ``gc`` armed with ``spec``: its exit code and stderr."""
     env = {**os.environ, VARIABLE: spec}
-    done = subprocess.run(cli_argv(config, command), env=env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        cli_argv(config, command), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     return done.returncode, done.stderr
 
 
@@ -291,8 +317,10 @@ def test_the_trainer_killed_at_each_writer_point_resumes_from_its_last_commit(
 
 
 @pytest.mark.faults
-@pytest.mark.skipif(not os.environ.get(SEEDS_VARIABLE), reason="make faults only (its points are"
-                    " armed in the promoter by make test)")  # fmt: skip
+@pytest.mark.skipif(
+    not os.environ.get(SEEDS_VARIABLE),
+    reason="make faults only (its points are armed in the promoter by make test)",
+)
 def test_the_trainer_killed_in_its_marker_publish_resumes_from_its_last_commit(
     tmp_path: Path, s3_client: Any
 ) -> None:
@@ -377,8 +405,7 @@ def test_the_promoter_killed_at_each_point_is_redone_without_leftovers(
     for index, case in enumerate(PROMOTER):
         bucket = f"ts-kill-{uuid.uuid4().hex[:12]}"
         s3_client.create_bucket(Bucket=bucket)
-        job = promoter_setup(tmp_path / f"p{index}", case.target, (s3_endpoint, bucket),
-                             big=case.big)  # fmt: skip
+        job = promoter_setup(tmp_path / f"p{index}", case.target, (s3_endpoint, bucket), big=case.big)
         assert_killed_at(*run_cli(job.path, "promote", case.spec), case, by_mp=False)
         promoter_survived(job)
         uploads = open_upload_count(job.config, s3_client)[0]
@@ -458,14 +485,14 @@ def test_every_kill_point_is_armed_by_a_case_of_make_test() -> None:
 Ready = Callable[["subprocess.Popen[str]"], bool]
 
 
-def kill_at_random(argv: list[str], rng: random.Random, window: float,
-                   ready: Ready) -> tuple[float, bool]:  # fmt: skip
+def kill_at_random(argv: list[str], rng: random.Random, window: float, ready: Ready) -> tuple[float, bool]:
     """Start ``argv`` (its own process group); once ``ready(process)`` holds (polled: the actor
     has begun the work under test), SIGKILL the group after a random delay in ``[0, window)``.
     Returns the delay and whether the kill landed (False: the process had ended first)."""
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
     delay = rng.uniform(0.0, window)
     try:
         deadline = time.monotonic() + 120
@@ -508,8 +535,9 @@ def random_trainer(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Rec
     return trainer_resumed(path, config, s3, tally, "random: trainer")
 
 
-def random_promoter(root: Path, rng: random.Random, target: str, *, s3: tuple[str, str],
-                    client: Any, tally: Tally) -> Recovery:  # fmt: skip
+def random_promoter(
+    root: Path, rng: random.Random, target: str, *, s3: tuple[str, str], client: Any, tally: Tally
+) -> Recovery:
     """``promote --once`` of two 12 MiB checkpoints killed at a random moment once it has begun
     writing into the target (S3: an upload is open; POSIX: a file of ``step_1`` is there)."""
     job = promoter_setup(root, target, s3, big=True)
@@ -524,8 +552,10 @@ def random_promoter(root: Path, rng: random.Random, target: str, *, s3: tuple[st
     delay, landed = kill_at_random(cli_argv(job.path, "promote"), rng, 0.4, begun)
     ids = promoter_survived(job)
     uploads = open_upload_count(job.config, client)[0]
-    print(f"  promoter to {target} killed at {delay:.2f}s (landed: {landed}): committed {ids},"
-          f" {uploads} uploads open")  # fmt: skip
+    print(
+        f"  promoter to {target} killed at {delay:.2f}s (landed: {landed}): committed {ids},"
+        f" {uploads} uploads open"
+    )
     return lambda: promoter_one_pass(job, client, tally, f"random: promoter to {target}")
 
 
@@ -535,8 +565,9 @@ def random_gc(root: Path, rng: random.Random, s3: Any, tally: Tally) -> Recovery
     path, _config = gc_setup(root, steps)
     time.sleep(STALE)
     started = time.monotonic()
-    delay, landed = kill_at_random(cli_argv(path, "gc"), rng, 1.2,
-                                   lambda _p: time.monotonic() - started > 0.2)  # fmt: skip
+    delay, landed = kill_at_random(
+        cli_argv(path, "gc"), rng, 1.2, lambda _p: time.monotonic() - started > 0.2
+    )
     print(f"  gc killed at {delay:.2f}s (landed: {landed})")
     gc_survived(path, steps)
     return lambda: gc_recovered(path, steps, s3, tally, "random: gc")
@@ -565,5 +596,7 @@ def test_sigkill_at_random_times_never_damages_a_commit_nor_leaks(
     time.sleep(EXPIRED)
     for recover in recoveries:
         recover()
-    print(f"seed {seed}: {tally.cases} of {len(actors)} random kills survived; orphaned uploads"
-          f" {tally.uploads}; bytes leaked {tally.leaked}")  # fmt: skip
+    print(
+        f"seed {seed}: {tally.cases} of {len(actors)} random kills survived; orphaned uploads"
+        f" {tally.uploads}; bytes leaked {tally.leaked}"
+    )

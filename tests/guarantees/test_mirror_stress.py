@@ -35,10 +35,9 @@ LATEST = 1000
 
 def stress_config(root: Path) -> Config:
     tiers = [
-        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": 2,
-         "mirror": True},
+        {"name": "memory", "type": "memory", "path": f"{root}/mem/{{node}}", "keep": 2, "mirror": True},
         {"name": "shared", "type": "shared", "path": f"{root}/shared"},
-    ]  # fmt: skip
+    ]
     promote = {"stale_after": "1s", "activity_ttl": "2s", "interval": "100ms"}
     return config_from_dict({"tiers": tiers, "promote": promote}, check_paths=False)
 
@@ -55,9 +54,8 @@ def load_and_check(config: Config, node: int, checkpoint_id: str, step: int, ran
 
 
 def rounds(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, hosts: Sequence[str], numbers: Sequence[int],
-    resume: int | None,
-) -> None:  # fmt: skip
+    rank: int, world: int, config: Config, hosts: Sequence[str], numbers: Sequence[int], resume: int | None
+) -> None:
     """One job: resume (``latest`` must hold round ``resume``), then for each round save a fresh
     id, overwrite ``latest``, and restore both."""
     os.environ[HOST_VARIABLE] = hosts[rank]
@@ -66,11 +64,9 @@ def rounds(  # noqa: PLR0917 - torch.multiprocessing passes arguments by positio
         load_and_check(config, rank, "latest", LATEST + resume, world)
     for number in numbers:
         writer = TieredWriter(config, node=rank)
-        dcp.save(shard_state(rank, number, SIZE), storage_writer=writer,
-                 checkpoint_id=f"step_{number}")  # fmt: skip
+        dcp.save(shard_state(rank, number, SIZE), storage_writer=writer, checkpoint_id=f"step_{number}")
         overwrite = TieredWriter(config, node=rank, overwrite=True)
-        dcp.save(shard_state(rank, LATEST + number, SIZE), storage_writer=overwrite,
-                 checkpoint_id="latest")  # fmt: skip
+        dcp.save(shard_state(rank, LATEST + number, SIZE), storage_writer=overwrite, checkpoint_id="latest")
         assert writer.wait_mirrored(60) and overwrite.wait_mirrored(60)
         load_and_check(config, rank, f"step_{number}", number, world)
         load_and_check(config, rank, "latest", LATEST + number, world)
@@ -92,9 +88,7 @@ def promote_until(config: Config, node: int, stop: threading.Event, errors: list
         stop.wait(0.1)
 
 
-def start_sidecar(
-    config: Config, node: int, errors: list[Any]
-) -> tuple[threading.Thread, threading.Event]:
+def start_sidecar(config: Config, node: int, errors: list[Any]) -> tuple[threading.Thread, threading.Event]:
     """Start ``node``'s sidecar thread; set the returned event to stop it."""
     stop = threading.Event()
     sidecar = threading.Thread(target=promote_until, args=(config, node, stop, errors))
@@ -102,9 +96,7 @@ def start_sidecar(
     return sidecar, stop
 
 
-def test_saves_overwrites_and_restores_with_promoters_gc_and_a_replaced_node(
-    tmp_path: Path,
-) -> None:
+def test_saves_overwrites_and_restores_with_promoters_gc_and_a_replaced_node(tmp_path: Path) -> None:
     config = stress_config(tmp_path)
     errors: list[Any] = []
     sidecars = {node: start_sidecar(config, node, errors) for node in (0, 1)}
@@ -129,8 +121,11 @@ def test_saves_overwrites_and_restores_with_promoters_gc_and_a_replaced_node(
         promoters[node].run_once()
     assert [a for a in audit_all(config, [0, 1]) if not a.ok] == []
     for node in (0, 1):  # host memory holds what retention keeps, on every node: no leak
-        kept = {d.name: sorted(g.name for g in d.iterdir() if g.name.startswith("g"))
-                for d in memory_root(tmp_path, node).iterdir() if not d.name.startswith(".")}  # fmt: skip
+        kept = {
+            d.name: sorted(g.name for g in d.iterdir() if g.name.startswith("g"))
+            for d in memory_root(tmp_path, node).iterdir()
+            if not d.name.startswith(".")
+        }
         assert len(kept) <= 2 and all(len(g) == 1 for g in kept.values()), (node, kept)
     assert latest_committed(config) == "latest"
     held = Catalog(config).scan()

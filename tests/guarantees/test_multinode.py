@@ -40,10 +40,23 @@ def save_on_two_nodes(rank: int, world: int, config: Config, step: int) -> None:
 
 def promote(path: Path, node: int) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", str(node), "-v",
-         "promote", "--once"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(path),
+            "--node",
+            str(node),
+            "-v",
+            "promote",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -88,9 +101,7 @@ def test_two_nodes_promote_their_parts_and_commit_once(
     state = {"model": {k: torch.zeros_like(v) for k, v in tensors(2).items()}, "step": 0}
     reader = TieredReader(config)
     dcp.load(state, storage_reader=reader, checkpoint_id="step_0002")
-    assert reader.chosen_tier == "s3", (
-        "node-local copies span two nodes: S3 serves a one-node restore"
-    )
+    assert reader.chosen_tier == "s3", "node-local copies span two nodes: S3 serves a one-node restore"
     for key, value in tensors(2).items():
         assert torch.equal(state["model"][key], value)
     assert state["step"] == 2
@@ -122,8 +133,10 @@ def test_a_vetoed_multi_node_save_leaves_nothing_in_host_memory(
     assert not ram0.exists(marker_path("step_0009"))
     subprocess.run(
         [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "0", "gc"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert ram0.find("step_0009") == [], "the coordinator's node must not keep a failed save"
 
 
@@ -179,9 +192,7 @@ def test_a_node_part_is_promoted_only_once_every_rank_of_the_node_wrote(
     path = tmp_path / "nodes.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     gate = HoldRank(3, str(tmp_path / "release"), str(tmp_path / "reached"))
-    saving = threading.Thread(
-        target=run_ranks, args=(save_two_ranks_per_node, 4, tmp_path, config, gate)
-    )
+    saving = threading.Thread(target=run_ranks, args=(save_two_ranks_per_node, 4, tmp_path, config, gate))
     saving.start()
     try:
         deadline = time.monotonic() + 120

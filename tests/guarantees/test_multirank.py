@@ -87,7 +87,12 @@ def latest_fails_everywhere(rank: int, world: int, config: Config) -> None:
 def test_latest_committed_failing_on_rank_0_raises_on_every_rank(tmp_path: Path) -> None:
     from tierstore.config import config_from_dict
 
-    unreachable = {"name": "s3", "type": "s3", "url": "s3://nowhere/x",
-                   "endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}  # fmt: skip
+    unreachable = {
+        "name": "s3",
+        "type": "s3",
+        "url": "s3://nowhere/x",
+        "endpoint_url": "http://127.0.0.1:9",
+        "max_attempts": 1,
+    }
     config = config_from_dict({"tiers": [unreachable]})
     run_ranks(latest_fails_everywhere, 2, tmp_path, config)

@@ -73,9 +73,7 @@ def test_new_directories_are_made_durable_in_their_parent(
     assert synced.index(str(tmp_path)) < synced.index(str(tmp_path / "a"))
 
 
-def test_create_only_marker_links_after_fsync(
-    tmp_path: Path, syscalls: list[tuple[str, str]]
-) -> None:
+def test_create_only_marker_links_after_fsync(tmp_path: Path, syscalls: list[tuple[str, str]]) -> None:
     tier = PosixTier("t", "local", str(tmp_path), node_local=True)
     tier.publish("ckpt/commit.json", b"{}", create_only=True)
     kinds = [kind for kind, _ in syscalls]
@@ -115,9 +113,7 @@ def tier_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 def _save(config: Config, checkpoint_id: str, **writer: Any) -> None:
     trainer = Trainer(seed=0)
     trainer.train(1)
-    dcp.save(
-        trainer.state(), storage_writer=TieredWriter(config, **writer), checkpoint_id=checkpoint_id
-    )
+    dcp.save(trainer.state(), storage_writer=TieredWriter(config, **writer), checkpoint_id=checkpoint_id)
 
 
 def test_data_then_metadata_then_marker(
@@ -167,9 +163,7 @@ def test_overwrite_publishes_new_marker_before_deleting_old_data(
 
 
 def test_overwrite_forgets_the_replaced_generations_log_entry_after_its_new_marker(
-    make_config: Callable[..., Config],
-    tier_events: list[tuple[str, str]],
-    monkeypatch: pytest.MonkeyPatch,
+    make_config: Callable[..., Config], tier_events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The log names each committed generation once: the replaced one's entry goes, but only once
     the new marker stands (before it, the old generation is still the committed one)."""
@@ -208,9 +202,7 @@ def test_s3_marker_is_put_after_every_data_object(
 
     monkeypatch.setattr(S3Tier, "call", call)
     _save(config, "step_000001")
-    completed = [
-        key for method, key in calls if method in ("put_object", "complete_multipart_upload")
-    ]
+    completed = [key for method, key in calls if method in ("put_object", "complete_multipart_upload")]
     assert completed[-1].endswith(CHANGES_PATH), "the change stamp follows the marker"
     completed = [key for key in completed if not key.endswith(CHANGES_PATH)]
     assert completed[-1].endswith("step_000001/commit.json")

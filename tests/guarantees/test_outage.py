@@ -63,15 +63,21 @@ def outage_config(tmp_path: Path, proxy: FaultProxy, bucket: str) -> Config:
             "tiers": [
                 {"name": "ram", "type": "memory", "path": str(tmp_path / "ram"), "keep": 2},
                 {"name": "disk", "type": "local", "path": str(tmp_path / "disk"), "keep": 3},
-                {"name": "s3", "type": "s3", "url": f"s3://{bucket}/run",
-                 "endpoint_url": proxy.endpoint, "max_attempts": 2, "max_retry_time": "2s",
-                 "read_timeout": "3s",
-                 "part_size": "5MiB"},
+                {
+                    "name": "s3",
+                    "type": "s3",
+                    "url": f"s3://{bucket}/run",
+                    "endpoint_url": proxy.endpoint,
+                    "max_attempts": 2,
+                    "max_retry_time": "2s",
+                    "read_timeout": "3s",
+                    "part_size": "5MiB",
+                },
             ],
             "probe_timeout": "1500ms",
             "promote": {"interval": "1s", "activity_ttl": "5s"},
         }
-    )  # fmt: skip
+    )
 
 
 def state_at(step: int) -> dict[str, Any]:
@@ -132,9 +138,8 @@ def probes_done(timeout: float = 60.0) -> None:
 
 
 def outage_scenario(
-    config: Config, proxy: FaultProxy, fault: str, *, from_start: bool,
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    config: Config, proxy: FaultProxy, fault: str, *, from_start: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """The whole story for one fault mode (see the module docstring)."""
     promoter = Promoter(config)
     step = 0
@@ -201,9 +206,12 @@ def outage_scenario(
 @pytest.mark.parametrize("from_start", [True, False], ids=["before-start", "mid-run"])
 @pytest.mark.parametrize("fault", FAULTS)
 def test_an_s3_outage_stops_nothing_on_the_fast_path(
-    fault: str, from_start: bool, tmp_path: Path, proxied_s3: tuple[FaultProxy, str],
+    fault: str,
+    from_start: bool,
+    tmp_path: Path,
+    proxied_s3: tuple[FaultProxy, str],
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     proxy, bucket = proxied_s3
     config = outage_config(tmp_path, proxy, bucket)
     outage_scenario(config, proxy, fault, from_start=from_start, caplog=caplog)

@@ -62,10 +62,22 @@ def promoted_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     for node in (1, 0):  # node 1's part first; node 0 (the marker's node) then commits
         done = subprocess.run(
-            [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", str(node),
-             "promote", "--once"],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tierstore.cli",
+                "--config",
+                str(path),
+                "--node",
+                str(node),
+                "promote",
+                "--once",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
     assert (root / "shared" / marker_path("step_1")).exists()
     return root
@@ -178,8 +190,7 @@ def test_peer_killed_during_the_exchange_commits_without_a_mirror_then_the_next_
     # Preloaded by tests.workers; these ranks run in the server's environment (they set their own
     # host variable and need nothing of this test's).
     context = mp.get_context("forkserver")
-    ranks = [context.Process(target=save_and_linger, args=(r, 2, store, config, tmp_path))
-             for r in (0, 1)]  # fmt: skip
+    ranks = [context.Process(target=save_and_linger, args=(r, 2, store, config, tmp_path)) for r in (0, 1)]
     for process in ranks:
         process.start()
     try:
@@ -206,11 +217,7 @@ def test_peer_killed_during_the_exchange_commits_without_a_mirror_then_the_next_
 
     run_ranks(save_steps, 2, tmp_path, config, (0, 1), (2,), "sync", tmp_path)  # the restarted job
     assert status_of(tmp_path, 0, "step_2")["mirrored"] is True
-    assert (
-        len(mirror_markers(tmp_path, 0, "step_2"))
-        == len(mirror_markers(tmp_path, 1, "step_2"))
-        == 1
-    )
+    assert len(mirror_markers(tmp_path, 0, "step_2")) == len(mirror_markers(tmp_path, 1, "step_2")) == 1
 
 
 def test_a_holder_without_room_fails_that_mirror_cleanly_the_save_commits_and_the_old_mirror_stays(
@@ -235,9 +242,7 @@ def test_a_holder_without_room_fails_that_mirror_cleanly_the_save_commits_and_th
     for node, redundant in ((0, 0.0), (1, 1.0)):  # what each node's promoter exports
         promoter = Promoter(config, node=node)
         promoter.run_once()
-        gauge = promoter.metrics.registry.get_sample_value(
-            "tierstore_mirror_redundant", {"tier": "memory"}
-        )
+        gauge = promoter.metrics.registry.get_sample_value("tierstore_mirror_redundant", {"tier": "memory"})
         assert gauge == redundant, (node, gauge)
 
 

@@ -25,9 +25,7 @@ def _fork_after_each_save(rank: int, world: int, root: Path) -> None:
     become(rank)
     writer = TieredWriter(mirror_config(root, lower=("local",)), node=rank)
     for step in (1, 2):
-        dcp.save(
-            shard_state(rank, step, 20_000), storage_writer=writer, checkpoint_id=f"step_{step}"
-        )
+        dcp.save(shard_state(rank, step, 20_000), storage_writer=writer, checkpoint_id=f"step_{step}")
 
         def child() -> int:  # the parent's round may still be running: none of it is here
             worker = worker_for(writer.tier)

@@ -41,9 +41,7 @@ def mirrored(root: Path, node: int, checkpoint_id: str) -> object:
     return json.loads(found.read_text())["mirrored"]
 
 
-def test_commit_order_survives_a_replaced_coordinator_node_and_swapped_indices(
-    tmp_path: Path,
-) -> None:
+def test_commit_order_survives_a_replaced_coordinator_node_and_swapped_indices(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=("shared",), keep=1)
     step = lambda n: (f"step_{n}", n, SMALL, {})  # noqa: E731
     run_ranks(save_plan, 2, tmp_path, config, (0, 1), [step(1), step(2)])
@@ -75,12 +73,9 @@ def test_an_overwrite_without_a_mirror_never_brings_the_old_contents_back(
     run_ranks(load_step, 2, tmp_path, config, (0, 1), "step_1", None, BIG)
 
 
-def test_an_overwritten_generation_never_takes_the_mirror_of_an_older_kept_checkpoint(
-    tmp_path: Path,
-) -> None:
+def test_an_overwritten_generation_never_takes_the_mirror_of_an_older_kept_checkpoint(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=("shared",), keep=2)
-    plan = [("step_1", 1, SMALL, {}), ("step_2", 2, SMALL, {}),
-            ("step_2", 3, SMALL, {"overwrite": True})]  # fmt: skip
+    plan = [("step_1", 1, SMALL, {}), ("step_2", 2, SMALL, {}), ("step_2", 3, SMALL, {"overwrite": True})]
     run_ranks(save_plan, 2, tmp_path, config, (0, 1), plan)
     Promoter(config, node=0).run_once()  # the memory tier's own retention (keep 2)
     assert held_ids(tmp_path, 1, 0) == ["step_1", "step_2"]
@@ -118,9 +113,7 @@ def test_a_receive_that_fails_mid_file_does_not_stop_the_next_saves_from_mirrori
         assert len(mirror_markers(tmp_path, 1, checkpoint_id)) == 1
 
 
-def test_a_vetoed_overwrite_leaves_the_committed_checkpoint_restorable_from_memory(
-    tmp_path: Path,
-) -> None:
+def test_a_vetoed_overwrite_leaves_the_committed_checkpoint_restorable_from_memory(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=())
     run_ranks(save_then_fail_an_overwrite, 2, tmp_path, config, SMALL)
     # The failed save never happened: no node keeps a part of it as evidence of a newer commit.

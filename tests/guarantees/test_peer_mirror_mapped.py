@@ -75,11 +75,11 @@ def receive_through_a_mapping(rank: int, world: int, root: Path, corrupt: bool) 
     try:
         if corrupt:
             with pytest.raises(IntegrityError, match="received CRC32C"):
-                receive_file(tier, LANDED, entry, 1, dist.group.WORLD, first_tag=1,
-                             timeout_s=60, spares=spares)  # fmt: skip
+                receive_file(
+                    tier, LANDED, entry, 1, dist.group.WORLD, first_tag=1, timeout_s=60, spares=spares
+                )
         else:
-            receive_file(tier, LANDED, entry, 1, dist.group.WORLD, first_tag=1, timeout_s=60,
-                         spares=spares)  # fmt: skip
+            receive_file(tier, LANDED, entry, 1, dist.group.WORLD, first_tag=1, timeout_s=60, spares=spares)
     finally:
         Landing.write_at = write_at  # type: ignore[method-assign]
     assert copies == [], "the bytes were copied into the landing, not received into its mapping"

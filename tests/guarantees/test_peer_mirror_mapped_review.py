@@ -46,8 +46,7 @@ def two_rounds_of_edge_sizes(rank: int, world: int, root: Path) -> None:
     for round_ in (1, 2):
         datas = [data_of(size, round_ * 7 + i) for i, size in enumerate(SIZES)]
         if rank == 1:
-            works = [w for i, d in enumerate(datas) for w in post_send(d, 0, dist.group.WORLD,
-                                                                      tag_of(i))]  # fmt: skip
+            works = [w for i, d in enumerate(datas) for w in post_send(d, 0, dist.group.WORLD, tag_of(i))]
             wait_all(works, 60)
             dist.barrier()
             continue
@@ -64,8 +63,16 @@ def two_rounds_of_edge_sizes(rank: int, world: int, root: Path) -> None:
         landed = []
         for i, data in enumerate(datas):
             path = f"mirror/r{round_}/0/__1_{i}.distcp"
-            receive_file(tier, path, entry_of(i, data), 1, dist.group.WORLD,
-                         first_tag=tag_of(i), timeout_s=60, spares=spares)  # fmt: skip
+            receive_file(
+                tier,
+                path,
+                entry_of(i, data),
+                1,
+                dist.group.WORLD,
+                first_tag=tag_of(i),
+                timeout_s=60,
+                spares=spares,
+            )
             landed.append(root / path)
         inodes = [p.stat().st_ino for p in landed]
         assert len(set(inodes)) == len(inodes), "two files landed in one inode"
@@ -117,8 +124,9 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
             time.sleep(0.05)
         for i in (1, 2):  # the receiver's timeout may have closed the pair: then nothing goes
             try:
-                work = dist.isend(data[CHUNK * i : CHUNK * (i + 1)], dst=0,
-                                  group=dist.group.WORLD, tag=tag_of(0) + i)  # fmt: skip
+                work = dist.isend(
+                    data[CHUNK * i : CHUNK * (i + 1)], dst=0, group=dist.group.WORLD, tag=tag_of(0) + i
+                )
                 assert work is not None
                 work.wait(datetime.timedelta(seconds=5))
             except RuntimeError:
@@ -134,9 +142,17 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
     # "pause": the drain waits for a sender that sends only once this gave up, so it runs to the
     # timeout (5 s: the drain's wait is what is timed out, the mapping's release what is checked)
     try:
-        receive_file(tier, "mirror/x/0/__1_0.distcp", entry, 1, dist.group.WORLD, first_tag=tag_of(0),
-                     timeout_s={"late": 1, "pause": 5}.get(how, 60), spares=spares,
-                     pause=stop if how == "pause" else lambda: None)  # fmt: skip
+        receive_file(
+            tier,
+            "mirror/x/0/__1_0.distcp",
+            entry,
+            1,
+            dist.group.WORLD,
+            first_tag=tag_of(0),
+            timeout_s={"late": 1, "pause": 5}.get(how, 60),
+            spares=spares,
+            pause=stop if how == "pause" else lambda: None,
+        )
     except Exception as exc:  # noqa: BLE001 - the finding is the type
         failed = type(exc).__name__
     gc.collect()
@@ -157,8 +173,7 @@ def fail_mid_file(rank: int, world: int, root: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["dies", "late", "pause"])
 def test_a_receive_into_a_mapping_that_fails_mid_file_leaves_nothing_mapped_or_named(
-    shm: Path,
-    how: str,
+    shm: Path, how: str
 ) -> None:
     """A peer that dies after the first chunk, or whose rest arrives after the receiver's timeout:
     the receiver survives (no SIGSEGV/SIGBUS), no file has the name, the spare is gone, and no
@@ -196,9 +211,7 @@ def test_a_forked_child_holds_no_descriptor_of_a_mapped_spare(shm: Path) -> None
     if child == 0:  # the child only answers (its exit status) whether it holds the file
         os._exit(1 if descriptors_of(inode) else 0)
     _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, (
-        "the forked child holds a descriptor of the spare"
-    )
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child holds a descriptor of the spare"
     spares.release_unused([])
     assert inode not in mapped_inodes() and not descriptors_of(inode)
 
@@ -217,8 +230,17 @@ def pause_fails_while_sending(rank: int, world: int, root: Path) -> None:
         raise RuntimeError("stop")
 
     with pytest.raises(RuntimeError, match="stop"):
-        receive_file(tier, "mirror/x/0/__1_0.distcp", entry_of(0, data), 1, dist.group.WORLD,
-                     first_tag=tag_of(0), timeout_s=30, spares=spares, pause=stop)  # fmt: skip
+        receive_file(
+            tier,
+            "mirror/x/0/__1_0.distcp",
+            entry_of(0, data),
+            1,
+            dist.group.WORLD,
+            first_tag=tag_of(0),
+            timeout_s=30,
+            spares=spares,
+            pause=stop,
+        )
     gc.collect()
     assert not (root / "mirror/x/0/__1_0.distcp").exists()
     assert spares_of(root.parent.parent, 0) == {}

@@ -114,9 +114,7 @@ def test_a_dropped_mirror_leaves_its_marker_before_any_file_is_recycled(tmp_path
     assert not tier.exists(path)
 
 
-def test_a_recycled_file_leaves_the_mirror_and_is_the_next_spare_of_its_size(
-    tmp_path: Path,
-) -> None:
+def test_a_recycled_file_leaves_the_mirror_and_is_the_next_spare_of_its_size(tmp_path: Path) -> None:
     tier = MemoryTier("memory", str(tmp_path), mirror=None)
     spares = Spares(tier)
     path = _mirror_file(tier, 2 * MIB)

@@ -36,12 +36,7 @@ from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
-from tierstore.records.mirror import (
-    MIRROR_MARKER_PREFIX,
-    MirrorMarker,
-    held_mirrors,
-    prune_mirrors,
-)
+from tierstore.records.mirror import MIRROR_MARKER_PREFIX, MirrorMarker, held_mirrors, prune_mirrors
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20
@@ -113,20 +108,15 @@ def _generation(seq: int) -> str:
     return f"g{seq:016x}"
 
 
-def _mirror_of(
-    tier: MemoryTier, checkpoint_id: str, seq: int, size: int = MIB, files: int = 1
-) -> str:
+def _mirror_of(tier: MemoryTier, checkpoint_id: str, seq: int, size: int = MIB, files: int = 1) -> str:
     """A mirror of ``checkpoint_id`` (commit ``seq``): ``files`` files of node 1's, its marker
     beside them. Returns the first file's path."""
     generation = _generation(seq)
-    entries = tuple(
-        FileEntry(f"{generation}/__1_{n}.distcp", size, 0, rank=1, node=1) for n in range(files)
-    )
+    entries = tuple(FileEntry(f"{generation}/__1_{n}.distcp", size, 0, rank=1, node=1) for n in range(files))
     for entry in entries:
         tier.write_bytes(mirror_copy_path(checkpoint_id, entry.path), bytes([0xAB]) * size)
     marker = MirrorMarker(checkpoint_id, generation, 1, 0, (1,), entries, seq, 0)
-    tier.publish(mirror_marker_path(checkpoint_id, generation, 1), marker.to_json(),
-                 create_only=False)  # fmt: skip
+    tier.publish(mirror_marker_path(checkpoint_id, generation, 1), marker.to_json(), create_only=False)
     return mirror_copy_path(checkpoint_id, entries[0].path)
 
 
@@ -199,8 +189,13 @@ def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spar
     tier = MemoryTier("memory", str(tmp_path), mirror=None)
     _mirror_of(tier, "x", 1, files=2)
     newer = _mirror_of(tier, "y", 2)
-    done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_RECYCLING, str(tmp_path)],
-                          capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_WHILE_RECYCLING, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert done.stdout.startswith("recycled"), done.stdout
     assert held_mirrors(tier, "x") == [], "a committed mirror names a recycled file"
@@ -256,9 +251,7 @@ def _mirror_data(root: Path, node: int, checkpoint_id: str) -> list[Path]:
     return sorted(memory_root(root, node).glob(f".tierstore/mirror/{checkpoint_id}/*/*.distcp"))
 
 
-def test_two_ranks_a_node_overwrites_and_promoter_passes_keep_every_mirror_whole(
-    tmp_path: Path,
-) -> None:
+def test_two_ranks_a_node_overwrites_and_promoter_passes_keep_every_mirror_whole(tmp_path: Path) -> None:
     """After the rounds, each node holds one mirror (``step_4``'s), whose every file matches its
     marker's CRC32C though it landed in recycled files; no spare outlives its process, and node 0
     alone restores every saved rank's shard of ``step_4`` from its memory (own and mirror)."""
@@ -271,8 +264,6 @@ def test_two_ranks_a_node_overwrites_and_promoter_passes_keep_every_mirror_whole
         for entry in held[0].files:
             data = tier.read_bytes(mirror_copy_path("step_4", entry.path))
             assert (len(data), crc32c(data)) == (entry.size, entry.crc32c), entry.path
-        assert [p.name for p in (memory_root(tmp_path, node) / ".tierstore/mirror").iterdir()] == [
-            "step_4"
-        ]
+        assert [p.name for p in (memory_root(tmp_path, node) / ".tierstore/mirror").iterdir()] == ["step_4"]
         assert not list(memory_root(tmp_path, node).glob(".tierstore/staging/*/mirror-spare-*"))
     run_ranks(load_and_check, 1, tmp_path, config, [0], 4, "memory", [0, 1, 2, 3])

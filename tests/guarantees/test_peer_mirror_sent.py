@@ -19,8 +19,7 @@ def _save_and_check_released(rank: int, world: int, root: Path) -> None:
     become(rank)
     writer = TieredWriter(mirror_config(root, lower=("local",)), node=rank)
     for step in (1, 2):
-        dcp.save(shard_state(rank, step, 400_000), storage_writer=writer,
-                 checkpoint_id=f"step_{step}")  # fmt: skip
+        dcp.save(shard_state(rank, step, 400_000), storage_writer=writer, checkpoint_id=f"step_{step}")
         assert writer.wait_mirrored(60), f"rank {rank}: step_{step} not mirrored"
         own = own_checkpoint_files(root, rank, f"step_{step}")
         assert own, f"rank {rank}: no own files of step_{step} found"

@@ -143,9 +143,7 @@ def _until_rank_0_reports(
 def _deleted_mappings(root: Path) -> list[str]:
     """The files under ``root`` this process still maps after they were removed."""
     lines = Path("/proc/self/maps").read_text().splitlines()
-    return [
-        line.split(maxsplit=5)[-1] for line in lines if str(root) in line and "(deleted)" in line
-    ]
+    return [line.split(maxsplit=5)[-1] for line in lines if str(root) in line and "(deleted)" in line]
 
 
 def _die_once_sending(root: Path) -> None:
@@ -192,9 +190,7 @@ def test_a_round_cut_short_while_receiving_into_a_mapped_spare_lets_go_of_it(
     assert not still, f"rank 0 still maps removed files: {still}"
 
 
-def test_a_child_forked_while_a_sent_file_is_being_mapped_holds_no_descriptor_of_it(
-    shm: Path,
-) -> None:
+def test_a_child_forked_while_a_sent_file_is_being_mapped_holds_no_descriptor_of_it(shm: Path) -> None:
     """``map_file`` opens the file, maps it and closes it; the mmap and madvise calls go through
     ctypes, which lets other threads run meanwhile. A trainer thread that forks a DataLoader worker
     then must not hand the child the descriptor, open for that moment (it would keep the file and

@@ -69,9 +69,7 @@ def _paths(root: Path, node: int, checkpoint_id: str) -> list[Path]:
     return list(marker.parent.glob("*.distcp"))
 
 
-def test_the_next_round_lands_in_spares_reserved_after_the_last_and_they_go_at_exit(
-    tmp_path: Path,
-) -> None:
+def test_the_next_round_lands_in_spares_reserved_after_the_last_and_they_go_at_exit(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=(), keep=2)
     run_ranks(save_twice_checking_spares, 2, tmp_path, config, tmp_path)
     for node in (0, 1):
@@ -87,8 +85,11 @@ def memory_tmpfs(root: Path, nodes: int, size: str) -> Iterator[None]:
         for node in range(nodes):
             where = memory_root(root, node)
             where.mkdir(parents=True)
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                                   str(where)], capture_output=True, check=False)  # fmt: skip
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                capture_output=True,
+                check=False,
+            )
             if done.returncode:
                 pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode()}")
             mounted.append(where)
@@ -149,14 +150,11 @@ def grow_after_spares(rank: int, world: int, config: Config, root: Path) -> None
     dist.barrier()
 
 
-def test_spares_of_the_last_rounds_sizes_never_refuse_a_mirror_that_fits_without_them(
-    tmp_path: Path,
-) -> None:
+def test_spares_of_the_last_rounds_sizes_never_refuse_a_mirror_that_fits_without_them(tmp_path: Path) -> None:
     """120 MiB per node: step_2's own 32 MiB, the partner's 32 MiB and step_1's own 16 MiB fit,
     with step_1's unusable 16 MiB spare besides they would not."""
     with memory_tmpfs(tmp_path, 2, "120m"):
-        run_ranks(grow_after_spares, 2, tmp_path, mirror_config(tmp_path, lower=(), keep=1),
-                  tmp_path)  # fmt: skip
+        run_ranks(grow_after_spares, 2, tmp_path, mirror_config(tmp_path, lower=(), keep=1), tmp_path)
         for node in (0, 1):
             assert len(mirror_markers(tmp_path, node, "step_2")) == 1, f"node {node}: no mirror"
 
@@ -180,8 +178,16 @@ def fail_a_receive_after_taking_a_spare(rank: int, world: int, root: Path) -> No
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, limits[1]))  # now over the limit
     try:
         with pytest.raises(TierUnavailableError, match="cannot take the peer mirror"):
-            receive_file(spares.tier, "mirror/x/0/__1_0.distcp", entry, 1, dist.group.WORLD,
-                         first_tag=1, timeout_s=60, spares=spares)  # fmt: skip
+            receive_file(
+                spares.tier,
+                "mirror/x/0/__1_0.distcp",
+                entry,
+                1,
+                dist.group.WORLD,
+                first_tag=1,
+                timeout_s=60,
+                spares=spares,
+            )
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     assert spares_of(root.parent.parent, 0) == {}, "the taken spare stayed behind"

@@ -78,9 +78,7 @@ def exchange_while_rank0_stages(rank: int, world: int, config: Config, root: Pat
     dist.barrier()
 
 
-def test_the_exchange_makes_no_progress_while_this_process_stages_and_resumes_after(
-    tmp_path: Path,
-) -> None:
+def test_the_exchange_makes_no_progress_while_this_process_stages_and_resumes_after(tmp_path: Path) -> None:
     config = mirror_config(tmp_path, lower=(), keep=2)
     run_ranks(exchange_while_rank0_stages, 2, tmp_path, config, tmp_path)
 

@@ -20,18 +20,31 @@ from tierstore.config import Config
 
 def unshare_works() -> bool:
     """``unshare --pid`` needs CAP_SYS_ADMIN: a container without it skips, saying so."""
-    probe = subprocess.run([system_tool("unshare"), "--pid", "--fork", "true"],
-                           capture_output=True, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [system_tool("unshare"), "--pid", "--fork", "true"], capture_output=True, check=False
+    )
     return probe.returncode == 0
 
 
 def gc_in_its_own_pid_namespace(config_file: Path) -> subprocess.CompletedProcess[str]:
     """``tierstore gc`` as a sidecar container runs it: in a PID namespace of its own."""
     gc = subprocess.run(
-        ["unshare", "--pid", "--fork", sys.executable, "-m", "tierstore.cli", "--config",
-         str(config_file), "gc"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(config_file),
+            "gc",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert gc.returncode == 0, gc.stderr
     return gc
 
@@ -75,9 +88,7 @@ def test_cleanup_in_another_pid_namespace_removes_a_killed_writers_buffers(
     config = make_config("memory", promote={"stale_after": 3600})  # age alone would keep them
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
-    writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
-    )
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "saved"
     finally:

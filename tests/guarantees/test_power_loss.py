@@ -70,8 +70,9 @@ class Run:
     memory_first: bool = False
 
 
-FIXED = Run((("step_1", 1, False), ("step_2", 2, False), None, ("step_3", 3, False),
-             ("step_2", 4, True), None))  # fmt: skip
+FIXED = Run(
+    (("step_1", 1, False), ("step_2", 2, False), None, ("step_3", 3, False), ("step_2", 4, True), None)
+)
 """The run ``make test`` cuts everywhere: two saves, a pass, a save, an overwrite, a pass."""
 
 
@@ -179,9 +180,7 @@ def _load(config: Config, checkpoint_id: str) -> dict[str, Any]:
     return state
 
 
-def check_crash_state(
-    recorded: Recorded, state: CrashState, where: Path, *, check_after: bool
-) -> None:
+def check_crash_state(recorded: Recorded, state: CrashState, where: Path, *, check_after: bool) -> None:
     """The oracle (see the module docstring) against ``state`` rebuilt in ``where``."""
     trace = recorded.trace
     op = trace.ops[state.after - 1] if state.after else None
@@ -194,9 +193,7 @@ def check_crash_state(
         assert latest is not None, f"{case}: nothing restorable, {recorded.saved[floor][0]} was"
     if latest is not None:
         loaded = _load(config, latest)
-        matches = [
-            i for i, (cid, s) in enumerate(recorded.saved) if cid == latest and _is_same(s, loaded)
-        ]
+        matches = [i for i, (cid, s) in enumerate(recorded.saved) if cid == latest and _is_same(s, loaded)]
         assert matches, f"{case}: {latest} loads a state never saved under it"
         assert max(matches) >= floor, (
             f"{case}: {latest} is save {max(matches)}, older than save {floor}, which returned"
@@ -237,9 +234,7 @@ def shm_dir() -> Iterator[Path]:
         yield directory
 
 
-def _cut_everywhere(
-    root: Path, recorded: Recorded, *, variants: bool, after_every: int
-) -> tuple[int, int]:
+def _cut_everywhere(root: Path, recorded: Recorded, *, variants: bool, after_every: int) -> tuple[int, int]:
     """Check every distinct crash state of ``recorded`` (``variants``: the flushed-directory and
     prefix-of-writes ones too), a fresh save and pass after every ``after_every``-th; return the
     counts of states and of states passed."""

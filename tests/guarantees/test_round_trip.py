@@ -38,9 +38,7 @@ def test_save_and_async_save_round_trip(kind: str, make_config: Callable[..., Co
     dcp.save(trainer.state(), storage_writer=TieredWriter(config), checkpoint_id="step_000003")
     assert restore_and_compare(config, "step_000003", trainer) == kind
     trainer.train(2)
-    future = dcp.async_save(
-        trainer.state(), storage_writer=TieredWriter(config), checkpoint_id="step_000005"
-    )
+    future = dcp.async_save(trainer.state(), storage_writer=TieredWriter(config), checkpoint_id="step_000005")
     trainer_after = trainer.state()
     future.result()
     assert latest_committed(config) == "step_000005"
@@ -75,9 +73,7 @@ def process_mode_worker(rank: int, world: int, configs: list[Config]) -> None:
         assert restore_and_compare(config, "step_000002", trainer) == config.tiers[0].name
 
 
-def test_async_save_in_process_mode_every_tier(
-    tmp_path: Path, make_config: Callable[..., Config]
-) -> None:
+def test_async_save_in_process_mode_every_tier(tmp_path: Path, make_config: Callable[..., Config]) -> None:
     configs = [make_config(kind) for kind in KINDS]
     run_ranks(process_mode_worker, 1, tmp_path, configs)
 

@@ -60,9 +60,17 @@ def flaky_s3(seaweed: SeaweedServer, seaweed_bucket: str) -> Iterator[tuple[Http
 
 
 def s3_tier(proxy: HttpFaultProxy, bucket: str, *, attempts: int) -> dict[str, Any]:
-    return {"name": "s3", "type": "s3", "url": f"s3://{bucket}/run",
-            "endpoint_url": proxy.endpoint, "max_attempts": attempts, "max_retry_time": "20s",
-            "read_timeout": f"{READ_TIMEOUT_S}s", "part_size": "5MiB", "concurrency": 4}  # fmt: skip
+    return {
+        "name": "s3",
+        "type": "s3",
+        "url": f"s3://{bucket}/run",
+        "endpoint_url": proxy.endpoint,
+        "max_attempts": attempts,
+        "max_retry_time": "20s",
+        "read_timeout": f"{READ_TIMEOUT_S}s",
+        "part_size": "5MiB",
+        "concurrency": 4,
+    }
 
 
 def configs(
@@ -73,10 +81,7 @@ def configs(
     ram = {"name": "ram", "type": "memory", "path": str(tmp_path / "ram"), "keep": 4}
     promote = {"interval": "1s", "stale_after": stale_after, "activity_ttl": "1s"}
     common = {"probe_timeout": "20s", "promote": promote}
-    return (
-        config_from_dict({"tiers": [ram, s3], **common}),
-        config_from_dict({"tiers": [s3], **common}),
-    )
+    return (config_from_dict({"tiers": [ram, s3], **common}), config_from_dict({"tiers": [s3], **common}))
 
 
 def state_at(step: int, mib: int = 11) -> dict[str, Any]:
@@ -111,9 +116,7 @@ def digest(state: dict[str, Any]) -> str:
 
 
 def save(config: Config, step: int, mib: int = 11) -> None:
-    dcp.save(
-        state_at(step, mib), storage_writer=TieredWriter(config), checkpoint_id=f"step_{step:04d}"
-    )
+    dcp.save(state_at(step, mib), storage_writer=TieredWriter(config), checkpoint_id=f"step_{step:04d}")
 
 
 def restore(config: Config, step: int, mib: int = 11) -> str:
@@ -144,16 +147,16 @@ def promote_until(config: Config, wanted: list[str]) -> tuple[int, float]:
 
 
 def retried(caplog: pytest.LogCaptureFixture) -> int:
-    return sum(r.getMessage().startswith("retrying ") for r in caplog.records
-               if r.name == "tierstore.tiers.s3.retry")  # fmt: skip
+    return sum(
+        r.getMessage().startswith("retrying ") for r in caplog.records if r.name == "tierstore.tiers.s3.retry"
+    )
 
 
 @pytest.mark.faults
 @pytest.mark.parametrize("seed", fault_seeds(1))
 def test_promotion_and_restore_survive_a_flaky_store(
-    seed: int, tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str],
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    seed: int, tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str], caplog: pytest.LogCaptureFixture
+) -> None:
     proxy, bucket = flaky_s3
     rate, faults = RATES[seed % len(RATES)], MIXES[seed // len(RATES) % len(MIXES)]
     mix = "all" if len(faults) > 1 else faults[0]
@@ -244,9 +247,8 @@ def test_a_store_that_always_fails_fails_bounded_and_keeps_the_last_durable_copy
 
 @pytest.mark.parametrize("fault", ["flip_request", "flip_response"])
 def test_a_flipped_byte_is_caught_and_fetched_or_sent_again(
-    fault: Fault, tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str],
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    fault: Fault, tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str], caplog: pytest.LogCaptureFixture
+) -> None:
     """Every upload (``flip_request``) or every whole-object read (``flip_response``: markers,
     ``.metadata``) is damaged once in two: never stored nor taken as it is, always retried."""
     proxy, bucket = flaky_s3
@@ -287,9 +289,7 @@ def test_two_promoters_racing_on_one_marker_commit_it_once(
         promoters = [Promoter(job), Promoter(job)]
         barrier = threading.Barrier(2)
         reports: list[Any] = [None, None]
-        threads = [
-            threading.Thread(target=_race, args=(barrier, promoters[i], reports, i)) for i in (0, 1)
-        ]
+        threads = [threading.Thread(target=_race, args=(barrier, promoters[i], reports, i)) for i in (0, 1)]
         caplog.clear()
         for thread in threads:
             thread.start()
@@ -352,5 +352,6 @@ def test_a_byte_flipped_once_in_a_ranged_read_is_read_again(
         restored = restore(restart, 1, mib=1)
     assert proxy.injected["flip_range"] >= 1
     assert restored == digest(state_at(1, mib=1)), "the flipped range was loaded"
-    assert any("do not match their CRC32C" in r.getMessage() and "tier s3" in r.getMessage()
-               for r in caplog.records), "the mismatch is logged with its tier"  # fmt: skip
+    assert any(
+        "do not match their CRC32C" in r.getMessage() and "tier s3" in r.getMessage() for r in caplog.records
+    ), "the mismatch is logged with its tier"

@@ -58,14 +58,14 @@ def background(config: Config, stop: threading.Event, errors: list[BaseException
 
 @pytest.mark.slow  # a 30 s concurrency sweep per seed: make test runs it, make quick does not
 @pytest.mark.parametrize("seed", [11, 29])
-def test_one_node_under_concurrent_promotion_and_gc(
-    seed: int, make_config: Callable[..., Config]
-) -> None:
+def test_one_node_under_concurrent_promotion_and_gc(seed: int, make_config: Callable[..., Config]) -> None:
     config = make_config(
-        "memory", "local", "s3",
+        "memory",
+        "local",
+        "s3",
         tiers={"memory": {"keep": 3}, "local": {"keep": 4}, "s3": {"keep": 6, "every": 2}},
         promote={"stale_after": 0, "activity_ttl": 2},
-    )  # fmt: skip
+    )
     rng = random.Random(seed)  # noqa: S311 - a reproducible schedule, not a secret
     expected: dict[str, float] = {}
     last_committed: str | None = None
@@ -112,8 +112,9 @@ def save_round(rank: int, world: int, config: Config, values: list[int]) -> None
     writer = TieredWriter(config, node=node)
     for value in values:
         mine = {f"r{rank}": torch.full((NUMEL,), float(value) + rank)}
-        dcp.async_save({"model": mine, "v": value}, storage_writer=writer,
-                       checkpoint_id=f"step_{value:06d}").result()  # fmt: skip
+        dcp.async_save(
+            {"model": mine, "v": value}, storage_writer=writer, checkpoint_id=f"step_{value:06d}"
+        ).result()
     writer.close()
 
 
@@ -121,15 +122,16 @@ def test_two_nodes_two_ranks_each_with_promoters_running(
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     config = make_config(
-        "memory", "s3", tiers={"memory": {"keep": 2}},
+        "memory",
+        "s3",
+        tiers={"memory": {"keep": 2}},
         promote={"stale_after": 0, "activity_ttl": 2, "interval": "100ms"},
-    )  # fmt: skip
+    )
     path = tmp_path / "nodes.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     command = [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node"]
     promoters = [
-        subprocess.Popen([*command, str(node), "promote"], stderr=subprocess.DEVNULL)
-        for node in (0, 1)
+        subprocess.Popen([*command, str(node), "promote"], stderr=subprocess.DEVNULL) for node in (0, 1)
     ]
     try:
         run_ranks(save_round, 4, tmp_path, config, [1, 2, 3, 4, 5])
@@ -139,10 +141,21 @@ def test_two_nodes_two_ranks_each_with_promoters_running(
         assert [process.wait(timeout=60) for process in promoters] == [0, 0]
     for node in (1, 0, 1, 0):
         subprocess.run(
-            [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", str(node),
-             "promote", "--once"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tierstore.cli",
+                "--config",
+                str(path),
+                "--node",
+                str(node),
+                "promote",
+                "--once",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     assert [a for a in audit_all(config, [0, 1]) if not a.ok] == []
     s3 = config.make_tier("s3", node=0)
     assert s3.exists("step_000005/commit.json"), "the newest save is durable"
@@ -150,6 +163,4 @@ def test_two_nodes_two_ranks_each_with_promoters_running(
     reader = TieredReader(config)
     dcp.load(target, storage_reader=reader, checkpoint_id="step_000005")
     assert reader.chosen_tier == "s3" and target["v"] == 5
-    assert all(
-        torch.equal(target["model"][f"r{r}"], torch.full((NUMEL,), 5.0 + r)) for r in range(4)
-    )
+    assert all(torch.equal(target["model"][f"r{r}"], torch.full((NUMEL,), 5.0 + r)) for r in range(4))

@@ -100,11 +100,7 @@ def test_find_after_lists_what_find_does_past_a_name(tier: Tier) -> None:
     names = [f"log/{n:04d}~x" for n in (1, 2, 10, 11)] + ["log/0002", "logs/0100~x", "lo/9999"]
     for name in names:
         tier.write_bytes(name, b"")
-    assert [f.path for f in tier.find_after("log", "log/0002")] == [
-        "log/0002~x",
-        "log/0010~x",
-        "log/0011~x",
-    ]
+    assert [f.path for f in tier.find_after("log", "log/0002")] == ["log/0002~x", "log/0010~x", "log/0011~x"]
     assert [f.path for f in tier.find_after("log", "log/0011~x")] == []
     assert tier.find_after("absent", "absent/0") == []
     assert tier.find_after("log", "log/") == [f for f in tier.find("log")]
@@ -123,10 +119,7 @@ def test_delete_and_delete_tree(tier: Tier) -> None:
 
 
 def test_incomplete_write_is_invisible(tier: Tier) -> None:
-    with (
-        pytest.raises(RuntimeError, match="crash mid-write"),
-        tier.open_write("w/partial") as stream,
-    ):
+    with pytest.raises(RuntimeError, match="crash mid-write"), tier.open_write("w/partial") as stream:
         stream.write(os.urandom(6 * 2**20))
         stream.write(b"more")
         assert not tier.exists("w/partial"), "a file must not be visible before it completes"
@@ -206,9 +199,7 @@ def test_local_files_capability_maps_files_without_letting_writes_through(tier: 
         tier.map_file("l/file/through-a-file")
 
 
-def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_child(
-    tier: Tier,
-) -> None:
+def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_child(tier: Tier) -> None:
     """A trainer forks DataLoader workers while the mirror sends its files: a child inheriting the
     mapping, or a descriptor of the file, would hold the file's pages (host memory) after retention
     removes it, for as long as the worker lives."""
@@ -220,9 +211,7 @@ def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_chil
     assert inode in mapped_inodes(), "the view is a mapping of the file"
     assert inode not in open_inodes(), "the mapping keeps a descriptor of the file open"
     status = in_forked_child(lambda: 3 if inode in mapped_inodes() else 0, deadline=30)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
-        "the forked child holds the file's mapping"
-    )
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the forked child holds the file's mapping"
     assert bytes(view[:4096]) == tier.read_bytes("l/file")[:4096]
     del view
     assert inode not in mapped_inodes(), "the mapping outlived its last view"
@@ -284,9 +273,7 @@ def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier)
         landing = tier.open_landing(f"l/landed-{spare}", 8192, reserved)
         inode = os.stat(landing.temp).st_ino
         assert inode in open_inodes(), "the landing is open while it receives"
-        status = in_forked_child(
-            lambda inode=inode: 3 if inode in open_inodes() else 0, deadline=30
-        )
+        status = in_forked_child(lambda inode=inode: 3 if inode in open_inodes() else 0, deadline=30)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
             f"the forked child holds the landing file open (spare: {spare})"
         )

@@ -96,15 +96,23 @@ KINDS: dict[str, tuple[str, Callable[[Tier, str], str], Damage]] = {
     "delete-shard": ("a data file deleted", _data_file, _delete),
     "delete-marker": ("the commit marker deleted", _marker, _delete),
     "malformed-marker": ("the commit marker cut short (malformed JSON)", _marker, _cut_short),
-    "empty-marker": ("the commit marker cut to zero bytes", _marker,
-                     _replaced(lambda _tier, _foreign: b"")),
-    "marker-other-run": ("the marker of the same id from another run (namespace)", _marker,
-                         _replaced(lambda _tier, foreign: foreign.other_namespace)),
-    "marker-other-generation": ("the marker of a generation an overwrite replaced", _marker,
-                                _replaced(lambda _tier, foreign: foreign.other_generation)),
-    "marker-other-id": ("the marker of another checkpoint id", _marker,
-                        _replaced(lambda tier, foreign: tier.read_bytes(marker_path(foreign.other_id)))),
-}  # fmt: skip
+    "empty-marker": ("the commit marker cut to zero bytes", _marker, _replaced(lambda _tier, _foreign: b"")),
+    "marker-other-run": (
+        "the marker of the same id from another run (namespace)",
+        _marker,
+        _replaced(lambda _tier, foreign: foreign.other_namespace),
+    ),
+    "marker-other-generation": (
+        "the marker of a generation an overwrite replaced",
+        _marker,
+        _replaced(lambda _tier, foreign: foreign.other_generation),
+    ),
+    "marker-other-id": (
+        "the marker of another checkpoint id",
+        _marker,
+        _replaced(lambda tier, foreign: tier.read_bytes(marker_path(foreign.other_id))),
+    ),
+}
 """Every kind of corruption: ``{kind: (what it does, the file it picks, what it does to it)}``."""
 
 

@@ -66,14 +66,16 @@ class FlippingPlanner(DefaultLoadPlanner):
         self.tier, self.fqn = tier, fqn
         self.flipped: str | None = None
 
-    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None,
-                       is_coordinator: bool = False) -> None:  # fmt: skip
+    def set_up_planner(
+        self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False
+    ) -> None:
         super().set_up_planner(state_dict, metadata, is_coordinator)
         assert metadata is not None and metadata.storage_data is not None
         location = next(
-            loc for index, loc in metadata.storage_data.items()
+            loc
+            for index, loc in metadata.storage_data.items()
             if isinstance(index, MetadataIndex) and index.fqn == self.fqn
-        )  # fmt: skip
+        )
         assert isinstance(location, ItemLocation)
         path = checkpoint_file(ID, location.path)
         raw = bytearray(self.tier.read_bytes(path))
@@ -97,9 +99,7 @@ def test_a_byte_flipped_after_the_copy_was_chosen_is_never_loaded(
     message = str(caught.value)
     assert f"tier {kind}" in message and planner.flipped in message, message
     assert "CRC32C" in message and f"tierstore verify {ID}" in message, message
-    assert target["extra"]["values"] == [], (
-        "a byte item was unpickled from bytes that failed their check"
-    )
+    assert target["extra"]["values"] == [], "a byte item was unpickled from bytes that failed their check"
 
 
 def test_each_saved_item_carries_the_crc32c_of_its_bytes(tmp_path: Path) -> None:
@@ -123,8 +123,7 @@ def _without_item_crcs(tier: Tier) -> None:
     path = checkpoint_file(ID, entry.path)
     metadata = pickle.loads(tier.read_bytes(path))
     metadata.storage_data = {
-        index: dataclasses.replace(location, crc=None)
-        for index, location in metadata.storage_data.items()
+        index: dataclasses.replace(location, crc=None) for index, location in metadata.storage_data.items()
     }
     blob = pickle.dumps(metadata)
     tier.write_bytes(path, blob)
@@ -153,15 +152,11 @@ def test_a_checkpoint_without_item_crcs_loads_and_is_checked_whole(tmp_path: Pat
         dcp.load(target, storage_reader=TieredReader(config), planner=planner, checkpoint_id=ID)
     assert planner.flipped is not None and planner.flipped in str(caught.value), caught.value
     assert "tier local" in str(caught.value), caught.value
-    assert target["extra"]["values"] == [], (
-        "a byte item was unpickled from bytes that failed their check"
-    )
+    assert target["extra"]["values"] == [], "a byte item was unpickled from bytes that failed their check"
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
-def test_the_crc32c_of_a_tensor_saved_from_a_copy_is_of_its_bytes(
-    tmp_path: Path, kind: str
-) -> None:
+def test_the_crc32c_of_a_tensor_saved_from_a_copy_is_of_its_bytes(tmp_path: Path, kind: str) -> None:
     """A lazily negated tensor is written from a copy of its values; the checksum thread reads
     that copy later, so it must live until the file's CRC is done (it once read freed memory: 18
     of 20 such saves recorded a CRC32C their file did not have)."""
@@ -183,12 +178,14 @@ def test_destinations_sharing_memory_load_without_a_false_alarm(tmp_path: Path, 
     must load (the last writer wins, as DCP's own reader does), never be called damaged."""
     config = _config(tmp_path, kind)
     size = 8 * 2**20  # 32 MiB each: several chunks, read on different threads
-    dcp.save({"embed": torch.full((size,), 1.0), "head": torch.full((size,), 2.0)},
-             storage_writer=TieredWriter(config), checkpoint_id=ID)  # fmt: skip
+    dcp.save(
+        {"embed": torch.full((size,), 1.0), "head": torch.full((size,), 2.0)},
+        storage_writer=TieredWriter(config),
+        checkpoint_id=ID,
+    )
     for _ in range(8):  # a race: it showed in 1-3 of every 5-10 loads
         shared = torch.zeros(size)
-        dcp.load({"embed": shared, "head": shared}, storage_reader=TieredReader(config),
-                 checkpoint_id=ID)  # fmt: skip
+        dcp.load({"embed": shared, "head": shared}, storage_reader=TieredReader(config), checkpoint_id=ID)
         # Which item's bytes end where is the readers' race (DCP's own reader gives no order
         # either); every value must be a saved one.
         assert set(shared.unique().tolist()) <= {1.0, 2.0}
@@ -202,8 +199,9 @@ class TruncatingPlanner(DefaultLoadPlanner):
         self.tier = tier
         self.cut: str | None = None
 
-    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None,
-                       is_coordinator: bool = False) -> None:  # fmt: skip
+    def set_up_planner(
+        self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False
+    ) -> None:
         super().set_up_planner(state_dict, metadata, is_coordinator)
         entry = next(f for f in read_manifest(self.tier, ID).files if f.path.endswith("-0.distcp"))
         self.cut = checkpoint_file(ID, entry.path)
@@ -220,8 +218,9 @@ def test_a_file_cut_short_after_the_copy_was_chosen_fails_naming_tier_file_and_r
     dcp.save({"w": torch.randn(2**20)}, storage_writer=TieredWriter(config), checkpoint_id=ID)
     planner = TruncatingPlanner(_tier(config))
     with pytest.raises(BaseException) as caught:
-        dcp.load({"w": torch.zeros(2**20)}, storage_reader=TieredReader(config),
-                 checkpoint_id=ID, planner=planner)  # fmt: skip
+        dcp.load(
+            {"w": torch.zeros(2**20)}, storage_reader=TieredReader(config), checkpoint_id=ID, planner=planner
+        )
     message = str(caught.value)
     assert planner.cut is not None and planner.cut in message and f"tier {kind}" in message
     assert "shorter than its commit marker says" in message and f"tierstore verify {ID}" in message

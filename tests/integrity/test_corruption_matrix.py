@@ -56,8 +56,13 @@ ID, OLDER = "step_000002", "step_000001"
 TIERS = ("memory", "local", "s3")
 SOURCES = ("memory", "local")
 """The tiers a copy is promoted from."""
-UNREADABLE_MARKER = ("delete-marker", "malformed-marker", "empty-marker", "marker-other-id",
-                     "marker-other-run")  # fmt: skip
+UNREADABLE_MARKER = (
+    "delete-marker",
+    "malformed-marker",
+    "empty-marker",
+    "marker-other-id",
+    "marker-other-run",
+)
 """Kinds after which the damaged tier holds no marker of the id that it may read: not a copy."""
 QUICK = [("memory", "marker-other-run"), ("local", "flip-data"), ("s3", "empty-marker")]
 QUICK_PROMOTION = [("memory", "flip-data")]
@@ -85,9 +90,7 @@ class World:
     def config(self, first: str = "memory") -> Config:
         """The configuration of the tiers from ``first`` down (a restore that looks there first)."""
         start = next(i for i, spec in enumerate(self.specs) if spec["name"] == first)
-        return config_from_dict(
-            {"namespace": "run", "verify_on_load": True, "tiers": self.specs[start:]}
-        )
+        return config_from_dict({"namespace": "run", "verify_on_load": True, "tiers": self.specs[start:]})
 
     def tier(self, name: str) -> Tier:
         return next(t for t in self.config().make_tiers(node=0) if t.name == name)
@@ -120,9 +123,14 @@ def _build_world(root: Path, endpoint: str, *, into: str | None) -> World:
     specs = [
         {"name": "memory", "type": "memory", "path": f"{root}/memory/{{node}}"},
         {"name": "local", "type": "local", "path": f"{root}/local/{{node}}"},
-        {"name": "s3", "type": "s3", "url": f"s3://{bucket}/ckpt", "endpoint_url": endpoint,
-         "max_attempts": 3},
-    ]  # fmt: skip
+        {
+            "name": "s3",
+            "type": "s3",
+            "url": f"s3://{bucket}/ckpt",
+            "endpoint_url": endpoint,
+            "max_attempts": 3,
+        },
+    ]
     top = {"namespace": "run", "verify_on_load": True}
     config_file = root / "tierstore.yaml"
     config_file.write_text(yaml.safe_dump({**top, "tiers": specs}))
@@ -285,8 +293,7 @@ def run_case(world: World, tier: str, kind: str, *, promote: bool = False) -> In
     """Inject one fault, check (a)-(c) (with ``promote``: (d)), put every tier back as it was."""
     seed = seed_of(tier, kind, "promote" if promote else "committed")
     injected = inject(world.tier(tier), ID, kind, world.foreign, seed)
-    print(f"case {tier}/{kind}{' before promotion' if promote else ''}: seed {seed},"
-          f" damaged {injected.path}")  # fmt: skip
+    print(f"case {tier}/{kind}{' before promotion' if promote else ''}: seed {seed}, damaged {injected.path}")
     try:
         if promote:
             check_promotion(world, injected)

@@ -31,8 +31,11 @@ ID = "step_1"
 def _cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tierstore.cli", "--config", str(config), *args],
-        capture_output=True, text=True, check=False, timeout=180,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +84,7 @@ def test_every_node_exports_a_mirrored_and_promoted_checkpoint(
 ) -> None:
     root = _copy(mirrored_and_promoted, tmp_path)
     out = tmp_path / f"export-node{node}"
-    done = _cli(root / "tierstore.yaml", "--node", str(node), "restore", ID, "--to", str(out),
-                "--json")  # fmt: skip
+    done = _cli(root / "tierstore.yaml", "--node", str(node), "restore", ID, "--to", str(out), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     # Each node holds every file in memory (its own, and its partner's as verified mirrors).
@@ -114,8 +116,9 @@ def test_a_corrupt_mirror_copy_is_skipped_and_the_shared_tier_serves(
     """Mirror copies are checked against their CRC32C before they count: a flipped byte in node 1's
     file held by node 0 makes node 0's memory copy incomplete, and the shared tier serves."""
     root = _copy(mirrored_and_promoted, tmp_path)
-    _flip_last_byte(memory_root(root, 0) / ".tierstore" / "mirror" / ID / _generation(root) /
-                    "r00001-0.distcp")  # fmt: skip
+    _flip_last_byte(
+        memory_root(root, 0) / ".tierstore" / "mirror" / ID / _generation(root) / "r00001-0.distcp"
+    )
     out = tmp_path / "export"
     done = _cli(root / "tierstore.yaml", "--node", "0", "restore", ID, "--to", str(out), "--json")
     assert done.returncode == 0, done.stderr
@@ -138,9 +141,7 @@ def test_a_corrupt_own_copy_found_while_converting_falls_back_to_the_shared_tier
     _assert_loads_the_saved_state(out)
 
 
-def test_no_usable_copy_fails_naming_every_tier(
-    mirrored_and_promoted: Path, tmp_path: Path
-) -> None:
+def test_no_usable_copy_fails_naming_every_tier(mirrored_and_promoted: Path, tmp_path: Path) -> None:
     root = _copy(mirrored_and_promoted, tmp_path)
     shutil.rmtree(memory_root(root, 0) / ".tierstore" / "mirror")
     shutil.rmtree(root / "shared" / ID)

@@ -25,8 +25,7 @@ from tierstore.tiers.s3.tier import S3Tier
 
 @pytest.fixture
 def s3(s3_endpoint: str, s3_bucket: str) -> Tier:
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/job",
-                          endpoint_url=s3_endpoint)  # fmt: skip
+    config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/job", endpoint_url=s3_endpoint)
     return make_tier(config, namespace="run", node=0)
 
 
@@ -116,8 +115,15 @@ def test_the_listing_answers_as_a_head_each_across_generations_and_nesting(
     directory the manifest does not name, and the same names under a sibling namespace or a
     neighbouring prefix: the listing and a HEAD each agree on every path, present or not."""
     tier = _tier(s3_endpoint, f"s3://{s3_bucket}{prefix}", namespace)
-    names = ["r0.distcp", "sub/dir/r1.distcp", "sub/r2.distcp", "a-b_c.d", "missing.distcp",
-             "short.distcp", ".metadata"]  # fmt: skip
+    names = [
+        "r0.distcp",
+        "sub/dir/r1.distcp",
+        "sub/r2.distcp",
+        "a-b_c.d",
+        "missing.distcp",
+        "short.distcp",
+        ".metadata",
+    ]
     entries = [FileEntry(f"{g}/{n}", 10, 0) for g in (GEN_A, GEN_B) for n in names]
     entries.append(FileEntry("loose", 10, 0))
     manifest = Manifest("step_9", GEN_A, 1, tuple(entries))
@@ -133,8 +139,9 @@ def test_the_listing_answers_as_a_head_each_across_generations_and_nesting(
     listed = stored_sizes(tier, manifest, entries)
     assert listed == _one_head_each(tier, listed)
     assert [p for p, s in listed.items() if s is None] == [
-        f"step_9/{GEN_A}/missing.distcp", f"step_9/{GEN_B}/missing.distcp"
-    ]  # fmt: skip
+        f"step_9/{GEN_A}/missing.distcp",
+        f"step_9/{GEN_B}/missing.distcp",
+    ]
     assert len(listed) == len(entries)
 
 
@@ -184,8 +191,7 @@ def test_a_file_removed_around_the_marker_withdraws_it_with_the_listing(
 ) -> None:
     """Eight files of one generation (listed, not a HEAD each): a file removed after the first
     check, before or after the marker's PUT, is seen by the check after it: the marker goes."""
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/job",
-                          endpoint_url=s3_endpoint)  # fmt: skip
+    config = S3TierConfig(name="s3", type="s3", url=f"s3://{s3_bucket}/job", endpoint_url=s3_endpoint)
     tier = _HoleAt(config, namespace="run")
     manifest = manifest_for(5, 8, "run")
     _write_all(tier, 5)

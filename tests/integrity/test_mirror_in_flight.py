@@ -13,7 +13,7 @@ from tests.tiers.dict_tier import DictTier
 from tierstore.config import Config
 from tierstore.errors import IntegrityError
 from tierstore.ids import mirror_copy_path, mirror_marker_path
-from tierstore.promote.cleanup import find_leftovers
+from tierstore.promote.cleanup import Cleanup, find_leftovers
 from tierstore.records.activity import held
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import MirrorMarker, publish_mirror
@@ -28,24 +28,27 @@ def receive_part_of_a_mirror(tier: Tier) -> MirrorMarker:
     path = tier.local_path(mirror_copy_path("step_1", f"{GEN}/r00001-0.distcp"))
     assert path is not None
     os.utime(path, (time.time() - 60, time.time() - 60))
-    files = (FileEntry(f"{GEN}/r00001-0.distcp", 64, 0, 1, 1),
-             FileEntry(f"{GEN}/r00001-1.distcp", 8, 0, 1, 1))  # fmt: skip
+    files = (
+        FileEntry(f"{GEN}/r00001-0.distcp", 64, 0, 1, 1),
+        FileEntry(f"{GEN}/r00001-1.distcp", 8, 0, 1, 1),
+    )
     return MirrorMarker("step_1", GEN, 1, 0, (1,), files, 3, 0)
 
 
 def test_cleanup_leaves_a_mirror_being_received_alone(make_config: Callable[..., Config]) -> None:
     tier = make_config("memory").make_tiers(node=0)[0]
     receive_part_of_a_mirror(tier)
-    mirrors = lambda: [c for c in find_leftovers(tier, stale_after=1.0, activity_ttl=60.0)  # noqa: E731
-                       if c.path.startswith(".tierstore/mirror/")]  # fmt: skip
+
+    def mirrors() -> list[Cleanup]:
+        found = find_leftovers(tier, stale_after=1.0, activity_ttl=60.0)
+        return [c for c in found if c.path.startswith(".tierstore/mirror/")]
+
     with held(tier, "write", "step_1", GEN):
         assert mirrors() == [], "the receiving exchange announces it"
     assert [c.path for c in mirrors()] == [f".tierstore/mirror/step_1/{GEN}"], "cut short: removed"
 
 
-def test_a_mirror_marker_is_never_published_over_a_missing_file(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_mirror_marker_is_never_published_over_a_missing_file(make_config: Callable[..., Config]) -> None:
     tier = make_config("memory").make_tiers(node=0)[0]
     marker = receive_part_of_a_mirror(tier)
     with pytest.raises(IntegrityError, match=r"r00001-1.distcp: missing"):

@@ -112,11 +112,8 @@ def close_only(rank: int, world: int, config: Config, root: Path) -> None:
 
 def _run_with_deadline(function: Callable[..., None], world: int, tmp: Path, *args: object) -> None:
     """``run_ranks``, but a job still running after ``DEADLINE`` seconds is killed and fails."""
-    call = _RankCall(function, world, str(tmp / f"store-{os.urandom(4).hex()}"), args,
-                     dict(os.environ))  # fmt: skip
-    context = mp.start_processes(
-        _entry, args=(call,), nprocs=world, join=False, start_method="forkserver"
-    )
+    call = _RankCall(function, world, str(tmp / f"store-{os.urandom(4).hex()}"), args, dict(os.environ))
+    context = mp.start_processes(_entry, args=(call,), nprocs=world, join=False, start_method="forkserver")
     deadline = time.monotonic() + DEADLINE
     while not context.join(timeout=1.0):  # raises when a rank failed
         if time.monotonic() > deadline:

@@ -41,9 +41,14 @@ def state(rank: int, value: float, size: int) -> dict[str, Any]:
 
 
 def save(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
-    rank: int, world: int, config: Config, checkpoint_id: str, value: float, size: int,
+    rank: int,
+    world: int,
+    config: Config,
+    checkpoint_id: str,
+    value: float,
+    size: int,
     gate: HoldRank | None = None,
-) -> None:  # fmt: skip
+) -> None:
     become(rank)
     writer = TieredWriter(config, node=rank, overwrite=True, commit_gate=gate)
     dcp.save(state(rank, value, size), storage_writer=writer, checkpoint_id=checkpoint_id)
@@ -59,9 +64,7 @@ def load(  # noqa: PLR0917 - torch.multiprocessing passes arguments by position
     latest = latest_committed(config, node=rank)
     target = state(rank, -1.0, size)
     try:
-        dcp.load(
-            target, storage_reader=TieredReader(config, node=rank), checkpoint_id=checkpoint_id
-        )
+        dcp.load(target, storage_reader=TieredReader(config, node=rank), checkpoint_id=checkpoint_id)
         got = str(target["model"][f"w{rank}"][0].item())
     except CheckpointException as exc:
         got = "no usable copy" if "no tier holds a usable committed copy" in str(exc) else str(exc)
@@ -76,9 +79,7 @@ def a_commits_last(
     a, b = ids
     gate = HoldRank(0, str(tmp_path / "release"), str(tmp_path / "reached"))
     (tmp_path / "a").mkdir()
-    job = threading.Thread(
-        target=run_ranks, args=(save, 2, tmp_path / "a", config, a, A, size, gate)
-    )
+    job = threading.Thread(target=run_ranks, args=(save, 2, tmp_path / "a", config, a, A, size, gate))
     job.start()
     try:
         wait_for(gate.reached)
@@ -96,10 +97,24 @@ def export_on_node_1(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"tiers": tiers}))
     return subprocess.run(
-        [sys.executable, "-m", "tierstore.cli", "--config", str(path), "--node", "1", "restore",
-         checkpoint_id, "--to", str(tmp_path / "export")],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierstore.cli",
+            "--config",
+            str(path),
+            "--node",
+            "1",
+            "restore",
+            checkpoint_id,
+            "--to",
+            str(tmp_path / "export"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 def resumed(tmp_path: Path, config: Config, checkpoint_id: str, size: int) -> list[str]:
@@ -115,8 +130,9 @@ def test_a_part_whose_number_is_unconfirmed_is_never_judged_by_it(
     and the promoters then replace B with A in shared."""
     config = make_config("memory", "shared", promote={"stale_after": "1s"})
     promoters = [Promoter(config, node=n) for n in (0, 1)]
-    a_commits_last(tmp_path, config, ("latest", "latest"), 20_000,
-                   lambda: [promoters[n].run_once() for n in (1, 0)])  # fmt: skip
+    a_commits_last(
+        tmp_path, config, ("latest", "latest"), 20_000, lambda: [promoters[n].run_once() for n in (1, 0)]
+    )
     ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
     committed_last = read_manifest(ram0, "latest")
     time.sleep(1.2)  # node 1's part of A is older than stale_after
@@ -129,14 +145,13 @@ def test_a_part_whose_number_is_unconfirmed_is_never_judged_by_it(
     assert read_manifest(shared, "latest").generation == committed_last.generation
 
 
-def test_retention_on_another_node_never_ranks_parts_by_their_planned_numbers(
-    tmp_path: Path,
-) -> None:
+def test_retention_on_another_node_never_ranks_parts_by_their_planned_numbers(tmp_path: Path) -> None:
     """A mirrored memory tier alone, ``keep: 1``; A saves id ``a``, B saves id ``b``. ``a`` is the
     newest: node 1's retention must not delete its part of ``a`` (ranked by the planned number,
     below ``b``'s). Node 0 is then lost: ``a`` restores from node 1's memory and its mirrors."""
-    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}", "keep": 1,
-              "mirror": True}]  # fmt: skip
+    tiers = [
+        {"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}", "keep": 1, "mirror": True}
+    ]
     config = config_from_dict({"tiers": tiers}, check_paths=False)
     a_commits_last(tmp_path, config, ("a", "b"), 20_000, lambda: None)
     for node in (1, 0):
@@ -155,8 +170,15 @@ def test_a_mirror_older_than_a_part_with_an_unconfirmed_number_is_never_served(
     (tmp_path / "mem").mkdir()
     memory1 = mount_tmpfs("24m")
     (tmp_path / "mem" / "1").symlink_to(memory1)
-    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}", "keep": 2,
-              "mirror": {"timeout": "20s"}}]  # fmt: skip
+    tiers = [
+        {
+            "name": "memory",
+            "type": "memory",
+            "path": f"{tmp_path}/mem/{{node}}",
+            "keep": 2,
+            "mirror": {"timeout": "20s"},
+        }
+    ]
     config = config_from_dict({"tiers": tiers}, check_paths=False)
     size = 250_000  # 1 MB shards
 
@@ -170,9 +192,7 @@ def test_a_mirror_older_than_a_part_with_an_unconfirmed_number_is_never_served(
     assert export.returncode != 0, "node 1 exported B's contents under X"
     assert "evidence of a newer save" in export.stderr, export.stderr
     shutil.rmtree(tmp_path / "mem" / "0")
-    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
-        "no usable copy"
-    ] * 2
+    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == ["no usable copy"] * 2
 
 
 def test_a_part_of_a_save_in_flight_survives_another_save_of_its_id(
@@ -212,9 +232,15 @@ def test_memory_refused_for_a_newer_commit_never_falls_back_to_an_older_generati
     (tmp_path / "mem").mkdir()
     memory1 = mount_tmpfs("24m")
     (tmp_path / "mem" / "1").symlink_to(memory1)
-    tiers = [{"name": "memory", "type": "memory", "path": f"{tmp_path}/mem/{{node}}",
-              "mirror": {"timeout": "20s"}},
-             {"name": "shared", "type": "shared", "path": f"{tmp_path}/shared"}]  # fmt: skip
+    tiers = [
+        {
+            "name": "memory",
+            "type": "memory",
+            "path": f"{tmp_path}/mem/{{node}}",
+            "mirror": {"timeout": "20s"},
+        },
+        {"name": "shared", "type": "shared", "path": f"{tmp_path}/shared"},
+    ]
     config = config_from_dict({"tiers": tiers}, check_paths=False)
     size = 250_000
     run_ranks(save, 2, tmp_path, config, "X", B, size)
@@ -226,6 +252,4 @@ def test_memory_refused_for_a_newer_commit_never_falls_back_to_an_older_generati
     export = export_on_node_1(tmp_path, tiers, "X")
     assert export.returncode != 0, f"node 1 exported the replaced contents: {export.stdout}"
     shutil.rmtree(tmp_path / "mem" / "0")
-    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == [
-        "no usable copy"
-    ] * 2
+    assert [line.split("|")[1] for line in resumed(tmp_path, config, "X", size)] == ["no usable copy"] * 2

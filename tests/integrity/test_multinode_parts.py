@@ -103,9 +103,7 @@ class CrashWhenPartWritten:
         os._exit(9)
 
 
-def save_then_crash_an_overwrite(
-    rank: int, world: int, config: Config, gate: CrashWhenPartWritten
-) -> None:
+def save_then_crash_an_overwrite(rank: int, world: int, config: Config, gate: CrashWhenPartWritten) -> None:
     """``latest`` saved and mirrored; an overwrite of it that crashes on the coordinator."""
     become(rank)
     Path(gate.pids, str(rank)).write_text(str(os.getpid()))
@@ -126,8 +124,7 @@ def test_a_crashed_overwrites_parts_on_another_node_do_not_hide_the_committed_ch
     config = mirror_config(tmp_path, lower=("shared",), keep=2)
     pids = tmp_path / "pids"
     pids.mkdir()
-    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"),
-                                str(pids))  # fmt: skip
+    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"), str(pids))
     try:
         run_ranks(save_then_crash_an_overwrite, 2, tmp_path, config, gate)
     except Exception as exc:  # noqa: BLE001 - the job was killed on purpose
@@ -140,9 +137,7 @@ def test_a_crashed_overwrites_parts_on_another_node_do_not_hide_the_committed_ch
     run_ranks(load_step, 2, tmp_path, config, (0, 1), "latest", ("memory", 1), SMALL)
 
 
-def test_a_mirror_is_stale_when_another_node_local_tier_holds_a_newer_save_of_the_id(
-    tmp_path: Path,
-) -> None:
+def test_a_mirror_is_stale_when_another_node_local_tier_holds_a_newer_save_of_the_id(tmp_path: Path) -> None:
     """Row 3: ``X`` saved and mirrored, then overwritten with ``tier="local"``; node 0 is replaced
     (its memory and local disk empty). Node 1's mirror of node 0's first save is stale: the parts
     of the overwrite on node 1's local disk say so, so it is never served."""
@@ -191,9 +186,7 @@ def test_a_multi_node_save_that_commits_last_is_the_newest_everywhere(
     its marker ranks above B's, and the promoters replace B with A in the shared tier."""
     config = make_config("memory", "shared")
     gate = HoldRank(0, str(tmp_path / "release"), str(tmp_path / "reached"))
-    a = threading.Thread(
-        target=run_ranks, args=(overwrite_latest_held, 2, tmp_path / "a", config, gate)
-    )
+    a = threading.Thread(target=run_ranks, args=(overwrite_latest_held, 2, tmp_path / "a", config, gate))
     (tmp_path / "a").mkdir()
     a.start()
     try:
@@ -289,8 +282,7 @@ def test_a_crashed_overwrite_does_not_hide_the_next_commit_after_the_coordinator
     config = mirror_config(tmp_path, lower=(), keep=2)
     pids = tmp_path / "pids"
     pids.mkdir()
-    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"),
-                                str(pids))  # fmt: skip
+    gate = CrashWhenPartWritten(str(memory_root(tmp_path, 1) / "latest/*/parts/rank*.json"), str(pids))
     with contextlib.suppress(Exception):  # the job is killed on purpose
         run_ranks(save_then_crash_an_overwrite, 2, tmp_path, config, gate)
     plan = [("latest", 3, SMALL, {"overwrite": True})]

@@ -32,9 +32,7 @@ def rank_0_alone(rank: int, world: int, config: Config) -> None:
     dist.barrier()
 
 
-def test_one_rank_loads_alone_with_no_dist(
-    tmp_path: Path, make_config: Callable[..., Config]
-) -> None:
+def test_one_rank_loads_alone_with_no_dist(tmp_path: Path, make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "shared")
     errors: list[BaseException] = []
 

@@ -124,9 +124,7 @@ def fail_a_save_after_adoption(
     return first, staged
 
 
-def retry_with_the_same_writer(
-    config: Config, writer: TieredWriter, staged: dict[str, Any]
-) -> None:
+def retry_with_the_same_writer(config: Config, writer: TieredWriter, staged: dict[str, Any]) -> None:
     """The same writer saves the staged state again (it still names the adopted slab)."""
     dcp.save(staged, storage_writer=writer, checkpoint_id="step_2")
 
@@ -141,12 +139,9 @@ def retry_async(config: Config, writer: TieredWriter, staged: dict[str, Any]) ->
     async_save(staged, writer, "step_2")
 
 
-@pytest.mark.parametrize(
-    "retry", [retry_with_the_same_writer, retry_with_a_new_writer, retry_async]
-)
+@pytest.mark.parametrize("retry", [retry_with_the_same_writer, retry_with_a_new_writer, retry_async])
 def test_a_retry_of_the_staged_state_commits_the_staged_bytes(
-    memory_config: tuple[Config, Path],
-    retry: Callable[[Config, TieredWriter, dict[str, Any]], None],
+    memory_config: tuple[Config, Path], retry: Callable[[Config, TieredWriter, dict[str, Any]], None]
 ) -> None:
     """The retry writes the slab's still-mapped pages out: step 2 holds exactly the staged bytes,
     and step 1 stays intact."""

@@ -72,8 +72,6 @@ def test_a_mirrored_file_forged_to_keep_its_crc32c_is_never_restored(
     run_ranks(save_steps, 4, tmp_path, config, TWO_NODES, (1,), "sync", tmp_path)
     # Node 1 is replaced; node 0 holds its mirror. Forge node 1's rank-2 data file there.
     shutil.rmtree(memory_root(tmp_path, 1))
-    (data,) = (memory_root(tmp_path, 0) / ".tierstore" / "mirror" / "step_1").glob(
-        "g*/r00002-0.distcp"
-    )
+    (data,) = (memory_root(tmp_path, 0) / ".tierstore" / "mirror" / "step_1").glob("g*/r00002-0.distcp")
     data.write_bytes(forge_keeping_crc32c(data.read_bytes(), 64))
     run_ranks(no_copy_to_restore, 4, tmp_path, config, TWO_NODES)

@@ -47,9 +47,7 @@ def _save(config: Config, checkpoint_id: str = "x") -> None:
 
 def _load(config: Config, checkpoint_id: str = "x") -> dict[str, object]:
     state: dict[str, object] = {"w": torch.zeros(64), "b": torch.zeros(3, 5), "step": 0}
-    dcp.load(
-        state, storage_reader=TieredReader(config, collective=False), checkpoint_id=checkpoint_id
-    )
+    dcp.load(state, storage_reader=TieredReader(config, collective=False), checkpoint_id=checkpoint_id)
     return state
 
 
@@ -129,11 +127,7 @@ def test_a_signed_marker_names_every_sha256_and_loads_bit_exact(
 
 @pytest.mark.parametrize("how", ["same size and CRC32C, marker untouched", "marker rewritten"])
 def test_a_malicious_metadata_never_runs_for_a_reader_with_the_key(
-    how: str,
-    key: str,
-    make_config: Callable[..., Config],
-    no_allowlist: None,
-    tmp_path: Path,
+    how: str, key: str, make_config: Callable[..., Config], no_allowlist: None, tmp_path: Path
 ) -> None:
     config = make_config("local")
     _save(config)
@@ -191,9 +185,7 @@ def test_a_marker_signed_with_another_key_is_refused_and_an_older_accepted_one_i
     monkeypatch.setenv("TIERSTORE_SIGNING_KEY", KEY)
     config = make_config("local")
     (tier,) = config.make_tiers(node=0)
-    with pytest.raises(
-        Exception, match="signature does not match the key in TIERSTORE_SIGNING_KEY"
-    ):
+    with pytest.raises(Exception, match="signature does not match the key in TIERSTORE_SIGNING_KEY"):
         read_manifest(tier, "x")
     assert Catalog(config).listings() == []
     monkeypatch.setenv("TIERSTORE_OLD_KEY", OLD_KEY)

@@ -29,8 +29,13 @@ OTHER_KEY = "An0ther-SeCrEt-" + "z9" * 16
 
 def _forms(key: str) -> list[bytes]:
     raw = key.encode()
-    return [raw, raw.hex().encode(), raw.hex().upper().encode(), base64.b64encode(raw),
-            base64.urlsafe_b64encode(raw)]  # fmt: skip
+    return [
+        raw,
+        raw.hex().encode(),
+        raw.hex().upper().encode(),
+        base64.b64encode(raw),
+        base64.urlsafe_b64encode(raw),
+    ]
 
 
 def _save(config: Config | str, checkpoint_id: str, value: float = 1.0) -> None:
@@ -60,10 +65,15 @@ def test_the_key_appears_in_no_output(
     cfg = ["--config", str(path)]
     outputs: list[str] = []
     for command in (
-        ["promote", "--once"], ["ls"], ["ls", "--json"], ["verify", "step_000002"],
-        ["verify", "--all"], ["status"], ["gc"],
+        ["promote", "--once"],
+        ["ls"],
+        ["ls", "--json"],
+        ["verify", "step_000002"],
+        ["verify", "--all"],
+        ["status"],
+        ["gc"],
         ["restore", "step_000002", "--to", str(tmp_path / "out"), "--json"],
-    ):  # fmt: skip
+    ):
         main([*cfg, "-v", *command])
         captured = capsys.readouterr()
         outputs += [captured.out, captured.err]

@@ -17,8 +17,12 @@ from tierstore.errors import ConfigError
 
 
 def _tiers(first: Path, second: Path) -> dict[str, object]:
-    return {"tiers": [{"name": "ram", "type": "memory", "path": str(first)},
-                      {"name": "disk", "type": "shared", "path": str(second)}]}  # fmt: skip
+    return {
+        "tiers": [
+            {"name": "ram", "type": "memory", "path": str(first)},
+            {"name": "disk", "type": "shared", "path": str(second)},
+        ]
+    }
 
 
 @pytest.mark.parametrize("layout", ["same", "nested", "symlink", "nested-the-other-way"])

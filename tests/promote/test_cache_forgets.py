@@ -20,8 +20,7 @@ def test_a_deleted_checkpoint_leaves_the_cache(make_config: Callable[..., Config
     config = make_config("memory")
     tier = config.make_tiers(node=0)[0]
     for checkpoint_id in ("a", "b"):
-        dcp.save({"w": torch.zeros(4)}, storage_writer=TieredWriter(config),
-                 checkpoint_id=checkpoint_id)  # fmt: skip
+        dcp.save({"w": torch.zeros(4)}, storage_writer=TieredWriter(config), checkpoint_id=checkpoint_id)
     cache = MarkerCache()
     assert set(discover(tier, cache)) == {"a", "b"}
     assert {i for _t, i in cache.entries} == {"a", "b"}

@@ -40,9 +40,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_marker_reads_left_hanging_do_not_hold_the_process_exit(
-    s3_endpoint: str, s3_bucket: str
-) -> None:
+def test_marker_reads_left_hanging_do_not_hold_the_process_exit(s3_endpoint: str, s3_bucket: str) -> None:
     """The markers were listed, then the store stopped answering (proxy: ``hang``): the pass
     gives up after ``probe_timeout`` (1 s) and the process ends at once, not after the client's
     read timeout (20 s) of every read left hanging."""
@@ -58,8 +56,11 @@ def test_marker_reads_left_hanging_do_not_hold_the_process_exit(
         started = time.monotonic()
         child = subprocess.run(
             [sys.executable, "-c", CHILD, s3_bucket, s3_endpoint, proxy.endpoint],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     took = time.monotonic() - started
     print(child.stdout, child.stderr[-2000:], f"process exited after {took:.1f} s")
     assert "pass ended after" in child.stdout, child.stderr[-2000:]

@@ -39,12 +39,9 @@ def get(url: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(
-    ("interval", "bound"),
-    [(0.5, MIN_STALL_BOUND), (10.0, MIN_STALL_BOUND), (30.0, 300.0), (60.0, 600.0)],
+    ("interval", "bound"), [(0.5, MIN_STALL_BOUND), (10.0, MIN_STALL_BOUND), (30.0, 300.0), (60.0, 600.0)]
 )
-def test_stall_bound_is_ten_intervals_but_never_below_the_floor(
-    interval: float, bound: float
-) -> None:
+def test_stall_bound_is_ten_intervals_but_never_below_the_floor(interval: float, bound: float) -> None:
     assert stall_bound(interval) == bound
 
 
@@ -107,9 +104,7 @@ def test_probes_answer_200_or_503_with_a_one_line_reason(
     assert get(f"{base}/readyz")[0] == 503
 
 
-def test_metrics_are_still_served_beside_the_probes(
-    served: tuple[FakeClock, PromoterHealth, str],
-) -> None:
+def test_metrics_are_still_served_beside_the_probes(served: tuple[FakeClock, PromoterHealth, str]) -> None:
     _clock, _health, base = served
     status, body = get(f"{base}/metrics")
     assert status == 200

@@ -25,8 +25,7 @@ from tierstore.tiers import make_tier
 
 @pytest.fixture
 def config(make_config: Callable[..., Config]) -> Config:
-    return make_config("memory", "local", tiers={"memory": {"keep": 1}},
-                       promote={"stale_after": 60})  # fmt: skip
+    return make_config("memory", "local", tiers={"memory": {"keep": 1}}, promote={"stale_after": 60})
 
 
 @pytest.fixture
@@ -37,8 +36,7 @@ def config_file(config: Config, tmp_path: Path) -> Path:
 
 
 def save(config: Config, checkpoint_id: str) -> None:
-    dcp.save({"w": torch.randn(5000)}, storage_writer=TieredWriter(config),
-             checkpoint_id=checkpoint_id)  # fmt: skip
+    dcp.save({"w": torch.randn(5000)}, storage_writer=TieredWriter(config), checkpoint_id=checkpoint_id)
 
 
 def leave_an_abandoned_save(config: Config) -> None:
@@ -50,8 +48,7 @@ def leave_an_abandoned_save(config: Config) -> None:
 
 
 def lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name.startswith("tierstore") and r.levelno == level]  # fmt: skip
+    return [r.getMessage() for r in caplog.records if r.name.startswith("tierstore") and r.levelno == level]
 
 
 def test_promote_logs_every_action_at_info_by_default(
@@ -99,8 +96,7 @@ def test_quiet_leaves_only_warnings(
     save(config, "step_0001")
     assert main(["--config", str(config_file), "promote", "--once", "-q"]) == 0
     assert lines(caplog, logging.INFO) == []
-    assert read_manifest(make_tier(config.tier("local"), namespace=config.namespace, node=0),
-                         "step_0001")  # fmt: skip
+    assert read_manifest(make_tier(config.tier("local"), namespace=config.namespace, node=0), "step_0001")
 
 
 def test_verbose_adds_debug_detail(
@@ -109,12 +105,11 @@ def test_verbose_adds_debug_detail(
     save(config, "step_0001")
     assert main(["-v", "--config", str(config_file), "promote", "--once"]) == 0
     debug = lines(caplog, logging.DEBUG)
-    assert any(re.fullmatch(r"promoting step_0001 \(generation \S+\) from memory to local", line)
-               for line in debug), debug  # fmt: skip
-    assert any(line.startswith("pass: 1 promoted, 0 failed") for line in debug), debug
     assert any(
-        line.startswith("promoted checkpoint=step_0001 ") for line in lines(caplog, logging.INFO)
-    )
+        re.fullmatch(r"promoting step_0001 \(generation \S+\) from memory to local", line) for line in debug
+    ), debug
+    assert any(line.startswith("pass: 1 promoted, 0 failed") for line in debug), debug
+    assert any(line.startswith("promoted checkpoint=step_0001 ") for line in lines(caplog, logging.INFO))
 
 
 def test_other_commands_stay_quiet_and_main_puts_the_levels_back(
@@ -138,5 +133,7 @@ def test_a_promotion_the_target_already_holds_says_so(
     with caplog.at_level(logging.INFO, logger="tierstore"):
         promoter._promote(planned[0], found["memory"]["step_0001"], PassReport())
     info = lines(caplog, logging.INFO)
-    assert info == ["promotion_skipped checkpoint=step_0001 source=memory target=local"
-                    " reason=\"the target already holds this commit\""], info  # fmt: skip
+    assert info == [
+        "promotion_skipped checkpoint=step_0001 source=memory target=local"
+        ' reason="the target already holds this commit"'
+    ], info

@@ -79,8 +79,9 @@ def test_unchanged_records_are_served_from_the_cache_once_settled(
     assert _seqs(cache, tier) == {GEN_A: [3]} and len(reads) == 3, "settled: from the cache"
 
 
-@pytest.mark.parametrize("change", ["confirmed", "rank added", "record dropped", "new generation",
-                                    "generation dropped"])  # fmt: skip
+@pytest.mark.parametrize(
+    "change", ["confirmed", "rank added", "record dropped", "new generation", "generation dropped"]
+)
 def test_every_change_to_the_records_is_seen_at_the_next_look(
     change: str, make_config: Callable[..., Config], later: Callable[[], None], reads: list[str]
 ) -> None:

@@ -32,9 +32,7 @@ def config(*tiers: dict[str, Any], every: int = 1) -> Rules:
         else:
             spec.setdefault("url", "s3://bucket/x")
         specs.append(spec)
-    return rules_of(
-        config_from_dict({"tiers": specs, "promote": {"every": every}}, check_paths=False)
-    )
+    return rules_of(config_from_dict({"tiers": specs, "promote": {"every": every}}, check_paths=False))
 
 
 def copies(*seqs: int) -> dict[str, Copy]:
@@ -42,9 +40,7 @@ def copies(*seqs: int) -> dict[str, Copy]:
 
 
 def ids(items: list[Any]) -> list[str]:
-    return sorted(
-        f"{i.checkpoint_id}@{getattr(i, 'target', getattr(i, 'tier', ''))}" for i in items
-    )
+    return sorted(f"{i.checkpoint_id}@{getattr(i, 'target', getattr(i, 'tier', ''))}" for i in items)
 
 
 def test_every_defaults() -> None:
@@ -64,12 +60,7 @@ CASCADE = [
     # nothing is promoted that the target's retention would delete at once
     ([{}, {"keep": 2}], 1, {"t0": copies(1, 2, 3)}, ["step_0002@t1", "step_0003@t1"]),
     ([{}, {"keep": 2}], 1, {"t0": copies(1), "t1": copies(5, 6)}, []),
-    (
-        [{}, {"keep": 1, "pin": ["step_0001"]}],
-        1,
-        {"t0": copies(1, 2)},
-        ["step_0001@t1", "step_0002@t1"],
-    ),
+    ([{}, {"keep": 1, "pin": ["step_0001"]}], 1, {"t0": copies(1, 2)}, ["step_0001@t1", "step_0002@t1"]),
     # already there: nothing to do
     ([{}, {}], 1, {"t0": copies(1), "t1": copies(1)}, []),
     # a checkpoint without seq only flows where every == 1
@@ -78,9 +69,7 @@ CASCADE = [
 
 
 @pytest.mark.parametrize(("tiers", "every", "catalog", "expected"), CASCADE)
-def test_promotions(
-    tiers: list[dict[str, Any]], every: int, catalog: Any, expected: list[str]
-) -> None:
+def test_promotions(tiers: list[dict[str, Any]], every: int, catalog: Any, expected: list[str]) -> None:
     planned = promotions(config(*[dict(t) for t in tiers], every=every), catalog)
     assert ids(planned) == sorted(expected)
     assert all(isinstance(p, Promotion) for p in planned)
@@ -92,12 +81,7 @@ RETENTION = [
     # no keep: keep everything
     ([{}], {"t0": copies(1, 2, 3)}, set(), []),
     # keep_every milestones survive
-    (
-        [{"keep": 1, "keep_every": 2}],
-        {"t0": copies(1, 2, 3, 4, 5)},
-        set(),
-        ["step_0001@t0", "step_0003@t0"],
-    ),
+    ([{"keep": 1, "keep_every": 2}], {"t0": copies(1, 2, 3, 4, 5)}, set(), ["step_0001@t0", "step_0003@t0"]),
     # pins survive
     ([{"keep": 1, "pin": ["step_0001"]}], {"t0": copies(1, 2, 3)}, set(), ["step_0002@t0"]),
     # the newest is never deleted, even with keep: 1 and in use elsewhere
@@ -122,9 +106,7 @@ RETENTION = [
 
 
 @pytest.mark.parametrize(("tiers", "catalog", "in_use", "expected"), RETENTION)
-def test_retention(
-    tiers: list[dict[str, Any]], catalog: Any, in_use: set[str], expected: Any
-) -> None:
+def test_retention(tiers: list[dict[str, Any]], catalog: Any, in_use: set[str], expected: Any) -> None:
     if expected is None:  # the every-2 case: tier 1 only takes even seqs
         cfg = config({"keep": 1}, {}, every=2)
         catalog = {"t0": copies(1, 2, 3), "t1": copies(2)}
@@ -138,8 +120,7 @@ def test_retention(
 def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
     cfg = config({"type": "memory", "keep": 1}, {}, every=1)
     part = {
-        i: Copy(i, s, s, 1000.0, "g0000000001", partial=True)
-        for i, s in (("step_0001", 1), ("step_0002", 2))
+        i: Copy(i, s, s, 1000.0, "g0000000001", partial=True) for i, s in (("step_0001", 1), ("step_0002", 2))
     }
     young = retention(cfg, {"t0": part}, now=1000.0 + 60)
     assert young == [], "within stale_after it may still commit elsewhere: kept for promotion"
@@ -148,8 +129,10 @@ def test_a_part_whose_commit_a_node_cannot_see_waits_only_so_long() -> None:
     confirmed = {i: dataclasses.replace(c, confirmed=True) for i, c in part.items()}
     held = retention(cfg, {"t0": confirmed}, now=1000.0 + cfg.stale_after + 1)
     assert held == [], "a part of a save known committed waits for promotion like any commit"
-    promoted = {"t0": confirmed, "t1": {i: dataclasses.replace(c, partial=False, source="t0")
-                                        for i, c in confirmed.items()}}  # fmt: skip
+    promoted = {
+        "t0": confirmed,
+        "t1": {i: dataclasses.replace(c, partial=False, source="t0") for i, c in confirmed.items()},
+    }
     assert ids(retention(cfg, promoted, now=1000.0 + cfg.stale_after + 1)) == ["step_0001@t0"]
 
 
@@ -184,9 +167,10 @@ def test_the_policy_is_pure_it_imports_no_configuration() -> None:
     from tierstore.promote import policy
 
     imported = {
-        node.module for node in ast.walk(ast.parse(inspect.getsource(policy)))
+        node.module
+        for node in ast.walk(ast.parse(inspect.getsource(policy)))
         if isinstance(node, ast.ImportFrom)
-    }  # fmt: skip
+    }
     assert imported <= {"__future__", "collections.abc", "dataclasses", "tierstore.ids"}, imported
 
 

@@ -32,13 +32,9 @@ def tier(config: Config, name: str, node: int = 0) -> Tier:
     return make_tier(config.tier(name), namespace=config.namespace, node=node)
 
 
-def save(
-    config: Config, checkpoint_id: str, numel: int = 1000, node: int = 0, **kw: Any
-) -> dict[str, Any]:
+def save(config: Config, checkpoint_id: str, numel: int = 1000, node: int = 0, **kw: Any) -> dict[str, Any]:
     state = {"w": torch.randn(numel), "step": int(checkpoint_id.rsplit("_", 1)[-1])}
-    dcp.save(
-        state, storage_writer=TieredWriter(config, node=node, **kw), checkpoint_id=checkpoint_id
-    )
+    dcp.save(state, storage_writer=TieredWriter(config, node=node, **kw), checkpoint_id=checkpoint_id)
     return state
 
 
@@ -56,11 +52,7 @@ def assert_complete(config: Config, name: str, checkpoint_id: str) -> None:
 @pytest.mark.slow  # a multi-step scenario of several seconds: make test runs it
 def test_cascade_with_every_and_retention(make_config: Callable[..., Config]) -> None:
     config = make_config(
-        "memory",
-        "local",
-        "s3",
-        promote={"every": 2},
-        tiers={"memory": {"keep": 1}, "local": {"keep": 3}},
+        "memory", "local", "s3", promote={"every": 2}, tiers={"memory": {"keep": 1}, "local": {"keep": 3}}
     )
     for step in range(1, 6):
         save(config, f"step_{step:04d}")
@@ -147,11 +139,20 @@ def faulty_s3() -> Iterator[FaultyS3]:
 
 
 def faulty_config(tmp_path: Path, server: FaultyS3, **s3: Any) -> Path:
-    spec = {"name": "s3", "type": "s3", "url": f"s3://{server.bucket}/ckpt", "endpoint_url": server.endpoint,
-            "part_size": "5MiB", "concurrency": 2, "max_attempts": 4, **s3}  # fmt: skip
-    body = {"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")}, spec],
-            "promote": {"grace_period": 1, "interval": "200ms", "stale_after": 0,
-                        "activity_ttl": 1}}  # fmt: skip
+    spec = {
+        "name": "s3",
+        "type": "s3",
+        "url": f"s3://{server.bucket}/ckpt",
+        "endpoint_url": server.endpoint,
+        "part_size": "5MiB",
+        "concurrency": 2,
+        "max_attempts": 4,
+        **s3,
+    }
+    body = {
+        "tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")}, spec],
+        "promote": {"grace_period": 1, "interval": "200ms", "stale_after": 0, "activity_ttl": 1},
+    }
     path = tmp_path / "tierstore.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -224,9 +225,7 @@ def test_kill_9_mid_upload_then_restart(tmp_path: Path, faulty_s3: FaultyS3) -> 
         faulty_s3.faults.rules.clear()
         if s3.exists(marker_path("step_0001")):  # never a marker over incomplete data
             assert_complete(config, "s3", "step_0001")
-    done = subprocess.run(
-        cli(path, "promote", "--once"), capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(cli(path, "promote", "--once"), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert_complete(config, "s3", "step_0001")
     # The killed promoters' uploads belong to work announced by activity records: cleanup waits
@@ -237,20 +236,14 @@ def test_kill_9_mid_upload_then_restart(tmp_path: Path, faulty_s3: FaultyS3) -> 
     settings = yaml.safe_load(path.read_text())
     settings["promote"]["activity_ttl"] = 60
     patient.write_text(yaml.safe_dump(settings))
-    leftovers = subprocess.run(
-        cli(patient, "gc", "--dry-run"), check=True, capture_output=True, text=True
-    )
-    assert "multipart upload" not in leftovers.stdout, (
-        "the killed promoters' records are still fresh"
-    )
+    leftovers = subprocess.run(cli(patient, "gc", "--dry-run"), check=True, capture_output=True, text=True)
+    assert "multipart upload" not in leftovers.stdout, "the killed promoters' records are still fresh"
     time.sleep(2.5)
     subprocess.run(cli(path, "gc"), check=True, capture_output=True)  # stale_after: 0
     assert isinstance(s3, S3Tier) and open_uploads(s3) == []
 
 
-def test_sigterm_finishes_or_abandons_within_the_grace_period(
-    tmp_path: Path, faulty_s3: FaultyS3
-) -> None:
+def test_sigterm_finishes_or_abandons_within_the_grace_period(tmp_path: Path, faulty_s3: FaultyS3) -> None:
     path = faulty_config(tmp_path, faulty_s3)
     config = config_from_dict(yaml.safe_load(path.read_text()))
     save(config, "step_0001", numel=10_000_000)
@@ -270,29 +263,25 @@ def test_sigterm_finishes_or_abandons_within_the_grace_period(
     assert isinstance(s3, S3Tier) and open_uploads(s3) == [], "its multipart upload was aborted"
 
 
-def test_two_promoters_racing_commit_once(
-    make_config: Callable[..., Config], tmp_path: Path
-) -> None:
+def test_two_promoters_racing_commit_once(make_config: Callable[..., Config], tmp_path: Path) -> None:
     config = make_config("memory", "s3")
     path = tmp_path / "race.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(exclude={"origin"}, exclude_none=True)))
     save(config, "step_0001", numel=2_000_000)
-    racers = [subprocess.Popen(cli(path, "-v", "promote", "--once"), stderr=subprocess.PIPE, text=True)
-              for _ in range(2)]  # fmt: skip
+    racers = [
+        subprocess.Popen(cli(path, "-v", "promote", "--once"), stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     logs = [r.communicate(timeout=120)[1] for r in racers]
     assert [r.returncode for r in racers] == [0, 0], logs
     assert sum("promoted checkpoint=step_0001" in log for log in logs) >= 1
     assert_complete(config, "s3", "step_0001")
     source, target = tier(config, "memory"), tier(config, "s3")
     for entry in read_manifest(source, "step_0001").files:
-        assert target.read_bytes(f"step_0001/{entry.path}") == source.read_bytes(
-            f"step_0001/{entry.path}"
-        )
+        assert target.read_bytes(f"step_0001/{entry.path}") == source.read_bytes(f"step_0001/{entry.path}")
 
 
-def test_gc_dry_run_then_gc(
-    make_config: Callable[..., Config], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_gc_dry_run_then_gc(make_config: Callable[..., Config], capsys: pytest.CaptureFixture[str]) -> None:
     from tierstore.cli import cmd_gc
 
     config = make_config("local", tiers={"local": {"keep": 1}}, promote={"stale_after": 60})
@@ -315,11 +304,7 @@ def test_gc_dry_run_then_gc(
     assert "would delete step_0001 from local: beyond keep: 1" in out
     assert "would remove step_0003/g00000000001 from local: no commit marker" in out
     assert "would remove step_0002/.x.tmp-123 from local: temporary file" in out
-    assert (
-        committed(config, "local") == ["step_0001", "step_0002"]
-        and leftover.exists()
-        and temp.exists()
-    )
+    assert committed(config, "local") == ["step_0001", "step_0002"] and leftover.exists() and temp.exists()
     Args.dry_run = False
     assert cmd_gc(config, Args()) == 0  # type: ignore[arg-type]
     assert committed(config, "local") == ["step_0002"]
@@ -381,9 +366,7 @@ def test_metrics_endpoint(make_config: Callable[..., Config]) -> None:
     assert "tierstore_retries_total" in text and "tierstore_promotion_failures_total" in text
 
 
-def test_gc_leaves_a_checkpoint_whose_marker_it_cannot_read(
-    make_config: Callable[..., Config],
-) -> None:
+def test_gc_leaves_a_checkpoint_whose_marker_it_cannot_read(make_config: Callable[..., Config]) -> None:
     config = make_config("local", promote={"stale_after": 0})
     save(config, "step_0001")
     local = tier(config, "local")
@@ -394,9 +377,18 @@ def test_gc_leaves_a_checkpoint_whose_marker_it_cannot_read(
 
 
 def test_an_unreachable_tier_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
-    body = {"tiers": [{"name": "ram", "type": "memory", "path": str(tmp_path / "ram")},
-                      {"name": "s3", "type": "s3", "url": "s3://nowhere/x",
-                       "endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}]}  # fmt: skip
+    body = {
+        "tiers": [
+            {"name": "ram", "type": "memory", "path": str(tmp_path / "ram")},
+            {
+                "name": "s3",
+                "type": "s3",
+                "url": "s3://nowhere/x",
+                "endpoint_url": "http://127.0.0.1:9",
+                "max_attempts": 1,
+            },
+        ]
+    }
     config = config_from_dict(body)
     promoter = Promoter(config)
     promoter.run_once()  # the pass finishes: the memory tier is looked after

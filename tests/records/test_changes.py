@@ -48,13 +48,13 @@ if config_model("looked-at") is None:
             )
 
 
-def test_a_promoter_looking_right_after_each_stamp_sees_every_change_at_its_next_look(
-    tmp_path: Path,
-) -> None:
-    config = config_from_dict({
-        "tiers": [{"name": "pfs", "type": "looked-at", "path": str(tmp_path / "pfs")}],
-        "promote": {"full_scan": "1h"},
-    })  # fmt: skip
+def test_a_promoter_looking_right_after_each_stamp_sees_every_change_at_its_next_look(tmp_path: Path) -> None:
+    config = config_from_dict(
+        {
+            "tiers": [{"name": "pfs", "type": "looked-at", "path": str(tmp_path / "pfs")}],
+            "promote": {"full_scan": "1h"},
+        }
+    )
     (tier,) = config.make_tiers(node=0)
     promoter = Promoter(config, node=0)
     promoter.catalog()

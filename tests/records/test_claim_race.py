@@ -51,9 +51,18 @@ def test_the_same_on_a_real_s3_server(seaweed: SeaweedServer, seaweed_bucket: st
     """Through conditional PUTs (``If-None-Match: *``), which moto does not referee under a race
     (FACTS.md) but SeaweedFS does; a 412 to a retried PUT is told apart from the writer's own first
     attempt by the void entry's body, which names the claimant."""
-    config = config_from_dict({"tiers": [{"name": "s3", "type": "s3",
-                                          "url": f"s3://{seaweed_bucket}/run",
-                                          "endpoint_url": seaweed.endpoint}]})  # fmt: skip
+    config = config_from_dict(
+        {
+            "tiers": [
+                {
+                    "name": "s3",
+                    "type": "s3",
+                    "url": f"s3://{seaweed_bucket}/run",
+                    "endpoint_url": seaweed.endpoint,
+                }
+            ]
+        }
+    )
     _sixteen_claims_at_once(config.make_tiers(node=0)[0])
 
 
@@ -69,8 +78,7 @@ def test_a_claims_number_stays_taken_until_stale_then_gc_removes_it_quietly(
         claim(tier, f"c{index}", f"g{index:019x}")
     voids = [void_entry_path(seq) for seq in (1, 2, 3)]
     assert all(tier.exists(path) for path in voids)
-    assert [c.path for c in find_leftovers(tier, stale_after=3600, activity_ttl=60)
-            if c.path in voids] == []  # fmt: skip
+    assert [c.path for c in find_leftovers(tier, stale_after=3600, activity_ttl=60) if c.path in voids] == []
     hour_ago = time.time() - 3601
     for path in voids:
         os.utime(str(real_path(tier, path)), (hour_ago, hour_ago))

@@ -53,9 +53,7 @@ def test_live_work_stays_live_whatever_this_host_clock_says(
         assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0) == []
 
 
-def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(make_config: Callable[..., Config]) -> None:
     tier = memory_tier(make_config)
     tier_now(tier)
     assert tier.find(CLOCK_DIR) == []
@@ -92,8 +90,7 @@ def test_a_part_waiting_for_promotion_is_as_old_as_its_record_not_its_writer_clo
     tier = make_config("memory").make_tiers(node=1)[0]
     entry = FileEntry(f"{GEN}/r00001-0.distcp", 8, 0, 1, 1)
     tier.write_bytes(checkpoint_file("x", entry.path), b"12345678")
-    record = PartRecord("x", GEN, 1, (1,), (entry,), seq=3, node_ranks=(1,),
-                        written_at=time.time() - 7200)  # fmt: skip
+    record = PartRecord("x", GEN, 1, (1,), (entry,), seq=3, node_ranks=(1,), written_at=time.time() - 7200)
     tier.write_bytes(rank_part_path("x", GEN, 1), record.to_json())
     (seen,) = discover(tier, MarkerCache()).values()
     assert seen.copy.partial
@@ -107,8 +104,9 @@ def test_a_marker_is_trusted_from_the_cache_only_once_read_well_after_it_was_lis
     two hours ahead of the tier must not take a marker written just now for a settled one."""
     tier = memory_tier(make_config)
     reads: list[str] = []
-    monkeypatch.setattr(discovery, "read_manifest",
-                        lambda _tier, cid: reads.append(cid) or f"read {len(reads)}")  # fmt: skip
+    monkeypatch.setattr(
+        discovery, "read_manifest", lambda _tier, cid: reads.append(cid) or f"read {len(reads)}"
+    )
     real_time, real_monotonic = time.time, time.monotonic
     monkeypatch.setattr(time, "time", lambda: real_time() + 7200)
     cache, mtime = MarkerCache(), real_time()  # the tier stamps the marker now

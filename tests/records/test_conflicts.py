@@ -125,31 +125,49 @@ def _yaml(config: Config, folder: Path) -> str:
     return str(path)
 
 
-def _manifest(generation: str, seq: int, *, overwrite: bool | None, unseen: tuple[str, ...] = ()
-              ) -> Manifest:  # fmt: skip
+def _manifest(generation: str, seq: int, *, overwrite: bool | None, unseen: tuple[str, ...] = ()) -> Manifest:
     return Manifest("x", generation, 1, (), seq=seq, overwrite=overwrite, unseen_tiers=unseen)
 
 
 @pytest.mark.parametrize(
     ("source", "existing", "verdict"),
     [
-        (_manifest("g0000000001", 5, overwrite=False), _manifest("g0000000001", 5, overwrite=False),
-         Verdict.SAME),
-        (_manifest("g0000000002", 7, overwrite=True), _manifest("g0000000001", 5, overwrite=False),
-         Verdict.REPLACE),  # an overwrite that saw the target: the newer commit replaces
-        (_manifest("g0000000001", 5, overwrite=False), _manifest("g0000000002", 7, overwrite=True),
-         Verdict.KEEP_NEWER),  # the target's copy is an overwrite of this one: this one is stale
-        (_manifest("g0000000002", 7, overwrite=False), _manifest("g0000000001", 5, overwrite=False),
-         Verdict.CONFLICT),  # saved without overwrite while the target held the id: a race
-        (_manifest("g0000000002", 7, overwrite=True, unseen=("durable",)),
-         _manifest("g0000000001", 5, overwrite=False), Verdict.CONFLICT),  # blind to the target
-        (_manifest("g0000000001", 5, overwrite=False, unseen=("durable",)),
-         _manifest("g0000000002", 50, overwrite=False), Verdict.CONFLICT),  # never replaced either
-        (_manifest("g0000000002", 7, overwrite=None), _manifest("g0000000001", 5, overwrite=None),
-         Verdict.REPLACE),  # markers from before overwrite was recorded: commit order, as before
+        (
+            _manifest("g0000000001", 5, overwrite=False),
+            _manifest("g0000000001", 5, overwrite=False),
+            Verdict.SAME,
+        ),
+        (
+            _manifest("g0000000002", 7, overwrite=True),
+            _manifest("g0000000001", 5, overwrite=False),
+            Verdict.REPLACE,
+        ),  # an overwrite that saw the target: the newer commit replaces
+        (
+            _manifest("g0000000001", 5, overwrite=False),
+            _manifest("g0000000002", 7, overwrite=True),
+            Verdict.KEEP_NEWER,
+        ),  # the target's copy is an overwrite of this one: this one is stale
+        (
+            _manifest("g0000000002", 7, overwrite=False),
+            _manifest("g0000000001", 5, overwrite=False),
+            Verdict.CONFLICT,
+        ),  # saved without overwrite while the target held the id: a race
+        (
+            _manifest("g0000000002", 7, overwrite=True, unseen=("durable",)),
+            _manifest("g0000000001", 5, overwrite=False),
+            Verdict.CONFLICT,
+        ),  # blind to the target
+        (
+            _manifest("g0000000001", 5, overwrite=False, unseen=("durable",)),
+            _manifest("g0000000002", 50, overwrite=False),
+            Verdict.CONFLICT,
+        ),  # never replaced either
+        (
+            _manifest("g0000000002", 7, overwrite=None),
+            _manifest("g0000000001", 5, overwrite=None),
+            Verdict.REPLACE,
+        ),  # markers from before overwrite was recorded: commit order, as before
     ],
-)  # fmt: skip
-def test_which_content_a_promotion_keeps(
-    source: Manifest, existing: Manifest, verdict: Verdict
-) -> None:
+)
+def test_which_content_a_promotion_keeps(source: Manifest, existing: Manifest, verdict: Verdict) -> None:
     assert judge_promotion(source, existing, source_tier="fast", target="durable")[0] is verdict

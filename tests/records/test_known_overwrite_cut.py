@@ -28,9 +28,7 @@ Promoter(_config(__import__('pathlib').Path(sys.argv[1]))).run(once=True)
 """
 
 
-def test_a_save_after_a_cut_between_an_overwrites_marker_and_log_entry_is_the_newest(
-    tmp_path: Path,
-) -> None:
+def test_a_save_after_a_cut_between_an_overwrites_marker_and_log_entry_is_the_newest(tmp_path: Path) -> None:
     before = tmp_path / "before"
     config = _config(before)
     _save(config, "step_1", 1.0)

@@ -40,9 +40,7 @@ def _save(config: Config, checkpoint_id: str, value: float) -> None:
     dcp.save(copy.deepcopy(state), storage_writer=TieredWriter(config), checkpoint_id=checkpoint_id)
 
 
-def test_a_save_after_a_cut_between_a_promotions_marker_and_log_entry_is_the_newest(
-    tmp_path: Path,
-) -> None:
+def test_a_save_after_a_cut_between_a_promotions_marker_and_log_entry_is_the_newest(tmp_path: Path) -> None:
     before = tmp_path / "before"
     config = _config(before)
     _save(config, "step_1", 1.0)

@@ -26,9 +26,7 @@ def _save(config: Config, checkpoint_id: str) -> None:
     dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config), checkpoint_id=checkpoint_id)
 
 
-def test_a_marker_copied_from_another_namespace_is_refused(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_marker_copied_from_another_namespace_is_refused(make_config: Callable[..., Config]) -> None:
     run, other = make_config("local", namespace="run"), make_config("local", namespace="other")
     _save(other, "x")
     (mine,), (theirs,) = run.make_tiers(node=0), other.make_tiers(node=0)
@@ -36,9 +34,7 @@ def test_a_marker_copied_from_another_namespace_is_refused(
     mine.publish(marker_path("x"), theirs.read_bytes(marker_path("x")), create_only=True)
     with pytest.raises(IntegrityError) as refused:
         read_manifest(mine, "x")
-    assert "x/commit.json: marker of namespace 'other' in a tier of namespace 'run'" in str(
-        refused.value
-    )
+    assert "x/commit.json: marker of namespace 'other' in a tier of namespace 'run'" in str(refused.value)
     assert Catalog(run).listings() == []
     assert latest_committed(run, collective=False) is None
 

@@ -206,9 +206,7 @@ class CommitProtocol(RuleBasedStateMachine):
                 if blob is None:
                     continue
                 manifest = Manifest.from_json(blob[0], where=f"{name}/{checkpoint_id}")
-                found.setdefault(checkpoint_id, []).append(
-                    (manifest.seq or 0, manifest.generation, name)
-                )
+                found.setdefault(checkpoint_id, []).append((manifest.seq or 0, manifest.generation, name))
         return found
 
     def _restorable(self) -> dict[str, tuple[int, str]]:
@@ -243,8 +241,7 @@ class CommitProtocol(RuleBasedStateMachine):
         for checkpoint_id in self._markers(up_only=True):
             target = _state(-1)
             try:
-                dcp.load(target, storage_reader=TieredReader(self.config),
-                         checkpoint_id=checkpoint_id)  # fmt: skip
+                dcp.load(target, storage_reader=TieredReader(self.config), checkpoint_id=checkpoint_id)
             except BaseException:  # noqa: BLE001 - judged below
                 assert checkpoint_id not in restorable, f"{checkpoint_id} did not restore"
                 continue

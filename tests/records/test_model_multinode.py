@@ -84,9 +84,7 @@ class TwoNodeSave:
         try:
             for rank, (writer, planner) in enumerate(zip(self.writers, planners, strict=True)):
                 writer.reset(self.checkpoint_id)
-                planner.set_up_planner(
-                    rank_state(rank, self.value), writer.storage_meta(), rank == 0
-                )
+                planner.set_up_planner(rank_state(rank, self.value), writer.storage_meta(), rank == 0)
                 writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
                 plans.append(writer.prepare_local_plan(planner.create_local_plan()))
             global_plans, self.metadata = planners[0].create_global_plan(plans)
@@ -122,12 +120,7 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         self.config: Config = config_from_dict(
             {
                 "tiers": [
-                    {
-                        "name": "fast",
-                        "type": "nodedict",
-                        "store": f"fast-{run}-{{node}}",
-                        "keep": 2,
-                    },
+                    {"name": "fast", "type": "nodedict", "store": f"fast-{run}-{{node}}", "keep": 2},
                     {"name": "mid", "type": "dict", "store": f"mid-{run}", "keep": 2},
                     {"name": "durable", "type": "dict", "store": f"durable-{run}", "keep": 3},
                 ],
@@ -236,14 +229,16 @@ class MultiNodeProtocol(RuleBasedStateMachine):
         if manifest is not None and manifest.generation == save.generation:
             self._committed(save.checkpoint_id, save.value, overwrite=save.overwrite)
 
-    @rule(checkpoint_id=st.sampled_from(IDS), tier=st.sampled_from(["fast", "mid"]),
-          overwrite=st.booleans())  # fmt: skip
+    @rule(checkpoint_id=st.sampled_from(IDS), tier=st.sampled_from(["fast", "mid"]), overwrite=st.booleans())
     def single_node_save(self, checkpoint_id: str, tier: str, overwrite: bool) -> None:
         self.counter += 1
         writer = TieredWriter(self.config, tier=tier, overwrite=overwrite, node=0)
         try:
-            dcp.save(rank_state(0, self.counter) | rank_state(1, self.counter),
-                     storage_writer=writer, checkpoint_id=checkpoint_id)  # fmt: skip
+            dcp.save(
+                rank_state(0, self.counter) | rank_state(1, self.counter),
+                storage_writer=writer,
+                checkpoint_id=checkpoint_id,
+            )
         except BaseException:  # noqa: BLE001 - a refused id (DCP raises a BaseException)
             return
         if tier == "mid":

@@ -17,9 +17,7 @@ from tierstore.records.parts import PartRecord, confirm_part, part_records
 GEN = "g0000000000010000000"
 
 
-def test_a_confirmation_racing_a_drop_takes_its_record_back(
-    make_config: Callable[..., Config],
-) -> None:
+def test_a_confirmation_racing_a_drop_takes_its_record_back(make_config: Callable[..., Config]) -> None:
     """The state a drop leaves between the confirmation's listing and its rewrite: the data gone,
     the record listed. The rewritten record would stand over missing data: it is taken back."""
     tier = make_config("memory").make_tiers(node=1)[0]

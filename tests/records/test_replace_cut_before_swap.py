@@ -48,8 +48,14 @@ def _promote(root: Path, kill_point: str | None, script: str = _PROMOTE) -> None
     env = dict(os.environ)
     if kill_point is not None:
         env["TIERSTORE_KILL_POINT"] = kill_point
-    proc = subprocess.run([sys.executable, "-c", script, str(root)], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == (0 if kill_point is None else -9), proc.stderr[-2000:]
 
 
@@ -75,8 +81,11 @@ def test_an_overwrite_cut_before_its_swap_does_not_place_the_older_copy_above_a_
 ) -> None:
     before = tmp_path / "before"
     config = _unlogged_step_1_then_step_2(before)
-    dcp.save({"w": torch.full((4,), 1.5)}, storage_writer=TieredWriter(config, overwrite=True),
-             checkpoint_id="step_1")  # fmt: skip
+    dcp.save(
+        {"w": torch.full((4,), 1.5)},
+        storage_writer=TieredWriter(config, overwrite=True),
+        checkpoint_id="step_1",
+    )
     _promote(before, "marker.files_checked@step_1:2")  # logged, killed before the swap
     local = config.make_tiers(node=0)[1]
     kept = read_manifest(local, "step_1")

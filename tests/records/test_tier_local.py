@@ -37,8 +37,7 @@ def state(value: float) -> dict[str, Any]:
 
 
 def save(config: Config, checkpoint_id: str, value: float, **writer: Any) -> None:
-    dcp.save(state(value), storage_writer=TieredWriter(config, **writer),
-             checkpoint_id=checkpoint_id)  # fmt: skip
+    dcp.save(state(value), storage_writer=TieredWriter(config, **writer), checkpoint_id=checkpoint_id)
 
 
 def restored(config: Config, checkpoint_id: str) -> tuple[float, str | None]:
@@ -172,9 +171,7 @@ def test_a_save_into_memory_asks_the_durable_tier_after_the_processs_first_save(
     assert calls(config, "watched") == before, "the memory save made requests to the durable tier"
 
 
-def test_latest_after_a_vetoed_save_asks_the_sighted_durable_tier(
-    make_config: Callable[..., Config],
-) -> None:
+def test_latest_after_a_vetoed_save_asks_the_sighted_durable_tier(make_config: Callable[..., Config]) -> None:
     """Guarantee 4 (restores and latest_committed from the fastest tier make no requests to slower
     tiers that the promoter has sighted).
 

@@ -21,9 +21,20 @@ DOWN: set[str] = set()
 _LOCK = threading.Lock()
 
 _VERBS = (
-    "open_write", "publish", "adopt", "read_range", "read_into", "stat", "list_dir", "find",
-    "find_in_children", "incomplete_writes", "delete", "remove_if_empty", "delete_tree",
-)  # fmt: skip
+    "open_write",
+    "publish",
+    "adopt",
+    "read_range",
+    "read_into",
+    "stat",
+    "list_dir",
+    "find",
+    "find_in_children",
+    "incomplete_writes",
+    "delete",
+    "remove_if_empty",
+    "delete_tree",
+)
 
 
 class WatchedTier(PosixTier):
@@ -58,6 +69,4 @@ if config_model("watched") is None:
         type: Literal["watched"]
 
         def build(self, *, namespace: str | None, node: int) -> WatchedTier:
-            return WatchedTier(
-                self.name, "watched", join_namespace(self.path, namespace), node_local=False
-            )
+            return WatchedTier(self.name, "watched", join_namespace(self.path, namespace), node_local=False)

@@ -51,9 +51,7 @@ def test_dcp_round_trip_through_the_registered_type(make_config: Callable[..., C
     dcp.save(trainer.state(), storage_writer=TieredWriter(config), checkpoint_id="step_000002")
     trainer.train(1)
     expected = trainer.state()
-    dcp.async_save(
-        expected, storage_writer=TieredWriter(config), checkpoint_id="step_000003"
-    ).result()
+    dcp.async_save(expected, storage_writer=TieredWriter(config), checkpoint_id="step_000003").result()
     assert latest_committed(config) == "step_000003"
     target, state = fresh_target()
     reader = TieredReader(config, verify=True)

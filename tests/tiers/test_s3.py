@@ -23,8 +23,9 @@ from tierstore.tiers.s3.tier import S3Tier
 
 
 def s3_tier(endpoint: str, bucket: str, **extra: object) -> S3Tier:
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{bucket}/p", endpoint_url=endpoint,
-                          part_size=5 * 2**20, **extra)  # type: ignore[arg-type]  # fmt: skip
+    config = S3TierConfig(
+        name="s3", type="s3", url=f"s3://{bucket}/p", endpoint_url=endpoint, part_size=5 * 2**20, **extra
+    )  # type: ignore[arg-type]
     return S3Tier(config, namespace=None)
 
 
@@ -44,8 +45,7 @@ def test_unreachable_endpoint_is_a_clear_error_after_bounded_retries() -> None:
     tier = s3_tier("http://127.0.0.1:9", "bucket", max_attempts=2)
     started = time.monotonic()
     with pytest.raises(
-        TierUnavailableError,
-        match=r"tier s3 \(s3, s3://bucket/p\): .*cannot reach http://127.0.0.1:9",
+        TierUnavailableError, match=r"tier s3 \(s3, s3://bucket/p\): .*cannot reach http://127.0.0.1:9"
     ):
         tier.read_bytes("x")
     assert time.monotonic() - started < 30
@@ -67,9 +67,7 @@ def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier
     assert len(retried) == 2
 
 
-def test_a_ranged_read_cut_short_by_the_server_is_retried(
-    faulty: tuple[FaultyS3, S3Tier],
-) -> None:
+def test_a_ranged_read_cut_short_by_the_server_is_retried(faulty: tuple[FaultyS3, S3Tier]) -> None:
     server, tier = faulty
     payload = os.urandom(3 * 2**20)
     tier.write_bytes("a/object", payload)
@@ -104,9 +102,7 @@ def test_tiers_have_clients_of_their_own_from_one_parsed_service_model(
     assert first.client._loader is second.client._loader
 
 
-def test_a_forked_child_gets_clients_and_part_slots_of_its_own(
-    s3_endpoint: str, s3_bucket: str
-) -> None:
+def test_a_forked_child_gets_clients_and_part_slots_of_its_own(s3_endpoint: str, s3_bucket: str) -> None:
     """A fork while the parent's threads hold the client lock and every part slot (uploads in
     flight) must neither hang the child nor hand it the parent's clients: their keep-alive sockets
     would be shared by two processes, and s3fs refuses to run after a fork."""
@@ -231,9 +227,7 @@ def test_failed_multipart_upload_is_aborted(faulty: tuple[FaultyS3, S3Tier]) -> 
 
 
 @pytest.mark.parametrize("checksum", ["crc32c", "none"])
-def test_a_retried_part_sends_its_whole_body_again(
-    faulty: tuple[FaultyS3, S3Tier], checksum: str
-) -> None:
+def test_a_retried_part_sends_its_whole_body_again(faulty: tuple[FaultyS3, S3Tier], checksum: str) -> None:
     """botocore sends a part's bytes as a stream; our retry (botocore's own are off) must not
     resume where the failed attempt stopped reading (without checksums a short part would pass)."""
     server, tier = faulty

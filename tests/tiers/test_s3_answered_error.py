@@ -33,9 +33,16 @@ def proxy_to(endpoint: str, fault: Fault, only: Callable[[str, str], bool]) -> H
 
 
 def s3_tier(endpoint: str, bucket: str) -> S3Tier:
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{bucket}/p", part_size=PART,
-                          endpoint_url=endpoint, concurrency=2, max_attempts=2,
-                          max_retry_time=5)  # fmt: skip
+    config = S3TierConfig(
+        name="s3",
+        type="s3",
+        url=f"s3://{bucket}/p",
+        part_size=PART,
+        endpoint_url=endpoint,
+        concurrency=2,
+        max_attempts=2,
+        max_retry_time=5,
+    )
     return S3Tier(config, namespace=None)
 
 
@@ -54,18 +61,13 @@ def test_an_upload_done_but_answered_500_every_time_leaves_nothing_visible(
 
     with proxy_to(s3_endpoint, "500", finishing) as proxy:
         tier = s3_tier(proxy.endpoint, s3_bucket)
-        with (
-            pytest.raises(TierUnavailableError, match="InternalError"),
-            tier.open_write("obj") as stream,
-        ):
+        with pytest.raises(TierUnavailableError, match="InternalError"), tier.open_write("obj") as stream:
             stream.write(os.urandom(size))
         assert proxy.injected["500"] == 2, "each attempt of the finishing request answered 500"
     assert keys(s3_endpoint, s3_bucket) == [], "the upload failed, so nothing may be visible"
 
 
-def test_a_failed_record_rewrite_keeps_the_previous_version(
-    s3_endpoint: str, s3_bucket: str
-) -> None:
+def test_a_failed_record_rewrite_keeps_the_previous_version(s3_endpoint: str, s3_bucket: str) -> None:
     """Records are rewritten in place: a failed rewrite never deletes the version that stands."""
     puts = lambda method, _path: method == "PUT"  # noqa: E731
     with proxy_to(s3_endpoint, "503", puts) as proxy:
@@ -84,8 +86,15 @@ def marker_put(method: str, path: str) -> bool:
 
 
 def s3_config(endpoint: str, bucket: str, create_only: bool) -> Config:
-    spec = {"name": "s3", "type": "s3", "url": f"s3://{bucket}/ckpt", "endpoint_url": endpoint,
-            "max_attempts": 2, "max_retry_time": 5, "create_only_markers": create_only}  # fmt: skip
+    spec = {
+        "name": "s3",
+        "type": "s3",
+        "url": f"s3://{bucket}/ckpt",
+        "endpoint_url": endpoint,
+        "max_attempts": 2,
+        "max_retry_time": 5,
+        "create_only_markers": create_only,
+    }
     return config_from_dict({"namespace": "run", "tiers": [spec]})
 
 
@@ -117,8 +126,9 @@ def test_a_marker_put_never_done_says_the_commit_outcome_is_unknown(
     with proxy_to(s3_endpoint, "503", marker_put) as proxy:
         config = s3_config(proxy.endpoint, s3_bucket, create_only)
         with pytest.raises(BaseException) as failed:  # DCP's CheckpointException is one
-            dcp.save({"w": torch.arange(10.0)}, storage_writer=TieredWriter(config),
-                     checkpoint_id="step_000001")  # fmt: skip
+            dcp.save(
+                {"w": torch.arange(10.0)}, storage_writer=TieredWriter(config), checkpoint_id="step_000001"
+            )
     message = repr(failed.value)
     assert "step_000001: the commit's outcome in tier s3" in message, message
     assert "tierstore verify step_000001" in message, message

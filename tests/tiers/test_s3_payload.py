@@ -32,16 +32,17 @@ class Recorded:
         self.seen: list[dict[str, str]] = []
         app = server.faults.app
 
-        def recording(
-            environ: dict[str, Any], start_response: Callable[..., Any]
-        ) -> Iterable[bytes]:
-            self.seen.append({
-                "method": environ["REQUEST_METHOD"], "path": environ.get("PATH_INFO", ""),
-                "query": environ.get("QUERY_STRING", ""),
-                "sha256": environ.get("HTTP_X_AMZ_CONTENT_SHA256", ""),
-                "crc32": environ.get("HTTP_X_AMZ_CHECKSUM_CRC32", ""),
-                "crc32c": environ.get("HTTP_X_AMZ_CHECKSUM_CRC32C", ""),
-            })  # fmt: skip
+        def recording(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            self.seen.append(
+                {
+                    "method": environ["REQUEST_METHOD"],
+                    "path": environ.get("PATH_INFO", ""),
+                    "query": environ.get("QUERY_STRING", ""),
+                    "sha256": environ.get("HTTP_X_AMZ_CONTENT_SHA256", ""),
+                    "crc32": environ.get("HTTP_X_AMZ_CHECKSUM_CRC32", ""),
+                    "crc32c": environ.get("HTTP_X_AMZ_CHECKSUM_CRC32C", ""),
+                }
+            )
             return app(environ, start_response)
 
         server.faults.app = recording
@@ -63,8 +64,15 @@ def store() -> Iterator[tuple[FaultyS3, Recorded]]:
 
 
 def tier_on(endpoint: str, bucket: str, **fields: object) -> S3Tier:
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{bucket}/p", endpoint_url=endpoint,
-                          part_size=5 * 2**20, concurrency=2, **fields)  # type: ignore[arg-type]  # fmt: skip
+    config = S3TierConfig(
+        name="s3",
+        type="s3",
+        url=f"s3://{bucket}/p",
+        endpoint_url=endpoint,
+        part_size=5 * 2**20,
+        concurrency=2,
+        **fields,
+    )  # type: ignore[arg-type]
     return S3Tier(config, namespace=None)
 
 
@@ -101,10 +109,12 @@ def test_parts_carry_a_crc32c_and_whole_objects_a_crc32(store: tuple[FaultyS3, R
     tier.write_bytes("big", payload)  # three parts
     tier.publish("marker.json", b"{}", create_only=True)
     parts = [payload[i : i + 5 * 2**20] for i in range(0, len(payload), 5 * 2**20)]
-    sent = {r["query"].split("partNumber=")[1].split("&")[0]: (r["crc32c"], r["crc32"])
-            for r in recorded.bodies() if "partNumber=" in r["query"]}  # fmt: skip
-    wanted = {str(n): (encoded(crc32c(p)), "")
-              for n, p in enumerate(parts, 1)}  # fmt: skip
+    sent = {
+        r["query"].split("partNumber=")[1].split("&")[0]: (r["crc32c"], r["crc32"])
+        for r in recorded.bodies()
+        if "partNumber=" in r["query"]
+    }
+    wanted = {str(n): (encoded(crc32c(p)), "") for n, p in enumerate(parts, 1)}
     assert sent == wanted
     marker = [r for r in recorded.bodies() if r["path"].endswith("marker.json")]
     assert [(r["crc32"], r["crc32c"]) for r in marker] == [(encoded(zlib.crc32(b"{}")), "")]
@@ -119,8 +129,7 @@ def test_bodies_stay_signed_without_a_checksum_or_when_asked(
     payload = os.urandom(6 * 2**20)
     tier.write_bytes("big", payload)  # two parts
     parts = [payload[: 5 * 2**20], payload[5 * 2**20 :]]
-    signed = {r["query"].split("partNumber=")[1].split("&")[0]: r["sha256"]
-              for r in recorded.bodies()}  # fmt: skip
+    signed = {r["query"].split("partNumber=")[1].split("&")[0]: r["sha256"] for r in recorded.bodies()}
     assert signed == {str(n): hashlib.sha256(p).hexdigest() for n, p in enumerate(parts, 1)}
 
 
@@ -136,8 +145,12 @@ def test_an_unsigned_part_damaged_on_the_way_is_refused_and_sent_again(
     with HttpFaultProxy(endpoint.hostname, endpoint.port) as proxy:
         tier = tier_on(proxy.endpoint, seaweed_bucket, max_attempts=8)
         payload = os.urandom(16 * 2**20)  # four parts
-        proxy.configure(rate=0.5, faults=["flip_request"], seed=3,
-                        only=lambda method, path: method == "PUT" and "partNumber=" in path)  # fmt: skip
+        proxy.configure(
+            rate=0.5,
+            faults=["flip_request"],
+            seed=3,
+            only=lambda method, path: method == "PUT" and "partNumber=" in path,
+        )
         tier.write_bytes("flipped", payload)
         proxy.configure(rate=0.0)
         assert proxy.injected["flip_request"] > 0

@@ -13,12 +13,7 @@ import pytest
 from tests.faults import FaultyS3
 from tierstore.tiers.s3.config import S3TierConfig
 from tierstore.tiers.s3.tier import S3Tier
-from tierstore.tiers.s3.upload import (
-    PARTS_PER_DOUBLING,
-    ObjectUpload,
-    S3WriteStream,
-    part_size_for,
-)
+from tierstore.tiers.s3.upload import PARTS_PER_DOUBLING, ObjectUpload, S3WriteStream, part_size_for
 
 PART = 5 * 2**20
 
@@ -37,8 +32,15 @@ def tier_on(server: FaultyS3, **fields: object) -> S3Tier:
     """An S3 tier with 5 MiB parts, two in flight, in a new bucket of ``server``."""
     bucket = f"b-{os.urandom(6).hex()}"
     boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket=bucket)
-    config = S3TierConfig(name="s3", type="s3", url=f"s3://{bucket}/p", part_size=PART,
-                          endpoint_url=server.endpoint, concurrency=2, **fields)  # fmt: skip
+    config = S3TierConfig(
+        name="s3",
+        type="s3",
+        url=f"s3://{bucket}/p",
+        part_size=PART,
+        endpoint_url=server.endpoint,
+        concurrency=2,
+        **fields,
+    )
     return S3Tier(config, namespace=None)
 
 
@@ -91,8 +93,7 @@ def test_reads_have_their_own_range_size_and_streams() -> None:
     tier = S3Tier(config, namespace=None)
     assert (tier.capabilities.transfer_chunk, tier.capabilities.transfer_streams) == (8 << 20, 16)
     assert (tier.capabilities.read_chunk, tier.capabilities.read_streams) == (64 << 20, 8)
-    tuned = S3Tier(config.model_copy(update={"read_size": 16 << 20, "read_concurrency": 4}),
-                   namespace=None)  # fmt: skip
+    tuned = S3Tier(config.model_copy(update={"read_size": 16 << 20, "read_concurrency": 4}), namespace=None)
     assert (tuned.capabilities.read_chunk, tuned.capabilities.read_streams) == (16 << 20, 4)
 
 

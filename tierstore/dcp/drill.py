@@ -48,20 +48,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch.distributed as dist
-from torch.multiprocessing.spawn import (
-    ProcessExitedException,
-    ProcessRaisedException,
-    start_processes,
-)
+from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
 from tierstore.config import Config
-from tierstore.dcp.drill_cause import (
-    Tee,
-    WatchedReader,
-    exit_cause,
-    failure_cause,
-    set_up_rank_logging,
-)
+from tierstore.dcp.drill_cause import Tee, WatchedReader, exit_cause, failure_cause, set_up_rank_logging
 from tierstore.dcp.reader import TieredReader
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
@@ -123,10 +113,7 @@ class DrillReport:
 
     def prometheus(self) -> list[str]:
         """Prometheus text-format lines (for a node-exporter textfile collector or a push)."""
-        labels = (
-            f'checkpoint_id="{self.checkpoint_id}",tier="{self.tier}",'
-            f'world_size="{self.world_size}"'
-        )
+        labels = f'checkpoint_id="{self.checkpoint_id}",tier="{self.tier}",world_size="{self.world_size}"'
         lines = [
             f"tierstore_drill_success{{{labels}}} {int(self.passed)}",
             f"tierstore_drill_last_run_timestamp_seconds{{{labels}}} {self.started_at:.3f}",
@@ -143,9 +130,7 @@ class DrillReport:
         return lines
 
 
-def newest_in_tier(
-    config: Config, tier: str, *, node: int, logged: dict[int, float], steps: int
-) -> str:
+def newest_in_tier(config: Config, tier: str, *, node: int, logged: dict[int, float], steps: int) -> str:
     """The newest checkpoint committed in ``tier`` (commit order) that the loss log can judge.
 
     A checkpoint whose id names step ``s`` needs the log to hold steps ``s+1 .. s+steps``: the newest
@@ -161,8 +146,9 @@ def newest_in_tier(
             s in logged for s in range(listing.step + 1, listing.step + steps + 1)
         ):
             return listing.checkpoint_id
-        logger.info("drill: skipping %s: the loss log has no steps after %d yet",
-                    listing.checkpoint_id, listing.step)  # fmt: skip
+        logger.info(
+            "drill: skipping %s: the loss log has no steps after %d yet", listing.checkpoint_id, listing.step
+        )
     raise CheckpointNotFoundError(
         f"tier {tier}: no committed checkpoint has its next {steps} steps in the loss log (newest:"
         f" {listings[0].checkpoint_id}); train further, or name one with --checkpoint"
@@ -235,8 +221,9 @@ def _rank_main(rank: int, job: _Job) -> None:
     printed = Tee(sys.stderr)
     reader: WatchedReader | None = None
     try:
-        dist.init_process_group("gloo", init_method=f"file://{job.workdir}/rendezvous",
-                                rank=rank, world_size=job.world_size)  # fmt: skip
+        dist.init_process_group(
+            "gloo", init_method=f"file://{job.workdir}/rendezvous", rank=rank, world_size=job.world_size
+        )
         # A drill proves the bytes too: every file's CRC32C is checked, whatever verify_on_load says.
         reader = WatchedReader(job.config, node=job.node, verify=True)
         ctx = DrillContext(job.checkpoint_id, rank, job.world_size, job.steps, job.argv, reader)
@@ -252,12 +239,16 @@ def _rank_main(rank: int, job: _Job) -> None:
             raise TierstoreError(
                 f"the entry restored {reader.checkpoint_id}, not the drill's {job.checkpoint_id}"
             )
-        outcome = {"results": results, "restore_s": ctx.restore_s, "restored_at": ctx.restored_at,
-                   "tier": reader.chosen_tier, "bytes_read": reader.bytes_read}  # fmt: skip
+        outcome = {
+            "results": results,
+            "restore_s": ctx.restore_s,
+            "restored_at": ctx.restored_at,
+            "tier": reader.chosen_tier,
+            "bytes_read": reader.bytes_read,
+        }
     except SystemExit as exc:
         cause = exit_cause(exc, printed.getvalue(), entry=job.entry, argv=job.argv)
-        outcome = {"error": cause[:2000],
-                   "traceback": "".join(traceback.format_exception(exc))}  # fmt: skip
+        outcome = {"error": cause[:2000], "traceback": "".join(traceback.format_exception(exc))}
     except BaseException as exc:  # noqa: BLE001 - reported to the drill, which decides
         cause = failure_cause(exc, fallback=reader.error if reader is not None else None)
         outcome = {"error": cause[:2000], "traceback": "".join(traceback.format_exception(exc))}
@@ -324,15 +315,12 @@ def run_drill(
         else newest_in_tier(config, tier_name, node=node, logged=logged, steps=steps)
     )
     only = config.model_copy(update={"tiers": (config.tier(tier_name),)})
-    report = DrillReport(
-        checkpoint, tier_name, world_size, False, "", tolerance, started_at=started
-    )
+    report = DrillReport(checkpoint, tier_name, world_size, False, "", tolerance, started_at=started)
     with tempfile.TemporaryDirectory(prefix="tierstore-drill-") as workdir:
         job = _Job(only, checkpoint, world_size, steps, entry, tuple(argv), node, workdir, verbose)
         problem = _spawn(job, timeout_s)
         outcomes = [_read_outcome(Path(workdir, f"rank{r}.json")) for r in range(world_size)]
-    report.details = [f"rank {r}:\n{o['traceback']}" for r, o in enumerate(outcomes)
-                      if "traceback" in o]  # fmt: skip
+    report.details = [f"rank {r}:\n{o['traceback']}" for r, o in enumerate(outcomes) if "traceback" in o]
     errors = _by_cause(outcomes)
     if problem or errors:
         report.reason = problem or errors
@@ -402,8 +390,10 @@ def _compare(report: DrillReport, results: list[list[Any]], logged: dict[int, fl
             error = math.inf
         worst = max(worst, error)
         if error > report.tolerance:
-            problems.append(f"step {step}: loss {loss!r}, logged {expected!r} (relative error"
-                            f" {error:.3g} > {report.tolerance:g})")  # fmt: skip
+            problems.append(
+                f"step {step}: loss {loss!r}, logged {expected!r} (relative error"
+                f" {error:.3g} > {report.tolerance:g})"
+            )
     report.max_relative_error = worst
     report.passed = not problems
     if problems:

@@ -135,6 +135,4 @@ def exit_cause(exc: SystemExit, printed: str, *, entry: str, argv: tuple[str, ..
         return f"the step function refused its arguments ({refused[-1]}; {given}): {how}"
     if isinstance(exc.code, str):
         return f"the step function exited: {one_line(exc.code)}"
-    return f"the step function exited with status {exc.code} ({given})" + (
-        "" if argv else f": {how}"
-    )
+    return f"the step function exited with status {exc.code} ({given})" + ("" if argv else f": {how}")

@@ -83,9 +83,7 @@ def _source_of(tiers: list[Tier], choice: Choice, node: int) -> _Source:
     their owner paths, the partner's at their mirror paths (the choice verified both)."""
     held = (choice.holdings or {}).get(node, {})
     ckpt = choice.manifest.checkpoint_id
-    stored = {
-        f.path: stored_path(ckpt, f.path, held.get(f.path, OWN)) for f in choice.manifest.files
-    }
+    stored = {f.path: stored_path(ckpt, f.path, held.get(f.path, OWN)) for f in choice.manifest.files}
     return _Source(tiers[choice.tier_index], choice.manifest, stored)
 
 
@@ -157,13 +155,13 @@ def export_checkpoint(
     if tier is not None:
         config.tier(tier)  # ConfigError naming the known tiers
     tiers = config.make_tiers(node=node)
-    excluded = {} if tier is None else {
-        i: f"not the tier asked for ({tier})" for i, t in enumerate(tiers) if t.name != tier
-    }  # fmt: skip
+    excluded = (
+        {}
+        if tier is None
+        else {i: f"not the tier asked for ({tier})" for i, t in enumerate(tiers) if t.name != tier}
+    )
     reading = _announce(
-        [t for i, t in enumerate(tiers) if i not in excluded],
-        checkpoint_id,
-        config.promote.activity_ttl,
+        [t for i, t in enumerate(tiers) if i not in excluded], checkpoint_id, config.promote.activity_ttl
     )
     try:
         source, (files, size, items) = _export_from_first_usable(
@@ -188,8 +186,14 @@ def export_checkpoint(
         items=items,
         seconds=time.monotonic() - started,
     )
-    logger.info("exported %s from %s to %s: %d files, %d bytes",
-                checkpoint_id, source.tier.name, destination, files, size)  # fmt: skip
+    logger.info(
+        "exported %s from %s to %s: %d files, %d bytes",
+        checkpoint_id,
+        source.tier.name,
+        destination,
+        files,
+        size,
+    )
     return report
 
 
@@ -241,8 +245,9 @@ def _export_from_first_usable(
             if isinstance(exc, IntegrityError) and mismatch is None:
                 mismatch = exc
             reason = f"reading its copy failed: {exc}".replace("\n", "; ")
-            logger.warning("export of %s: tier %s: %s; trying the next tier",
-                           checkpoint_id, source.tier.name, reason)  # fmt: skip
+            logger.warning(
+                "export of %s: tier %s: %s; trying the next tier", checkpoint_id, source.tier.name, reason
+            )
             excluded[choice.tier_index] = reason
 
 
@@ -266,8 +271,7 @@ def _announce(tiers: list[Tier], checkpoint_id: str, ttl: float) -> dict[str, Ac
         try:
             reading[tier.name] = hold(tier, "read", checkpoint_id, None, ttl=ttl)
         except Exception as exc:  # noqa: BLE001 - the choice says whether the tier is usable
-            logger.warning("could not announce the export of %s in %s: %s",
-                           checkpoint_id, tier.name, exc)  # fmt: skip
+            logger.warning("could not announce the export of %s in %s: %s", checkpoint_id, tier.name, exc)
     return reading
 
 
@@ -294,9 +298,7 @@ def _export_into(source: _Source, destination: Path, bar: ByteProgress) -> tuple
     return result
 
 
-def _convert(
-    source: _Source, out: Path, destination: Path, bar: ByteProgress
-) -> tuple[int, int, int]:
+def _convert(source: _Source, out: Path, destination: Path, bar: ByteProgress) -> tuple[int, int, int]:
     tier, manifest = source.tier, source.manifest
     metadata_entry = next((f for f in manifest.files if is_metadata_file(f.path)), None)
     if metadata_entry is None:

@@ -68,7 +68,5 @@ class LossBandGate:
             return f"{self.loss_key} is {loss}"
         average = view.value(self.avg_key)
         if average is not None and float(average) > 0 and loss > self.band * float(average):
-            return (
-                f"{self.loss_key}={loss:.4g} exceeds {self.band}x its average {float(average):.4g}"
-            )
+            return f"{self.loss_key}={loss:.4g} exceeds {self.band}x its average {float(average):.4g}"
         return None

@@ -59,9 +59,15 @@ def read_once_checked(fill: Fill, location: ItemLocation, out: memoryview) -> bo
 
 
 def read_checked(
-    fill: Fill, location: ItemLocation, out: memoryview, *, tier: str, full: str,
-    attempts: int = ATTEMPTS, chunk: int = CHUNK,
-) -> None:  # fmt: skip
+    fill: Fill,
+    location: ItemLocation,
+    out: memoryview,
+    *,
+    tier: str,
+    full: str,
+    attempts: int = ATTEMPTS,
+    chunk: int = CHUNK,
+) -> None:
     """Read the item at ``location`` into ``out`` until its bytes match its CRC32C, at most
     ``attempts`` times, in reads of ``chunk`` bytes (one per item on an object store: each read
     is a request). ``full`` is the tier-relative path of the file. Raises
@@ -78,13 +84,24 @@ def read_checked(
             raise _cut_short(tier, full, location) from None
         if summed == after:
             if attempt > 1:
-                logger.warning("tier %s: %s: bytes %d..%d matched their CRC32C on read %d",
-                               tier, full, location.offset, location.offset + location.length,
-                               attempt)  # fmt: skip
+                logger.warning(
+                    "tier %s: %s: bytes %d..%d matched their CRC32C on read %d",
+                    tier,
+                    full,
+                    location.offset,
+                    location.offset + location.length,
+                    attempt,
+                )
             return
-        logger.warning("tier %s: %s: bytes %d..%d do not match their CRC32C (read %d of %d)",
-                       tier, full, location.offset, location.offset + location.length, attempt,
-                       attempts)  # fmt: skip
+        logger.warning(
+            "tier %s: %s: bytes %d..%d do not match their CRC32C (read %d of %d)",
+            tier,
+            full,
+            location.offset,
+            location.offset + location.length,
+            attempt,
+            attempts,
+        )
     raise damaged(tier, full, location, reads=attempts)
 
 

@@ -31,9 +31,7 @@ def look_elsewhere(writer: TieredWriter, coordinator: bool) -> Elsewhere:
     return writer._elsewhere
 
 
-def refuse_committed_id(
-    writer: TieredWriter, checkpoint_id: str, sightings: dict[str, Sighting]
-) -> None:
+def refuse_committed_id(writer: TieredWriter, checkpoint_id: str, sightings: dict[str, Sighting]) -> None:
     """An id committed in *any* tier is taken: saving it again without ``overwrite`` would let
     two different contents carry one id. The target tier is asked; the others are known from
     start-up, the promoter's sightings and this process's commits, never asked.
@@ -64,8 +62,7 @@ def marker(writer: TieredWriter, checkpoint_id: str) -> Manifest | None:
 def current_commit(writer: TieredWriter, checkpoint_id: str) -> tuple[str, str, int | None]:
     """``(id, generation, seq)`` of the id's marker in the target ('' and None: none)."""
     found = marker(writer, checkpoint_id)
-    return (checkpoint_id, "", None) if found is None else (
-        checkpoint_id, found.generation, found.seq)  # fmt: skip
+    return (checkpoint_id, "", None) if found is None else (checkpoint_id, found.generation, found.seq)
 
 
 def published(writer: TieredWriter, checkpoint_id: str, generation: str) -> Manifest | None:

@@ -84,23 +84,38 @@ def latest_committed(
             return None
         for checkpoint_id in ids:
             try:
-                choice = choose_copy(tiers, checkpoint_id, node=this_node, verify=False,
-                                     group=group, collective=distributed, prober=prober,
-                                     sighting_trust=trust_period(config.promote.interval))  # fmt: skip
+                choice = choose_copy(
+                    tiers,
+                    checkpoint_id,
+                    node=this_node,
+                    verify=False,
+                    group=group,
+                    collective=distributed,
+                    prober=prober,
+                    sighting_trust=trust_period(config.promote.interval),
+                )
             except CheckpointNotFoundError as exc:  # the same verdict on every rank
                 skipped.append(checkpoint_id)
                 if rank == 0:
-                    logger.info("latest: %s is not restorable by this job: %s", checkpoint_id,
-                                one_line(str(exc)))  # fmt: skip
+                    logger.info(
+                        "latest: %s is not restorable by this job: %s", checkpoint_id, one_line(str(exc))
+                    )
                 continue
             if skipped and rank == 0:
-                logger.warning("latest restorable checkpoint is %s; newer but not restorable by"
-                               " this job: %s", checkpoint_id, ", ".join(skipped))  # fmt: skip
+                logger.warning(
+                    "latest restorable checkpoint is %s; newer but not restorable by this job: %s",
+                    checkpoint_id,
+                    ", ".join(skipped),
+                )
             if rank == 0:
                 away = _unreachable(catalog.unreachable)
-                logger.info("latest committed checkpoint: %s, restorable from tier %s (found in"
-                            " %.2f s)%s", checkpoint_id, tiers[choice.tier_index].name,
-                            time.monotonic() - started, away)  # fmt: skip
+                logger.info(
+                    "latest committed checkpoint: %s, restorable from tier %s (found in %.2f s)%s",
+                    checkpoint_id,
+                    tiers[choice.tier_index].name,
+                    time.monotonic() - started,
+                    away,
+                )
             return checkpoint_id
 
 
@@ -112,14 +127,16 @@ def _unreachable(unreachable: dict[str, str]) -> str:
     return f"; not reachable, not searched: {named}"
 
 
-def _log_none(
-    tiers: list[Tier], unreachable: dict[str, str], skipped: list[str], seconds: float
-) -> None:
+def _log_none(tiers: list[Tier], unreachable: dict[str, str], skipped: list[str], seconds: float) -> None:
     """Rank 0's line when no checkpoint is restorable: the caller starts fresh."""
     passed = f"; committed but not restorable by this job: {', '.join(skipped)}" if skipped else ""
-    logger.info("no committed checkpoint this job can restore in tiers %s (looked in %.2f s)%s%s",
-                ", ".join(t.name for t in tiers), seconds, passed,
-                _unreachable(unreachable))  # fmt: skip
+    logger.info(
+        "no committed checkpoint this job can restore in tiers %s (looked in %.2f s)%s%s",
+        ", ".join(t.name for t in tiers),
+        seconds,
+        passed,
+        _unreachable(unreachable),
+    )
 
 
 def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
@@ -139,9 +156,8 @@ def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
 
 
 def _with_peer_candidates(
-    catalog: Catalog, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int,
-    collective: bool,
-) -> Iterator[str]:  # fmt: skip
+    catalog: Catalog, mirrored: list[Tier], group: dist.ProcessGroup | None, rank: int, collective: bool
+) -> Iterator[str]:
     """Rank 0's candidates merged with what every node holds in mirrored memory tiers: the
     coordinator's node (and with it the only own marker) may be the one that was lost."""
     try:

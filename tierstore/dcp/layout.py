@@ -112,9 +112,7 @@ def view_of(
         strides.append(running)
         running *= size
     element = torch.empty(0, dtype=dtype).element_size()
-    return torch.empty(0, dtype=dtype).set_(
-        storage, offset // element, shape, tuple(reversed(strides))
-    )
+    return torch.empty(0, dtype=dtype).set_(storage, offset // element, shape, tuple(reversed(strides)))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -146,9 +144,7 @@ class ChunkSink:
     does without a writer): a file whose bytes were not all checksummed gets no CRC32C at all.
     """
 
-    def __init__(
-        self, write: Callable[[memoryview], object] | None, *, sha256: bool = False
-    ) -> None:
+    def __init__(self, write: Callable[[memoryview], object] | None, *, sha256: bool = False) -> None:
         self._write = write
         self._digest = Digest(sha256=sha256)
         self.size = 0

@@ -31,20 +31,24 @@ def open_groups(writer: TieredWriter) -> None:
         job_groups(writer.tier.mirror.timeout)
 
 
-def hand_to_mirror(
-    writer: TieredWriter, generation: str, seq: int, files: list[FileEntry] | None
-) -> None:
+def hand_to_mirror(writer: TieredWriter, generation: str, seq: int, files: list[FileEntry] | None) -> None:
     """Every rank after its write, even one whose write failed (``files`` None): submit the
     exchange of its share to this process's mirror worker."""
     assert writer._checkpoint_id is not None and writer.tier.mirror is not None
     share = SavedShare(
-        writer._checkpoint_id, generation, seq, writer._rank, writer.node, current_host(),
-        tuple(files or ()), files is not None, writer._is_coordinator,
-    )  # fmt: skip
+        writer._checkpoint_id,
+        generation,
+        seq,
+        writer._rank,
+        writer.node,
+        current_host(),
+        tuple(files or ()),
+        files is not None,
+        writer._is_coordinator,
+    )
     keep = writer.config.policy(writer.tier_name).keep
     ttl = writer.config.promote.activity_ttl
-    writer._round = Round(share, writer.tier, writer.tier.mirror, keep, ttl,
-                          ended_record=writer._handover)  # fmt: skip
+    writer._round = Round(share, writer.tier, writer.tier.mirror, keep, ttl, ended_record=writer._handover)
     writer._handover = None  # one save per copy of the writer; said once
     worker_for(writer.tier).submit(writer._round)
 

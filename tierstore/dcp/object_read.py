@@ -38,16 +38,12 @@ class Piece:
         return sum(len(out) for out in self.outs)
 
 
-def in_place_target(
-    item: ReadItem, location: ItemLocation, planner: LoadPlanner
-) -> torch.Tensor | None:
+def in_place_target(item: ReadItem, location: ItemLocation, planner: LoadPlanner) -> torch.Tensor | None:
     """The destination tensor when its memory can take the stored bytes as they are, else None."""
     if item.type == LoadItemType.BYTE_IO or location.encoding != "raw" or location.shape is None:
         return None
     target = planner.resolve_tensor(item).detach()
-    whole_chunk = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == list(
-        location.shape
-    )
+    whole_chunk = all(o == 0 for o in item.storage_offsets) and list(item.lengths) == list(location.shape)
     fits = (
         whole_chunk
         and target.device.type == "cpu"

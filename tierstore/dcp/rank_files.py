@@ -124,9 +124,7 @@ class RankFileWriter:
         if use is not None:
             held.enter_context(use.reading())
 
-    def _refuse_if_restaged(
-        self, item: WriteItem, tensor: torch.Tensor, tokens: dict[int, bytes]
-    ) -> None:
+    def _refuse_if_restaged(self, item: WriteItem, tensor: torch.Tensor, tokens: dict[int, bytes]) -> None:
         """A staged view whose slab no longer carries its stage's token was staged into again
         since: its bytes are a later state's. Raise rather than commit them under this id."""
         token = stage_token(tensor)
@@ -157,8 +155,7 @@ class RankFileWriter:
             except TierUnavailableError:
                 space = None
             free = "" if space is None else f", {space.total - space.used} are free"
-            raise TierUnavailableError(f"{exc} (the file needs {size} bytes{free})",
-                                       tier=exc.tier) from cause  # fmt: skip
+            raise TierUnavailableError(f"{exc} (the file needs {size} bytes{free})", tier=exc.tier) from cause
 
     def _rel(self, index: int) -> str:
         return data_file(self.generation, self.rank, index)
@@ -217,33 +214,33 @@ class RankFileWriter:
         """The slab is file 0: checksum (and check) it in one pass; adopt it or write it out."""
         assert self.slab is not None
         storage = staged[0][1].untyped_storage()
-        whole = memoryview(
-            (ctypes.c_ubyte * self.slab.nbytes).from_address(storage.data_ptr())
-        ).cast("B")
+        whole = memoryview((ctypes.c_ubyte * self.slab.nbytes).from_address(storage.data_ptr())).cast("B")
         rel = self._rel(0)
         full = checkpoint_file(self.checkpoint_id, rel)
 
-        def scan(
-            write: Callable[[memoryview], object] | None,
-        ) -> tuple[ChunkSink, list[WriteResult]]:
+        def scan(write: Callable[[memoryview], object] | None) -> tuple[ChunkSink, list[WriteResult]]:
             placed: list[Placed] = []
             with ChunkSink(write, sha256=self.sha256) as sink:
                 _scan_into(sink, placed)
             return sink, with_crcs(placed, sink.marks)
 
         def _scan_into(sink: ChunkSink, placed: list[Placed]) -> None:
-            for item, tensor in sorted(
-                staged, key=lambda s: s[1].storage_offset() * s[1].element_size()
-            ):
+            for item, tensor in sorted(staged, key=lambda s: s[1].storage_offset() * s[1].element_size()):
                 start = int(tensor.storage_offset()) * tensor.element_size()
                 length = int(tensor.numel()) * tensor.element_size()
                 sink.feed_span(whole, sink.size, start)  # header, padding, items of other ranks
                 mark = sink.mark()
-                feed_tensor(sink, tensor, whole[start : start + length], fqn=item.index.fqn,
-                            check_finite=self.check_finite)  # fmt: skip
+                feed_tensor(
+                    sink,
+                    tensor,
+                    whole[start : start + length],
+                    fqn=item.index.fqn,
+                    check_finite=self.check_finite,
+                )
                 sink.mark()
-                location = ItemLocation(rel, start, length, "raw", dtype_name(tensor.dtype),
-                                        tuple(tensor.shape))  # fmt: skip
+                location = ItemLocation(
+                    rel, start, length, "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
+                )
                 placed.append((item, location, mark))
             sink.feed_span(whole, sink.size, self.slab.nbytes if self.slab else 0)
 
@@ -258,9 +255,7 @@ class RankFileWriter:
             with self._open(full, self.slab.nbytes) as stream:
                 sink, results = scan(stream.write)
         self.out.results.extend(results)
-        self.out.files.append(
-            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
-        )
+        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256))
 
     def _adoptable(self) -> bool:
         """Whether file 0 can be the slab's file itself, renamed into the checkpoint.
@@ -307,12 +302,7 @@ class RankFileWriter:
         return True
 
     def _add_tensor(
-        self,
-        sink: ChunkSink,
-        rel: str,
-        item: WriteItem,
-        tensor: torch.Tensor,
-        alive: list[torch.Tensor],
+        self, sink: ChunkSink, rel: str, item: WriteItem, tensor: torch.Tensor, alive: list[torch.Tensor]
     ) -> Placed:
         view, owner = raw_view(tensor)
         # The sink checksums on a helper thread, later: a copy raw_view made (the values of a
@@ -325,9 +315,7 @@ class RankFileWriter:
         feed_tensor(sink, owner, view, fqn=item.index.fqn, check_finite=self.check_finite)
         sink.mark()
         kill_point("writer.mid_file", rel)
-        location = ItemLocation(
-            rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape)
-        )
+        location = ItemLocation(rel, offset, len(view), "raw", dtype_name(tensor.dtype), tuple(tensor.shape))
         return item, location, mark
 
     def _write_file(
@@ -357,9 +345,7 @@ class RankFileWriter:
                 sink.mark()
                 placed.append((item, ItemLocation(rel, offset, len(buffer), encoding), mark))
         self.out.results.extend(with_crcs(placed, sink.marks))
-        self.out.files.append(
-            FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256)
-        )
+        self.out.files.append(FileEntry(rel, sink.size, sink.crc, self.rank, self.node, sink.sha256))
 
 
 Placed = tuple[WriteItem, ItemLocation, int]
@@ -371,10 +357,11 @@ def with_crcs(placed: list[Placed], marks: list[int]) -> list[WriteResult]:
     """DCP's write results for ``placed``, each location carrying its item's running CRC32C before
     and after (:attr:`ItemLocation.crc`), read from the finished sink's ``marks``."""
     return [
-        WriteResult(item.index, location.length,
-                    dataclasses.replace(location, crc=(marks[mark], marks[mark + 1])))
+        WriteResult(
+            item.index, location.length, dataclasses.replace(location, crc=(marks[mark], marks[mark + 1]))
+        )
         for item, location, mark in placed
-    ]  # fmt: skip
+    ]
 
 
 __all__ = ["HEADER_SIZE", "RankFileWriter", "RankOutput"]

@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from tierstore.dcp.writer import TieredWriter
 
 
-def write_data(
-    writer: TieredWriter, plan: SavePlan, planner: SavePlanner
-) -> Future[list[WriteResult]]:
+def write_data(writer: TieredWriter, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
     """Write this rank's items; the future completes only when they are durable in the tier.
 
     Raises:
@@ -55,12 +53,18 @@ def write_data(
     finally:
         if mirrors(writer):  # every rank hands over a round, even one whose write failed
             planned = isinstance(assignment, RankAssignment)
-            hand_to_mirror(writer, assignment.generation if planned else "",
-                           assignment.seq if planned else -1, wrote)  # fmt: skip
+            hand_to_mirror(
+                writer, assignment.generation if planned else "", assignment.seq if planned else -1, wrote
+            )
     kill_point("writer.data_written")
     ended = time.time()  # metrics: after the files are durable, off the trainer's thread
-    metrics.written(writer._rank, writer.tier_name, nbytes=sum(f.size for f in wrote),
-                    write_s=ended - began, save_s=ended - writer._started_at)  # fmt: skip
+    metrics.written(
+        writer._rank,
+        writer.tier_name,
+        nbytes=sum(f.size for f in wrote),
+        write_s=ended - began,
+        save_s=ended - writer._started_at,
+    )
     return future
 
 
@@ -73,29 +77,35 @@ def _write_rank(
     tier = writer.tier
     ckpt, gen, rank = writer._checkpoint_id, assignment.generation, assignment.rank
     files = RankFileWriter(
-        tier, ckpt, gen, rank, node=writer.node, slab=writer._slab,
-        check_finite=writer.check_finite,
-    )  # fmt: skip
+        tier, ckpt, gen, rank, node=writer.node, slab=writer._slab, check_finite=writer.check_finite
+    )
     # A rank on another node than the coordinator's announces its part in its own node's tier
     # until the part record is durable: that node's cleanup never sees the coordinator's
     # record, and would otherwise take a straggler's data for a failed save's leftovers.
     announced = _announce_part(writer, ckpt, gen, assignment)
     if announced is not None:  # a node that never sees the coordinator's markers learns here
-        settle_parts(tier, list(assignment.settled), current=assignment.current,
-                     ttl=writer.config.promote.activity_ttl)  # fmt: skip
+        settle_parts(
+            tier, list(assignment.settled), current=assignment.current, ttl=writer.config.promote.activity_ttl
+        )
     try:
         out = files.write(plan.items, planner)
         if writer.commit_gate is not None and out.gate is not None:
             reason = writer.commit_gate(out.gate)
             if reason:
-                raise CommitVetoedError(
-                    f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}"
-                )
+                raise CommitVetoedError(f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}")
         if tier.node_local and assignment.multi_node:
             # Other nodes' promoters never see the coordinator's marker: tell them here.
-            record = PartRecord(ckpt, gen, writer.node, (rank,), tuple(out.files), assignment.seq,
-                                assignment.world_size, node_ranks=assignment.node_ranks,
-                                coordinator_host=assignment.coordinator_host)  # fmt: skip
+            record = PartRecord(
+                ckpt,
+                gen,
+                writer.node,
+                (rank,),
+                tuple(out.files),
+                assignment.seq,
+                assignment.world_size,
+                node_ranks=assignment.node_ranks,
+                coordinator_host=assignment.coordinator_host,
+            )
             files.out.written.append(rank_part_path(ckpt, gen, rank))
             tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
             # Every node's log learns the number: whichever node coordinates next continues
@@ -111,18 +121,13 @@ def _write_rank(
     finally:
         if announced is not None:
             announced.release()
-    results = [
-        *out.results,
-        WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(out.files))),
-    ]
+    results = [*out.results, WriteResult(MetadataIndex(f"{FILES_KEY}{rank}"), 0, RankFiles(tuple(out.files)))]
     future: Future[list[WriteResult]] = Future()
     future.set_result(results)
     return list(out.files), future
 
 
-def _announce_part(
-    writer: TieredWriter, ckpt: str, gen: str, assignment: RankAssignment
-) -> Activity | None:
+def _announce_part(writer: TieredWriter, ckpt: str, gen: str, assignment: RankAssignment) -> Activity | None:
     """A ``write`` record in this rank's node-local tier while it writes its part of a
     multi-node save, when the coordinator's record (in its own node's tier) cannot cover it."""
     if not (writer.tier.node_local and assignment.multi_node) or writer._is_coordinator:

@@ -82,9 +82,7 @@ class TieredReader(StorageReader):
         self.verify = (self.config.verify_on_load if verify is None else verify) or self.signing
         self.collective = collective
         self.process_group = process_group if collective else ALONE
-        self._checkpoint_id = (
-            None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
-        )
+        self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tiers: list[Tier] | None = None
         self._tier: Tier | None = None
         self._storage: dict[Any, ItemLocation] = {}

@@ -126,9 +126,7 @@ def _newest_marker(
         except Exception as exc:  # noqa: BLE001 - one bad copy; others may do
             reasons.append(str(exc))
             continue
-        if best is None or is_newer_commit(
-            manifest.seq, manifest.generation, best.seq, best.generation
-        ):
+        if best is None or is_newer_commit(manifest.seq, manifest.generation, best.seq, best.generation):
             best = manifest
     if best is None:
         return None, "; ".join(reasons) or "no commit marker on any node, own or mirrored", None
@@ -242,9 +240,12 @@ def _probe_window(
         tier = tiers[index]
         before_probe(index)
         try:
-            manifest = prober.ask(tier.name, functools.partial(read_manifest, tier, checkpoint_id),
-                                  what=f"read the marker of {checkpoint_id}",
-                                  direct=tier.capabilities.staging_files)  # fmt: skip
+            manifest = prober.ask(
+                tier.name,
+                functools.partial(read_manifest, tier, checkpoint_id),
+                what=f"read the marker of {checkpoint_id}",
+                direct=tier.capabilities.staging_files,
+            )
         except FileNotFoundError:
             window.append((index, None, NO_MARKER))
             continue
@@ -360,9 +361,7 @@ def choose_copy(
     start = 0
     while start < len(tiers):
         window = (
-            _probe_window(
-                tiers, checkpoint_id, start, known=known, prober=prober, before_probe=before_probe
-            )
+            _probe_window(tiers, checkpoint_id, start, known=known, prober=prober, before_probe=before_probe)
             if rank == 0
             else []
         )
@@ -374,9 +373,19 @@ def choose_copy(
             for index, _blob, _reason in window:
                 before_probe(index)
         choice, known = _choose_in_window(
-            tiers, checkpoint_id, window, known, reasons, node=node, verify=verify, group=group,
-            excluded=excluded or {}, collective=collective, rank=rank, world=world,
-        )  # fmt: skip
+            tiers,
+            checkpoint_id,
+            window,
+            known,
+            reasons,
+            node=node,
+            verify=verify,
+            group=group,
+            excluded=excluded or {},
+            collective=collective,
+            rank=rank,
+            world=world,
+        )
         if choice is not None:
             return choice
         # A later window's copies count only if they hold the newest commit the earlier windows
@@ -384,11 +393,12 @@ def choose_copy(
         known = _with_window(known, tiers, window)
         start = window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
-    lines.append(f"`tierstore verify {checkpoint_id}` checks every copy; `tierstore ls` lists the"
-                 " checkpoints that can be restored instead")  # fmt: skip
+    lines.append(
+        f"`tierstore verify {checkpoint_id}` checks every copy; `tierstore ls` lists the"
+        " checkpoints that can be restored instead"
+    )
     raise CheckpointNotFoundError(
-        f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n"
-        + "\n".join(lines)
+        f"no tier holds a usable committed copy of checkpoint {checkpoint_id!r}:\n" + "\n".join(lines)
     )
 
 
@@ -440,9 +450,7 @@ def _choose_in_window(
             reasons[index] = [reason]
     local: tuple[dict[int, list[str]], dict[int, dict[str, str]]] | Exception
     try:
-        local = _check_share(
-            tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify
-        )
+        local = _check_share(tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify)
     except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
         local = exc
     gathered: list[Any] = all_gather_object(local, group) if collective else [local]
@@ -460,8 +468,9 @@ def _choose_in_window(
         if issues:  # the marker first: it is what names these files (or what is wrong itself)
             reasons[index] = [
                 f"its marker {marker_path(checkpoint_id)} names generation {manifest.generation},"
-                " whose files are not usable", *sorted(set(issues)),
-            ]  # fmt: skip
+                " whose files are not usable",
+                *sorted(set(issues)),
+            ]
     for index in indexes:
         if index in manifests and index not in reasons:
             if rank == 0:
@@ -469,7 +478,11 @@ def _choose_in_window(
                     # An excluded tier is the caller's decision, which it reported (or was asked
                     # for: `restore --tier`): warning of it again would be noise.
                     if skipped in reasons and skipped not in excluded:
-                        logger.warning("restore of %s: skipping tier %s: %s", checkpoint_id,
-                                       tiers[skipped].name, "; ".join(reasons[skipped]))  # fmt: skip
+                        logger.warning(
+                            "restore of %s: skipping tier %s: %s",
+                            checkpoint_id,
+                            tiers[skipped].name,
+                            "; ".join(reasons[skipped]),
+                        )
             return Choice(index, manifests[index], holdings.get(index), rank_nodes), known
     return None, known

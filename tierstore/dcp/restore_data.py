@@ -54,8 +54,9 @@ def read_data(reader: TieredReader, plan: LoadPlan, planner: LoadPlanner) -> Fut
     try:
         requests = _serve_from_peers(reader, requests, planner)
         if reader.signing:  # byte items are unpickled: only from bytes checked as they are read
-            _read_whole_files(reader, [r for r in requests if r[0].type == LoadItemType.BYTE_IO],
-                              planner, signed=True)  # fmt: skip
+            _read_whole_files(
+                reader, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner, signed=True
+            )
             requests = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
         # Saved before items carried a CRC32C: their files are read whole and checked.
         _read_whole_files(reader, [r for r in requests if r[1].crc is None], planner)
@@ -68,9 +69,13 @@ def read_data(reader: TieredReader, plan: LoadPlan, planner: LoadPlanner) -> Fut
         stop_reading(reader)
     if rank_and_world(reader.process_group)[0] == 0:
         began, bytes_before = reader._began
-        logger.info("restored %s from tier %s: rank 0 read %d bytes, %.2f s since the load"
-                    " began", reader._checkpoint_id, tier.name, reader._bytes_read - bytes_before,
-                    time.monotonic() - began)  # fmt: skip
+        logger.info(
+            "restored %s from tier %s: rank 0 read %d bytes, %.2f s since the load began",
+            reader._checkpoint_id,
+            tier.name,
+            reader._bytes_read - bytes_before,
+            time.monotonic() - began,
+        )
     future: Future[None] = Future()
     future.set_result(None)
     return future
@@ -98,11 +103,7 @@ def _read_objects(reader: TieredReader, requests: list[Request], planner: LoadPl
 
 
 def _read_whole_files(
-    reader: TieredReader,
-    requests: list[Request],
-    planner: LoadPlanner,
-    *,
-    signed: bool = False,
+    reader: TieredReader, requests: list[Request], planner: LoadPlanner, *, signed: bool = False
 ) -> None:
     """Each file holding some of ``requests`` is read whole, once, and checked against its
     marker entry before any of its items is delivered: byte items of a signed checkpoint
@@ -130,9 +131,7 @@ def _read_whole_files(
             deliver(reader, item, location, data, planner)
 
 
-def _serve_from_peers(
-    reader: TieredReader, requests: list[Request], planner: LoadPlanner
-) -> list[Request]:
+def _serve_from_peers(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> list[Request]:
     """Mirrored memory tier: receive the files this node lacks from peers (a collective every
     rank joins), load their items from memory; returns the requests left to read locally."""
     choice, tier = reader._choice, reader._tier
@@ -144,10 +143,14 @@ def _serve_from_peers(
     if groups is None:
         return requests
     received = fetch_missing(
-        tier, choice.manifest, choice.holdings, choice.rank_nodes,
+        tier,
+        choice.manifest,
+        choice.holdings,
+        choice.rank_nodes,
         {location.path for _, location in requests},
-        group=groups.restore, timeout_s=tier.mirror.timeout,
-    )  # fmt: skip
+        group=groups.restore,
+        timeout_s=tier.mirror.timeout,
+    )
     for item, location in requests:
         if location.path in received:
             whole = bytes_of(received[location.path])

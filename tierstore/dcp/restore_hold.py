@@ -34,12 +34,16 @@ def hold_read(reader: TieredReader, index: int) -> None:
     )
     try:  # within probe_timeout: a hung tier must not hold the restore (a late one is undone)
         reader._reading[tier.name] = reader._prober.ask(
-            tier.name, announce, what="announce the restore", on_late=Activity.release,
+            tier.name,
+            announce,
+            what="announce the restore",
+            on_late=Activity.release,
             direct=tier.capabilities.staging_files,
-        )  # fmt: skip
+        )
     except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
-        logger.warning("could not announce the restore of %s in %s: %s",
-                       reader._checkpoint_id, tier.name, exc)  # fmt: skip
+        logger.warning(
+            "could not announce the restore of %s in %s: %s", reader._checkpoint_id, tier.name, exc
+        )
 
 
 def stop_reading(reader: TieredReader, keep: str | None = None) -> None:

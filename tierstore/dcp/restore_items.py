@@ -36,9 +36,7 @@ def read_items(reader: TieredReader, requests: list[Request], planner: LoadPlann
     assert reader._tier is not None and reader._checkpoint_id is not None
     for item, location in requests:
         full = stored(reader, location.path)
-        if item.type != LoadItemType.BYTE_IO and _read_in_place(
-            reader, full, item, location, planner
-        ):
+        if item.type != LoadItemType.BYTE_IO and _read_in_place(reader, full, item, location, planner):
             continue
         data = memoryview(bytearray(location.length))
         read_item(reader, full, location, data)  # byte items too: before DCP unpickles them
@@ -47,11 +45,7 @@ def read_items(reader: TieredReader, requests: list[Request], planner: LoadPlann
 
 
 def read_item(
-    reader: TieredReader,
-    full: str,
-    location: ItemLocation,
-    out: memoryview,
-    attempts: int = ATTEMPTS,
+    reader: TieredReader, full: str, location: ItemLocation, out: memoryview, attempts: int = ATTEMPTS
 ) -> None:
     """Read an item into ``out``, checked against its CRC32C (:mod:`.item_check`)."""
     assert reader._tier is not None
@@ -71,9 +65,7 @@ def deliver(
 ) -> None:
     """Hand an item's stored bytes to the planner: loaded (byte items) or copied into its tensor."""
     if len(data) != location.length:
-        raise IntegrityError(
-            f"tier {reader.chosen_tier}: {location.path}: short read at {location.offset}"
-        )
+        raise IntegrityError(f"tier {reader.chosen_tier}: {location.path}: short read at {location.offset}")
     if item.type == LoadItemType.BYTE_IO:
         planner.load_bytes(item, io.BytesIO(bytes(data)))
     else:
@@ -112,8 +104,12 @@ def _read_in_place(
             # Another item's destination may share this memory (tied weights, read on another
             # thread between this read and its check), or the bytes changed on the way: read into
             # a buffer of this item's own, check it there, then copy.
-            logger.info("tier %s: %s: bytes %d.. read again through a buffer of their own",
-                        tier.name, full, location.offset)  # fmt: skip
+            logger.info(
+                "tier %s: %s: bytes %d.. read again through a buffer of their own",
+                tier.name,
+                full,
+                location.offset,
+            )
             data = memoryview(bytearray(location.length))
             read_item(reader, full, location, data)
             out[:] = data

@@ -82,9 +82,13 @@ def _choose_and_read(reader: TieredReader, checkpoint_id: str) -> Metadata:
     check_item_locations(metadata, manifest, where)
     reader._tier = tier
     if rank_and_world(reader.process_group)[0] == 0:
-        logger.info("restore of %s: from tier %s (commit %s, generation %s), the fastest with"
-                    " a usable copy", checkpoint_id, tier.name, manifest.seq,
-                    manifest.generation)  # fmt: skip
+        logger.info(
+            "restore of %s: from tier %s (commit %s, generation %s), the fastest with a usable copy",
+            checkpoint_id,
+            tier.name,
+            manifest.seq,
+            manifest.generation,
+        )
     stop_reading(reader, keep=tier.name)  # other tiers may trim this id again
     reader._storage = dict(metadata.storage_data or {})
     metadata.storage_meta = metadata.storage_meta or StorageMeta()
@@ -124,9 +128,7 @@ def _metadata_rank(reader: TieredReader, rel: str) -> int:
     choice = reader._choice
     if choice is None or choice.holdings is None:
         return 0
-    return next(
-        r for r, node in enumerate(choice.rank_nodes) if rel in choice.holdings.get(node, {})
-    )
+    return next(r for r, node in enumerate(choice.rank_nodes) if rel in choice.holdings.get(node, {}))
 
 
 def stored(reader: TieredReader, rel: str) -> str:

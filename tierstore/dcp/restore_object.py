@@ -34,11 +34,7 @@ _WHOLE_FILE_FRACTION = 0.5
 
 
 def read_object(
-    reader: TieredReader,
-    path: str,
-    requests: list[Request],
-    planner: LoadPlanner,
-    size: int | None,
+    reader: TieredReader, path: str, requests: list[Request], planner: LoadPlanner, size: int | None
 ) -> None:
     """Read, check and deliver ``requests``, all stored in the copy's file ``path`` (``size``
     bytes as the marker records, or None to ask the tier)."""
@@ -75,16 +71,18 @@ def read_object(
     except ValueError:  # items partly over the same bytes: not a layout tierstore writes
         read_items(reader, requests, planner)
         return
-    with ThreadPoolExecutor(
-        max(1, tier.capabilities.read_count), thread_name_prefix="tierstore-get"
-    ) as pool:
+    with ThreadPoolExecutor(max(1, tier.capabilities.read_count), thread_name_prefix="tierstore-get") as pool:
         list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
     reader._count(sum(length for _, length in same))
     for location, data in checks:  # S3 sends no checksum for a range: ours, before use
         if not is_intact(location, data):
-            logger.warning("tier %s: %s: bytes %d..%d do not match their CRC32C: reading"
-                           " them again", tier.name, full, location.offset,
-                           location.offset + location.length)  # fmt: skip
+            logger.warning(
+                "tier %s: %s: bytes %d..%d do not match their CRC32C: reading them again",
+                tier.name,
+                full,
+                location.offset,
+                location.offset + location.length,
+            )
             read_item(reader, full, location, data, attempts=ATTEMPTS - 1)
     for item, location, data in later:  # before any commit: a planner may move the data
         deliver(reader, item, location, data, planner)

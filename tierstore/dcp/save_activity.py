@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 def start_writing(writer: TieredWriter, checkpoint_id: str, generation: str) -> None:
     """Coordinator, before any rank writes: announce the save's generation in the target tier."""
     stop_writing(writer)  # a previous save by this writer that failed after planning
-    writer._writing = hold(writer.tier, "write", checkpoint_id, generation,
-                           ttl=writer.config.promote.activity_ttl)  # fmt: skip
+    writer._writing = hold(
+        writer.tier, "write", checkpoint_id, generation, ttl=writer.config.promote.activity_ttl
+    )
     # A failed save's record ends with its writer (one finaliser at a time: see stop_writing).
     writer._writing_ends = finalize(
         writer, _abandoned, writer._writing, look_elsewhere(writer, True), writer.tier.name

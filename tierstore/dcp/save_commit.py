@@ -110,8 +110,7 @@ def _commit(
         if not writer.overwrite:  # one id, one content: again, just before
             refuse_committed_id(writer, ckpt, sightings)
         replaced = marker(writer, ckpt) if writer.overwrite else None
-        existing = publish(tier, manifest, replace=writer.overwrite, node=writer.node,
-                           log=False, ttl=ttl)  # fmt: skip
+        existing = publish(tier, manifest, replace=writer.overwrite, node=writer.node, log=False, ttl=ttl)
         if existing is not None:
             raise CheckpointExistsError(
                 f"checkpoint {ckpt!r} was committed in tier {tier.describe()} by another"

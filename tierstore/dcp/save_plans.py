@@ -132,8 +132,7 @@ def global_plan(writer: TieredWriter, plans: list[SavePlan]) -> list[SavePlan]:
     start_writing(writer, ckpt, gen)
     # The commit's place in commit order (what "newest" means): the next number after the
     # highest any tier has logged, claimed create-only in the target.
-    reports = writer._reports = [p.storage_data for p in plans
-                                 if isinstance(p.storage_data, RankReport)]  # fmt: skip
+    reports = writer._reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]
     floor = max((r.highest_seq for r in reports), default=0)
     seq = writer._seq = claim(writer.tier, ckpt, gen, floor=floor)
     multi_node = len({r.node for r in reports}) > 1
@@ -144,10 +143,16 @@ def global_plan(writer: TieredWriter, plans: list[SavePlan]) -> list[SavePlan]:
         dataclasses.replace(
             plan,
             storage_data=RankAssignment(
-                gen, rank, seq, len(plans), multi_node,
+                gen,
+                rank,
+                seq,
+                len(plans),
+                multi_node,
                 tuple(r for r, n in enumerate(nodes) if rank < len(nodes) and n == nodes[rank]),
-                current_host(), settled, current,
+                current_host(),
+                settled,
+                current,
             ),
         )
         for rank, plan in enumerate(plans)
-    ]  # fmt: skip
+    ]

@@ -35,9 +35,7 @@ def stage(writer: TieredWriter, state_dict: dict[str, Any]) -> dict[str, Any] | 
     return stager.stage_in_background(state_dict, record)
 
 
-def _record_staged(
-    writer: TieredWriter, started: tuple[float, float], staged: StagedSave
-) -> dict[str, Any]:
+def _record_staged(writer: TieredWriter, started: tuple[float, float], staged: StagedSave) -> dict[str, Any]:
     """Record a finished copy for the save that carries it; returns the staged state."""
     started_wall, started_at = started
     writer._slab = staged.slab

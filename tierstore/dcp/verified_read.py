@@ -97,9 +97,7 @@ class VerifiedReader:
         while self._pending or self._refill():
             self._position += len(self._pending)
             self._pending = memoryview(b"")
-        problem = entry_problem(
-            self.path, self.entry, self._position, self._digest.crc, self._digest.sha256
-        )
+        problem = entry_problem(self.path, self.entry, self._position, self._digest.crc, self._digest.sha256)
         if problem is not None:
             raise IntegrityError(f"tier {self.tier.name}: {problem}")
         return self._position

@@ -103,9 +103,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.commit_gate = commit_gate
         self.check_finite = self.config.check_finite if check_finite is None else check_finite
         self.overlap = self.config.staging.overlap if overlap is None else overlap
-        self._checkpoint_id = (
-            None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
-        )
+        self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tier: Tier | None = None
         self._rank = 0
         self._is_coordinator = True

@@ -93,8 +93,15 @@ def find_leftovers(
         if is_busy(at_work, checkpoint_id, owner[1] if owner else None):
             continue
         idle = now - write.last_activity
-        found.append(Cleanup(tier.name, "incomplete", write.path,
-                             f"{write.kind} of an interrupted write, idle {idle:.0f}s", write))  # fmt: skip
+        found.append(
+            Cleanup(
+                tier.name,
+                "incomplete",
+                write.path,
+                f"{write.kind} of an interrupted write, idle {idle:.0f}s",
+                write,
+            )
+        )
     if tier.capabilities.staging_files:
         found += _abandoned_staging(tier, stale_after=stale_after, now=now)
         found += _abandoned_exchange_waits(tier, stale_after=stale_after, now=now)
@@ -107,8 +114,9 @@ def find_leftovers(
     ]
     for record in records:
         if record.age >= 2 * activity_ttl:  # not refreshed for two lifetimes: its holder is gone
-            found.append(Cleanup(tier.name, "file", record.path,
-                                 f"{record.kind} record of a holder that is gone"))  # fmt: skip
+            found.append(
+                Cleanup(tier.name, "file", record.path, f"{record.kind} record of a holder that is gone")
+            )
     return found
 
 
@@ -147,15 +155,15 @@ def _orphan_log_entries(
             continue
         if ages.get(entry.path, 0.0) >= stale_after:
             kind = "entry" if entry.seq >= top else "file"  # the high-water mark: voided
-            found.append(Cleanup(tier.name, kind, entry.path,
-                                 "commit-log entry of a commit that is not here"))  # fmt: skip
+            found.append(
+                Cleanup(tier.name, kind, entry.path, "commit-log entry of a commit that is not here")
+            )
     return found
 
 
 def _unfinished_mirrors(
-    tier: Tier, files: list[FileInfo], at_work: list[ActivityInfo], *, stale_after: float,
-    now: float,
-) -> list[Cleanup]:  # fmt: skip
+    tier: Tier, files: list[FileInfo], at_work: list[ActivityInfo], *, stale_after: float, now: float
+) -> list[Cleanup]:
     """Mirrored generations without a mirror marker (an exchange cut short by a dead process),
     untouched for ``stale_after``: a mirror exists only where its marker is. Never one that a
     receiving exchange announces (its ``write`` record), however long it has been quiet."""
@@ -169,13 +177,17 @@ def _unfinished_mirrors(
             if parts[4].startswith(MIRROR_MARKER_PREFIX):
                 marked.add(directory)
     return [
-        Cleanup(tier.name, "tree", directory,
-                f"peer mirror without a mirror marker; untouched for {now - mtime:.0f}s")
+        Cleanup(
+            tier.name,
+            "tree",
+            directory,
+            f"peer mirror without a mirror marker; untouched for {now - mtime:.0f}s",
+        )
         for directory, mtime in sorted(newest.items())
         if directory not in marked
         and now - mtime >= stale_after
         and not is_busy(at_work, *directory.split("/")[2:4])
-    ]  # fmt: skip
+    ]
 
 
 def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
@@ -191,8 +203,14 @@ def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cl
                 continue
             alive = not (owner_is_gone(owner) and now - touched >= stale_after)
         if not alive:
-            found.append(Cleanup(tier.name, "tree", writer_staging_dir(owner),
-                                 "staging buffers of a writer process that is gone"))  # fmt: skip
+            found.append(
+                Cleanup(
+                    tier.name,
+                    "tree",
+                    writer_staging_dir(owner),
+                    "staging buffers of a writer process that is gone",
+                )
+            )
     return found
 
 
@@ -212,8 +230,9 @@ def _abandoned_exchange_waits(tier: Tier, *, stale_after: float, now: float) -> 
                 continue
             alive = now - touched < stale_after
         if not alive:
-            found.append(Cleanup(tier.name, "tree", relative,
-                                 "exchange-end records of a trainer process that is gone"))  # fmt: skip
+            found.append(
+                Cleanup(tier.name, "tree", relative, "exchange-end records of a trainer process that is gone")
+            )
     return found
 
 
@@ -261,8 +280,14 @@ def _uncommitted_generations(
         idle = now - mtime
         if idle >= stale_after:
             why = "generation not named by the marker" if known else "no commit marker"
-            found.append(Cleanup(tier.name, "tree", generation_dir(checkpoint_id, generation),
-                                 f"{why}; untouched for {idle:.0f}s"))  # fmt: skip
+            found.append(
+                Cleanup(
+                    tier.name,
+                    "tree",
+                    generation_dir(checkpoint_id, generation),
+                    f"{why}; untouched for {idle:.0f}s",
+                )
+            )
     return found
 
 

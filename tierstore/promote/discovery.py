@@ -93,8 +93,11 @@ class MarkerCache:
         """Say once per run that ``name`` in ``tier``'s root is a foreign file, left alone."""
         if (tier.name, name) not in self.foreign:
             self.foreign.add((tier.name, name))
-            logger.warning("tier %s: %s in its root is a file, not a checkpoint: ignored, left alone",
-                           tier.describe(), name)  # fmt: skip
+            logger.warning(
+                "tier %s: %s in its root is a file, not a checkpoint: ignored, left alone",
+                tier.describe(),
+                name,
+            )
 
     def keep_only(self, tier_name: str, present: set[str]) -> None:
         """Forget what is cached of ``tier_name``'s ids not in ``present`` (its latest listing): a
@@ -140,11 +143,7 @@ class MarkerCache:
 
     def _trusted(self, tier: Tier, checkpoint_id: str, mtime: float) -> bool:
         cached = self.entries.get((tier.name, checkpoint_id))
-        return (
-            cached is not None
-            and cached.mtime == mtime
-            and cached.read_at - cached.listed >= SETTLE
-        )
+        return cached is not None and cached.mtime == mtime and cached.read_at - cached.listed >= SETTLE
 
     def parts(self, tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
         """:func:`~tierstore.records.parts.part_records`, from the cache while the checkpoint's
@@ -215,9 +214,7 @@ def discover(
     found = _discover(tier, cache)
     conflicts: dict[tuple[str, str], set[str]] = {}
     for conflict in read_conflicts(tier) if conflicts_known is None else conflicts_known:
-        conflicts.setdefault((conflict.checkpoint_id, conflict.generation), set()).add(
-            conflict.target
-        )
+        conflicts.setdefault((conflict.checkpoint_id, conflict.generation), set()).add(conflict.target)
     for checkpoint_id, seen in found.items():
         targets = conflicts.get((checkpoint_id, seen.copy.generation))
         if targets:
@@ -268,9 +265,14 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         except FileNotFoundError:
             continue  # dropped while this looked
         copy = Copy(
-            checkpoint_id, first.seq, step_of(checkpoint_id), at, newest, partial=True,
+            checkpoint_id,
+            first.seq,
+            step_of(checkpoint_id),
+            at,
+            newest,
+            partial=True,
             confirmed=all(record.confirmed for record in records),
-        )  # fmt: skip
+        )
         sources[checkpoint_id] = SeenCopy(copy, None, records)
     return sources
 
@@ -292,9 +294,7 @@ class _TierTimes:
         return self.tier.stat(path).mtime + self.offset
 
 
-def foreign_parts(
-    tier: Tier, cache: MarkerCache | None = None
-) -> dict[str, dict[str, list[PartRecord]]]:
+def foreign_parts(tier: Tier, cache: MarkerCache | None = None) -> dict[str, dict[str, list[PartRecord]]]:
     """In a node-local tier: ``{id: {generation: rank part records}}`` of the parts this node's ranks
     wrote of saves coordinated on another node (no rank 0 part record here). Their commit is
     decided on the coordinator's node; this node learns that one was replaced only from a newer
@@ -307,9 +307,7 @@ def foreign_parts(
         if not is_checkpoint_id(checkpoint_id):
             continue
         generations = (
-            part_records(tier, checkpoint_id)
-            if cache is None
-            else (cache.parts(tier, checkpoint_id))
+            part_records(tier, checkpoint_id) if cache is None else (cache.parts(tier, checkpoint_id))
         )
         for generation, records in generations.items():
             if records and not any(0 in record.ranks for record in records):

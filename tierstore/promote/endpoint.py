@@ -41,8 +41,7 @@ def health_app(
             body = (verdict.reason + "\n").encode()
             status = "200 OK" if verdict.ok else "503 Service Unavailable"
             start_response(
-                status,
-                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+                status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
             )
             return [body]
         result: Iterable[bytes] = metrics(environ, start_response)
@@ -52,10 +51,7 @@ def health_app(
 
 
 def serve(
-    registry: CollectorRegistry,
-    health: PromoterHealth | None,
-    port: int,
-    addr: str = "127.0.0.1",
+    registry: CollectorRegistry, health: PromoterHealth | None, port: int, addr: str = "127.0.0.1"
 ) -> WSGIServer:
     """Serve on ``addr:port`` (port 0 picks a free one) from a daemon thread; return the server
     (``server.server_port`` is the port, ``server.shutdown()`` stops it). Raises :class:`OSError`

@@ -81,9 +81,7 @@ class PromoterHealth:
         with self._lock:
             idle = self._clock() - self._last_beat
         if idle > self.stall_after:
-            return Verdict(
-                False, f"stuck: no progress for {idle:.0f} s (bound {self.stall_after:.0f} s)"
-            )
+            return Verdict(False, f"stuck: no progress for {idle:.0f} s (bound {self.stall_after:.0f} s)")
         return Verdict(True, f"ok: last progress {idle:.0f} s ago")
 
     def readiness(self) -> Verdict:

@@ -63,21 +63,12 @@ def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Man
     started = timings.get("started_at")
     if durable and started is not None:
         timings["durable_lag_s"] = now - float(started)
-    provenance = {
-        "tier": source.name,
-        "committed_at": manifest.committed_at,
-        "first_committed_at": first,
-    }
+    provenance = {"tier": source.name, "committed_at": manifest.committed_at, "first_committed_at": first}
     return manifest.with_changes(committed_at=now, timings=timings, provenance=provenance)
 
 
 def publish_committed(
-    target: Tier,
-    manifest: Manifest,
-    *,
-    source_tier: str,
-    node: int | None = None,
-    ttl: float = ACTIVITY_TTL,
+    target: Tier, manifest: Manifest, *, source_tier: str, node: int | None = None, ttl: float = ACTIVITY_TTL
 ) -> tuple[Verdict | None, Manifest | None]:
     """Publish ``manifest`` as the target's marker (:func:`tierstore.records.protocol.publish`).
 
@@ -91,13 +82,11 @@ def publish_committed(
     for _attempt in range(_SWAP_ATTEMPTS):
         if existing is None:
             return None, None
-        verdict, _why = judge_promotion(manifest, existing, source_tier=source_tier,
-                                        target=target.name)  # fmt: skip
+        verdict, _why = judge_promotion(manifest, existing, source_tier=source_tier, target=target.name)
         if verdict is not Verdict.REPLACE:
             return verdict, existing
         try:  # swapped only if the marker still names what was judged; else judged again
-            existing = publish(target, manifest, replace=True, node=node, ttl=ttl,
-                               expect=existing.generation)  # fmt: skip
+            existing = publish(target, manifest, replace=True, node=node, ttl=ttl, expect=existing.generation)
         except FileNotFoundError:  # the judged marker was dropped meanwhile: create-only again
             existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
             if existing is None:
@@ -117,9 +106,7 @@ def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
         blob = target.read_bytes(intent_path(checkpoint_id, generation))
     except FileNotFoundError:
         return False
-    manifest = Manifest.from_json(
-        blob, where=f"tier {target.name}: {intent_path(checkpoint_id, generation)}"
-    )
+    manifest = Manifest.from_json(blob, where=f"tier {target.name}: {intent_path(checkpoint_id, generation)}")
     for node in manifest.nodes:
         if not target.exists(node_part_path(checkpoint_id, generation, node)):
             return False
@@ -177,9 +164,7 @@ class PromotionJob:
         A ``promote`` activity record in the target covers the whole job: cleanup on any node
         leaves the generation alone while it is being copied, however idle its files look.
         """
-        with held(
-            self.target, "promote", self.checkpoint_id, self.generation, ttl=self.activity_ttl
-        ):
+        with held(self.target, "promote", self.checkpoint_id, self.generation, ttl=self.activity_ttl):
             return self._run()
 
     def _run(self) -> Outcome:
@@ -200,9 +185,15 @@ class PromotionJob:
         try:
             with progress:
                 copied = copy_files(
-                    self.source, self.target, self.checkpoint_id, entries, workers=self.workers,
-                    stopping=self.stopping, cancel=self.cancel, progress=copied_chunk,
-                )  # fmt: skip
+                    self.source,
+                    self.target,
+                    self.checkpoint_id,
+                    entries,
+                    workers=self.workers,
+                    stopping=self.stopping,
+                    cancel=self.cancel,
+                    progress=copied_chunk,
+                )
         except IntegrityError:
             # The source is damaged: this will not get better by retrying. Remove what was copied.
             for entry in entries:
@@ -248,9 +239,12 @@ class PromotionJob:
 
     def _publish(self, copied: int, manifest: Manifest, *, node: int | None = None) -> Outcome:
         verdict, existing = publish_committed(
-            self.target, self._promoted(manifest), source_tier=self.source.name, node=node,
+            self.target,
+            self._promoted(manifest),
+            source_tier=self.source.name,
+            node=node,
             ttl=self.activity_ttl,
-        )  # fmt: skip
+        )
         return Outcome(copied, verdict in (None, Verdict.REPLACE), verdict, existing)
 
     def _promoted(self, manifest: Manifest) -> Manifest:
@@ -260,9 +254,7 @@ class PromotionJob:
         ranks = tuple(sorted({e.rank for e in entries if e.rank is not None}))
         seq = manifest.seq if manifest else self.found.copy.seq
         world = manifest.world_size if manifest else self.found.parts[0].world_size
-        record = PartRecord(
-            self.checkpoint_id, self.generation, self.node, ranks, tuple(entries), seq, world
-        )
+        record = PartRecord(self.checkpoint_id, self.generation, self.node, ranks, tuple(entries), seq, world)
         if manifest is not None:  # the coordinator's node: leave the committed manifest first
             if manifest.generation != self.generation:
                 raise IntegrityError(f"{self.checkpoint_id}: generation changed during promotion")

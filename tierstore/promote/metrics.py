@@ -27,19 +27,21 @@ class PromoterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.bytes_promoted = Counter(
-            "tierstore_promoted_bytes",
-            "Bytes copied into a tier by promotion",
+            "tierstore_promoted_bytes", "Bytes copied into a tier by promotion", ["tier"], registry=r
+        )
+        self.checkpoints_promoted = Counter(
+            "tierstore_promoted_checkpoints",
+            "Checkpoints committed in a tier by promotion",
             ["tier"],
             registry=r,
         )
-        self.checkpoints_promoted = Counter(
-            "tierstore_promoted_checkpoints", "Checkpoints committed in a tier by promotion", ["tier"],
-            registry=r,
-        )  # fmt: skip
         self.promotion_seconds = Histogram(
-            "tierstore_promotion_duration_seconds", "Time to promote one checkpoint", ["tier"],
-            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r,
-        )  # fmt: skip
+            "tierstore_promotion_duration_seconds",
+            "Time to promote one checkpoint",
+            ["tier"],
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
         self.failures = Counter(
             "tierstore_promotion_failures", "Promotions that failed", ["tier"], registry=r
         )
@@ -57,10 +59,7 @@ class PromoterMetrics:
             registry=r,
         )
         self.deleted = Counter(
-            "tierstore_deleted_checkpoints",
-            "Checkpoints deleted by retention",
-            ["tier"],
-            registry=r,
+            "tierstore_deleted_checkpoints", "Checkpoints deleted by retention", ["tier"], registry=r
         )
         self.durable_age = Gauge(
             "tierstore_newest_durable_age_seconds",
@@ -94,14 +93,11 @@ class PromoterMetrics:
             registry=r,
         )
         self.last_pass = Gauge(
-            "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass",
-            registry=r,
-        )  # fmt: skip
+            "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass", registry=r
+        )
         self._watching: list[Collector] = []
 
-    def watch(
-        self, health: PromoterHealth, trainer_files: str | None, *, stale_after: float = 0.0
-    ) -> None:
+    def watch(self, health: PromoterHealth, trainer_files: str | None, *, stale_after: float = 0.0) -> None:
         """Export ``health`` at every scrape, and the trainer-side files in ``trainer_files`` (a
         directory; None: none). Watching again replaces what was watched."""
         for collector in self._watching:
@@ -135,8 +131,7 @@ class _HealthCollector:
         finished, failed = self.health.passes()
         yield GaugeMetricFamily(
             "tierstore_promoter_live",
-            "1 while the promoter loop makes progress within its bound (what /healthz answers);"
-            " 0: stuck",
+            "1 while the promoter loop makes progress within its bound (what /healthz answers); 0: stuck",
             value=1 if self.health.liveness().ok else 0,
         )
         yield GaugeMetricFamily(

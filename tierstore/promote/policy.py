@@ -193,9 +193,7 @@ def routed_around(rules: Rules, unavailable: frozenset[str]) -> frozenset[str]:
     return unavailable - {rules.tiers[-1].name}
 
 
-def promotions(
-    rules: Rules, held: Holdings, unavailable: frozenset[str] = frozenset()
-) -> list[Promotion]:
+def promotions(rules: Rules, held: Holdings, unavailable: frozenset[str] = frozenset()) -> list[Promotion]:
     """Every copy to make now, newest checkpoints first (they shorten the recovery-point lag most).
 
     ``unavailable`` names tiers that refuse writes: copies into them are still planned (they are
@@ -208,9 +206,7 @@ def promotions(
     missing = _missing_everywhere(rules, held)
     for index in range(1, len(names)):
         arriving_above = {
-            (c.checkpoint_id, c.generation)
-            for c in missing[index - 1]
-            if names[index - 1] not in skipped
+            (c.checkpoint_id, c.generation) for c in missing[index - 1] if names[index - 1] not in skipped
         }
         for copy in missing[index]:
             if (copy.checkpoint_id, copy.generation) in arriving_above:
@@ -300,9 +296,8 @@ def retention(
         if names[j] in skipped:
             continue
         missing = [
-            c for c in everywhere[j]
-            if not (c.partial and not c.confirmed and now - c.committed_at >= stale)
-        ]  # fmt: skip
+            c for c in everywhere[j] if not (c.partial and not c.confirmed and now - c.committed_at >= stale)
+        ]
         if names[j] in unavailable:
             # The durable tier is away: the tiers above hold only the newest checkpoint it lacks
             # beyond their own rules, so that saves keep committing while it is gone.
@@ -369,13 +364,13 @@ def overtaken(names: list[str], held: Holdings) -> list[Deletion]:
             if (
                 names.index(name) >= names.index(where)
                 or copy.partial
-                or not all(
-                    _replaced(c, n, newer) for n, c in holders[(checkpoint_id, copy.generation)]
-                )
+                or not all(_replaced(c, n, newer) for n, c in holders[(checkpoint_id, copy.generation)])
             ):
                 continue
-            why = (f"overtaken: tier {where} holds a newer commit of the id ({newer.generation},"
-                   f" seq {newer.seq}) that replaced it")  # fmt: skip
+            why = (
+                f"overtaken: tier {where} holds a newer commit of the id ({newer.generation},"
+                f" seq {newer.seq}) that replaced it"
+            )
             deletions.append(Deletion(name, checkpoint_id, why, copy.generation))
     return deletions
 
@@ -402,11 +397,7 @@ def superseded_parts(
             if copy.conflicts:
                 conflicted.add(copy.checkpoint_id)
             known = passed.get(copy.checkpoint_id)
-            if (
-                copy.source == tier
-                and not copy.partial
-                and (known is None or is_newer(copy, known))
-            ):
+            if copy.source == tier and not copy.partial and (known is None or is_newer(copy, known)):
                 passed[copy.checkpoint_id] = copy
     deletions: list[Deletion] = []
     for checkpoint_id, generations in sorted(parts.items()):

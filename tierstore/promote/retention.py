@@ -54,12 +54,9 @@ def delete_copies(
     done: list[Deletion] = []
     for deletion in deletions:
         try:
-            delete_copy(tiers[deletion.tier], deletion.checkpoint_id, deletion.generation or None,
-                        ttl=ttl)  # fmt: skip
+            delete_copy(tiers[deletion.tier], deletion.checkpoint_id, deletion.generation or None, ttl=ttl)
         except (TierstoreError, OSError) as exc:
-            logger.error(
-                "deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc
-            )
+            logger.error("deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc)
             continue
         on_deleted(deletion)
         done.append(deletion)

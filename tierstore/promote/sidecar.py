@@ -38,14 +38,7 @@ from tierstore.promote.endpoint import serve
 from tierstore.promote.health import PromoterHealth, stall_bound
 from tierstore.promote.job import PromotionJob
 from tierstore.promote.metrics import PromoterMetrics
-from tierstore.promote.policy import (
-    Copy,
-    Deletion,
-    Promotion,
-    promotions,
-    retention,
-    superseded_parts,
-)
+from tierstore.promote.policy import Copy, Deletion, Promotion, promotions, retention, superseded_parts
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.rules import rules_of
 from tierstore.promote.transfer import Cancelled
@@ -103,8 +96,9 @@ class Promoter:
         self.metrics = metrics or PromoterMetrics()
         self.rules = rules_of(config)
         self.health = PromoterHealth(stall_bound(config.promote.interval))
-        self.metrics.watch(self.health, config.metrics.directory_for(self.node),
-                           stale_after=config.metrics.stale_after)  # fmt: skip
+        self.metrics.watch(
+            self.health, config.metrics.directory_for(self.node), stale_after=config.metrics.stale_after
+        )
         self.tiers = config.make_tiers(node=self.node)
         self.by_name = {t.name: t for t in self.tiers}
         self.stopping = threading.Event()
@@ -174,16 +168,19 @@ class Promoter:
                 self.health.pass_failed(str(exc))
                 self._record_state(str(exc))
                 logger.error(
-                    "promoter pass failed, retrying in %.0f s: %s",
-                    self.config.promote.interval,
-                    exc,
+                    "promoter pass failed, retrying in %.0f s: %s", self.config.promote.interval, exc
                 )
                 if once:
                     return 1
                 report = PassReport()
-            logger.debug("pass: %d promoted, %d failed, %d deleted, %d cleaned; unreachable: %s",
-                         len(report.promoted), len(report.failed), len(report.deleted),
-                         len(report.cleaned), ", ".join(self.unreachable) or "none")  # fmt: skip
+            logger.debug(
+                "pass: %d promoted, %d failed, %d deleted, %d cleaned; unreachable: %s",
+                len(report.promoted),
+                len(report.failed),
+                len(report.deleted),
+                len(report.cleaned),
+                ", ".join(self.unreachable) or "none",
+            )
             if once:  # a drain: anything left undone (a failed copy, a tier away) is an error
                 return 1 if report.failed or self.unreachable else 0
             if self.stopping.wait(self.config.promote.interval):
@@ -191,9 +188,7 @@ class Promoter:
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def catalog(
-        self, *, refresh: bool = True, full: bool = False
-    ) -> dict[str, dict[str, SeenCopy]]:
+    def catalog(self, *, refresh: bool = True, full: bool = False) -> dict[str, dict[str, SeenCopy]]:
         """What this node sees in every tier it can reach (committed copies; this node's parts).
 
         Each tier's change stamp is read first; while it holds the token read before this
@@ -267,26 +262,21 @@ class Promoter:
                     found[tier.name] = discover(tier, self.cache, self._conflicts.get(tier.name))
                     self._parts[tier.name] = foreign_parts(tier, self.cache)
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot confirm the commit numbers of the parts in %s: %s",
-                               tier.name, exc)  # fmt: skip
+                logger.warning("cannot confirm the commit numbers of the parts in %s: %s", tier.name, exc)
 
     def _confirm(
-        self, tier: Tier, wide: list[Tier], found: dict[str, dict[str, SeenCopy]],
-        records: list[PartRecord],
-    ) -> bool:  # fmt: skip
+        self, tier: Tier, wide: list[Tier], found: dict[str, dict[str, SeenCopy]], records: list[PartRecord]
+    ) -> bool:
         """Rewrite a part's records with its final number once known; True if it did."""
         first = records[0]
         if all(r.confirmed for r in records):
             return False
         final = self._final_number(wide, found, first.checkpoint_id, first.generation)
-        return final is not None and confirm_part(
-            tier, first.checkpoint_id, first.generation, final
-        )
+        return final is not None and confirm_part(tier, first.checkpoint_id, first.generation, final)
 
     def _final_number(
-        self, wide: list[Tier], found: dict[str, dict[str, SeenCopy]], checkpoint_id: str,
-        generation: str,
-    ) -> int | None:  # fmt: skip
+        self, wide: list[Tier], found: dict[str, dict[str, SeenCopy]], checkpoint_id: str, generation: str
+    ) -> int | None:
         """The generation's number as committed: from a job-wide tier's marker of it, else its
         committed manifest there (each asked within ``probe_timeout``); None while unknown."""
         key = (checkpoint_id, generation)
@@ -300,8 +290,9 @@ class Promoter:
         path = intent_path(checkpoint_id, generation)
         for tier in wide:
             try:
-                blob = self.prober.ask(tier.name, functools.partial(tier.read_bytes, path),
-                                       what=f"read {path}")  # fmt: skip
+                blob = self.prober.ask(
+                    tier.name, functools.partial(tier.read_bytes, path), what=f"read {path}"
+                )
                 self._final[key] = Manifest.from_json(blob, where=f"tier {tier.name}: {path}").seq
                 return self._final[key]
             except FileNotFoundError:
@@ -316,8 +307,7 @@ class Promoter:
             self.unreachable[tier_name] = error
             if not was:
                 event("tier_unreachable", tier=tier_name, error=error.replace("\n", "; "))
-                logger.error("tier %s is unreachable; the other tiers go on without it: %s",
-                             tier_name, error)  # fmt: skip
+                logger.error("tier %s is unreachable; the other tiers go on without it: %s", tier_name, error)
         elif was:
             del self.unreachable[tier_name]
             event("tier_reachable", tier=tier_name)
@@ -405,31 +395,32 @@ class Promoter:
             self.unavailable.add(tier_name)
             if not was:
                 event("tier_unavailable", tier=tier_name, error=error.replace("\n", "; "))
-                logger.error("tier %s refuses writes, promotion routes around it: %s",
-                             tier_name, error)  # fmt: skip
+                logger.error("tier %s refuses writes, promotion routes around it: %s", tier_name, error)
         elif was:
             self.unavailable.discard(tier_name)
             event("tier_available", tier=tier_name)
         self._export_availability(tier_name)
 
-    def _record_state(
-        self, error: str | None, failed: list[tuple[Promotion, str]] | None = None
-    ) -> None:
+    def _record_state(self, error: str | None, failed: list[tuple[Promotion, str]] | None = None) -> None:
         """Leave how this pass ended where ``tierstore status`` reads it: the node-local tiers this
         promoter looks after, or its first tier when it has none (records/promoter_state.py)."""
         if error is None:
             self._passes += 1
         state = PromoterState(
-            node=self.node, interval=self.config.promote.interval,
-            stall_after=self.health.stall_after, passes=self._passes,
+            node=self.node,
+            interval=self.config.promote.interval,
+            stall_after=self.health.stall_after,
+            passes=self._passes,
             last_error=None if error is None else error.replace("\n", "; "),
-            unreachable=dict(self.unreachable), unavailable=tuple(sorted(self.unavailable)),
-            backlog=self._backlog, started_at=self._started_at,
+            unreachable=dict(self.unreachable),
+            unavailable=tuple(sorted(self.unavailable)),
+            backlog=self._backlog,
+            started_at=self._started_at,
             failed=tuple(
                 f"{p.checkpoint_id} {p.source}->{p.target}: {why}".replace("\n", "; ")
                 for p, why in failed or ()
             ),
-        )  # fmt: skip
+        )
         for tier in [t for t in self.tiers if t.node_local] or self.tiers[:1]:
             if tier.name in self.unreachable:
                 continue
@@ -445,13 +436,25 @@ class Promoter:
 
     def _promote(self, promotion: Promotion, found: SeenCopy, report: PassReport) -> None:
         source, target = self.by_name[promotion.source], self.by_name[promotion.target]
-        logger.debug("promoting %s (generation %s) from %s to %s", promotion.checkpoint_id,
-                     found.copy.generation, source.name, target.name)  # fmt: skip
+        logger.debug(
+            "promoting %s (generation %s) from %s to %s",
+            promotion.checkpoint_id,
+            found.copy.generation,
+            source.name,
+            target.name,
+        )
         job = PromotionJob(
-            source, target, found, node=self.node, durable=target is self.tiers[-1],
-            workers=self.config.promote.workers, stopping=self.stopping, cancel=self.cancel,
-            activity_ttl=self.config.promote.activity_ttl, heartbeat=self.health.beat,
-        )  # fmt: skip
+            source,
+            target,
+            found,
+            node=self.node,
+            durable=target is self.tiers[-1],
+            workers=self.config.promote.workers,
+            stopping=self.stopping,
+            cancel=self.cancel,
+            activity_ttl=self.config.promote.activity_ttl,
+            heartbeat=self.health.beat,
+        )
         started = time.monotonic()
         try:
             outcome = job.run()
@@ -465,11 +468,14 @@ class Promoter:
                 self.views.forget(tier_name)  # behind tierstore's back: both listed again
             if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
                 self._set_unavailable(target.name, str(exc))
-            event("promotion_failed", checkpoint=promotion.checkpoint_id, source=source.name,
-                  target=target.name, error=str(exc).replace("\n", "; "))  # fmt: skip
-            logger.error(
-                "promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc
+            event(
+                "promotion_failed",
+                checkpoint=promotion.checkpoint_id,
+                source=source.name,
+                target=target.name,
+                error=str(exc).replace("\n", "; "),
             )
+            logger.error("promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc)
             return
         kill_point("promote.committed", promotion.checkpoint_id)
         seconds = time.monotonic() - started
@@ -483,28 +489,41 @@ class Promoter:
             self.metrics.promotion_seconds.labels(target.name).observe(seconds)
             report.promoted.append(promotion)
         if outcome.verdict in (Verdict.SAME, Verdict.KEEP_NEWER):  # nothing of ours was published
-            event("promotion_skipped", checkpoint=promotion.checkpoint_id, source=source.name,
-                  target=target.name, reason=_KEPT[outcome.verdict])  # fmt: skip
+            event(
+                "promotion_skipped",
+                checkpoint=promotion.checkpoint_id,
+                source=source.name,
+                target=target.name,
+                reason=_KEPT[outcome.verdict],
+            )
             return
         # Every byte copied was checked against the marker's CRC32C on the way (transfer.py).
-        event("promoted" if outcome.committed else "part_copied", checkpoint=promotion.checkpoint_id,
-              source=source.name, target=target.name, node=self.node, bytes=outcome.copied,
-              seconds=seconds, verified="crc32c")  # fmt: skip
+        event(
+            "promoted" if outcome.committed else "part_copied",
+            checkpoint=promotion.checkpoint_id,
+            source=source.name,
+            target=target.name,
+            node=self.node,
+            bytes=outcome.copied,
+            seconds=seconds,
+            verified="crc32c",
+        )
 
-    def _report_conflict(
-        self, source: Tier, target: Tier, found: SeenCopy, existing: Manifest
-    ) -> None:
+    def _report_conflict(self, source: Tier, target: Tier, found: SeenCopy, existing: Manifest) -> None:
         """Keep both contents of the id: a record in the source tier (retention keeps the copy,
         promotion stops retrying it), an error line, the metric."""
         manifest = found.manifest
         assert manifest is not None
-        _verdict, why = judge_promotion(
-            manifest, existing, source_tier=source.name, target=target.name
-        )
+        _verdict, why = judge_promotion(manifest, existing, source_tier=source.name, target=target.name)
         conflict = Conflict(
-            manifest.checkpoint_id, manifest.generation, manifest.seq, target.name,
-            existing.generation, existing.seq, why,
-        )  # fmt: skip
+            manifest.checkpoint_id,
+            manifest.generation,
+            manifest.seq,
+            target.name,
+            existing.generation,
+            existing.seq,
+            why,
+        )
         try:
             new = record_conflict(source, conflict)
         except (TierstoreError, OSError) as exc:
@@ -512,14 +531,20 @@ class Promoter:
             return
         if new:
             self._conflicts.setdefault(source.name, []).append(conflict)
-            event("conflict", checkpoint=conflict.checkpoint_id, tier=source.name,
-                  target=target.name, generation=conflict.generation,
-                  target_generation=conflict.target_generation)  # fmt: skip
+            event(
+                "conflict",
+                checkpoint=conflict.checkpoint_id,
+                tier=source.name,
+                target=target.name,
+                generation=conflict.generation,
+                target_generation=conflict.target_generation,
+            )
             logger.error(
                 "not promoted, both kept: %s. Keep one: `tierstore drop %s --tier NAME` on the"
                 " other, or save it again with overwrite=True",
-                conflict.describe(), conflict.checkpoint_id,
-            )  # fmt: skip
+                conflict.describe(),
+                conflict.checkpoint_id,
+            )
 
     def _detect_conflicts(self, found: dict[str, dict[str, SeenCopy]]) -> None:
         """Every id held by a tier and a tier below at different generations, whose saves did not
@@ -534,10 +559,12 @@ class Promoter:
                 for checkpoint_id, seen in found[upper.name].items():
                     there = found.get(lower_name, {}).get(checkpoint_id)
                     if (
-                        there is None or seen.manifest is None or there.manifest is None
+                        there is None
+                        or seen.manifest is None
+                        or there.manifest is None
                         or there.copy.generation == seen.copy.generation
                         or lower_name in seen.copy.conflicts
-                    ):  # fmt: skip
+                    ):
                         continue
                     verdict, _why = judge_promotion(
                         seen.manifest, there.manifest, source_tier=upper.name, target=lower_name
@@ -545,9 +572,7 @@ class Promoter:
                     if verdict is Verdict.CONFLICT:
                         self._report_conflict(upper, self.by_name[lower_name], seen, there.manifest)
                         # retention in this very pass must keep it too
-                        copy = dataclasses.replace(
-                            seen.copy, conflicts=seen.copy.conflicts | {lower_name}
-                        )
+                        copy = dataclasses.replace(seen.copy, conflicts=seen.copy.conflicts | {lower_name})
                         found[upper.name][checkpoint_id] = dataclasses.replace(seen, copy=copy)
 
     def _settle_conflicts(self, found: dict[str, dict[str, SeenCopy]]) -> None:
@@ -565,14 +590,17 @@ class Promoter:
                     if conflict.target in found:  # a target that cannot be listed settles nothing
                         settled = settled or there is None
                         settled = settled or (
-                            there is not None
-                            and there.copy.generation != conflict.target_generation
+                            there is not None and there.copy.generation != conflict.target_generation
                         )
                     if settled:
                         clear_conflict(tier, conflict)
                         conflicts.remove(conflict)
-                        event("conflict_settled", checkpoint=conflict.checkpoint_id,
-                              tier=tier.name, target=conflict.target)  # fmt: skip
+                        event(
+                            "conflict_settled",
+                            checkpoint=conflict.checkpoint_id,
+                            tier=tier.name,
+                            target=conflict.target,
+                        )
             except (TierstoreError, OSError) as exc:
                 logger.warning("cannot settle the conflict records of %s: %s", tier.name, exc)
             self.metrics.conflicts.labels(tier.name).set(len(conflicts))
@@ -586,25 +614,20 @@ class Promoter:
             for seen_name, seen in found.items():
                 if seen_name == tier.name:
                     continue
-                ids = {i: (s.copy.seq, s.copy.generation) for i, s in seen.items()
-                       if s.manifest is not None}  # fmt: skip
-                highest = max([self.highest.get(seen_name, 0),
-                               *(seq or 0 for seq, _gen in ids.values())])  # fmt: skip
+                ids = {i: (s.copy.seq, s.copy.generation) for i, s in seen.items() if s.manifest is not None}
+                highest = max([self.highest.get(seen_name, 0), *(seq or 0 for seq, _gen in ids.values())])
                 sighting = Sighting(seen_name, highest, ids)
                 key = (tier.name, seen_name)
                 try:
                     if key not in self._sighted:
                         self._sighted.update(
-                            ((tier.name, name), known)
-                            for name, known in read_sightings(tier).items()
+                            ((tier.name, name), known) for name, known in read_sightings(tier).items()
                         )
                     known = self._sighted.get(key)
-                    if record_sighting(tier, sighting, known,
-                                       refresh_after=self.config.promote.interval):  # fmt: skip
+                    if record_sighting(tier, sighting, known, refresh_after=self.config.promote.interval):
                         self._sighted[key] = sighting
                 except (TierstoreError, OSError) as exc:
-                    logger.warning("cannot record what %s holds in %s: %s", seen_name,
-                                   tier.name, exc)  # fmt: skip
+                    logger.warning("cannot record what %s holds in %s: %s", seen_name, tier.name, exc)
 
     # -- retention and gc -----------------------------------------------------------------------
 
@@ -626,14 +649,11 @@ class Promoter:
         held = self._copies(found)
         decided = retention(self.rules, held, frozenset(in_use), unavailable=self._away())
         decided += self._superseded_parts(found, held, in_use)
-        return [
-            d for d in decided if self._owns(self.by_name[d.tier]) and not _unconfirmed(found, d)
-        ]
+        return [d for d in decided if self._owns(self.by_name[d.tier]) and not _unconfirmed(found, d)]
 
     def _superseded_parts(
-        self, found: dict[str, dict[str, SeenCopy]], held: dict[str, dict[str, Copy]],
-        in_use: set[str],
-    ) -> list[Deletion]:  # fmt: skip
+        self, found: dict[str, dict[str, SeenCopy]], held: dict[str, dict[str, Copy]], in_use: set[str]
+    ) -> list[Deletion]:
         """This node's parts of replaced saves coordinated elsewhere (see
         :func:`~tierstore.promote.policy.superseded_parts`); ids at work are left alone."""
         decided: list[Deletion] = []
@@ -642,9 +662,7 @@ class Promoter:
                 continue
             try:
                 parts = {
-                    checkpoint_id: {
-                        gen: self._settle_part(records) for gen, records in generations.items()
-                    }
+                    checkpoint_id: {gen: self._settle_part(records) for gen, records in generations.items()}
                     for checkpoint_id, generations in self._parts.get(tier.name, {}).items()
                     if checkpoint_id not in in_use
                 }
@@ -684,11 +702,9 @@ class Promoter:
 
         def deleted(deletion: Deletion) -> None:
             self.metrics.deleted.labels(deletion.tier).inc()
-            event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier,
-                  reason=deletion.reason)  # fmt: skip
+            event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier, reason=deletion.reason)
 
-        done = delete_copies(self.by_name, planned, on_deleted=deleted,
-                             ttl=self.config.promote.activity_ttl)  # fmt: skip
+        done = delete_copies(self.by_name, planned, on_deleted=deleted, ttl=self.config.promote.activity_ttl)
         self._prune_mirrors()
         return done
 
@@ -699,12 +715,13 @@ class Promoter:
             if tier.mirror is None:
                 continue
             try:
-                readers = [a for a in live(tier, ttl=self.config.promote.activity_ttl)
-                           if a.kind == "read"]  # fmt: skip
+                readers = [a for a in live(tier, ttl=self.config.promote.activity_ttl) if a.kind == "read"]
                 for removed in prune_mirrors(
-                    tier, self.config.policy(tier.name).keep, readers=readers,
+                    tier,
+                    self.config.policy(tier.name).keep,
+                    readers=readers,
                     ttl=self.config.promote.activity_ttl,
-                ):  # fmt: skip
+                ):
                     event("mirror_deleted", tier=tier.name, mirror=removed)
             except (TierstoreError, OSError) as exc:
                 logger.warning("retention of the mirrors in %s failed: %s", tier.name, exc)
@@ -737,8 +754,7 @@ class Promoter:
                         logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
                         continue
                     if cleanup.reason == VOID_BELOW_TOP:  # bookkeeping of the log, every commit
-                        logger.debug("cleaned %s in %s: %s", cleanup.path, tier.name,
-                                     cleanup.reason)  # fmt: skip
+                        logger.debug("cleaned %s in %s: %s", cleanup.path, tier.name, cleanup.reason)
                     else:
                         event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
                     kill_point("cleanup.between_removals", cleanup.path)

@@ -57,18 +57,22 @@ class ActivityInfo:
 class Activity:
     """One held record; :meth:`release` it (or use :func:`held`)."""
 
-    def __init__(
-        self, tier: Tier, kind: str, checkpoint_id: str, generation: str | None, ttl: float
-    ) -> None:
+    def __init__(self, tier: Tier, kind: str, checkpoint_id: str, generation: str | None, ttl: float) -> None:
         if kind not in KINDS:
             raise ValueError(f"activity kind must be one of {KINDS}, got {kind!r}")
         self.tier, self.kind = tier, kind
         self.checkpoint_id, self.generation = checkpoint_id, generation
         self.path = activity_path(kind, checkpoint_id, generation, uuid.uuid4().hex[:12])
         self.body = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "kind": kind,
-             "checkpoint_id": checkpoint_id, "generation": generation, "since": time.time()}
-        ).encode()  # fmt: skip
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "kind": kind,
+                "checkpoint_id": checkpoint_id,
+                "generation": generation,
+                "since": time.time(),
+            }
+        ).encode()
         self.released = False
         self.owner = os.getpid()
         """The process that published it: only it deletes it (a forked child's copy is inert)."""
@@ -99,8 +103,7 @@ class Activity:
         try:
             self.tier.delete(self.path)
         except Exception as exc:  # noqa: BLE001 - it expires after ACTIVITY_TTL anyway
-            logger.warning("could not remove activity record %s in %s: %s", self.path,
-                           self.tier.name, exc)  # fmt: skip
+            logger.warning("could not remove activity record %s in %s: %s", self.path, self.tier.name, exc)
 
 
 def hold(
@@ -198,8 +201,9 @@ class Heartbeat:
             try:
                 activity.refresh()
             except Exception as exc:  # noqa: BLE001 - retried at the next beat
-                logger.warning("could not refresh activity record %s in %s: %s",
-                               activity.path, activity.tier.name, exc)  # fmt: skip
+                logger.warning(
+                    "could not refresh activity record %s in %s: %s", activity.path, activity.tier.name, exc
+                )
 
 
 HEARTBEAT = ProcessLocal(lambda: Heartbeat(0.25))

@@ -109,16 +109,19 @@ class Catalog:
         """``question(tier)`` within ``probe_timeout``; None (and the tier recorded as unreachable,
         with one warning) when it does not answer."""
         try:
-            return self.prober.ask(tier.name, functools.partial(question, tier), what=what,
-                                   direct=tier.capabilities.staging_files)  # fmt: skip
+            return self.prober.ask(
+                tier.name,
+                functools.partial(question, tier),
+                what=what,
+                direct=tier.capabilities.staging_files,
+            )
         except (TierstoreError, OSError) as exc:
             if tier.name not in self.unreachable:
                 logger.warning("tier %s is unreachable, left out: %s", tier.name, exc)
             self.unreachable[tier.name] = str(exc)
             return None
 
-    def _reachable(self, tiers: list[Tier], question: Callable[[Tier], T], what: str
-                   ) -> list[tuple[Tier, T]]:  # fmt: skip
+    def _reachable(self, tiers: list[Tier], question: Callable[[Tier], T], what: str) -> list[tuple[Tier, T]]:
         """``question`` asked of each tier in parallel; the tiers that answered, with answers."""
         if len(tiers) == 1:
             answers = [self._ask(tiers[0], question, what)]
@@ -195,8 +198,10 @@ class Catalog:
         moved while this ran. A tier that does not answer is left out (:attr:`unreachable`).
         """
         first = self.tiers[0]
-        sightings = trusted(self._ask(first, read_sightings, "read sightings") or {},
-                            trust_period(self.config.promote.interval))  # fmt: skip
+        sightings = trusted(
+            self._ask(first, read_sightings, "read sightings") or {},
+            trust_period(self.config.promote.interval),
+        )
         sighted = [t for t in self.tiers[1:] if t.name in sightings]
         listed = [first, *(t for t in self.tiers[1:] if t.name not in sightings)]
         orders: list[_CommitOrder | _Sighted] = [
@@ -205,15 +210,17 @@ class Catalog:
         if not orders:  # nothing could be listed: "nothing committed" would be a guess
             reasons = "; ".join(f"{n}: {why}" for n, why in sorted(self.unreachable.items()))
             raise TierUnavailableError(f"no tier could be listed: {reasons}")
-        orders += [_Sighted(t.name, sightings[t.name], self._resighted(first, t.name))
-                   for t in sighted]  # fmt: skip
+        orders += [_Sighted(t.name, sightings[t.name], self._resighted(first, t.name)) for t in sighted]
         pending = sorted(  # oldest first: the newest is popped off the end
-            [(seq, checkpoint_id, i, generation)
-             for i, order in enumerate(orders) for seq, checkpoint_id, generation in order.items]
+            [
+                (seq, checkpoint_id, i, generation)
+                for i, order in enumerate(orders)
+                for seq, checkpoint_id, generation in order.items
+            ]
             + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in (also or {}).items()]
             + [(seq, checkpoint_id, -1, None) for checkpoint_id, seq in self._own(sightings)],
             key=_placing,
-        )  # fmt: skip
+        )
         placed: set[str] = set()
         while pending:
             _seq, checkpoint_id, i, generation = pending.pop()
@@ -268,9 +275,12 @@ class Catalog:
         if name in self.unreachable:  # one unanswered read: the others are not waited for
             return None
         try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
-            return self.prober.ask(name, functools.partial(read_manifest, tier, checkpoint_id),
-                                   what=f"read the marker of {checkpoint_id}",
-                                   direct=tier.capabilities.staging_files)  # fmt: skip
+            return self.prober.ask(
+                name,
+                functools.partial(read_manifest, tier, checkpoint_id),
+                what=f"read the marker of {checkpoint_id}",
+                direct=tier.capabilities.staging_files,
+            )
         except TierUnavailableError as exc:
             if name not in self.unreachable:
                 logger.warning("tier %s is unreachable, left out: %s", name, exc)
@@ -285,9 +295,10 @@ class Catalog:
     ) -> Listing | None:
         """One id's listing from its markers in the tiers that hold a readable one (else None)."""
         held = [
-            t.name for t in self.tiers
+            t.name
+            for t in self.tiers
             if t.name not in self.unreachable and manifests.get((checkpoint_id, t.name)) is not None
-        ]  # fmt: skip
+        ]
         if not held:
             return None
         markers = [m for n in held if (m := manifests[(checkpoint_id, n)]) is not None]
@@ -296,9 +307,7 @@ class Catalog:
         lags = [lag for m in markers if (lag := m.timings.get("durable_lag_s")) is not None]
         if lags:
             timings["durable_lag_s"] = min(lags)
-        original = min(
-            float((m.provenance or {}).get("first_committed_at", m.committed_at)) for m in markers
-        )
+        original = min(float((m.provenance or {}).get("first_committed_at", m.committed_at)) for m in markers)
         return Listing(checkpoint_id, tuple(held), first.total_bytes, original, first.step, timings)
 
 
@@ -315,13 +324,10 @@ class _Sighted:
     checks them). The tier itself is never asked: an id that moved there while the catalog ran is
     found in its sighting read again (the promoter records it in the pass that moved the id)."""
 
-    def __init__(
-        self, name: str, sighting: Sighting, reread: Callable[[], Sighting | None]
-    ) -> None:
+    def __init__(self, name: str, sighting: Sighting, reread: Callable[[], Sighting | None]) -> None:
         self.name, self.reread = name, reread
         self.items: list[tuple[int | None, str, str | None]] = [
-            (seq, checkpoint_id, generation)
-            for checkpoint_id, (seq, generation) in sighting.ids.items()
+            (seq, checkpoint_id, generation) for checkpoint_id, (seq, generation) in sighting.ids.items()
         ]
 
     def holds(self, checkpoint_id: str, generation: str | None) -> bool | None:

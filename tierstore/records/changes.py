@@ -55,8 +55,11 @@ def touch(tier: Tier) -> None:
     try:
         tier.publish(CHANGES_PATH, uuid.uuid4().hex.encode(), create_only=False)
     except (TierstoreError, OSError) as exc:
-        logger.warning("cannot stamp the change in tier %s (its promoters see it at their next full"
-                       " listing): %s", tier.describe(), exc)  # fmt: skip
+        logger.warning(
+            "cannot stamp the change in tier %s (its promoters see it at their next full listing): %s",
+            tier.describe(),
+            exc,
+        )
 
 
 def read_stamp(tier: Tier) -> bytes | None:

@@ -161,9 +161,7 @@ class Elsewhere:
             while len(self._failed) > 4 * OUTCOMES:  # a long job's replaced generations: the latest
                 del self._failed[next(iter(self._failed))]
 
-    def outcomes(
-        self, tier_name: str, *, limit: int = OUTCOMES
-    ) -> list[tuple[str, str, int | None]]:
+    def outcomes(self, tier_name: str, *, limit: int = OUTCOMES) -> list[tuple[str, str, int | None]]:
         """``(id, generation, seq)`` of this process's most recent commits into ``tier_name`` and
         ``(id, generation, None)`` of its saves there that failed or were replaced and dropped:
         what a coordinator tells the other nodes at its next save
@@ -199,9 +197,7 @@ class Elsewhere:
         :meth:`own_commits`), or None."""
         return self.own_commits(sightings).get(checkpoint_id)
 
-    def holder(
-        self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]
-    ) -> str | None:
+    def holder(self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]) -> str | None:
         """A tier other than ``besides`` known to hold ``checkpoint_id`` (this process's commits,
         the start-up look, sightings: per tier, the most recent of them), or None."""
         with self._lock:

@@ -23,13 +23,7 @@ from typing import Any
 
 from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
-from tierstore.ids import (
-    checked_file_path,
-    checkpoint_file,
-    is_generation,
-    marker_path,
-    step_of,
-)
+from tierstore.ids import checked_file_path, checkpoint_file, is_generation, marker_path, step_of
 from tierstore.signing import SigningKeys
 from tierstore.tiers.base import Tier
 from tierstore.version import __version__
@@ -172,8 +166,7 @@ def signed_body(manifest: Manifest) -> bytes:
         "seq": manifest.seq,
         "overwrite": manifest.overwrite,
         "files": [
-            {**asdict(f), "crc32c": f"{f.crc32c:08x}"}
-            for f in sorted(manifest.files, key=lambda f: f.path)
+            {**asdict(f), "crc32c": f"{f.crc32c:08x}"} for f in sorted(manifest.files, key=lambda f: f.path)
         ],
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -195,9 +188,7 @@ def signature_problem(manifest: Manifest, keys: SigningKeys) -> str | None:
     if manifest.signature is None:
         return f"unsigned commit marker (signing is on: {keys.key_env} is set)"
     if not keys.accepts(signed_body(manifest), manifest.signature):
-        return (
-            f"commit marker signature does not match the key in {keys.key_env} or an accepted key"
-        )
+        return f"commit marker signature does not match the key in {keys.key_env} or an accepted key"
     if missing := [f.path for f in manifest.files if f.sha256 is None]:
         return f"signed commit marker names no SHA-256 for {', '.join(missing)}"
     return None
@@ -257,9 +248,7 @@ def read_manifest(tier: Tier, checkpoint_id: str) -> Manifest:
     )
 
 
-def parse_marker(
-    tier: Tier, data: bytes, *, where: str, checkpoint_id: str | None = None
-) -> Manifest:
+def parse_marker(tier: Tier, data: bytes, *, where: str, checkpoint_id: str | None = None) -> Manifest:
     """A marker's bytes read from ``tier`` (its own file, or a copy held in a peer's mirror), with
     the checks of :func:`read_manifest`: :class:`IntegrityError` naming ``where`` when malformed,
     of another checkpoint than ``checkpoint_id`` (when given), or of another namespace."""
@@ -282,9 +271,7 @@ def publish_manifest(tier: Tier, manifest: Manifest, *, create_only: bool) -> No
     tier.publish(marker_path(manifest.checkpoint_id), manifest.to_json(), create_only=create_only)
 
 
-def file_crc32c(
-    tier: Tier, path: str, progress: Callable[[int], None] | None = None
-) -> tuple[int, int]:
+def file_crc32c(tier: Tier, path: str, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
     """``(size, crc32c)`` of a stored file, read in chunks (each one's size told to ``progress``)."""
     size, crc, _sha = file_digests(tier, path, progress, sha256=False)
     return size, crc
@@ -330,9 +317,7 @@ def copy_problems(
     return problems
 
 
-def stored_sizes(
-    tier: Tier, manifest: Manifest, entries: Iterable[FileEntry]
-) -> dict[str, int | None]:
+def stored_sizes(tier: Tier, manifest: Manifest, entries: Iterable[FileEntry]) -> dict[str, int | None]:
     """``{tier-relative path: size}`` of the ``entries``' files of ``manifest`` as ``tier`` stores
     them (None: absent). A stat each, except where the tier lists more cheaply
     (``capabilities.listing_page``) and a generation's files to check outnumber the pages its

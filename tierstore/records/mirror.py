@@ -44,14 +44,7 @@ from tierstore.ids import (
 )
 from tierstore.owners import LOCK_NAME
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, is_busy, live
-from tierstore.records.marker import (
-    FileEntry,
-    Manifest,
-    dump_record,
-    file_entry,
-    load_record,
-    size_problem,
-)
+from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record, size_problem
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -152,8 +145,7 @@ def publish_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
     before the marker and again after it, and a marker over a hole (cleanup removed a file
     meanwhile) is withdrawn: :class:`IntegrityError` naming the files."""
     _check_received(tier, marker, "before its mirror marker")
-    tier.publish(mirror_commit_path(marker.checkpoint_id, marker.generation), committed,
-                 create_only=False)  # fmt: skip
+    tier.publish(mirror_commit_path(marker.checkpoint_id, marker.generation), committed, create_only=False)
     path = mirror_marker_path(marker.checkpoint_id, marker.generation, marker.owner_node)
     tier.publish(path, marker.to_json(), create_only=False)
     try:
@@ -164,8 +156,7 @@ def publish_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
 
 
 def _check_received(tier: Tier, marker: MirrorMarker, when: str) -> None:
-    found = (size_problem(tier, mirror_copy_path(marker.checkpoint_id, e.path), e)
-             for e in marker.files)  # fmt: skip
+    found = (size_problem(tier, mirror_copy_path(marker.checkpoint_id, e.path), e) for e in marker.files)
     if missing := [problem for problem in found if problem is not None]:
         raise IntegrityError(
             f"{marker.checkpoint_id}: node {marker.owner_node}'s mirror in tier {tier.describe()}"
@@ -252,8 +243,13 @@ def mirrored_commits(tier: Tier, checkpoint_id: str) -> list[bytes]:
         except FileNotFoundError:
             continue
         if crc32c(blob) not in crcs:
-            logger.warning("ignoring %s in %s: CRC32C %08x, its mirror marker says %s", path,
-                           tier.name, crc32c(blob), ", ".join(f"{c:08x}" for c in crcs))  # fmt: skip
+            logger.warning(
+                "ignoring %s in %s: CRC32C %08x, its mirror marker says %s",
+                path,
+                tier.name,
+                crc32c(blob),
+                ", ".join(f"{c:08x}" for c in crcs),
+            )
             continue
         blobs.append(blob)
     return blobs
@@ -285,9 +281,14 @@ mirror out of the mirror directory for reuse, True when it did (``Spares.recycle
 
 
 def remove_mirror(
-    tier: Tier, checkpoint_id: str, generation: str, owner_node: int, *,
-    recycle: Recycle | None = None, ttl: float = ACTIVITY_TTL,
-) -> None:  # fmt: skip
+    tier: Tier,
+    checkpoint_id: str,
+    generation: str,
+    owner_node: int,
+    *,
+    recycle: Recycle | None = None,
+    ttl: float = ACTIVITY_TTL,
+) -> None:
     """Delete one mirror: its marker first (it stops counting), then its generation's files when
     no other owner's mirror of that generation remains. ``recycle`` is offered each of those
     files first, once no marker names them; what it does not take is deleted.
@@ -300,8 +301,9 @@ def remove_mirror(
     if any(m.generation == generation for m in held_mirrors(tier, checkpoint_id)):
         return
     if is_busy([a for a in live(tier, ttl=ttl) if a.kind == "read"], checkpoint_id, None):
-        logger.info("mirror %s/%s dropped; its files are left to the restore reading them",
-                    checkpoint_id, generation)  # fmt: skip
+        logger.info(
+            "mirror %s/%s dropped; its files are left to the restore reading them", checkpoint_id, generation
+        )
         return
     directory = f"{mirror_id_dir(checkpoint_id)}/{generation}"
     if recycle is not None:
@@ -313,9 +315,13 @@ def remove_mirror(
 
 
 def prune_mirrors(
-    tier: Tier, keep: int | None, *, readers: Sequence[ActivityInfo] = (),
-    recycle: Recycle | None = None, ttl: float = ACTIVITY_TTL,
-) -> list[str]:  # fmt: skip
+    tier: Tier,
+    keep: int | None,
+    *,
+    readers: Sequence[ActivityInfo] = (),
+    recycle: Recycle | None = None,
+    ttl: float = ACTIVITY_TTL,
+) -> list[str]:
     """Retention of the mirrors this node holds (every owner's): ``keep`` as the memory tier's.
 
     A mirror of an older generation of an id whose newer generation is mirrored here is stale (an
@@ -343,7 +349,8 @@ def prune_mirrors(
         if (stale or marker.checkpoint_id not in kept) and not is_busy(
             list(readers), marker.checkpoint_id, None
         ):
-            remove_mirror(tier, marker.checkpoint_id, marker.generation, marker.owner_node,
-                          recycle=recycle, ttl=ttl)  # fmt: skip
+            remove_mirror(
+                tier, marker.checkpoint_id, marker.generation, marker.owner_node, recycle=recycle, ttl=ttl
+            )
             removed.append(f"{marker.checkpoint_id}/{marker.generation}")
     return removed

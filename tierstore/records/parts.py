@@ -89,9 +89,7 @@ def part_records(tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
     """``{generation: [rank part records]}`` found under ``checkpoint_id`` in ``tier``."""
     found: dict[str, list[PartRecord]] = {}
     for generation in tier.list_dir(checkpoint_id):
-        if is_generation(generation) and (
-            records := generation_parts(tier, checkpoint_id, generation)
-        ):
+        if is_generation(generation) and (records := generation_parts(tier, checkpoint_id, generation)):
             found[generation] = records
     return found
 
@@ -104,9 +102,7 @@ def generation_parts(tier: Tier, checkpoint_id: str, generation: str) -> list[Pa
             continue
         path = part_file(checkpoint_id, generation, name)
         try:
-            records.append(
-                PartRecord.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}")
-            )
+            records.append(PartRecord.from_json(tier.read_bytes(path), where=f"tier {tier.name}: {path}"))
         except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
             logger.warning("ignoring part record: %s", exc)
     return records

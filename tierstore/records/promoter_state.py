@@ -103,10 +103,7 @@ class PromoterState:
                 " is ahead of this host's)"
             )
         if age > self.stall_after:
-            return (
-                False,
-                f"stuck or stopped: last pass {age:.0f} s ago (bound {self.stall_after:.0f} s)",
-            )
+            return (False, f"stuck or stopped: last pass {age:.0f} s ago (bound {self.stall_after:.0f} s)")
         if self.last_error is not None:
             return False, f"failing: last pass {age:.0f} s ago failed: {self.last_error}"
         return True, f"ok: last pass {age:.0f} s ago, {self.passes} passes"
@@ -114,9 +111,7 @@ class PromoterState:
     def troubles(self) -> list[str]:
         """What the last pass could not do, one line each: tiers it could not list, tiers that
         refused writes, promotions that failed."""
-        found = [
-            f"could not list tier {tier}: {why}" for tier, why in sorted(self.unreachable.items())
-        ]
+        found = [f"could not list tier {tier}: {why}" for tier, why in sorted(self.unreachable.items())]
         found += [
             f"tier {tier} refuses writes (full or read-only): promotions route around it"
             for tier in self.unavailable

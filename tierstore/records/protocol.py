@@ -89,8 +89,7 @@ def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) ->
         try:
             # Its body names the claimant: a store's "taken" answer to a retried create-only PUT
             # is told apart from this writer's own first attempt by the bytes (tiers/s3/tier.py).
-            tier.publish(void_entry_path(seq), f"{checkpoint_id}~{generation}".encode(),
-                         create_only=True)  # fmt: skip
+            tier.publish(void_entry_path(seq), f"{checkpoint_id}~{generation}".encode(), create_only=True)
         except FileExistsError:
             continue  # another writer took it a moment ago: the next one
         tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=True)
@@ -247,12 +246,7 @@ withdraw = _stamped(_withdraw)
 
 
 def _drop(
-    tier: Tier,
-    checkpoint_id: str,
-    generation: str,
-    *,
-    committed: bool = True,
-    ttl: float = ACTIVITY_TTL,
+    tier: Tier, checkpoint_id: str, generation: str, *, committed: bool = True, ttl: float = ACTIVITY_TTL
 ) -> bool:
     """Drop one generation of ``checkpoint_id`` from ``tier`` (order in the module docstring).
 

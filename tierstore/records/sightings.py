@@ -107,14 +107,11 @@ def read_sightings(tier: Tier) -> dict[str, Sighting]:
         try:
             offset = clock_offset(tier)
         except (TierstoreError, OSError) as exc:
-            logger.debug("cannot probe the clock of tier %s (%s): promoter times kept", tier.name,
-                         exc)  # fmt: skip
+            logger.debug("cannot probe the clock of tier %s (%s): promoter times kept", tier.name, exc)
             offset = None
     for info in files:
         try:
-            sighting = Sighting.from_json(
-                tier.read_bytes(info.path), where=f"tier {tier.name}: {info.path}"
-            )
+            sighting = Sighting.from_json(tier.read_bytes(info.path), where=f"tier {tier.name}: {info.path}")
         except FileNotFoundError:
             continue
         except ValueError as exc:

@@ -90,9 +90,7 @@ class PosixTierConfig(TierConfig):
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
-            return "path", (
-                f"expected a writable directory, got {str(directory)!r} ({exc.strerror or exc})"
-            )
+            return "path", (f"expected a writable directory, got {str(directory)!r} ({exc.strerror or exc})")
         return None
 
 
@@ -295,9 +293,7 @@ class PosixTier(Tier):
             try:
                 return open(self._path(path), "rb", buffering=0)
             except NotADirectoryError as exc:
-                raise FileNotFoundError(
-                    errno.ENOENT, "no such file", str(self._path(path))
-                ) from exc
+                raise FileNotFoundError(errno.ENOENT, "no such file", str(self._path(path))) from exc
 
     def read_range(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """``pread`` the range; a short file yields fewer bytes. An unreadable file (permissions,
@@ -382,9 +378,7 @@ class PosixTier(Tier):
                     result = os.stat(os.path.join(entry.path, name))
                 except (FileNotFoundError, NotADirectoryError):
                     continue
-                found[entry.name] = FileInfo(
-                    f"{entry.name}/{name}", result.st_size, result.st_mtime
-                )
+                found[entry.name] = FileInfo(f"{entry.name}/{name}", result.st_size, result.st_mtime)
         return found
 
     def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:

@@ -28,6 +28,4 @@ class SharedTierConfig(PosixTierConfig):
 
     def build(self, *, namespace: str | None, node: int) -> PosixTier:
         """The tier (the same on every node)."""
-        return PosixTier(
-            self.name, "shared", join_namespace(self.path, namespace), node_local=False
-        )
+        return PosixTier(self.name, "shared", join_namespace(self.path, namespace), node_local=False)

@@ -15,19 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tierstore.errors import IntegrityError
-from tierstore.ids import (
-    checkpoint_file,
-    marker_path,
-    mirror_copy_path,
-)
+from tierstore.ids import checkpoint_file, marker_path, mirror_copy_path
 from tierstore.placement import place
-from tierstore.records.marker import (
-    FileEntry,
-    Manifest,
-    entry_problem,
-    file_digests,
-    read_manifest,
-)
+from tierstore.records.marker import FileEntry, Manifest, entry_problem, file_digests, read_manifest
 from tierstore.records.mirror import held_mirrors, mirrored_commits
 from tierstore.records.parts import part_records
 from tierstore.tiers import Tier
@@ -127,9 +117,7 @@ def newer_saves(manifest: Manifest, probes: Iterable[NodeProbe]) -> list[tuple[i
 
 def stored_path(checkpoint_id: str, rel: str, kind: str) -> str:
     """Tier-relative path of a file held as ``kind`` (own or mirror)."""
-    return (
-        checkpoint_file(checkpoint_id, rel) if kind == OWN else mirror_copy_path(checkpoint_id, rel)
-    )
+    return checkpoint_file(checkpoint_id, rel) if kind == OWN else mirror_copy_path(checkpoint_id, rel)
 
 
 def _matches(tier: Tier, path: str, entry: FileEntry, *, verify: bool) -> bool:

@@ -18,14 +18,7 @@ import torch.distributed as dist
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import all_gather_object
 from tierstore.dcp.mirror.inventory import Holdings, stored_path
-from tierstore.dcp.mirror.transport import (
-    bytes_of,
-    chunks,
-    map_file,
-    post_recv,
-    post_send,
-    wait_all,
-)
+from tierstore.dcp.mirror.transport import bytes_of, chunks, map_file, post_recv, post_send, wait_all
 from tierstore.errors import IntegrityError
 from tierstore.records.marker import Manifest
 from tierstore.tiers import Tier
@@ -116,6 +109,8 @@ def fetch_missing(
     if received:
         logger.info(
             "restore of %s: received %d file(s), %d bytes, from peer ranks",
-            manifest.checkpoint_id, len(received), sum(t.numel() for t in received.values()),
-        )  # fmt: skip
+            manifest.checkpoint_id,
+            len(received),
+            sum(t.numel() for t in received.values()),
+        )
     return received

@@ -204,9 +204,7 @@ def _ranks_by_node(shares: list[SavedShare]) -> dict[int, list[int]]:
     return {node: sorted(ranks) for node, ranks in nodes.items()}
 
 
-def plan_transfers(
-    shares: list[SavedShare], placement: Placement, first_tag: int = 1
-) -> list[Transfer]:
+def plan_transfers(shares: list[SavedShare], placement: Placement, first_tag: int = 1) -> list[Transfer]:
     """Every file move of a round, in one order on every rank, each with its own tags.
 
     Tags are counted per sender and receiver (gloo matches a message by its peer and tag), so a
@@ -269,9 +267,7 @@ class MirrorWorker:
         try:
             run_round(round_)
         except Exception:  # a mirror never fails the save or the trainer
-            logger.exception(
-                "peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id
-            )
+            logger.exception("peer mirror of %s failed (reduced redundancy)", round_.share.checkpoint_id)
         finally:
             _say_ended(round_)
             with self._idle:
@@ -309,8 +305,7 @@ def _say_ended(round_: Round) -> None:
     try:
         record_exchange_end(round_.tier, round_.ended_record, share.checkpoint_id, share.generation)
     except Exception as exc:  # noqa: BLE001 - the trainer's wait then times out, with a warning
-        logger.warning("could not record the end of the mirror exchange of %s: %s",
-                       share.checkpoint_id, exc)  # fmt: skip
+        logger.warning("could not record the end of the mirror exchange of %s: %s", share.checkpoint_id, exc)
 
 
 class ExchangeWaits:
@@ -462,9 +457,7 @@ def run_round(round_: Round) -> None:
     if not all(s.wrote for s in shares):
         _remove_failed_save(round_)  # DCP never commits a save a rank failed to write
         if round_.share.rank == min(s.rank for s in shares if s.node == round_.share.node):
-            _record_unmirrored(
-                round_, None, RuntimeError("the save failed on a rank: not committed")
-            )
+            _record_unmirrored(round_, None, RuntimeError("the save failed on a rank: not committed"))
         return
     if round_.spares is not None:  # spares never take the room of this node's next own save
         node = round_.share.node
@@ -479,14 +472,22 @@ def run_round(round_: Round) -> None:
     # that failed can never be taken for one of the next.
     base = (round_.number % _TAG_ROUNDS) * _TAG_SPAN
     state = _State(
-        round_, groups.mirror, shares, placement, plan_transfers(shares, placement, base + 1),
-        next(s.rank for s in shares if s.coordinator), dict(placement.refused), base, pause,
-    )  # fmt: skip
+        round_,
+        groups.mirror,
+        shares,
+        placement,
+        plan_transfers(shares, placement, base + 1),
+        next(s.rank for s in shares if s.coordinator),
+        dict(placement.refused),
+        base,
+        pause,
+    )
     try:
         # Announced in this node's tier while files arrive: its cleanup takes a quiet, markerless
         # mirror directory for an exchange cut short, and must not remove one still receiving.
-        with held(round_.tier, "write", round_.share.checkpoint_id, round_.share.generation,
-                  ttl=round_.activity_ttl):  # fmt: skip
+        with held(
+            round_.tier, "write", round_.share.checkpoint_id, round_.share.generation, ttl=round_.activity_ttl
+        ):
             pause()
             _prepare_incoming(state)
             pause()
@@ -512,11 +513,11 @@ def _record_unmirrored(round_: Round, holder: int | None, exc: Exception) -> Non
     reason = f"the mirror exchange failed: {type(exc).__name__}: {exc}"
     logger.warning(
         "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
-        round_.share.checkpoint_id, node, reason,
-    )  # fmt: skip
-    status = MirrorStatus(
-        round_.share.checkpoint_id, round_.share.generation, node, holder, False, reason
+        round_.share.checkpoint_id,
+        node,
+        reason,
     )
+    status = MirrorStatus(round_.share.checkpoint_id, round_.share.generation, node, holder, False, reason)
     try:
         write_status(round_.tier, status)
     except Exception as error:  # noqa: BLE001 - the log line above already says it
@@ -552,21 +553,30 @@ def _exchange(state: _State) -> dict[int, str]:
     ckpt, timeout = round_.share.checkpoint_id, round_.mirror.timeout
     errors: dict[int, str] = {}
     sends = [  # the mappings of sent files stay alive until their messages are out
-        (_readable(round_.tier, ckpt, t.entry, errors, round_.share.node, me), t.receiver,
-         t.first_tag)
-        for t in live if t.sender == me
-    ]  # fmt: skip
+        (_readable(round_.tier, ckpt, t.entry, errors, round_.share.node, me), t.receiver, t.first_tag)
+        for t in live
+        if t.sender == me
+    ]
     # Sends and receives each pause while this process stages, between chunks (the sends on a
     # thread of their own, so that neither waits for the other).
-    sending = _on_sender(round_, lambda: send_files(
-        sends, state.group, timeout_s=timeout, pause=_YieldToStaging(timeout)))  # fmt: skip
+    sending = _on_sender(
+        round_, lambda: send_files(sends, state.group, timeout_s=timeout, pause=_YieldToStaging(timeout))
+    )
     pause = state.pause
     for t in live:
         if t.receiver == me:
             try:  # one file failing (a full tmpfs) must not leave the others unreceived
-                receive_file(round_.tier, mirror_copy_path(ckpt, t.entry.path), t.entry,
-                             t.sender, state.group, first_tag=t.first_tag, timeout_s=timeout,
-                             spares=round_.spares, pause=pause)  # fmt: skip
+                receive_file(
+                    round_.tier,
+                    mirror_copy_path(ckpt, t.entry.path),
+                    t.entry,
+                    t.sender,
+                    state.group,
+                    first_tag=t.first_tag,
+                    timeout_s=timeout,
+                    spares=round_.spares,
+                    pause=pause,
+                )
             except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
                 errors.setdefault(t.owner_node, f"rank {me}: {t.entry.path}: {exc}")
     try:
@@ -618,8 +628,7 @@ def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
     verdict: Verdict = box[0]
     state.not_committed = verdict.reason
     if verdict.marker is None:
-        logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id,
-                    verdict.reason)  # fmt: skip
+        logger.info("peer mirror of %s: not committed (%s)", round_.share.checkpoint_id, verdict.reason)
         if verdict.failed:
             _remove_failed_save(round_)
         return None
@@ -638,8 +647,15 @@ def _share_commit(state: _State, errors: dict[int, str]) -> Manifest | None:
             data = _readable(round_.tier, ckpt, entry, errors, coordinator_node, me)
             wait_all(post_send(data, receiver, state.group, state.tag_base), timeout)
         else:
-            receive_file(round_.tier, mirror_copy_path(ckpt, entry.path), entry, coordinator,
-                         state.group, first_tag=state.tag_base, timeout_s=timeout)  # fmt: skip
+            receive_file(
+                round_.tier,
+                mirror_copy_path(ckpt, entry.path),
+                entry,
+                coordinator,
+                state.group,
+                first_tag=state.tag_base,
+                timeout_s=timeout,
+            )
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then recorded
         errors.setdefault(coordinator_node, f"rank {me}: .metadata: {exc}")
     return manifest
@@ -658,8 +674,9 @@ def _confirm_own_part(state: _State, manifest: Manifest | None) -> None:
     try:
         confirm_part(round_.tier, manifest.checkpoint_id, manifest.generation, manifest.seq)
     except Exception as exc:  # noqa: BLE001 - the promoter or the next save confirms it
-        logger.warning("peer mirror of %s: cannot confirm node %d's part: %s",
-                       manifest.checkpoint_id, node, exc)  # fmt: skip
+        logger.warning(
+            "peer mirror of %s: cannot confirm node %d's part: %s", manifest.checkpoint_id, node, exc
+        )
 
 
 def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest | None) -> None:
@@ -683,9 +700,16 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
         if owner == coordinator_node:
             files += [f for f in manifest.files if is_metadata_file(f.path)]
         marker = MirrorMarker(
-            ckpt, gen, owner, holder, tuple(by_node[owner]), tuple(files), manifest.seq,
-            crc32c(blob), dict(manifest.topology or {}),
-        )  # fmt: skip
+            ckpt,
+            gen,
+            owner,
+            holder,
+            tuple(by_node[owner]),
+            tuple(files),
+            manifest.seq,
+            crc32c(blob),
+            dict(manifest.topology or {}),
+        )
         try:
             publish_mirror(tier, blob, marker)
         except Exception as exc:  # noqa: BLE001 - a file went, or the tier failed: no mirror, said
@@ -697,8 +721,7 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             readers = [a for a in live(tier, ttl=round_.activity_ttl) if a.kind == "read"]
             state.pause()  # freeing the dropped mirrors' pages costs CPU too
             recycle = None if round_.spares is None else round_.spares.recycle
-            prune_mirrors(tier, round_.keep, readers=readers, recycle=recycle,
-                          ttl=round_.activity_ttl)  # fmt: skip
+            prune_mirrors(tier, round_.keep, readers=readers, recycle=recycle, ttl=round_.activity_ttl)
         except Exception as exc:  # noqa: BLE001 - retention retries at the promoter's next pass
             logger.warning("peer mirror of %s: retention of the mirrors failed: %s", ckpt, exc)
     # Every holder's markers are down (or withdrawn, and said so) before any owner says it is
@@ -717,8 +740,10 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
     if not status.mirrored and mine not in state.placement.refused:
         logger.warning(
             "checkpoint %s: node %d's files have no peer mirror (reduced redundancy): %s",
-            ckpt, mine, status.reason,
-        )  # fmt: skip
+            ckpt,
+            mine,
+            status.reason,
+        )
 
 
 def _remove_failed_save(round_: Round) -> None:

@@ -160,8 +160,7 @@ class Spares:
                     self._map(made, size)  # outside the node's lock: only this process's file
                     self._files[size].append(made)
         except OSError as exc:
-            logger.info("peer mirror: no spare landing file (%s): the next round reserves its own",
-                        exc)  # fmt: skip
+            logger.info("peer mirror: no spare landing file (%s): the next round reserves its own", exc)
 
     def _reserve(self, size: int) -> str:
         path = os.path.join(self._home(), f"mirror-spare-{uuid.uuid4().hex[:12]}")

@@ -57,9 +57,7 @@ def map_file(tier: Tier, path: str, size: int) -> torch.Tensor:
     return torch.frombuffer(view, dtype=torch.uint8, count=size)  # the tensor keeps the mapping
 
 
-def post_send(
-    data: torch.Tensor, dst: int, group: dist.ProcessGroup, first_tag: int
-) -> list[dist.Work]:
+def post_send(data: torch.Tensor, dst: int, group: dist.ProcessGroup, first_tag: int) -> list[dist.Work]:
     """Start sending ``data`` to global rank ``dst``, one message per chunk, tags from
     ``first_tag``."""
     return [
@@ -96,15 +94,11 @@ def send_files(
             # A mapped file's pages, mapped in one call while the messages before travel: gloo's
             # thread would otherwise fault them in one by one as it sends.
             populate_for_reading(piece.data_ptr(), piece.numel())
-            in_flight.append(
-                _posted(dist.isend(piece, dst=dst, group=group, tag=first_tag + index))
-            )
+            in_flight.append(_posted(dist.isend(piece, dst=dst, group=group, tag=first_tag + index)))
     wait_all(list(in_flight), timeout_s)
 
 
-def post_recv(
-    into: torch.Tensor, src: int, group: dist.ProcessGroup, first_tag: int
-) -> list[dist.Work]:
+def post_recv(into: torch.Tensor, src: int, group: dist.ProcessGroup, first_tag: int) -> list[dist.Work]:
     """Start receiving into ``into`` from global rank ``src`` (the mirror image of
     :func:`post_send`)."""
     return [
@@ -163,11 +157,11 @@ def receive_file(
             except TierUnavailableError:
                 mapped.close(unmap=True)  # nothing was posted into it
                 # the file still arrives, into the buffers, and is dropped (drain, below)
-                incoming = _Chunks(entry.size, src, group, first_tag, timeout_s,
-                                   _buffers(spares), pause)  # fmt: skip
+                incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause)
                 raise
-        incoming = _Chunks(entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause,
-                           mapped.tensor)  # fmt: skip
+        incoming = _Chunks(
+            entry.size, src, group, first_tag, timeout_s, _buffers(spares), pause, mapped.tensor
+        )
         if landing is None:  # posted first: the first chunks travel while pages are reserved
             landing = _open_landing(tier, path, entry.size, spare)
         value = 0

@@ -66,9 +66,7 @@ def _chunks(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[_Chunk]:
     for destination, source in pairs:
         to, start = destination.data_ptr(), source.data_ptr()
         nbytes = source.numel() * source.element_size()
-        chunks.extend(
-            (to + at, start + at, min(CHUNK, nbytes - at)) for at in range(0, nbytes, CHUNK)
-        )
+        chunks.extend((to + at, start + at, min(CHUNK, nbytes - at)) for at in range(0, nbytes, CHUNK))
     return chunks
 
 

@@ -405,9 +405,7 @@ class Stager:
         # rank_files) is simply used again: no spare is needed while that lasts.
         self._reused = self.slab is not None and not self.slab.consumed
         if self.slab is not None and (self.slab.consumed or self.slab.nbytes != nbytes):
-            self._retired.append(
-                self.slab
-            )  # unmapped after the copy: munmap slows a copy beside it
+            self._retired.append(self.slab)  # unmapped after the copy: munmap slows a copy beside it
             self.slab = None
         if self.slab is None and self._preparing is not None:
             started = time.perf_counter()

@@ -22,8 +22,7 @@ class S3TierConfig(TierConfig):
     endpoint_url: str | None = Field(None, description="For S3-compatible stores.")
     region: str | None = None
     part_size: Annotated[Size, Field(ge=5 * 2**20, le=5 * 2**30)] = Field(
-        8 * 2**20,
-        description="Multipart part size (S3 allows 5 MiB to 5 GiB); it doubles every 1,000 parts.",
+        8 * 2**20, description="Multipart part size (S3 allows 5 MiB to 5 GiB); it doubles every 1,000 parts."
     )
     concurrency: int = Field(16, ge=1, le=256, description="Parts in flight per file.")
     read_size: Annotated[Size, Field(ge=2**20, le=5 * 2**30)] = Field(

@@ -43,9 +43,7 @@ def named_in_children(
     return found
 
 
-def _objects(
-    list_page: Callable[[dict[str, Any]], dict[str, Any]], prefix: str
-) -> Iterator[dict[str, Any]]:
+def _objects(list_page: Callable[[dict[str, Any]], dict[str, Any]], prefix: str) -> Iterator[dict[str, Any]]:
     token: str | None = None
     while True:
         kwargs: dict[str, Any] = {"Prefix": prefix, "Delimiter": ROLL_UP}

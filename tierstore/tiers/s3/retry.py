@@ -137,15 +137,12 @@ class RetryPolicy:
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            logger.warning(
-                "retrying %s after attempt %d failed: %s", what, state.attempt_number, error
-            )
+            logger.warning("retrying %s after attempt %d failed: %s", what, state.attempt_number, error)
             if on_retry is not None and error is not None:
                 on_retry(error)
 
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts)
-            | tenacity.stop_after_delay(self.max_time),
+            stop=tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_time),
             wait=tenacity.wait_random_exponential(multiplier=self.initial_wait, max=self.max_wait),
             retry=tenacity.retry_if_exception(is_transient),
             before_sleep=before_sleep,

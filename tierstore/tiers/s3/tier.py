@@ -20,20 +20,9 @@ import botocore.exceptions
 
 from tierstore.errors import TierUnavailableError
 from tierstore.runtime import keep_inherited, track
-from tierstore.tiers.base import (
-    Capabilities,
-    FileInfo,
-    IncompleteWrite,
-    Tier,
-    WriteStream,
-)
+from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, WriteStream
 from tierstore.tiers.s3.listing import ROLL_UP, named_in_children
-from tierstore.tiers.s3.retry import (
-    RetriesExhausted,
-    RetryPolicy,
-    is_connection_failure,
-    s3_error,
-)
+from tierstore.tiers.s3.retry import RetriesExhausted, RetryPolicy, is_connection_failure, s3_error
 from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream, checksum_args
 
 if TYPE_CHECKING:  # the config module registers the type and builds this adapter
@@ -172,9 +161,8 @@ class S3Tier(Tier):
             _LOADER = session.get_component("data_loader")
         session.register_component("data_loader", _LOADER)
         return session.create_client(
-            "s3", endpoint_url=self.config.endpoint_url, region_name=self.config.region,
-            config=config,
-        )  # fmt: skip
+            "s3", endpoint_url=self.config.endpoint_url, region_name=self.config.region, config=config
+        )
 
     def _payload_signing(self) -> dict[str, Any]:
         """botocore's ``s3`` setting for body signing: unsigned where a checksum travels with it.
@@ -219,8 +207,7 @@ class S3Tier(Tier):
             raise
         except botocore.exceptions.NoCredentialsError as exc:
             raise self._unavailable(
-                what,
-                "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)",
+                what, "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
             ) from exc
         except Exception as exc:
             last: BaseException = exc
@@ -281,13 +268,16 @@ class S3Tier(Tier):
         """Best-effort delete of a failed upload's object: the keys written through
         :meth:`open_write` (data files) are new to each write, so it can only be this write's."""
         try:
-            self.call("delete_object", f"delete failed upload {path}", Bucket=self.bucket,
-                      Key=self._key(path))  # fmt: skip
+            self.call(
+                "delete_object", f"delete failed upload {path}", Bucket=self.bucket, Key=self._key(path)
+            )
         except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
             logger.warning(
                 "tier %s: could not delete %s after its upload failed (it may be visible): %s",
-                self.describe(), path, exc,
-            )  # fmt: skip
+                self.describe(),
+                path,
+                exc,
+            )
 
     def publish(self, path: str, data: bytes, *, create_only: bool) -> None:
         """One PUT; with ``create_only`` (and ``create_only_markers``) ``If-None-Match: *``."""
@@ -297,8 +287,15 @@ class S3Tier(Tier):
         try:
             # With its checksum, a marker damaged on the way is refused (and sent again), not committed.
             checksum = checksum_args(data) if self.send_checksums else {}
-            self.call("put_object", f"publish {path}", Bucket=self.bucket, Key=self._key(path),
-                      Body=data, **match, **checksum)  # fmt: skip
+            self.call(
+                "put_object",
+                f"publish {path}",
+                Bucket=self.bucket,
+                Key=self._key(path),
+                Body=data,
+                **match,
+                **checksum,
+            )
         except FileExistsError:
             # A retried create-only PUT can find its own first attempt: that is success.
             with contextlib.suppress(FileNotFoundError):
@@ -383,8 +380,7 @@ class S3Tier(Tier):
 
         def operation() -> None:
             try:
-                answer = self.client.get_object(Bucket=self.bucket, Key=key,
-                                                Range=f"bytes={offset}-{last}")  # fmt: skip
+                answer = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{last}")
             except botocore.exceptions.ClientError as exc:
                 if str(exc.response.get("Error", {}).get("Code", "")) == "InvalidRange":
                     raise EOFError(f"{self.root}/{path}: nothing at {offset}") from exc
@@ -411,8 +407,7 @@ class S3Tier(Tier):
         when the key is missing, to tell a directory: a second request for every ``exists`` that
         finds nothing, and the commit protocol asks many of those on every save.)"""
         try:
-            answer = self.call("head_object", f"stat {path}", Bucket=self.bucket,
-                               Key=self._key(path))  # fmt: skip
+            answer = self.call("head_object", f"stat {path}", Bucket=self.bucket, Key=self._key(path))
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.root}/{path}") from None
         return FileInfo(path, int(answer["ContentLength"]), _mtime(answer))
@@ -420,9 +415,7 @@ class S3Tier(Tier):
     def list_dir(self, path: str = "") -> list[str]:
         """Names directly under ``path`` (objects and common prefixes)."""
         try:
-            names = self._guard(
-                f"list {path or '/'}", lambda: self.fs.ls(self._full(path), detail=False)
-            )
+            names = self._guard(f"list {path or '/'}", lambda: self.fs.ls(self._full(path), detail=False))
         except FileNotFoundError:
             return []
         return sorted({n.rstrip("/").rsplit("/", 1)[-1] for n in names})
@@ -438,9 +431,7 @@ class S3Tier(Tier):
     def find_after(self, path: str, after: str) -> list[FileInfo]:
         """See :meth:`Tier.find_after`: the listing starts after ``after`` (``StartAfter``), a
         request per 1,000 objects listed from there."""
-        return self._listed(
-            f"list {path} after {after}", self._under(path), {"StartAfter": self._key(after)}
-        )
+        return self._listed(f"list {path} after {after}", self._under(path), {"StartAfter": self._key(after)})
 
     def _under(self, path: str) -> str:
         """The key prefix of everything under ``path`` (the whole tier for ``""``)."""
@@ -455,9 +446,11 @@ class S3Tier(Tier):
         found: list[FileInfo] = []
         while True:
             page = self.call("list_objects_v2", what, Bucket=self.bucket, **kwargs)
-            found += [FileInfo(str(item["Key"])[strip:], int(item["Size"]), _mtime(item))
-                      for item in page.get("Contents", [])
-                      if not str(item["Key"]).endswith("/")]  # fmt: skip
+            found += [
+                FileInfo(str(item["Key"])[strip:], int(item["Size"]), _mtime(item))
+                for item in page.get("Contents", [])
+                if not str(item["Key"]).endswith("/")
+            ]
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(found, key=lambda f: f.path)
@@ -501,23 +494,24 @@ class S3Tier(Tier):
         still receiving parts is in progress.
         """
         prefix = f"{self.prefix}/" if self.prefix else ""  # not a sibling namespace's uploads
-        answer = self.call(
-            "list_multipart_uploads", "list uploads", Bucket=self.bucket, Prefix=prefix
-        )
+        answer = self.call("list_multipart_uploads", "list uploads", Bucket=self.bucket, Prefix=prefix)
         found: list[IncompleteWrite] = []
         for upload in answer.get("Uploads", []):
             started: datetime | None = upload.get("Initiated")
             activity = started.timestamp() if started else now - idle_for
             if now - activity >= idle_for:
-                parts = self.call("list_parts", "list parts", Bucket=self.bucket,
-                                  Key=upload["Key"], UploadId=upload["UploadId"])  # fmt: skip
+                parts = self.call(
+                    "list_parts",
+                    "list parts",
+                    Bucket=self.bucket,
+                    Key=upload["Key"],
+                    UploadId=upload["UploadId"],
+                )
                 activity = max([activity, *(_mtime(p) for p in parts.get("Parts", []))])
             if now - activity >= idle_for:
                 key = str(upload["Key"])
                 path = key[len(prefix) :] if key.startswith(prefix) else key
-                found.append(
-                    IncompleteWrite(path, activity, "multipart upload", str(upload["UploadId"]))
-                )
+                found.append(IncompleteWrite(path, activity, "multipart upload", str(upload["UploadId"])))
         return found
 
     def discard_incomplete(self, write: IncompleteWrite) -> None:
@@ -526,8 +520,13 @@ class S3Tier(Tier):
             self.delete(write.path)
             return
         with contextlib.suppress(FileNotFoundError):
-            self.call("abort_multipart_upload", f"abort upload of {write.path}", Bucket=self.bucket,
-                      Key=self._key(write.path), UploadId=write.handle)  # fmt: skip
+            self.call(
+                "abort_multipart_upload",
+                f"abort upload of {write.path}",
+                Bucket=self.bucket,
+                Key=self._key(write.path),
+                UploadId=write.handle,
+            )
 
 
 def _as_builtin(error: botocore.exceptions.ClientError) -> Exception:

@@ -75,9 +75,12 @@ class ObjectUpload:
             part_checksum = self._caller.part_checksum
             algorithm = {"ChecksumAlgorithm": part_checksum} if part_checksum else {}
             answer = self._caller.call(
-                "create_multipart_upload", f"start upload {self._key}", Bucket=self._bucket,
-                Key=self._key, **algorithm,
-            )  # fmt: skip
+                "create_multipart_upload",
+                f"start upload {self._key}",
+                Bucket=self._bucket,
+                Key=self._key,
+                **algorithm,
+            )
             self._upload_id = answer["UploadId"]
             self._pool = ThreadPoolExecutor(self._caller.concurrency, thread_name_prefix="s3-part")
         for part in self._parts:  # surface a failed part early instead of uploading more
@@ -100,18 +103,28 @@ class ObjectUpload:
         part_checksum = self._caller.part_checksum
         checksum = checksum_args(data, part_checksum) if part_checksum else {}
         answer = self._caller.call(
-            "upload_part", f"part {number} of {self._key}", Bucket=self._bucket, Key=self._key,
-            UploadId=self._upload_id, PartNumber=number, Body=data, **checksum,
-        )  # fmt: skip
+            "upload_part",
+            f"part {number} of {self._key}",
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=data,
+            **checksum,
+        )
         return {"PartNumber": number, "ETag": answer["ETag"], **checksum}
 
     def put_whole(self, data: bytes) -> None:
         """Upload a small object in one PUT."""
         self.finishing_sent = True
         self._caller.call(
-            "put_object", f"put {self._key}", Bucket=self._bucket, Key=self._key, Body=data,
+            "put_object",
+            f"put {self._key}",
+            Bucket=self._bucket,
+            Key=self._key,
+            Body=data,
             **(checksum_args(data) if self._caller.send_checksums else {}),
-        )  # fmt: skip
+        )
 
     def finish(self) -> None:
         """Wait for every part, then complete the upload: the object appears only now."""
@@ -119,9 +132,13 @@ class ObjectUpload:
         self._shutdown()
         self.finishing_sent = True
         self._caller.call(
-            "complete_multipart_upload", f"complete {self._key}", Bucket=self._bucket,
-            Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts},
-        )  # fmt: skip
+            "complete_multipart_upload",
+            f"complete {self._key}",
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            MultipartUpload={"Parts": parts},
+        )
 
     def abort(self) -> None:
         """Abandon the upload: cancel queued parts and abort it so S3 frees the parts (best effort)."""
@@ -131,9 +148,12 @@ class ObjectUpload:
         if self._upload_id is not None:
             try:
                 self._caller.call(
-                    "abort_multipart_upload", f"abort {self._key}", Bucket=self._bucket,
-                    Key=self._key, UploadId=self._upload_id,
-                )  # fmt: skip
+                    "abort_multipart_upload",
+                    f"abort {self._key}",
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                )
             except Exception as exc:  # noqa: BLE001 - stale uploads are also removed by gc
                 logger.warning("could not abort upload of %s (gc will): %s", self._key, exc)
 
