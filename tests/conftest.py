@@ -142,7 +142,7 @@ def small_tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
 def shm() -> Iterator[Path]:
     """A directory of its own on the tmpfs at ``/dev/shm`` (where a mirror's spares are mapped),
     removed after; a skip where ``/dev/shm`` is no tmpfs."""
-    from tierstore.mapping import is_tmpfs
+    from tierstore._platform.mapping import is_tmpfs
 
     if not os.path.isdir("/dev/shm") or not is_tmpfs("/dev/shm"):
         pytest.skip("no tmpfs at /dev/shm: spares are mapped only on a tmpfs")

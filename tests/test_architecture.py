@@ -15,36 +15,22 @@ SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
 """What code outside tierstore/tiers/ may import from it: the seam, never an adapter module."""
 
 LAYERS = {
-    "tierstore.errors": 0,
-    "tierstore.version": 0,
-    "tierstore.ids": 0,
-    "tierstore.units": 0,
-    "tierstore.checksum": 0,
-    "tierstore.signing": 0,
-    "tierstore.topology": 0,
-    "tierstore.owners": 0,
-    "tierstore.interval": 0,
-    "tierstore.testing": 0,
-    "tierstore.placement": 0,
-    "tierstore.bounded": 0,
-    "tierstore.killpoints": 0,
-    "tierstore.runtime": 0,
-    "tierstore.forks": 0,
-    "tierstore.mapping": 0,
-    "tierstore.progress": 0,
-    "tierstore.save_metrics": 0,
+    "tierstore._platform": 0,
+    **dict.fromkeys(
+        ["tierstore." + m for m in ("errors", "version", "ids", "units", "checksum", "signing", "topology")],
+        0,
+    ),
+    **dict.fromkeys(["tierstore.testing", "tierstore.placement"], 0),
     "tierstore.tiers": 1,
     "tierstore.config": 2,
     "tierstore.policy_config": 2,
     "tierstore.records": 3,
-    "tierstore.audit": 4,
-    "tierstore.status": 4,
     "tierstore.dcp": 5,
     "tierstore.promote": 5,
     "tierstore.cli": 6,
     "tierstore": 6,
 }
-"""ids/errors/checksum -> tiers -> config -> records -> audit -> {dcp, promote} -> cli."""
+"""_platform and the vocabulary -> tiers -> config -> records -> {dcp, promote} -> cli."""
 
 
 def module_name(path: Path) -> str:
@@ -267,3 +253,22 @@ def test_nothing_in_tiers_declares_or_reads_a_policy_field() -> None:
             if found in POLICY_FIELDS:
                 offenders.append(f"{name}:{getattr(node, 'lineno', '?')} {found}")
     assert offenders == [], offenders
+
+
+TOP_LEVEL_LIMIT = 15
+
+
+def test_the_top_level_holds_the_vocabulary_only() -> None:
+    """Plumbing lives in ``_platform/``, commands in ``cli/``: at most 15 modules at the top."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= TOP_LEVEL_LIMIT, top
+
+
+def test_one_fork_hook_in_the_package() -> None:
+    """Every per-process part joins the runtime's one hook (``_platform/runtime.py``)."""
+    hooks = [
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for _ in range(path.read_text().count("register_at_fork("))
+    ]
+    assert hooks == ["tierstore/_platform/runtime.py"]

@@ -12,8 +12,8 @@ import torch.distributed.checkpoint as dcp
 import yaml
 
 from tierstore import TieredWriter
-from tierstore.audit import audit_all
 from tierstore.cli import main
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config
 from tierstore.ids import checkpoint_file
 from tierstore.records.marker import read_manifest

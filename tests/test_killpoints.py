@@ -1,4 +1,4 @@
-"""The kill-point hook (:mod:`tierstore.killpoints`): its registry matches the code, it kills at the
+"""The kill-point hook (:mod:`tierstore._platform.killpoints`): its registry matches the code, it kills at the
 n-th reach of the armed point only, and unset it costs one comparison per call."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tierstore.killpoints import KILL_POINTS, VARIABLE, kill_point
+from tierstore._platform.killpoints import KILL_POINTS, VARIABLE, kill_point
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tierstore"
 CALL = re.compile(r"""\bkill_point\(\s*["']([^"']+)["']""")
@@ -55,7 +55,7 @@ def run_armed(spec: str, script: str) -> subprocess.CompletedProcess[str]:
 
 
 REACHES = (
-    "from tierstore.killpoints import kill_point\n"
+    "from tierstore._platform.killpoints import kill_point\n"
     "for i in range(1, 4):\n"
     "    kill_point('marker.published', f'a/{i}/commit.json')\n"
     "    kill_point('marker.published', f'b/{i}/.x')\n"
@@ -77,5 +77,5 @@ def test_an_unreached_kill_point_lets_the_process_finish() -> None:
 
 @pytest.mark.parametrize("spec", ["no.such.point", "marker.published:x"])
 def test_a_malformed_kill_point_is_refused_at_import(spec: str) -> None:
-    done = run_armed(spec, "import tierstore.killpoints")
+    done = run_armed(spec, "import tierstore._platform.killpoints")
     assert done.returncode == 1 and VARIABLE in done.stderr, done

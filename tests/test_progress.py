@@ -14,11 +14,11 @@ import yaml
 
 from tests.training import Trainer
 from tierstore import TieredWriter
-from tierstore import progress as progress_module
+from tierstore._platform import progress as progress_module
+from tierstore._platform.progress import ByteProgress
 from tierstore.cli import main
 from tierstore.config import load_config
 from tierstore.dcp import export as export_module
-from tierstore.progress import ByteProgress
 from tierstore.promote.sidecar import Promoter
 
 

@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 from tests.forked import in_forked_child
-from tierstore.runtime import ProcessLocal, SerialWorker, Ticker, map_on_daemons
+from tierstore._platform.runtime import ProcessLocal, SerialWorker, Ticker, map_on_daemons
 
 
 def test_jobs_run_in_submission_order_on_one_thread() -> None:

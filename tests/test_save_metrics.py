@@ -20,10 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.workers import run_ranks
 from tierstore import TieredWriter
-from tierstore.config import Config, config_from_dict
-from tierstore.errors import ConfigError
-from tierstore.records.marker import read_manifest
-from tierstore.save_metrics import (
+from tierstore._platform.save_metrics import (
     FAMILIES,
     SAMPLE_NAMES,
     SaveRecorder,
@@ -31,6 +28,9 @@ from tierstore.save_metrics import (
     read_directory,
     read_values,
 )
+from tierstore.config import Config, config_from_dict
+from tierstore.errors import ConfigError
+from tierstore.records.marker import read_manifest
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -127,7 +127,7 @@ def test_recording_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     recorder = SaveRecorder(str(blocked / "metrics"))  # a directory that cannot be made
-    with caplog.at_level(logging.WARNING, logger="tierstore.save_metrics"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.save_metrics"):
         recorder.written(0, "ram", nbytes=1, write_s=0.1, save_s=0.1)
         recorder.committed(0, "ram", commit_s=0.2)
     warnings = [r for r in caplog.records if "cannot record save metrics" in r.getMessage()]

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.hung_files import fifo_at
+from tierstore._platform.save_metrics import MAX_FILE_BYTES, SaveRecorder, rank_file, read_directory
 from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
-from tierstore.save_metrics import MAX_FILE_BYTES, SaveRecorder, rank_file, read_directory
 
 
 def record(directory: Path, rank: int = 0) -> None:

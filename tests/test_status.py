@@ -18,12 +18,12 @@ from tests.hung_files import fifo_at, refusing_s3_tier
 from tests.training import Trainer
 from tierstore import TieredWriter
 from tierstore.cli import main
+from tierstore.cli.status import gather_status
 from tierstore.config import load_config
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import MirrorStatus, write_status
 from tierstore.records.promoter_state import PromoterState, read_state, write_state
-from tierstore.status import gather_status
 
 
 @pytest.fixture

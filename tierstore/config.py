@@ -94,7 +94,7 @@ class StagingConfig(StrictModel):
 
 class MetricsConfig(StrictModel):
     """Trainer-side metrics: each rank's save stall, times and bytes in a file per rank, served by
-    the node's promoter on its ``/metrics`` (see :mod:`tierstore.save_metrics`)."""
+    the node's promoter on its ``/metrics`` (see :mod:`tierstore._platform.save_metrics`)."""
 
     directory: str | None = Field(
         None,

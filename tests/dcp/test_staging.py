@@ -23,13 +23,13 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from tests.forked import in_forked_child
 from tests.workers import run_ranks
 from tierstore import LossBandGate, NonFiniteTensorError, TieredReader, TieredWriter, latest_committed
+from tierstore._platform.owners import owner_dir_name
 from tierstore.cli import main
+from tierstore.cli.interval import advise, daly, young
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import has_nonfinite
 from tierstore.ids import staging_dir
-from tierstore.interval import advise, daly, young
-from tierstore.owners import owner_dir_name
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from tests.deploy.tools import DEPLOY, ROOT, system_tool
+from tierstore._platform.save_metrics import SAMPLE_NAMES
 from tierstore.dcp.drill import DrillReport
 from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
-from tierstore.save_metrics import SAMPLE_NAMES
 
 MONITORING = DEPLOY / "monitoring"
 RULES = MONITORING / "tierstore-alerts.yaml"

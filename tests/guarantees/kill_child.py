@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 WORLD = 2
-KILL_VARIABLE = "TIERSTORE_KILL_POINT"  # tierstore.killpoints.VARIABLE, not imported before a fork
+KILL_VARIABLE = "TIERSTORE_KILL_POINT"  # tierstore._platform.killpoints.VARIABLE, not imported before a fork
 
 
 def rank_state(rank: int, step: int) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def _rank(rank: int, job: tuple[str, int, int, str, str]) -> None:
 
 def train(config: str, first: str, last: str, mode: str, store: str) -> None:
     """Run the two ranks (forked from this process) to the end; raise if one failed or died."""
-    import tierstore.killpoints  # noqa: F401 - this process reads the kill point now, the ranks inherit it
+    import tierstore._platform.killpoints  # noqa: F401 - this process reads the kill point now, the ranks inherit it
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     job = (config, int(first), int(last), mode, store)

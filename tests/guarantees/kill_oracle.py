@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 from tests.local_files import real_path
 from tierstore import TieredReader
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config, config_from_dict
 from tierstore.errors import IntegrityError
 from tierstore.ids import INTERNAL_DIR, MARKER_NAME, staging_dir

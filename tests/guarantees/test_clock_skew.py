@@ -36,8 +36,8 @@ from tests.guarantees.test_concurrency import assert_audit_clean, loaded, paused
 from tests.s3server import SeaweedServer
 from tests.system_tools import system_tool
 from tierstore import TieredWriter, latest_committed
-from tierstore.audit import audit_all
 from tierstore.cli import main
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import CLOCK_DIR, PROMOTER_DIR, generation_dir
 from tierstore.promote.sidecar import Promoter

@@ -18,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import TieredReader, TieredWriter, latest_committed
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config
 from tierstore.dcp.gate import GateView
 from tierstore.errors import IntegrityError

@@ -1,6 +1,6 @@
 """A forked helper that exits normally must not clean up after its parent: the finalizers it
 inherited (a stager's removal of its staging directory, a save's end of its write record) belong to
-the parent (tierstore.runtime.finalize)."""
+the parent (tierstore._platform.runtime.finalize)."""
 
 from __future__ import annotations
 

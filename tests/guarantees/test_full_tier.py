@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierstore import TieredWriter
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter

@@ -1,6 +1,6 @@
 """Process crashes at named kill points and at random times (issue 24, item 1).
 
-Every kill point of :data:`tierstore.killpoints.KILL_POINTS` is armed once, through
+Every kill point of :data:`tierstore._platform.killpoints.KILL_POINTS` is armed once, through
 ``TIERSTORE_KILL_POINT``, in the real actor that reaches it, run as its own process: the 2-rank
 trainer (``kill_child.py``: torch.multiprocessing, gloo on loopback), ``tierstore promote --once``
 into a POSIX tier or into S3 (moto's server, 5 MiB parts, so a file is a multipart upload of three
@@ -47,10 +47,10 @@ from tests.guarantees.kill_oracle import (
 )
 from tests.seeds import SEEDS_VARIABLE, fault_seeds
 from tierstore import TieredWriter, latest_committed
+from tierstore._platform.killpoints import KILL_POINTS, VARIABLE
 from tierstore.cli import main as cli_main
 from tierstore.config import Config, config_from_dict
 from tierstore.ids import marker_path
-from tierstore.killpoints import KILL_POINTS, VARIABLE
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 

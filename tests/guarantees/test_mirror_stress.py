@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from tests.mirror_jobs import blank_state, memory_root, shard_state
 from tests.workers import run_ranks
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.topology import HOST_VARIABLE

@@ -129,7 +129,7 @@ def away(promoter: Promoter) -> float | None:
 
 
 def probes_done(timeout: float = 60.0) -> None:
-    """Wait until no abandoned tier probe (tierstore.bounded) of this process is still running:
+    """Wait until no abandoned tier probe (tierstore._platform.bounded) of this process is still running:
     its late requests belong to the look that started it, not to what the test does next."""
     deadline = time.monotonic() + timeout
     while any(t.name.startswith("tierstore-probe-") for t in threading.enumerate()):

@@ -1,7 +1,7 @@
 """The peer mirror across a fork (a data-loader worker, a helper the trainer forks right after a save):
 the child has no mirror rounds of its own to count or wait for, and the parent's rounds go on.
 
-Started as an adversarial review's probe of the per-process mirror workers (tierstore.runtime): a
+Started as an adversarial review's probe of the per-process mirror workers (tierstore._platform.runtime): a
 plain module dict would hand the child the parent's round count, and a wait there for rounds that
 never run in the child.
 """

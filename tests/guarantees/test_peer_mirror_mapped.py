@@ -16,11 +16,11 @@ from tests.guarantees.test_peer_mirror_spares import fail_a_receive_after_taking
 from tests.mirror_jobs import memory_root
 from tests.process_files import mapped_inodes
 from tests.workers import run_ranks
+from tierstore._platform.mapping import is_tmpfs
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.dcp.mirror.transport import CHUNK, bytes_of, post_send, receive_file, wait_all
 from tierstore.errors import IntegrityError
-from tierstore.mapping import is_tmpfs
 from tierstore.records.marker import FileEntry
 from tierstore.tiers.landing import Landing
 from tierstore.tiers.memory import MemoryTier

@@ -24,10 +24,10 @@ from tests.mirror_jobs import become, memory_root, mirror_config, mirror_markers
 from tests.process_files import mapped_inodes, open_inodes, own_checkpoint_files
 from tests.workers import run_ranks
 from tierstore import TieredWriter
+from tierstore._platform.mapping import populate_for_reading
 from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.dcp.mirror.transport import map_file
-from tierstore.mapping import populate_for_reading
 from tierstore.tiers.memory import MemoryTier
 
 _SIZE = 16 * 2**20  # floats: a 64 MiB shard, four messages

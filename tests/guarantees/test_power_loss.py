@@ -10,7 +10,7 @@ the oracle of issue 24 is checked against that directory:
 (a) ``latest_committed`` names a checkpoint at least as new as the last one whose ``dcp.save``
     returned before the cut, and ``dcp.load`` of it with ``TieredReader`` yields one of the states
     saved under that id, bit-exact, from that save or a later one;
-(b) no marker stands over missing, short or corrupt data (:func:`tierstore.audit.audit_all`);
+(b) no marker stands over missing, short or corrupt data (:func:`tierstore.cli.audit.audit_all`);
 (c) with ``check_after``: a fresh save and a promoter pass (promotion, retention, gc) in the crash
     state succeed, and the fresh save is then the latest, loadable bit-exact.
 
@@ -51,7 +51,7 @@ from tests.power_loss import CrashState, OsRecorder, Trace, materialise, tmpfs_d
 from tests.seeds import fault_seeds
 from tests.training import Trainer, assert_same, fresh_target
 from tierstore import TieredReader, TieredWriter, latest_committed
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 

@@ -23,7 +23,7 @@ import yaml
 
 from tests.workers import run_ranks
 from tierstore import Catalog, TieredReader, TieredWriter, latest_committed
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config
 from tierstore.promote.sidecar import Promoter
 

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tierstore import TieredReader, TieredWriter
-from tierstore.audit import audit_all
+from tierstore.cli.audit import audit_all
 from tierstore.config import Config, config_from_dict
 from tierstore.records.marker import read_manifest
 

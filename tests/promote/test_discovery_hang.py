@@ -18,7 +18,7 @@ from tierstore.ids import marker_path
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from tierstore.bounded import Prober
+    from tierstore._platform.bounded import Prober
     from tierstore.config import config_from_dict
     from tierstore.errors import TierUnavailableError
     from tierstore.promote.discovery import MarkerCache

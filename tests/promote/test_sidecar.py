@@ -282,7 +282,7 @@ def test_two_promoters_racing_commit_once(make_config: Callable[..., Config], tm
 
 
 def test_gc_dry_run_then_gc(make_config: Callable[..., Config], capsys: pytest.CaptureFixture[str]) -> None:
-    from tierstore.cli import cmd_gc
+    from tierstore.cli.main import cmd_gc
 
     config = make_config("local", tiers={"local": {"keep": 1}}, promote={"stale_after": 60})
     save(config, "step_0001")

@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.tiers.dict_tier import FAULTS
 from tierstore import TieredReader, TieredWriter, latest_committed
-from tierstore.audit import audit_copy
+from tierstore.cli.audit import audit_copy
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records import known

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from tests.tiers.dict_tier import FAULTS
 from tierstore import TieredReader, TieredWriter
-from tierstore.audit import audit_copy
+from tierstore.cli.audit import audit_copy
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter

@@ -40,6 +40,7 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 
+from tierstore._platform.progress import ByteProgress
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.layout import ItemLocation, decode_tensor
@@ -50,7 +51,6 @@ from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
 from tierstore.dcp.verified_read import VerifiedReader
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierUnavailableError
 from tierstore.ids import is_metadata_file, validate_checkpoint_id
-from tierstore.progress import ByteProgress
 from tierstore.records.activity import Activity, hold
 from tierstore.records.marker import FileEntry, Manifest, entry_problem
 from tierstore.tiers import Tier

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.errors import CheckpointExistsError
 from tierstore.ids import marker_path
 from tierstore.records.known import Elsewhere, elsewhere_for

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.restore_choice import choose_copy

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from tierstore._platform.runtime import SerialWorker
 from tierstore.checksum import Digest
 from tierstore.errors import NonFiniteTensorError
-from tierstore.runtime import SerialWorker
 
 ALIGN = 64
 HEADER_SIZE = 64
@@ -137,7 +137,7 @@ class ChunkSink:
     """Consumes the bytes of one file in order: CRC32C always (and SHA-256 when ``sha256``, for a
     signed marker), a write when a stream is given.
 
-    When writing, the CRC runs on a helper thread (a :class:`~tierstore.runtime.SerialWorker` of the
+    When writing, the CRC runs on a helper thread (a :class:`~tierstore._platform.runtime.SerialWorker` of the
     sink's own), in order, overlapping the write (crc32c releases the GIL), so checksumming adds no
     time to a disk or tmpfs write. Use it as a context manager, or read :attr:`crc` once everything
     was fed: both wait for the helper, and raise what the checksum raised there (as :meth:`feed`

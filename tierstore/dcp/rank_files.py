@@ -28,6 +28,7 @@ import torch
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import (
     HEADER_SIZE,
@@ -48,7 +49,6 @@ from tierstore.dcp.layout import (
 from tierstore.dcp.staging import SlabInfo, use_of
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError, TierUnavailableError
 from tierstore.ids import checkpoint_file, data_file
-from tierstore.killpoints import kill_point
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Tier
 from tierstore.tiers.base import WriteStream

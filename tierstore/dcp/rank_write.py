@@ -14,13 +14,13 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.dcp.mirror_handoff import hand_to_mirror, mirrors
 from tierstore.dcp.rank_files import RankFileWriter
 from tierstore.dcp.save_activity import quietly, stop_writing
 from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles
 from tierstore.errors import CommitVetoedError, TierstoreError
 from tierstore.ids import rank_part_path
-from tierstore.killpoints import kill_point
 from tierstore.records.activity import Activity, hold
 from tierstore.records.changes import touch
 from tierstore.records.marker import FileEntry

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.dcp import restore_data, restore_metadata
 from tierstore.dcp.collectives import ALONE

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
 from tierstore.dcp.mirror import inventory
 from tierstore.errors import CheckpointNotFoundError, TierstoreError

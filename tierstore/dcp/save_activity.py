@@ -12,10 +12,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tierstore._platform.runtime import finalize
 from tierstore.dcp.known_commits import look_elsewhere
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
-from tierstore.runtime import finalize
 
 if TYPE_CHECKING:
     from tierstore.dcp.writer import TieredWriter

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.known_commits import look_elsewhere, marker, published, refuse_committed_id
 from tierstore.dcp.mirror_handoff import tell_mirror
@@ -20,7 +21,6 @@ from tierstore.dcp.save_activity import quietly, stop_writing
 from tierstore.dcp.save_plans import RankFiles
 from tierstore.errors import CheckpointExistsError, TierstoreError
 from tierstore.ids import checkpoint_file, metadata_file
-from tierstore.killpoints import kill_point
 from tierstore.records.log import highest_in
 from tierstore.records.marker import FileEntry, Manifest, signed
 from tierstore.records.protocol import claim, drop, publish

@@ -10,10 +10,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from tierstore._platform.owners import owner_dir_name
 from tierstore.dcp.save_plans import RankReport
 from tierstore.dcp.staging import STAGERS, StagedSave, Stager, StagingFuture
 from tierstore.ids import writer_staging_dir
-from tierstore.owners import owner_dir_name
 from tierstore.tiers import OwnedDirectory
 
 if TYPE_CHECKING:

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierstore._platform.save_metrics import SaveRecorder
 from tierstore.config import Config, as_config
 from tierstore.dcp import mirror_handoff, rank_write, save_commit, save_plans, stage_face
 from tierstore.dcp.gate import CommitGate
@@ -51,7 +52,6 @@ from tierstore.dcp.staging import Pending, SlabInfo, Stager, StagingFuture
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
 from tierstore.records.activity import Activity
 from tierstore.records.known import Elsewhere
-from tierstore.save_metrics import SaveRecorder
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 

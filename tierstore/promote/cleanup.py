@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tierstore._platform.owners import owner_is_gone
 from tierstore.ids import (
     CLOCK_DIR,
     COMMITS_DIR,
@@ -30,7 +31,6 @@ from tierstore.ids import (
     void_entry_path,
     writer_staging_dir,
 )
-from tierstore.owners import owner_is_gone
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
 from tierstore.records.changes import touch
@@ -191,7 +191,7 @@ def _unfinished_mirrors(
 
 
 def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
-    """Staging directories of writer processes that are gone (see :mod:`tierstore.owners`)."""
+    """Staging directories of writer processes that are gone (see :mod:`tierstore._platform.owners`)."""
     found: list[Cleanup] = []
     if not tier.capabilities.local_files:
         return found  # staging directories are local: a writer's lock is a local file

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tierstore._platform.runtime import map_on_daemons
 from tierstore.ids import (
     generation_dir,
     is_checkpoint_id,
@@ -34,7 +35,6 @@ from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
-from tierstore.runtime import map_on_daemons
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tierstore._platform.killpoints import kill_point
+from tierstore._platform.progress import ByteProgress
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
-from tierstore.killpoints import kill_point
-from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.transfer import copy_files
 from tierstore.records.activity import ACTIVITY_TTL, held

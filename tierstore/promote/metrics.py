@@ -4,7 +4,7 @@ One registry per promoter, no module-level state. Served over HTTP at ``/metrics
 :mod:`tierstore.promote.endpoint`, beside the ``/healthz`` and ``/readyz`` probes). Once the promoter
 is watched (:meth:`PromoterMetrics.watch`), the registry also answers what the probes answer, as
 gauges, and the node's trainer-side metrics: every rank's file in ``metrics.directory``
-(:mod:`tierstore.save_metrics`), read at each scrape.
+(:mod:`tierstore._platform.save_metrics`), read at each scrape.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tierstore._platform.save_metrics import read_directory
 from tierstore.promote.endpoint import serve
 from tierstore.promote.health import PromoterHealth
-from tierstore.save_metrics import read_directory
 
 
 class PromoterMetrics:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.killpoints import kill_point
 from tierstore.promote.policy import Deletion
 from tierstore.records.activity import ACTIVITY_TTL
 from tierstore.records.marker import read_manifest

@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
+from tierstore._platform.killpoints import kill_point
 from tierstore.config import Config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import intent_path
-from tierstore.killpoints import kill_point
 from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup, find_leftovers, remove
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover, foreign_parts
 from tierstore.promote.endpoint import serve

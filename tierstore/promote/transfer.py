@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file
-from tierstore.killpoints import kill_point
 from tierstore.records.marker import FileEntry, entry_problem
 from tierstore.tiers import Tier
 

@@ -32,9 +32,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tierstore._platform.runtime import ProcessLocal, Ticker
 from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
 from tierstore.records.clock import tier_now
-from tierstore.runtime import ProcessLocal, Ticker
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,8 @@ def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | N
 
 
 class Heartbeat:
-    """Refreshes every held record of this process, on one beat (a :class:`~tierstore.runtime.Ticker`)."""
+    """Refreshes every held record of this process, on one beat (a
+    :class:`~tierstore._platform.runtime.Ticker`)."""
 
     def __init__(self, tick: float) -> None:
         self._held: set[Activity] = set()

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
 from tierstore.records.log import read_log_and_voids

@@ -14,7 +14,7 @@ An **exchange-end record** (``.tierstore/mirror-ended/<waiter>/<n>.json``) tells
 (however it ended): the exchange runs in DCP's checkpoint process, and the trainer's
 ``wait_mirrored``/``close`` wait for these records. They live outside the generation directories, so
 an overwrite or retention that drops a generation cannot take them away. The waiting process owns its
-``<waiter>`` directory (named and locked as a staging directory is, see :mod:`tierstore.owners`),
+``<waiter>`` directory (named and locked as a staging directory is, see :mod:`tierstore._platform.owners`),
 deletes each record once seen and the directory when it closes or exits; cleanup removes the
 directory of a process that is gone.
 """
@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tierstore._platform.owners import LOCK_NAME
 from tierstore.checksum import crc32c
 from tierstore.errors import IntegrityError
 from tierstore.ids import (
@@ -42,7 +43,6 @@ from tierstore.ids import (
     mirror_marker_path,
     mirror_status_path,
 )
-from tierstore.owners import LOCK_NAME
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, is_busy, live
 from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record, size_problem
 from tierstore.tiers import Tier

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.ids import (
     commit_entry_path,
@@ -43,7 +44,6 @@ from tierstore.ids import (
     parts_dir,
     void_entry_path,
 )
-from tierstore.killpoints import kill_point
 from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
 from tierstore.records.changes import touch
 from tierstore.records.log import LogEntry, highest_in, read_log

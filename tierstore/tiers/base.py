@@ -259,7 +259,7 @@ class Tier(abc.ABC):
 
     def owner_alive(self, path: str) -> bool | None:
         """Whether the process that locked the directory ``path`` (a writer's staging directory,
-        see :mod:`tierstore.owners`) still runs: None when it holds no lock file. Only where
+        see :mod:`tierstore._platform.owners`) still runs: None when it holds no lock file. Only where
         ``capabilities.local_files`` (a lock is a local file); elsewhere ``NotImplementedError``."""
         raise NotImplementedError(f"tier {self.name} has no local files to lock")
 

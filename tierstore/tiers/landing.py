@@ -7,7 +7,7 @@ with ENOSPC, and the writes that follow only fill pages that exist (a spare on a
 through its mapping instead, made between rounds: :mod:`tierstore.dcp.mirror.transport`). The file
 gets its real name only through the tier's ``adopt`` (rename, fsync the directory) once its bytes
 are checked; until then its name is a temporary one, which cleanup recognises. Its descriptor is one
-a forked child closes at once (:mod:`tierstore.forks`): a DataLoader worker forked during a
+a forked child closes at once (:mod:`tierstore._platform.forks`): a DataLoader worker forked during a
 receive must not hold the file's pages after retention removes it.
 """
 
@@ -17,7 +17,7 @@ import os
 import uuid
 from pathlib import Path
 
-from tierstore.forks import close_unshared, open_unshared
+from tierstore._platform.forks import close_unshared, open_unshared
 from tierstore.tiers.durable import make_dirs_durable, temp_name_for
 
 

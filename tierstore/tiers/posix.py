@@ -20,11 +20,11 @@ from typing import Any
 
 from pydantic import Field
 
+from tierstore._platform.forks import close_unshared, open_unshared
+from tierstore._platform.killpoints import kill_point
+from tierstore._platform.mapping import map_private
+from tierstore._platform.owners import hold_owner_lock, owner_is_alive
 from tierstore.errors import TierUnavailableError
-from tierstore.forks import close_unshared, open_unshared
-from tierstore.killpoints import kill_point
-from tierstore.mapping import map_private
-from tierstore.owners import hold_owner_lock, owner_is_alive
 from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
@@ -116,12 +116,12 @@ class PosixTier(Tier):
         return str(self._path(path))
 
     def map_file(self, path: str) -> memoryview:
-        """See :meth:`Tier.map_file` (:func:`~tierstore.mapping.map_private`: pages are
+        """See :meth:`Tier.map_file` (:func:`~tierstore._platform.mapping.map_private`: pages are
         shared with the page cache until written, a write never reaches the file, the page tables
         are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
         real = str(self._path(path))
         with self._reading(path):
-            try:  # a descriptor no forked child keeps (tierstore.forks)
+            try:  # a descriptor no forked child keeps (tierstore._platform.forks)
                 fd = open_unshared(real, os.O_RDONLY)
             except NotADirectoryError as exc:  # a path through a foreign file
                 raise FileNotFoundError(errno.ENOENT, "no such file", real) from exc
@@ -137,7 +137,7 @@ class PosixTier(Tier):
 
     def own_directory(self, path: str) -> OwnedDirectory:
         """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,
-        :mod:`tierstore.owners`)."""
+        :mod:`tierstore._platform.owners`)."""
         directory = str(self._path(path))
         return OwnedDirectory(directory, hold_owner_lock(directory))
 

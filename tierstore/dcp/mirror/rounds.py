@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tierstore._platform.owners import owner_dir_name
+from tierstore._platform.runtime import ProcessLocal, SerialWorker, finalize
 from tierstore.checksum import crc32c
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.spares import Spares
@@ -65,7 +67,6 @@ from tierstore.ids import (
     parts_dir,
     rank_part_path,
 )
-from tierstore.owners import owner_dir_name
 from tierstore.placement import MirrorConfig, Placement, place
 from tierstore.records.activity import held, live
 from tierstore.records.marker import FileEntry, Manifest
@@ -81,7 +82,6 @@ from tierstore.records.mirror import (
     write_status,
 )
 from tierstore.records.parts import confirm_part
-from tierstore.runtime import ProcessLocal, SerialWorker, finalize
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def plan_transfers(shares: list[SavedShare], placement: Placement, first_tag: in
 
 class MirrorWorker:
     """Runs this process's mirror rounds in order, on one background thread of low priority (a
-    :class:`~tierstore.runtime.SerialWorker`), and knows when none is left."""
+    :class:`~tierstore._platform.runtime.SerialWorker`), and knows when none is left."""
 
     def __init__(self) -> None:
         # Background work yields the CPU to the trainer: on a busy node the next save's copy and
@@ -316,7 +316,7 @@ class ExchangeWaits:
     a directory of this process's, outside every generation directory: an overwrite or retention
     dropping the save's generation meanwhile cannot remove them (it did remove the status records
     this used to count, and the wait never ended). The directory is locked for this process's
-    lifetime (:mod:`tierstore.owners`), removed by :meth:`close` or at exit, and by cleanup once
+    lifetime (:mod:`tierstore._platform.owners`), removed by :meth:`close` or at exit, and by cleanup once
     this process is gone.
     """
 

@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tierstore.forks import close_unshared, open_unshared
+from tierstore._platform.forks import close_unshared, open_unshared
+from tierstore._platform.mapping import Mapping, is_tmpfs, map_shared
+from tierstore._platform.owners import owner_dir_name
+from tierstore._platform.runtime import finalize
 from tierstore.ids import writer_staging_dir
-from tierstore.mapping import Mapping, is_tmpfs, map_shared
-from tierstore.owners import owner_dir_name
-from tierstore.runtime import finalize
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from tierstore._platform.mapping import Mapping, populate_for_reading
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
-from tierstore.mapping import Mapping, populate_for_reading
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Landing, Tier
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 
 import torch
 
-from tierstore.runtime import ProcessLocal, SerialWorker
+from tierstore._platform.runtime import ProcessLocal, SerialWorker
 
 CHUNK = 8 * 2**20
 """Bytes per ``memmove``: small enough to balance the threads, large enough for non-temporal

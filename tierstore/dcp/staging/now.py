@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from tierstore.runtime import ProcessLocal
+from tierstore._platform.runtime import ProcessLocal
 
 
 class StagingNow:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from tierstore._platform.runtime import SerialWorker
 from tierstore.errors import TierstoreError
-from tierstore.runtime import SerialWorker
 
 
 class StagingFuture(Future[Any]):
@@ -41,7 +41,7 @@ class StagingFuture(Future[Any]):
 
 class StagingQueue:
     """Runs staging jobs one at a time, in submission order, on one long-lived daemon thread (a
-    :class:`~tierstore.runtime.SerialWorker`: no thread start on the trainer's path).
+    :class:`~tierstore._platform.runtime.SerialWorker`: no thread start on the trainer's path).
 
     A daemon thread: a job blocked on a save that never ends must not hold the interpreter at
     exit. A job's failure is its future's; the next job runs regardless.

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint.logger as dcp_logger
 
-from tierstore.runtime import ProcessLocal
+from tierstore._platform.runtime import ProcessLocal
 
 _SAVE_CALLS = frozenset({"save"})
 """DCP calls whose end means a save is over (``save_state_dict``, deprecated, reports nothing)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from tierstore.runtime import ProcessLocal
+from tierstore._platform.runtime import ProcessLocal
 
 logger = logging.getLogger(__name__)
 _WARN_EVERY_S = 60.0

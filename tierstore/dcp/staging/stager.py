@@ -55,6 +55,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from tierstore._platform.owners import LOCK_NAME
+from tierstore._platform.runtime import ProcessLocal, SerialWorker, finalize
 from tierstore.dcp.layout import ALIGN, HEADER_SIZE, MAGIC, STAGE_TOKEN, view_of
 from tierstore.dcp.staging import slab_use
 from tierstore.dcp.staging.copier import can_move, move
@@ -63,8 +65,6 @@ from tierstore.dcp.staging.overlap import StagingFuture, StagingQueue
 from tierstore.dcp.staging.pending import Pending
 from tierstore.dcp.staging.staged_shard import StagedShard
 from tierstore.errors import TierUnavailableError
-from tierstore.owners import LOCK_NAME
-from tierstore.runtime import ProcessLocal, SerialWorker, finalize
 from tierstore.tiers import OwnedDirectory
 
 logger = logging.getLogger(__name__)
@@ -550,7 +550,7 @@ class StagerRegistry:
 
     Training loops often build a writer per save (``storage_writer=TieredWriter(cfg)``); sharing the
     buffers, the spare and the back-pressure per target keeps such loops at the staging floor too.
-    Per process (:class:`~tierstore.runtime.ProcessLocal`), so that a forked child never writes
+    Per process (:class:`~tierstore._platform.runtime.ProcessLocal`), so that a forked child never writes
     into its parent's mappings. It holds buffers, never listings.
     """
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
+from tierstore._platform.runtime import keep_inherited, track
 from tierstore.errors import TierUnavailableError
-from tierstore.runtime import keep_inherited, track
 from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, WriteStream
 from tierstore.tiers.s3.listing import ROLL_UP, named_in_children
 from tierstore.tiers.s3.retry import RetriesExhausted, RetryPolicy, is_connection_failure, s3_error
@@ -89,7 +89,8 @@ class S3Tier(Tier):
         The parent's botocore client holds its keep-alive sockets, which the child would share; its
         s3fs filesystem refuses to run after a fork; and a lock or part slot held by one of its
         threads at the fork would never be released in the child, where that thread does not exist.
-        The parent's clients are kept, never used nor closed (see :func:`tierstore.runtime.keep_inherited`).
+        The parent's clients are kept, never used nor closed (see
+        :func:`tierstore._platform.runtime.keep_inherited`).
         """
         keep_inherited((self._client, self._fs))
         self._new_process_state()

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, Protocol, TypeVar
 
+from tierstore._platform import forks
+
 T = TypeVar("T")
 _Jobs = queue.SimpleQueue[tuple[Future[Any] | None, Callable[[], Any]] | None]
 logger = logging.getLogger(__name__)
@@ -276,8 +278,12 @@ def _in_process(pid: int, cleanup: Callable[..., Any], *args: Any) -> None:
 
 
 def _after_fork_in_child() -> None:
+    forks.after_fork_in_child()  # first: no descriptor of the parent's stays open while others run
     for thing in list(_TRACKED):
         thing._forget_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# The package's one fork hook: the descriptor guard (forks.py) and every tracked per-process part.
+os.register_at_fork(
+    before=forks.before_fork, after_in_parent=forks.after_fork_in_parent, after_in_child=_after_fork_in_child
+)

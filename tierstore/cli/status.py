@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from tierstore.bounded import Prober
+from tierstore._platform.bounded import Prober
 from tierstore.config import Config
 from tierstore.errors import TierstoreError
 from tierstore.records.catalog import Catalog, Listing

@@ -22,7 +22,7 @@ import socket
 import threading
 import uuid
 
-from tierstore.runtime import track
+from tierstore._platform.runtime import track
 
 LOCK_NAME = "owner.lock"
 

@@ -5,8 +5,8 @@ a child that inherits a descriptor of a mirror file, or a mapping of it, holds t
 (host memory) after retention removes it, for the child's whole life. Python's descriptors are
 closed by ``exec``, not by ``fork``, and Linux has no close-on-fork flag, so:
 
-* :func:`open_unshared` opens a file whose descriptor every forked child closes at once (an
-  at-fork handler), and :func:`close_unshared` closes it here;
+* :func:`open_unshared` opens a file whose descriptor every forked child closes at once (the
+  runtime's fork hook calls :func:`after_fork_in_child`), and :func:`close_unshared` closes it here;
 * :func:`no_fork` holds forks back for a few steps that must not be split by one (a mapping made and
   marked ``MADV_DONTFORK``).
 
@@ -50,22 +50,20 @@ def no_fork() -> Iterator[None]:
         yield
 
 
-def _before_fork() -> None:
+def before_fork() -> None:
+    """The runtime's fork hook, in the forking thread: wait for any guarded step to end."""
     _guard.acquire()
 
 
-def _after_fork_in_parent() -> None:
+def after_fork_in_parent() -> None:
+    """The runtime's fork hook, in the parent once forked."""
     _guard.release()
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """The runtime's fork hook, first thing in the child: close every unshared descriptor."""
     for fd in _unshared:
         with contextlib.suppress(OSError):
             os.close(fd)
     _unshared.clear()
     _guard.release()
-
-
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
-)

@@ -32,18 +32,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tierstore.audit import audit_all
+from tierstore._platform.progress import ByteProgress
+from tierstore.cli.audit import audit_all
+from tierstore.cli.interval import advise
+from tierstore.cli.status import gather_status, render
 from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
-from tierstore.interval import advise
-from tierstore.progress import ByteProgress
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.records.protocol import drop
-from tierstore.status import gather_status, render
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 from tierstore.units import human_age, human_bytes, parse_duration
@@ -735,7 +735,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         restore_logging(replaced)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

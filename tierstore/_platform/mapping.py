@@ -7,7 +7,7 @@ landing file). Two properties :class:`mmap.mmap` cannot give matter there:
   descriptor for the mapping's life (before Python 3.13's ``trackfd``), and a forked child (a
   training process forks DataLoader workers) inherits both the mapping and the descriptor: it would
   hold a removed file's tmpfs pages for its own life. Here the descriptor is the caller's (opened
-  with :func:`~tierstore.forks.open_unshared` and closed at once), and the range is
+  with :func:`~tierstore._platform.forks.open_unshared` and closed at once), and the range is
   ``MADV_DONTFORK`` before any fork can see it.
 * **Page tables filled in one call**, not one fault per page on gloo's thread: 256 MiB of a tmpfs
   file is 65,536 pages (a spare's all at once, between rounds; a sent file's a message ahead of
@@ -26,7 +26,7 @@ import mmap
 import os
 from typing import Protocol, cast
 
-from tierstore.forks import no_fork
+from tierstore._platform.forks import no_fork
 
 _MADV_POPULATE_READ = 22  # Linux >= 5.14: map every page in, for reading, with one call
 _MADV_POPULATE_WRITE = 23  # the same, for writing (no page is copied in a shared mapping)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tierstore._platform.progress import ByteProgress
 from tierstore.config import Config
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.progress import ByteProgress
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import FileEntry, Manifest, copy_problems, read_manifest
 from tierstore.tiers import Tier
