@@ -13,7 +13,7 @@ TOOLS  := $(VENV)/.system-tools
 #   make procs     only the tests that start processes (multi-rank jobs, CLI, torchrun, tools)
 #   make s3server  only the tests against the real S3 server (SeaweedFS)
 #   make faults    the long randomised fault sweeps (FAULT_SEEDS seeds each; make test runs a few)
-#   make soak      the long run of the commit protocol's model (hypothesis, many examples)
+#   make soak      the long run of the commit protocol's models and its mutation kit (many examples)
 QUICK := not procs and not s3server and not slow and not faults
 FAULT_SEEDS ?= 20
 
@@ -60,7 +60,7 @@ faults: $(STAMP) $(TOOLS)
 	TIERSTORE_FAULT_SEEDS=$(FAULT_SEEDS) $(BIN)/pytest -q -m faults -s --durations=10
 
 soak: $(STAMP) $(TOOLS)
-	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py
+	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py tests/records/test_machine_model.py
 
 test: $(TOOLS) lint typecheck unit
 

@@ -121,17 +121,60 @@ def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
     assert offenders == []
 
 
-def test_only_the_records_package_publishes_or_deletes_commit_records() -> None:
-    """The commit protocol is written once: a marker, a log entry or a mirror marker is published
-    only by ``tierstore/records/`` (``protocol.py`` and the record modules), never beside it."""
+MUTATING_VERBS = {"publish", "delete", "delete_tree", "remove_if_empty", "discard_incomplete", "write_bytes"}
+"""Tier verbs that change records (markers, log entries, part records, mirror markers, the stamp) or
+drop a generation; data is written through ``open_write``, ``adopt`` and ``open_landing``."""
+
+
+def _record_mutations(tree: ast.AST) -> list[int]:
+    """Lines that call a mutating tier verb or the change stamp, except ``write_bytes`` of a
+    checkpoint's own data file (``checkpoint_file(...)``: DCP's ``.metadata``)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        data = name == "write_bytes" and node.args and "checkpoint_file(" in ast.unparse(node.args[0])
+        if (isinstance(node.func, ast.Attribute) and name in MUTATING_VERBS and not data) or name == "touch":
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_records_package_changes_commit_records() -> None:
+    """The commit protocol is written once: a marker, a log entry, a part record, a mirror marker,
+    a change stamp or a generation's removal is changed only by ``tierstore/records/`` (its one
+    executor and the record modules), never beside it."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
         if name.startswith(("tierstore.records", "tierstore.tiers")):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr in ("publish", "publish_manifest"):
-                offenders.append(f"{name}:{node.lineno}")
+        offenders += [f"{name}:{line}" for line in _record_mutations(ast.parse(path.read_text(), str(path)))]
+    assert offenders == [], offenders
+
+
+def test_the_record_check_sees_each_mutating_call() -> None:
+    """The check above can fail: each verb, the stamp, and a record write are seen; a data write is not."""
+    code = (
+        "tier.publish(p, b'', create_only=True)\ntier.delete(p)\ntier.delete_tree(p)\n"
+        "tier.remove_if_empty(p)\ntier.discard_incomplete(w)\ntier.write_bytes(part, b'')\ntouch(tier)\n"
+        "tier.write_bytes(checkpoint_file(i, m), b'')\ntier.open_write(p)\n"
+    )
+    assert _record_mutations(ast.parse(code)) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_only_the_executor_performs_record_effects_in_records() -> None:
+    """Inside ``records/``, the commit records (markers, log and void entries, part records, mirror
+    markers, generation data) change only in ``protocol.py``, the executor; the record modules
+    write only their own records (activity, sightings, conflicts, status, clock, stamp)."""
+    own = {"activity", "sightings", "conflicts", "mirror", "promoter_state", "clock", "changes"}
+    offenders = []
+    for path in sorted((PACKAGE / "records").glob("*.py")):
+        if path.stem in own or path.stem in {"protocol", "__init__"}:
+            continue
+        offenders += [
+            f"{path.stem}:{line}" for line in _record_mutations(ast.parse(path.read_text(), str(path)))
+        ]
     assert offenders == [], offenders
 
 

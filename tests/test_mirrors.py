@@ -22,10 +22,10 @@ from tierstore.records.mirror import (
     held_mirrors,
     mirrored_commits,
     mirrored_ids,
-    prune_mirrors,
     read_status,
     write_status,
 )
+from tierstore.records.mirror_retention import prune_mirrors
 from tierstore.tiers import Tier
 from tierstore.tiers.memory import MemoryTier
 

@@ -114,10 +114,12 @@ PROMOTER = [
     Case("promote.mid_copy@r00000-0.distcp:2", target="s3", big=True, upload_open=True),
     Case("promote.data_copied", target="s3"),  # between data and marker
     Case("marker.published", target="s3"),
+    Case("protocol.effect@PutEntry"),  # the marker stands, its log entry not yet written
 ]
 GC = [
     Case("drop.marker_withdrawn"),
     Case("drop.records_dropped"),
+    Case("protocol.effect@DeleteData"),  # marker, entries and parts gone; the data still there
     Case("retention.between_deletes"),
     Case("cleanup.between_removals"),
 ]

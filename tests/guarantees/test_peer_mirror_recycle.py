@@ -23,7 +23,8 @@ from tierstore.config import Config
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.ids import mirror_copy_path, mirror_marker_path
 from tierstore.records.marker import FileEntry
-from tierstore.records.mirror import MirrorMarker, remove_mirror
+from tierstore.records.mirror import MirrorMarker
+from tierstore.records.mirror_retention import remove_mirror
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20

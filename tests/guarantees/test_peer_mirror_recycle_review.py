@@ -36,7 +36,8 @@ from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
-from tierstore.records.mirror import MIRROR_MARKER_PREFIX, MirrorMarker, held_mirrors, prune_mirrors
+from tierstore.records.mirror import MIRROR_MARKER_PREFIX, MirrorMarker, held_mirrors
+from tierstore.records.mirror_retention import prune_mirrors
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20
@@ -161,7 +162,7 @@ import os, signal, sys
 from tierstore.dcp.mirror.spares import Spares
 from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.promote.sidecar import Promoter
-from tierstore.records.mirror import prune_mirrors
+from tierstore.records.mirror_retention import prune_mirrors
 from tierstore.tiers.memory import MemoryTier
 
 tier = MemoryTier("memory", sys.argv[1], mirror=None)

@@ -16,7 +16,8 @@ from tierstore.ids import mirror_copy_path, mirror_marker_path
 from tierstore.promote.cleanup import Cleanup, find_leftovers
 from tierstore.records.activity import held
 from tierstore.records.marker import FileEntry
-from tierstore.records.mirror import MirrorMarker, publish_mirror
+from tierstore.records.mirror import MirrorMarker
+from tierstore.records.protocol import land_mirror as publish_mirror
 from tierstore.tiers import Tier
 
 GEN = "g0000000000010000000"

@@ -13,7 +13,8 @@ from tierstore.ids import checkpoint_file, generation_dir, rank_part_path
 from tierstore.promote import discovery
 from tierstore.promote.discovery import SETTLE, MarkerCache
 from tierstore.records.marker import FileEntry
-from tierstore.records.parts import PartRecord, confirm_part
+from tierstore.records.parts import PartRecord
+from tierstore.records.protocol import confirm_part
 from tierstore.tiers import Tier
 
 GEN_A = "g0000000000010000000"

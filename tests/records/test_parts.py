@@ -12,7 +12,8 @@ from tierstore.cli import main
 from tierstore.config import Config
 from tierstore.ids import checkpoint_file, rank_part_path
 from tierstore.records.marker import FileEntry
-from tierstore.records.parts import PartRecord, confirm_part, part_records
+from tierstore.records.parts import PartRecord, part_records
+from tierstore.records.protocol import confirm_part
 
 GEN = "g0000000000010000000"
 

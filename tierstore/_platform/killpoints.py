@@ -39,6 +39,7 @@ KILL_POINTS: dict[str, str] = {
     "promote.committed": "a promotion committed, before the promoter's metrics and sightings",
     "drop.marker_withdrawn": "a drop removed the marker, before log entries, parts and data",
     "drop.records_dropped": "a drop removed log entries and part records, before the data",
+    "protocol.effect": "the protocol's executor, before any effect (subject: <Effect>/<id>)",
     "retention.between_deletes": "retention deleted one copy, before the next",
     "cleanup.between_removals": "cleanup removed one leftover, before the next",
 }

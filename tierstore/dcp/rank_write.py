@@ -5,7 +5,6 @@ mirror, even when its write failed."""
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -17,15 +16,15 @@ from torch.futures import Future
 from tierstore._platform.killpoints import kill_point
 from tierstore.dcp.mirror_handoff import hand_to_mirror, mirrors
 from tierstore.dcp.rank_files import RankFileWriter
-from tierstore.dcp.save_activity import quietly, stop_writing
+from tierstore.dcp.save_activity import stop_writing
 from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles
 from tierstore.errors import CommitVetoedError, TierstoreError
 from tierstore.ids import rank_part_path
 from tierstore.records.activity import Activity, hold
-from tierstore.records.changes import touch
+from tierstore.records.log import LogEntry
 from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
-from tierstore.records.protocol import log_commit, settle_parts
+from tierstore.records.protocol import discard, record_parts, settle_parts
 
 if TYPE_CHECKING:
     from tierstore.dcp.writer import TieredWriter
@@ -107,16 +106,15 @@ def _write_rank(
                 coordinator_host=assignment.coordinator_host,
             )
             files.out.written.append(rank_part_path(ckpt, gen, rank))
-            tier.write_bytes(rank_part_path(ckpt, gen, rank), record.to_json())
             # Every node's log learns the number: whichever node coordinates next continues
             # from it (the coordinator's node may be replaced, or swap places). Its change stamp
             # comes after the part record too: this node's promoter lists both.
-            log_commit(tier, assignment.seq, ckpt, gen)
+            writes = [(rank_part_path(ckpt, gen, rank), record.to_json())]
+            record_parts(tier, ckpt, writes, log=LogEntry(assignment.seq, ckpt, gen))
     except BaseException:
-        for path in files.out.written:  # invisible without a marker, but leave no garbage
-            quietly(functools.partial(tier.delete, path))
-        if tier.node_local and assignment.multi_node:  # its part record may have been seen
-            quietly(functools.partial(touch, tier))
+        # Invisible without a marker, but leave no garbage; its part record may have been seen.
+        listed = tier.node_local and assignment.multi_node
+        discard(tier, ckpt, files.out.written, quiet=True, listed=listed)
         raise
     finally:
         if announced is not None:

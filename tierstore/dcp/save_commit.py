@@ -21,9 +21,8 @@ from tierstore.dcp.save_activity import quietly, stop_writing
 from tierstore.dcp.save_plans import RankFiles
 from tierstore.errors import CheckpointExistsError, TierstoreError
 from tierstore.ids import checkpoint_file, metadata_file
-from tierstore.records.log import highest_in
 from tierstore.records.marker import FileEntry, Manifest, signed
-from tierstore.records.protocol import claim, drop, publish
+from tierstore.records.protocol import drop, publish, renumber
 from tierstore.records.sightings import read_sightings
 
 if TYPE_CHECKING:
@@ -137,8 +136,7 @@ def _seq_at_commit(writer: TieredWriter, ckpt: str, gen: str, known: int) -> int
     job-wide tier: design.md, rule 2)."""
     # ``known`` never holds this save's own claim: a number there equal to it is another
     # commit's (a save into another tier that took the same number meanwhile).
-    if highest_in(writer.tier, above=writer._seq) > writer._seq or known >= writer._seq:
-        writer._seq = claim(writer.tier, ckpt, gen, floor=known)
+    writer._seq = renumber(writer.tier, ckpt, gen, claimed=writer._seq, known=known)
     return writer._seq
 
 

@@ -33,11 +33,10 @@ from tierstore.ids import (
 )
 from tierstore.promote.discovery import MarkerCache, SeenCopy, discover
 from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, activities, is_busy
-from tierstore.records.changes import touch
 from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
-from tierstore.records.protocol import drop, forget_entry
+from tierstore.records.protocol import drop, forget_entry, sweep
 from tierstore.tiers import FileInfo, IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
@@ -301,15 +300,8 @@ def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) 
     elif cleanup.kind == "entry" and (parsed := parse_commit_entry(cleanup.path)) is not None:
         forget_entry(tier, LogEntry(*parsed), top=highest_in(tier))
     else:
-        try:
-            if cleanup.kind == "tree":
-                tier.delete_tree(cleanup.path)
-            elif cleanup.kind == "incomplete" and cleanup.write is not None:
-                tier.discard_incomplete(cleanup.write)
-            else:
-                tier.delete(cleanup.path)
-        finally:
-            touch(tier)
+        write = cleanup.write if cleanup.kind == "incomplete" else None
+        sweep(tier, cleanup.path, tree=cleanup.kind == "tree", write=write)
 
 
 def remove_generation(

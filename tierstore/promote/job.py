@@ -18,7 +18,6 @@ the copy (verified files already in a POSIX target are kept) and the marker step
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -28,14 +27,14 @@ from dataclasses import dataclass
 from tierstore._platform.killpoints import kill_point
 from tierstore._platform.progress import ByteProgress
 from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.ids import checkpoint_file, intent_path, node_part_path, rank_part_path
+from tierstore.ids import intent_path, node_part_path
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.transfer import copy_files
 from tierstore.records.activity import ACTIVITY_TTL, held
-from tierstore.records.changes import touch
+from tierstore.records.machine import part_path
 from tierstore.records.marker import FileEntry, Manifest, read_manifest
 from tierstore.records.parts import PartRecord
-from tierstore.records.protocol import Verdict, judge_promotion, publish
+from tierstore.records.protocol import Verdict, drop, judge_promotion, publish, record_parts
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -146,6 +145,8 @@ class PromotionJob:
         self.activity_ttl = activity_ttl
         self.checkpoint_id = found.copy.checkpoint_id
         self.generation = found.copy.generation
+        self._damaged = False
+        """The source turned out damaged while copying: the copies go once the job is over."""
 
     def _entries(self) -> tuple[list[FileEntry], bool]:
         """This node's files to copy, and whether other nodes hold parts of the checkpoint."""
@@ -164,8 +165,16 @@ class PromotionJob:
         A ``promote`` activity record in the target covers the whole job: cleanup on any node
         leaves the generation alone while it is being copied, however idle its files look.
         """
-        with held(self.target, "promote", self.checkpoint_id, self.generation, ttl=self.activity_ttl):
-            return self._run()
+        try:
+            with held(self.target, "promote", self.checkpoint_id, self.generation, ttl=self.activity_ttl):
+                return self._run()
+        except IntegrityError:
+            if self._damaged:
+                # The source is damaged: this will not get better by retrying. What was copied goes
+                # through the protocol's drop, once this job's own record is released: another
+                # promoter may be publishing this very generation's copies, which must stay.
+                drop(self.target, self.checkpoint_id, self.generation, committed=False, ttl=self.activity_ttl)
+            raise
 
     def _run(self) -> Outcome:
         entries, multi_node = self._entries()
@@ -195,23 +204,16 @@ class PromotionJob:
                     progress=copied_chunk,
                 )
         except IntegrityError:
-            # The source is damaged: this will not get better by retrying. Remove what was copied.
-            for entry in entries:
-                with contextlib.suppress(Exception):
-                    self.target.delete(checkpoint_file(self.checkpoint_id, entry.path))
+            self._damaged = True
             raise
         if self.cancel.is_set():  # asked to abandon: publish nothing, even if the files made it
             return Outcome(copied, False)
         kill_point("promote.data_copied", self.checkpoint_id)
         manifest = self.found.manifest
         if self.target.node_local:
-            try:
-                for record in self.found.parts:  # other nodes' promoters find their parts by these
-                    path = rank_part_path(self.checkpoint_id, self.generation, record.ranks[0])
-                    self.target.write_bytes(path, record.to_json())
-            finally:
-                if self.found.parts:  # this node's promoter lists them (records/changes.py)
-                    touch(self.target)
+            if self.found.parts:  # other nodes' promoters find their parts by these
+                writes = [(part_path(record), record.to_json()) for record in self.found.parts]
+                record_parts(self.target, self.checkpoint_id, writes)  # this node's promoter lists them
             if manifest is None:
                 return Outcome(copied, False)
             return self._publish(copied, manifest, node=self.node)
@@ -255,12 +257,11 @@ class PromotionJob:
         seq = manifest.seq if manifest else self.found.copy.seq
         world = manifest.world_size if manifest else self.found.parts[0].world_size
         record = PartRecord(self.checkpoint_id, self.generation, self.node, ranks, tuple(entries), seq, world)
+        writes = []
         if manifest is not None:  # the coordinator's node: leave the committed manifest first
             if manifest.generation != self.generation:
                 raise IntegrityError(f"{self.checkpoint_id}: generation changed during promotion")
-            self.target.write_bytes(
-                intent_path(self.checkpoint_id, self.generation), self._promoted(manifest).to_json()
-            )
-        self.target.write_bytes(
-            node_part_path(self.checkpoint_id, self.generation, self.node), record.to_json()
-        )
+            intent = self._promoted(manifest).to_json()
+            writes.append((intent_path(self.checkpoint_id, self.generation), intent))
+        writes.append((node_part_path(self.checkpoint_id, self.generation, self.node), record.to_json()))
+        record_parts(self.target, self.checkpoint_id, writes, listed=False)

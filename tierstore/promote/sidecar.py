@@ -44,14 +44,15 @@ from tierstore.promote.rules import rules_of
 from tierstore.promote.transfer import Cancelled
 from tierstore.promote.views import TierView, TierViews
 from tierstore.records.activity import live
-from tierstore.records.changes import read_stamp, touch
+from tierstore.records.changes import read_stamp
 from tierstore.records.conflicts import Conflict, clear_conflict, read_conflicts, record_conflict
 from tierstore.records.log import highest_in
 from tierstore.records.marker import Manifest
-from tierstore.records.mirror import prune_mirrors, read_status
-from tierstore.records.parts import PartRecord, confirm_part
+from tierstore.records.mirror import read_status
+from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.records.parts import PartRecord
 from tierstore.records.promoter_state import PromoterState, write_state
-from tierstore.records.protocol import Verdict, judge_promotion
+from tierstore.records.protocol import Verdict, confirm_part, judge_promotion, restamp
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
@@ -368,7 +369,7 @@ class Promoter:
             if tier.name not in self._unstamped or tier.name not in found:
                 continue
             try:
-                self.prober.ask(tier.name, functools.partial(touch, tier), what="stamp it")
+                self.prober.ask(tier.name, functools.partial(restamp, tier), what="stamp it")
             except (TierstoreError, OSError) as exc:
                 logger.warning("cannot stamp tier %s: %s", tier.name, exc)
                 continue

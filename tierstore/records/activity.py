@@ -40,7 +40,7 @@ from tierstore.tiers import Tier
 logger = logging.getLogger(__name__)
 ACTIVITY_TTL = 60.0
 """Default seconds a record stays live without a refresh (a holder refreshes it four times as often)."""
-KINDS = ("write", "promote", "read")
+KINDS = ("write", "promote", "read", "drop")
 
 
 @dataclass(frozen=True)

@@ -266,11 +266,6 @@ def parse_marker(tier: Tier, data: bytes, *, where: str, checkpoint_id: str | No
     return manifest
 
 
-def publish_manifest(tier: Tier, manifest: Manifest, *, create_only: bool) -> None:
-    """Publish the marker: the commit point. Call only after every named file is durable."""
-    tier.publish(marker_path(manifest.checkpoint_id), manifest.to_json(), create_only=create_only)
-
-
 def file_crc32c(tier: Tier, path: str, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
     """``(size, crc32c)`` of a stored file, read in chunks (each one's size told to ``progress``)."""
     size, crc, _sha = file_digests(tier, path, progress, sha256=False)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,13 +38,10 @@ from tierstore.ids import (
     is_checkpoint_id,
     is_generation,
     mirror_commit_path,
-    mirror_copy_path,
     mirror_id_dir,
-    mirror_marker_path,
     mirror_status_path,
 )
-from tierstore.records.activity import ACTIVITY_TTL, ActivityInfo, is_busy, live
-from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record, size_problem
+from tierstore.records.marker import FileEntry, Manifest, dump_record, file_entry, load_record
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -137,33 +134,6 @@ class MirrorStatus:
             raise IntegrityError(f"{where}: malformed mirror status ({exc})") from None
 
 
-def publish_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
-    """On the holder: the copy of the commit marker, then the mirror marker **last** (a mirror
-    exists only where its marker is), after every file it names was received and verified.
-
-    The protocol's publishing order, for a mirror: the files are checked present at their sizes
-    before the marker and again after it, and a marker over a hole (cleanup removed a file
-    meanwhile) is withdrawn: :class:`IntegrityError` naming the files."""
-    _check_received(tier, marker, "before its mirror marker")
-    tier.publish(mirror_commit_path(marker.checkpoint_id, marker.generation), committed, create_only=False)
-    path = mirror_marker_path(marker.checkpoint_id, marker.generation, marker.owner_node)
-    tier.publish(path, marker.to_json(), create_only=False)
-    try:
-        _check_received(tier, marker, "while its mirror marker was published")
-    except IntegrityError:
-        tier.delete(path)
-        raise
-
-
-def _check_received(tier: Tier, marker: MirrorMarker, when: str) -> None:
-    found = (size_problem(tier, mirror_copy_path(marker.checkpoint_id, e.path), e) for e in marker.files)
-    if missing := [problem for problem in found if problem is not None]:
-        raise IntegrityError(
-            f"{marker.checkpoint_id}: node {marker.owner_node}'s mirror in tier {tier.describe()}"
-            f" lost files {when}: {'; '.join(missing)}"
-        )
-
-
 def write_status(tier: Tier, status: MirrorStatus) -> None:
     """Record on the owner's node whether its files of a save reached a mirror."""
     path = mirror_status_path(status.checkpoint_id, status.generation, status.owner_node)
@@ -207,6 +177,11 @@ def exchange_ended(tier: Tier, path: str) -> bool:
         return False
     tier.delete(path)
     return True
+
+
+def remove_exchange_waits(tier: Tier, directory: str) -> None:
+    """The waiting process's directory of exchange-end records, its lock file with it."""
+    tier.delete_tree(directory)
 
 
 def held_mirrors(tier: Tier, checkpoint_id: str) -> list[MirrorMarker]:
@@ -278,79 +253,3 @@ def mirrored_ids(tier: Tier) -> dict[str, int | None]:
 Recycle = Callable[[str, int], bool]
 """``recycle(path, size)``: take the file ``path`` (tier-relative, ``size`` bytes) of a dropped
 mirror out of the mirror directory for reuse, True when it did (``Spares.recycle``)."""
-
-
-def remove_mirror(
-    tier: Tier,
-    checkpoint_id: str,
-    generation: str,
-    owner_node: int,
-    *,
-    recycle: Recycle | None = None,
-    ttl: float = ACTIVITY_TTL,
-) -> None:
-    """Delete one mirror: its marker first (it stops counting), then its generation's files when
-    no other owner's mirror of that generation remains. ``recycle`` is offered each of those
-    files first, once no marker names them; what it does not take is deleted.
-
-    A restore writes its ``read`` record before it looks for markers; so the records are looked
-    at again once the marker is gone (``ttl``: theirs): a restore that may have seen the marker
-    and chosen this copy keeps the files, left for gc once stale. A snapshot of the readers taken
-    before the delete cannot tell (the restore may announce itself in between)."""
-    tier.delete(mirror_marker_path(checkpoint_id, generation, owner_node))
-    if any(m.generation == generation for m in held_mirrors(tier, checkpoint_id)):
-        return
-    if is_busy([a for a in live(tier, ttl=ttl) if a.kind == "read"], checkpoint_id, None):
-        logger.info(
-            "mirror %s/%s dropped; its files are left to the restore reading them", checkpoint_id, generation
-        )
-        return
-    directory = f"{mirror_id_dir(checkpoint_id)}/{generation}"
-    if recycle is not None:
-        for info in tier.find(directory):
-            if not info.path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX):
-                recycle(info.path, info.size)
-    tier.delete_tree(directory)
-    tier.remove_if_empty(mirror_id_dir(checkpoint_id))
-
-
-def prune_mirrors(
-    tier: Tier,
-    keep: int | None,
-    *,
-    readers: Sequence[ActivityInfo] = (),
-    recycle: Recycle | None = None,
-    ttl: float = ACTIVITY_TTL,
-) -> list[str]:
-    """Retention of the mirrors this node holds (every owner's): ``keep`` as the memory tier's.
-
-    A mirror of an older generation of an id whose newer generation is mirrored here is stale (an
-    overwrite replaced it) and goes; of the rest, only the ``keep`` newest ids (commit order) stay,
-    whichever node owns them (a node that left the job leaves none behind). Called by a holder right
-    after it wrote a new mirror marker and by the promoter's retention, so the previous mirror goes
-    only once the next one is complete (double-buffered). Ids a live restore is reading (``readers``)
-    are left alone, and so are the files of one a restore began reading since (see
-    :func:`remove_mirror`; ``ttl``: the ``read`` records'). ``recycle``: see :func:`remove_mirror`.
-    Returns ``id/generation`` of each mirror removed.
-    """
-    held: list[MirrorMarker] = []
-    for checkpoint_id in tier.list_dir(MIRROR_DIR):
-        if is_checkpoint_id(checkpoint_id):
-            held += held_mirrors(tier, checkpoint_id)
-    newest: dict[str, tuple[int, str]] = {}
-    for marker in held:
-        order = (marker.seq or 0, marker.generation)
-        newest[marker.checkpoint_id] = max(newest.get(marker.checkpoint_id, order), order)
-    ranked = sorted(newest, key=lambda i: newest[i], reverse=True)
-    kept = set(ranked if keep is None else ranked[:keep])
-    removed: list[str] = []
-    for marker in held:
-        stale = (marker.seq or 0, marker.generation) < newest[marker.checkpoint_id]
-        if (stale or marker.checkpoint_id not in kept) and not is_busy(
-            list(readers), marker.checkpoint_id, None
-        ):
-            remove_mirror(
-                tier, marker.checkpoint_id, marker.generation, marker.owner_node, recycle=recycle, ttl=ttl
-            )
-            removed.append(f"{marker.checkpoint_id}/{marker.generation}")
-    return removed

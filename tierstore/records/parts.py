@@ -9,18 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from tierstore.errors import IntegrityError
-from tierstore.ids import (
-    checkpoint_file,
-    is_generation,
-    is_rank_part_name,
-    part_file,
-    parts_dir,
-    rank_part_path,
-)
-from tierstore.records.changes import touch
+from tierstore.ids import is_generation, is_rank_part_name, part_file, parts_dir
 from tierstore.records.marker import FileEntry, dump_record, file_entry, load_record
 from tierstore.tiers.base import Tier
 
@@ -106,36 +98,3 @@ def generation_parts(tier: Tier, checkpoint_id: str, generation: str) -> list[Pa
         except Exception as exc:  # noqa: BLE001 - a damaged record hides only that part
             logger.warning("ignoring part record: %s", exc)
     return records
-
-
-def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
-    """Rewrite this node's rank part records of ``generation`` with its commit's final number
-    (``confirmed``); True when a record changed. The coordinator may have taken a new number at
-    its commit; until then the records hold the one claimed when the save was planned. Stamps the
-    tier after a change (:mod:`tierstore.records.changes`)."""
-    changed = False
-    try:
-        for record in generation_parts(tier, checkpoint_id, generation):
-            if record.confirmed and record.seq == seq:
-                continue
-            path = rank_part_path(checkpoint_id, generation, record.ranks[0])
-            changed = True
-            tier.write_bytes(path, replace(record, seq=seq, confirmed=True).to_json())
-            if _any_missing(tier, checkpoint_id, record):
-                # A drop ran between the listing and the rewrite (retention, a settle at the next
-                # plan): the record just written would stand over missing data, and keep a part no
-                # cleanup removes (another node's parts are left to retention). Take it back.
-                tier.delete(path)
-    finally:
-        if changed:
-            touch(tier)
-    return changed
-
-
-def _any_missing(tier: Tier, checkpoint_id: str, record: PartRecord) -> bool:
-    for entry in record.files:
-        try:
-            tier.stat(checkpoint_file(checkpoint_id, entry.path))
-        except FileNotFoundError:
-            return True
-    return False

@@ -1,100 +1,177 @@
-"""The commit protocol, written once: every actor that commits or drops a copy calls this module.
+"""The commit protocol's one executor: every actor that commits, drops, confirms or sweeps calls here.
 
-A checkpoint exists in a tier only where its marker is. The writer (a save), the promotion job, retention,
-cleanup and the peer-mirror exchange all change what is committed through these operations, each local
-to one tier (it asks no other tier):
+A checkpoint exists in a tier only where its marker is. The writer (a save), the promotion job,
+retention, cleanup and the peer-mirror exchange change what is committed only through the operations
+below, each local to one tier (it asks no other tier). Each builds an operation of the state machine
+(:mod:`tierstore.records.machine`, where every rule and ordering lives) and :func:`run` carries it
+out: it asks ``decide`` what to do, performs the effects in order with tier verbs, with a kill point
+between any two (``protocol.effect``, subject ``<Effect>/<id>``, beside the protocol's named ones),
+and answers each asking effect with its outcome. After an operation that changes what a promoter
+lists, the tier's change stamp is rewritten once, also when it raised part-way
+(:mod:`tierstore.records.changes`).
 
-* :func:`claim` — take the next commit number in the tier's commit log, create-only.
-* :func:`publish` — **the one order for publishing**: (1) every file the marker names is present at its
-  size; (2) the marker is published, create-only unless it replaces (a replacing marker's commit is
-  logged before it, after the replaced generation's own number); (3) the files are checked again
-  (cleanup elsewhere may have removed one meanwhile) and the marker is withdrawn over a hole; (4)
-  the commit is logged; (5) the generation the marker replaced is dropped.
-* :func:`withdraw` — delete the marker only if it still names a given generation.
-* :func:`drop` — **the one order for dropping** a generation: (1) the marker, if it names it; (2) its
-  commit-log entries (never the tier's highest: the sequence's high-water mark); (3) its part records
-  (without them no promoter can start publishing it); (4) asked again: a marker naming it or a live
-  activity record covering it keeps the data; (5) its data, then the id's directory if empty.
-* :func:`judge_promotion` — whether a promoted copy may replace the target's copy of its id (pure).
-* :func:`settle_parts` — on a node other than a multi-node save's coordinator's: confirm this node's
-  parts of the saves the coordinator says committed (their final number), drop those it says failed.
-
-Ordering rules, each with a test that fails if it is broken (``tests/records``): files before marker,
-marker before log entry is trusted, marker before data on drop, part records before data on drop,
-every change before the tier's change stamp (:mod:`tierstore.records.changes`: each public operation
-here that changes what a promoter lists stamps the tier once, after its change, also when it raises
-part-way).
+* :func:`claim`, :func:`renumber` — a commit number, create-only.
+* :func:`publish` — the one order for publishing a marker; :func:`withdraw`.
+* :func:`drop` — the one order for dropping a generation; :func:`forget_entry`, :func:`log_commit`.
+* :func:`confirm_part`, :func:`record_parts`, :func:`settle_parts` — part records of multi-node saves.
+* :func:`discard`, :func:`sweep` — what a failed actor wrote, and cleanup's leftovers.
+* :func:`land_mirror`, :func:`drop_mirror` — peer mirrors at rest.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Concatenate, ParamSpec, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.ids import (
+    MIRROR_MARKER_PREFIX,
+    checkpoint_file,
     commit_entry_path,
     generation_dir,
-    is_newer_commit,
     marker_path,
+    mirror_commit_path,
+    mirror_copy_path,
+    mirror_id_dir,
+    mirror_marker_path,
     parts_dir,
     void_entry_path,
 )
-from tierstore.records.activity import ACTIVITY_TTL, activities, is_busy
+from tierstore.records import machine as m
+from tierstore.records.activity import ACTIVITY_TTL, Activity, activities, hold, is_busy, live
 from tierstore.records.changes import touch
-from tierstore.records.log import LogEntry, highest_in, read_log
-from tierstore.records.marker import Manifest, copy_problems, read_manifest
-from tierstore.records.parts import confirm_part
-from tierstore.tiers import Tier
+from tierstore.records.log import LogEntry, read_log_and_voids
+from tierstore.records.machine import Verdict, judge_promotion
+from tierstore.records.marker import Manifest, copy_problems, read_manifest, size_problem
+from tierstore.records.mirror import MirrorMarker, Recycle, held_mirrors
+from tierstore.records.parts import PartRecord, generation_parts
+from tierstore.tiers import IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
-_CLAIM_ATTEMPTS = 64
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+
+_NAMED_KILL_POINTS: dict[str, Callable[[str], None]] = {
+    "marker.files_checked": lambda subject: kill_point("marker.files_checked", subject),
+    "marker.published": lambda subject: kill_point("marker.published", subject),
+    "marker.rechecked": lambda subject: kill_point("marker.rechecked", subject),
+    "drop.marker_withdrawn": lambda subject: kill_point("drop.marker_withdrawn", subject),
+    "drop.records_dropped": lambda subject: kill_point("drop.records_dropped", subject),
+}
 
 
-def _stamped(change: Callable[Concatenate[Tier, _P], _R]) -> Callable[Concatenate[Tier, _P], _R]:
-    """``change(tier, ...)``, then the tier's change stamp, also when it raised part-way (a change
-    may have happened). The operations here call each other's unstamped forms: one stamp each."""
+def run(tier: Tier, op: m.Op, *, recycle: Recycle | None = None) -> Any:
+    """Carry out ``op`` in ``tier``: its result, or what it raises (a tier's own error as raised).
+    ``recycle``: offered each file of a dropped mirror first (:func:`drop_mirror`)."""
+    view, event = m.start(op, tier.describe())
+    subject = op.checkpoint_id
+    changed = False
+    held: list[Activity] = []
+    try:
+        while True:
+            for effect in m.decide(view, event):
+                if isinstance(effect, m.Done):
+                    return effect.value
+                if isinstance(effect, m.Fail):
+                    raise effect.error
+                if isinstance(effect, m.KillPoint):
+                    _NAMED_KILL_POINTS[effect.name](subject)
+                    continue
+                kill_point("protocol.effect", f"{type(effect).__name__}/{subject}")
+                changed = changed or effect.changes
+                outcome = _perform(tier, effect, recycle, held)
+                if effect.asks:
+                    assert outcome is not None, effect
+                    event = outcome
+                    view = m.observe(view, event)
+                    break
+            else:
+                raise AssertionError(f"{type(op).__name__}: decide() ended without a result or a question")
+    finally:
+        for activity in held:
+            activity.release()
+        if op.stamp is m.Stamp.ALWAYS or (op.stamp is m.Stamp.IF_CHANGED and changed):
+            with _quietly(getattr(op, "quiet", False)):
+                touch(tier)
 
-    @functools.wraps(change)
-    def stamped(tier: Tier, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+
+@contextlib.contextmanager
+def _quietly(quiet: bool) -> Iterator[None]:
+    if not quiet:
+        yield
+        return
+    with contextlib.suppress(Exception):
+        yield
+
+
+def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[Activity]) -> m.Event | None:
+    """One effect, with tier verbs; the event an asking effect is answered with. ``held``: the
+    activity records the operation announced, released when it ends."""
+    if isinstance(effect, m.ListLog):
+        entries, voids = read_log_and_voids(tier, above=effect.above)
+        return m.LogListed(tuple(entries), tuple(voids), effect.purpose)
+    if isinstance(effect, m.PutVoid):
         try:
-            return change(tier, *args, **kwargs)
-        finally:
-            touch(tier)
-
-    stamped.__name__ = stamped.__qualname__ = change.__name__.lstrip("_")
-    return stamped
-
-
-@_stamped
-def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) -> int:
-    """Take the next commit number after ``max(the tier's highest, floor)`` for this generation.
-
-    ``floor`` is what the caller knows beyond this tier (other nodes, sightings, start-up). The
-    number itself is taken first, create-only, as its void entry ``<seq>~void`` (a name that holds
-    the number alone, so two writers never take one number in a tier, whatever their ids); then
-    the entry ``<seq>~<id>~<generation>`` names the commit. Cleanup removes the void once a higher
-    number is taken (:mod:`tierstore.promote.cleanup`). Raises ``RuntimeError`` after 64 numbers
-    taken by others in a row.
-    """
-    seq = highest_in(tier, above=floor)  # lists only the log above what the caller knows
-    for _attempt in range(_CLAIM_ATTEMPTS):
-        seq += 1
-        try:
-            # Its body names the claimant: a store's "taken" answer to a retried create-only PUT
-            # is told apart from this writer's own first attempt by the bytes (tiers/s3/tier.py).
-            tier.publish(void_entry_path(seq), f"{checkpoint_id}~{generation}".encode(), create_only=True)
+            tier.publish(void_entry_path(effect.seq), effect.body, create_only=True)
         except FileExistsError:
-            continue  # another writer took it a moment ago: the next one
-        tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=True)
-        return seq
-    raise RuntimeError(f"tier {tier.describe()}: no free commit number after {seq}")
+            return m.VoidPut(effect.seq, won=False)
+        return m.VoidPut(effect.seq, won=True)
+    if isinstance(effect, m.KeepVoid):
+        tier.publish(void_entry_path(effect.seq), b"", create_only=False)
+    elif isinstance(effect, m.PutEntry):
+        path = commit_entry_path(effect.seq, effect.checkpoint_id, effect.generation)
+        tier.publish(path, b"", create_only=effect.create_only)
+    elif isinstance(effect, m.DeleteEntry):
+        tier.delete(effect.entry.path)
+    elif isinstance(effect, m.CheckFiles):
+        return m.FilesChecked(tuple(_files_problems(tier, effect.manifest, effect.node)), effect.purpose)
+    elif isinstance(effect, m.CheckSizes):
+        found = (size_problem(tier, path, entry) for path, entry in effect.files)
+        return m.FilesChecked(tuple(p for p in found if p is not None), effect.purpose)
+    elif isinstance(effect, m.ReadMarker):
+        return m.MarkerRead(_read_marker(tier, effect.checkpoint_id, effect.tolerate), effect.purpose)
+    elif isinstance(effect, m.PutMarker):
+        return _put_marker(tier, effect.manifest, create_only=effect.create_only)
+    elif isinstance(effect, m.DeleteMarker):
+        tier.delete(marker_path(effect.checkpoint_id))
+    elif isinstance(effect, m.DeleteParts):
+        tier.delete_tree(parts_dir(effect.checkpoint_id, effect.generation))
+    elif isinstance(effect, m.ReadActivities):
+        records = [a for a in activities(tier) if a.age < effect.ttl and (a.kind == "drop") == effect.drops]
+        return m.InUse(
+            is_busy(records, effect.checkpoint_id, effect.generation), "drops" if effect.drops else ""
+        )
+    elif isinstance(effect, m.Announce):
+        held.append(hold(tier, effect.kind, effect.checkpoint_id, effect.generation, ttl=effect.ttl))
+    elif isinstance(effect, m.DeleteData):
+        tier.delete_tree(generation_dir(effect.checkpoint_id, effect.generation))
+        tier.remove_if_empty(effect.checkpoint_id)  # unless another generation (an overwrite) is there
+    elif isinstance(effect, m.ListParts):
+        return m.PartsListed(tuple(generation_parts(tier, effect.checkpoint_id, effect.generation)))
+    elif isinstance(effect, m.PutBytes):
+        tier.write_bytes(effect.path, effect.data)
+    elif isinstance(effect, m.PutRecord):
+        tier.publish(effect.path, effect.data, create_only=False)
+    elif isinstance(effect, m.CheckPart):
+        return m.PartChecked(_any_missing(tier, effect.record))
+    elif isinstance(effect, m.DeleteFile):
+        with _quietly(effect.quiet):
+            tier.delete(effect.path)
+    elif isinstance(effect, m.DeleteTree):
+        tier.delete_tree(effect.path)
+    elif isinstance(effect, m.DiscardIncomplete):
+        tier.discard_incomplete(effect.write)
+    elif isinstance(effect, m.RemoveIfEmpty):
+        with _quietly(effect.quiet):
+            tier.remove_if_empty(effect.path)
+    elif isinstance(effect, m.MirrorInUse):
+        return _mirror_in_use(tier, effect)
+    elif isinstance(effect, m.DropMirrorFiles):
+        _drop_mirror_files(tier, effect.checkpoint_id, effect.generation, recycle)
+    else:
+        raise AssertionError(f"no tier verb performs {effect!r}")
+    return None
 
 
 def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[str]:
@@ -102,7 +179,86 @@ def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[st
     return copy_problems(tier, manifest, verify=False, entries=here)
 
 
-@_stamped
+def _read_marker(tier: Tier, checkpoint_id: str, tolerate: m.Tolerate) -> m.Seen:
+    try:
+        manifest = read_manifest(tier, checkpoint_id)
+    except FileNotFoundError:
+        if tolerate is m.Tolerate.NOTHING:
+            raise
+        return m.NO_MARKER
+    except IntegrityError:
+        if tolerate is not m.Tolerate.ALL:
+            raise
+        return m.Seen("")
+    return m.Seen(manifest.generation, manifest.seq, manifest)
+
+
+def _put_marker(tier: Tier, manifest: Manifest, *, create_only: bool) -> m.MarkerPut:
+    ckpt = manifest.checkpoint_id
+    try:
+        tier.publish(marker_path(ckpt), manifest.to_json(), create_only=create_only)
+    except FileExistsError:
+        return m.MarkerPut(taken=True)
+    except TierUnavailableError as exc:
+        # The marker may stand although its PUT failed (the store did it, then answered an error).
+        raise TierUnavailableError(
+            f"{ckpt}: the commit's outcome in tier {tier.describe()} is unknown: {exc}; `tierstore"
+            f" ls` and `tierstore verify {ckpt}` tell whether it is committed",
+            tier=exc.tier,
+        ) from exc
+    return m.MarkerPut(taken=False)
+
+
+def _any_missing(tier: Tier, record: PartRecord) -> bool:
+    for entry in record.files:
+        try:
+            tier.stat(checkpoint_file(record.checkpoint_id, entry.path))
+        except FileNotFoundError:
+            return True
+    return False
+
+
+def _mirror_in_use(tier: Tier, effect: m.MirrorInUse) -> m.InUse:
+    if any(held.generation == effect.generation for held in held_mirrors(tier, effect.checkpoint_id)):
+        return m.InUse(True, m.MIRROR_SHARED)
+    readers = [a for a in live(tier, ttl=effect.ttl) if a.kind == "read"]
+    if is_busy(readers, effect.checkpoint_id, None):
+        return m.InUse(True, m.MIRROR_READ)
+    return m.InUse(False)
+
+
+def _drop_mirror_files(tier: Tier, checkpoint_id: str, generation: str, recycle: Recycle | None) -> None:
+    directory = f"{mirror_id_dir(checkpoint_id)}/{generation}"
+    if recycle is not None:
+        for info in tier.find(directory):
+            if not info.path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX):
+                recycle(info.path, info.size)
+    tier.delete_tree(directory)
+    tier.remove_if_empty(mirror_id_dir(checkpoint_id))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The operations, as actors call them.
+
+
+def claim(tier: Tier, checkpoint_id: str, generation: str, *, floor: int = 0) -> int:
+    """Take the next commit number after ``max(the tier's highest, floor)`` for this generation:
+    create-only as its void entry ``<seq>~void`` (two writers never take one number in a tier,
+    whatever their ids), then named by ``<seq>~<id>~<generation>``. ``floor`` is what the caller
+    knows beyond this tier; only the log above it is listed. Cleanup removes the void once a higher
+    number is taken. Raises ``RuntimeError`` after 64 numbers taken by others in a row."""
+    number: int = run(tier, m.Claim(checkpoint_id, generation, floor))
+    return number
+
+
+def renumber(tier: Tier, checkpoint_id: str, generation: str, *, claimed: int, known: int) -> int:
+    """The number a save commits with: ``claimed`` at its plan, unless a higher one was taken in
+    ``tier`` since, or ``known`` (the highest its process knows elsewhere) reached it: then a new
+    one (:class:`~tierstore.records.machine.Renumber`)."""
+    number: int = run(tier, m.Renumber(checkpoint_id, generation, claimed, known))
+    return number
+
+
 def publish(
     tier: Tier,
     manifest: Manifest,
@@ -113,217 +269,118 @@ def publish(
     ttl: float = ACTIVITY_TTL,
     expect: str | None = None,
 ) -> Manifest | None:
-    """Commit ``manifest`` in ``tier`` (the order is in the module docstring); None when published.
+    """Commit ``manifest`` in ``tier`` (the order: :mod:`tierstore.records.machine`); None when
+    published.
 
-    ``replace=False`` publishes create-only: if the id already has a marker, nothing changes and
-    that marker's manifest is returned for the caller to judge (a save refuses; a promotion may call
-    again with ``replace=True``). ``replace=True`` swaps the marker atomically and drops the
-    generation it named once the new one stands. ``node``: in a node-local tier, only that node's
-    files are checked (the others are on their nodes). ``log=False`` when the number was claimed in
-    this tier already (a save). ``expect`` (with ``replace``): the generation the caller judged
-    the marker to name; if another publisher swapped it since, nothing is published and the
-    marker that stands is returned, to be judged again. Raises :class:`IntegrityError` naming the
-    missing files.
-    """
-    ckpt = manifest.checkpoint_id
-    if problems := _files_problems(tier, manifest, node):
-        raise IntegrityError(
-            f"{ckpt}: not committed in tier {tier.describe()}: files vanished before the marker:"
-            f" {'; '.join(problems)}"
-        )
-    replaced, replaced_seq = _marker_commit(tier, ckpt) if replace else (None, None)
-    # A swap logs its number first: the log still names the replaced generation, so a start-up
-    # read of numbers (records/known.py) would not look at a swapped marker logged only after it.
-    # A create-only marker is logged after it: its loser must not forget the winner's entry, and a
-    # marker of an id the log does not know is read at start-up.
-    log_first = log and replace and manifest.seq is not None and replaced != ""
-    if log_first and replaced and replaced != manifest.generation:
-        if replaced_seq is None:
-            log_first = False  # a marker from before the log: nothing to name it by; as before
-        else:
-            # The standing generation gets (keeps) its own entry first: were the new number the
-            # id's only entry, a swap that never happens (killed, failed) would place the id by
-            # it, for the catalog counts an id's only entry as its commit.
-            _log_commit(tier, replaced_seq, ckpt, replaced)
-    if log_first:
-        _log_commit(tier, manifest.seq or 0, ckpt, manifest.generation)
-    if replace and expect is not None and (standing := _swapped_since(tier, manifest, expect)):
-        return standing
-    kill_point("marker.files_checked", ckpt)
-    try:
-        tier.publish(marker_path(ckpt), manifest.to_json(), create_only=not replace)
-    except FileExistsError:
-        return read_manifest(tier, ckpt)
-    except TierUnavailableError as exc:
-        # The marker may stand although its PUT failed (the store did it, then answered an error).
-        raise TierUnavailableError(
-            f"{ckpt}: the commit's outcome in tier {tier.describe()} is unknown: {exc}; `tierstore"
-            f" ls` and `tierstore verify {ckpt}` tell whether it is committed",
-            tier=exc.tier,
-        ) from exc
-    kill_point("marker.published", ckpt)
-    if problems := _files_problems(tier, manifest, node):
-        _withdraw(tier, ckpt, manifest.generation)
-        raise IntegrityError(
-            f"{ckpt}: marker withdrawn from tier {tier.describe()}: files removed while it was"
-            f" published: {'; '.join(problems)}"
-        )
-    kill_point("marker.rechecked", ckpt)
-    if log and not log_first and manifest.seq is not None:
-        _log_commit(tier, manifest.seq, ckpt, manifest.generation)
-    if replaced and replaced != manifest.generation:
-        _drop(tier, ckpt, replaced, ttl=ttl)
-    return None
-
-
-def _swapped_since(tier: Tier, manifest: Manifest, expect: str) -> Manifest | None:
-    """The id's marker if it no longer names ``expect`` (another promotion swapped it since the
-    caller judged it), after forgetting the numbers just logged: ``expect``'s (its drop may have
-    run already) and ``manifest``'s unless the marker names that very generation; None while it
-    still names ``expect``.
-
-    Read last before the swap: a swap judged against an older marker would put an older commit
-    over a newer one committed meanwhile. Not atomic with the swap (POSIX and S3 have no compare
-    and swap here), the window is one marker read wide instead of the whole publish."""
-    ckpt = manifest.checkpoint_id
-    if _marker_generation(tier, ckpt) == expect:
-        return None
-    try:
-        standing = read_manifest(tier, ckpt)
-    except FileNotFoundError:
-        standing = None
-    stale = {expect}
-    if standing is None or standing.generation != manifest.generation:
-        stale.add(manifest.generation)
-    top = highest_in(tier)
-    for entry in read_log(tier):
-        if entry.checkpoint_id == ckpt and entry.generation in stale:
-            _forget_entry(tier, entry, top=top)
-    if standing is None:  # dropped meanwhile: the caller publishes create-only again
-        raise FileNotFoundError(f"{ckpt}: the marker in tier {tier.describe()} was dropped")
+    ``replace=False`` publishes create-only: if the id already has a marker, nothing changes and that
+    marker's manifest is returned for the caller to judge. ``replace=True`` swaps the marker
+    atomically and drops the generation it named once the new one stands. ``node``: in a node-local
+    tier, only that node's files are checked. ``log=False`` when the number was claimed in this tier
+    already (a save). ``expect`` (with ``replace``): the generation the caller judged the marker to
+    name; if another publisher swapped it since, nothing is published and the standing marker is
+    returned (``FileNotFoundError`` when it was dropped). Raises :class:`IntegrityError` naming the
+    missing files."""
+    standing: Manifest | None = run(tier, m.Publish(manifest, replace, node, log, ttl, expect))
     return standing
 
 
-def _marker_generation(tier: Tier, checkpoint_id: str) -> str | None:
-    """The generation the id's marker names; None without a marker; '' when it is unreadable."""
-    return _marker_commit(tier, checkpoint_id)[0]
+def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
+    """Delete the id's marker if it names ``generation``; True if it did."""
+    done: bool = run(tier, m.Withdraw(checkpoint_id, generation))
+    return done
 
 
-def _marker_commit(tier: Tier, checkpoint_id: str) -> tuple[str | None, int | None]:
-    """``(generation, seq)`` of the id's marker: ``(None, None)`` without a marker, ``('', None)``
-    when it is unreadable."""
-    try:
-        manifest = read_manifest(tier, checkpoint_id)
-    except FileNotFoundError:
-        return None, None
-    except IntegrityError:
-        return "", None
-    return manifest.generation, manifest.seq
-
-
-def _forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
-    """Remove a log entry whose commit does not stand. The tier's highest number (``top``) is kept as
-    a void entry first: the sequence never goes back, and no id is named by a number it does not
-    hold (a listing for candidates would otherwise read a marker elsewhere to place it)."""
-    if entry.seq >= top:
-        tier.publish(void_entry_path(entry.seq), b"", create_only=False)
-    tier.delete(entry.path)
-
-
-forget_entry = _stamped(_forget_entry)
-
-
-def _withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
-    """Delete the id's marker if it names ``generation``; True if it did. Not atomic with the
-    check on POSIX or S3: callers withdraw only generations that nobody else publishes."""
-    if _marker_generation(tier, checkpoint_id) != generation:
-        return False
-    tier.delete(marker_path(checkpoint_id))
-    return True
-
-
-withdraw = _stamped(_withdraw)
-
-
-def _drop(
+def drop(
     tier: Tier, checkpoint_id: str, generation: str, *, committed: bool = True, ttl: float = ACTIVITY_TTL
 ) -> bool:
-    """Drop one generation of ``checkpoint_id`` from ``tier`` (order in the module docstring).
+    """Drop one generation of ``checkpoint_id`` (the order: :mod:`tierstore.records.machine`).
 
-    ``committed=False`` drops only an uncommitted generation (cleanup, a failed save): a marker
-    naming it (or one that cannot be read) keeps everything, marker included. True when its data
-    went; False when a marker naming it or live work on it (a restore reading it, a promotion
-    committing it) kept the data, which cleanup removes once that is over. Only this generation:
-    another one of the id may be an overwrite in flight.
-    """
-    if committed:
-        _withdraw(tier, checkpoint_id, generation)
-        kill_point("drop.marker_withdrawn", checkpoint_id)
-    elif _marker_generation(tier, checkpoint_id) in (generation, ""):
-        return False
-    top = highest_in(tier)
-    for entry in read_log(tier):
-        if (entry.checkpoint_id, entry.generation) == (checkpoint_id, generation):
-            _forget_entry(tier, entry, top=top)
-    tier.delete_tree(parts_dir(checkpoint_id, generation))
-    kill_point("drop.records_dropped", checkpoint_id)
-    busy = is_busy([a for a in activities(tier) if a.age < ttl], checkpoint_id, generation)
-    if busy or _marker_generation(tier, checkpoint_id) in (generation, ""):
-        return False
-    tier.delete_tree(generation_dir(checkpoint_id, generation))
-    tier.remove_if_empty(checkpoint_id)  # unless another generation (an overwrite) is there
-    return True
+    ``committed=False`` drops only an uncommitted generation (cleanup, a failed save): a marker naming
+    it, or one that cannot be read, keeps everything. True when its data went; False when a marker
+    naming it or live work on it kept the data, which cleanup removes once that is over. Only this
+    generation: another one of the id may be an overwrite in flight."""
+    gone: bool = run(tier, m.Drop(checkpoint_id, generation, committed, ttl))
+    return gone
 
 
-drop = _stamped(_drop)
+def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
+    """Remove a log entry whose commit does not stand; the tier's highest number ``top`` is kept as
+    a void entry first (the sequence never goes back)."""
+    run(tier, m.Forget(entry, top))
 
 
-class Verdict(enum.Enum):
-    """What a promotion does where the target already has a marker of the id."""
-
-    SAME = "the target holds this very generation"
-    REPLACE = "the promoted copy is the newer commit of the id: it replaces the target's"
-    KEEP_NEWER = "the target holds a newer commit of the id: the promoted copy is stale"
-    CONFLICT = "two contents of one id that neither save knew of the other: both are kept"
+def log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
+    """Log a commit number claimed elsewhere (a node's part of a multi-node save)."""
+    run(tier, m.Log(seq, checkpoint_id, generation))
 
 
-def judge_promotion(
-    source: Manifest, existing: Manifest, *, source_tier: str, target: str
-) -> tuple[Verdict, str]:
-    """Whether ``source`` (promoted from ``source_tier``) may replace ``existing`` (``target``'s
-    marker of the id), and why.
-
-    Commit order decides only between saves that knew of each other. The newer may replace the older
-    when it was an overwrite (``overwrite=True``) whose job could see the older one's tier; the older
-    yields to the newer on the same terms. Otherwise — a save that could not see the target (it was
-    unreachable when its job started: ``unseen_tiers``), or an id saved without ``overwrite`` while
-    another tier held another content of it (a race between two savers) — the two contents are in
-    conflict: commit numbers taken without that knowledge say nothing, and both are kept. Markers
-    from before ``overwrite`` was recorded (None) are judged by commit order, as they always were.
-    """
-    if existing.generation == source.generation:
-        return Verdict.SAME, Verdict.SAME.value
-    if target in source.unseen_tiers:
-        return Verdict.CONFLICT, f"the save could not see tier {target} when its job started"
-    if is_newer_commit(source.seq, source.generation, existing.seq, existing.generation):
-        if source.overwrite is False:
-            why = f"the id was saved without overwrite while tier {target} held another content"
-            return Verdict.CONFLICT, why
-        return Verdict.REPLACE, Verdict.REPLACE.value
-    if existing.overwrite is False or source_tier in existing.unseen_tiers:
-        why = f"tier {target}'s copy was saved without knowing of the one in {source_tier}"
-        return Verdict.CONFLICT, why
-    return Verdict.KEEP_NEWER, Verdict.KEEP_NEWER.value
+def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
+    """Rewrite this node's rank part records of ``generation`` with its commit's final number
+    (``confirmed``); True when a record changed. The coordinator may have taken a new number at its
+    commit; until then the records hold the one claimed when the save was planned."""
+    changed: bool = run(tier, m.Confirm(checkpoint_id, generation, seq))
+    return changed
 
 
-def _log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
-    """Log a commit number claimed elsewhere in ``tier``'s commit log (a node's part of a multi-node
-    save: whichever node coordinates next continues from it). Its stamp also covers a rank's part
-    record written just before it (:mod:`tierstore.dcp.rank_write`)."""
-    tier.publish(commit_entry_path(seq, checkpoint_id, generation), b"", create_only=False)
+def record_parts(
+    tier: Tier,
+    checkpoint_id: str,
+    writes: list[tuple[str, bytes]],
+    *,
+    log: LogEntry | None = None,
+    listed: bool = True,
+) -> None:
+    """Write part records (or a promotion's intent) whole, then log ``log``'s number. ``listed``:
+    the tier's promoter lists them (node-local tiers): its change stamp follows."""
+    run(tier, m.RecordParts(checkpoint_id, tuple(writes), log, listed))
 
 
-log_commit = _stamped(_log_commit)
+def discard(
+    tier: Tier,
+    checkpoint_id: str,
+    paths: list[str],
+    *,
+    dirs: tuple[str, ...] = (),
+    quiet: bool = False,
+    listed: bool = True,
+) -> None:
+    """Remove what an actor wrote of a generation that did not commit, then ``dirs`` if empty.
+    ``quiet``: failures are skipped (leftovers are cleanup's). ``listed``: stamp the tier after."""
+    run(tier, m.Discard(checkpoint_id, tuple(paths), dirs, quiet, listed))
+
+
+def sweep(tier: Tier, path: str, *, tree: bool = False, write: IncompleteWrite | None = None) -> None:
+    """Cleanup's removal of one leftover that names no commit: a tree, an incomplete write, a file."""
+    run(tier, m.Sweep(path, tree, write))
+
+
+def land_mirror(tier: Tier, committed: bytes, marker: MirrorMarker) -> None:
+    """On the holder: the copy of the commit marker, then the mirror marker **last** (a mirror
+    exists only where its marker is), after every file it names was received and verified; the files
+    are checked before and again after, and a marker over a hole is withdrawn
+    (:class:`IntegrityError` naming the files)."""
+    ckpt, gen = marker.checkpoint_id, marker.generation
+    files = tuple((mirror_copy_path(ckpt, e.path), e) for e in marker.files)
+    marker_at = mirror_marker_path(ckpt, gen, marker.owner_node)
+    land = m.MirrorLand(
+        ckpt, marker.owner_node, mirror_commit_path(ckpt, gen), committed, marker_at, marker.to_json(), files
+    )
+    run(tier, land)
+
+
+def drop_mirror(
+    tier: Tier, checkpoint_id: str, generation: str, owner_node: int, *, recycle: Recycle | None, ttl: float
+) -> str:
+    """Retire one mirror: its marker first, then its generation's files unless another owner's
+    mirror names the generation or a restore reads the id; '' when the files went, else why not."""
+    marker_at = mirror_marker_path(checkpoint_id, generation, owner_node)
+    kept: str = run(tier, m.MirrorDrop(checkpoint_id, generation, marker_at, ttl), recycle=recycle)
+    return kept
+
+
+def restamp(tier: Tier) -> None:
+    """Rewrite the tier's change stamp (a predecessor may have died between a change and its own)."""
+    run(tier, m.Restamp())
 
 
 def settle_parts(
@@ -335,14 +392,12 @@ def settle_parts(
 ) -> None:
     """What a node other than the coordinator's learns at a save's plan (it never sees the marker):
 
-    * ``outcomes``, ``(id, generation, seq)`` of the coordinator process's recent saves: its parts
-      of a committed one are confirmed with the final number
-      (:func:`tierstore.records.parts.confirm_part`), its parts of one that failed or that an
+    * ``outcomes``, ``(id, generation, seq)`` of the coordinator process's recent saves: its parts of
+      a committed one are confirmed with the final number, its parts of one that failed or that an
       overwrite replaced and dropped (``seq`` None) are dropped;
-    * ``current``, ``(id, generation, seq)`` of the marker of the id being saved in the
-      coordinator's tier (generation '' when there is none): its parts of that generation are
-      confirmed. Nothing is dropped on its account: another generation may belong to a save still
-      in flight (another job or group), or be named by a marker to come (a promotion).
+    * ``current``, ``(id, generation, seq)`` of the marker of the id being saved in the coordinator's
+      tier (generation '' when there is none): its parts of that generation are confirmed. Nothing
+      is dropped on its account: another generation may belong to a save still in flight.
     """
     held: dict[str, list[str]] = {}  # the coordinator repeats its outcomes: act on what is here
     for checkpoint_id, generation, seq in outcomes:
@@ -356,3 +411,25 @@ def settle_parts(
             confirm_part(tier, checkpoint_id, generation, seq)
     if current is not None and current[1]:
         confirm_part(tier, *current)
+
+
+__all__ = [
+    "Verdict",
+    "claim",
+    "confirm_part",
+    "discard",
+    "drop",
+    "drop_mirror",
+    "forget_entry",
+    "judge_promotion",
+    "land_mirror",
+    "log_commit",
+    "publish",
+    "record_parts",
+    "renumber",
+    "restamp",
+    "run",
+    "settle_parts",
+    "sweep",
+    "withdraw",
+]

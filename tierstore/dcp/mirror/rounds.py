@@ -76,12 +76,12 @@ from tierstore.records.mirror import (
     exchange_end_path,
     exchange_ended,
     exchange_ends_dir,
-    prune_mirrors,
-    publish_mirror,
     record_exchange_end,
+    remove_exchange_waits,
     write_status,
 )
-from tierstore.records.parts import confirm_part
+from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.records.protocol import confirm_part, discard, land_mirror
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -368,7 +368,7 @@ class ExchangeWaits:
 
 def _remove_waits(tier: Tier, directory: str, lock: int | None) -> None:
     try:
-        tier.delete_tree(directory)  # the lock file with it: a late exchange then writes nothing
+        remove_exchange_waits(tier, directory)  # the lock file with it: a late exchange writes nothing
     except Exception as exc:  # noqa: BLE001 - cleanup removes it once this process is gone
         logger.warning("could not remove %s: %s", directory, exc)
     finally:
@@ -711,7 +711,7 @@ def _conclude(state: _State, outcomes: list[dict[int, str]], manifest: Manifest 
             dict(manifest.topology or {}),
         )
         try:
-            publish_mirror(tier, blob, marker)
+            land_mirror(tier, blob, marker)
         except Exception as exc:  # noqa: BLE001 - a file went, or the tier failed: no mirror, said
             lost[owner] = f"{type(exc).__name__}: {exc}"  # to its owner in the collective below
             with contextlib.suppress(Exception):
@@ -752,11 +752,10 @@ def _remove_failed_save(round_: Round) -> None:
     share, tier = round_.share, round_.tier
     if not share.wrote:
         return  # a rank whose write failed removed its files itself
-    for entry in share.files:
-        tier.delete(checkpoint_file(share.checkpoint_id, entry.path))
-    tier.delete(rank_part_path(share.checkpoint_id, share.generation, share.rank))
-    tier.remove_if_empty(parts_dir(share.checkpoint_id, share.generation))
-    tier.remove_if_empty(generation_dir(share.checkpoint_id, share.generation))
+    ckpt, gen = share.checkpoint_id, share.generation
+    paths = [checkpoint_file(ckpt, entry.path) for entry in share.files]
+    paths.append(rank_part_path(ckpt, gen, share.rank))
+    discard(tier, ckpt, paths, dirs=(parts_dir(ckpt, gen), generation_dir(ckpt, gen)))
 
 
 _warned: set[str] = set()
@@ -770,7 +769,5 @@ def _warn_once(message: str) -> None:
 
 
 def _drop_received(tier: Tier, ckpt: str, gen: str, entries: list[FileEntry]) -> None:
-    for entry in entries:
-        tier.delete(mirror_copy_path(ckpt, entry.path))
-    tier.remove_if_empty(f"{mirror_id_dir(ckpt)}/{gen}")
-    tier.remove_if_empty(mirror_id_dir(ckpt))
+    paths = [mirror_copy_path(ckpt, entry.path) for entry in entries]
+    discard(tier, ckpt, paths, dirs=(f"{mirror_id_dir(ckpt)}/{gen}", mirror_id_dir(ckpt)), listed=False)
