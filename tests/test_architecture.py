@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -38,11 +39,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per test process (every test here walks them all)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def modules() -> list[tuple[str, ast.Module]]:
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        found.append((module_name(path), ast.parse(path.read_text(), str(path))))
-    return found
+    return [(module_name(path), parsed(path)) for path in sorted(PACKAGE.rglob("*.py"))]
 
 
 def imports(tree: ast.AST) -> list[tuple[str, list[str], bool]]:
@@ -149,7 +153,7 @@ def test_only_the_records_package_changes_commit_records() -> None:
         name = module_name(path)
         if name.startswith(("tierstore.records", "tierstore.tiers")):
             continue
-        offenders += [f"{name}:{line}" for line in _record_mutations(ast.parse(path.read_text(), str(path)))]
+        offenders += [f"{name}:{line}" for line in _record_mutations(parsed(path))]
     assert offenders == [], offenders
 
 
@@ -172,9 +176,7 @@ def test_only_the_executor_performs_record_effects_in_records() -> None:
     for path in sorted((PACKAGE / "records").glob("*.py")):
         if path.stem in own or path.stem in {"protocol", "__init__"}:
             continue
-        offenders += [
-            f"{path.stem}:{line}" for line in _record_mutations(ast.parse(path.read_text(), str(path)))
-        ]
+        offenders += [f"{path.stem}:{line}" for line in _record_mutations(parsed(path))]
     assert offenders == [], offenders
 
 
