@@ -274,13 +274,26 @@ class Effect:
 
 
 @dataclass(frozen=True)
-class ListLog(Effect):
+class Question(Effect):
+    """A read: its answer is the next event."""
+
+    asks: ClassVar[bool] = True
+    changes: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Control(Effect):
+    """A step of the run itself: no tier is asked or changed."""
+
+    changes: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class ListLog(Question):
     """The commit log above ``above`` (0: whole) -> :class:`LogListed`."""
 
     above: int
     purpose: str
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -316,25 +329,21 @@ class DeleteEntry(Effect):
 
 
 @dataclass(frozen=True)
-class CheckFiles(Effect):
+class CheckFiles(Question):
     """The manifest's files (``node``'s only, in a node-local tier) that are missing or of another
     size -> :class:`FilesChecked`."""
 
     manifest: Manifest
     node: int | None
     purpose: str
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class CheckSizes(Effect):
+class CheckSizes(Question):
     """Which of ``files`` (path, entry) are missing or not of the entry's size -> :class:`FilesChecked`."""
 
     files: tuple[tuple[str, FileEntry], ...]
     purpose: str
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 class Tolerate(enum.Enum):
@@ -346,14 +355,12 @@ class Tolerate(enum.Enum):
 
 
 @dataclass(frozen=True)
-class ReadMarker(Effect):
+class ReadMarker(Question):
     """The id's marker -> :class:`MarkerRead`."""
 
     checkpoint_id: str
     purpose: str
     tolerate: Tolerate = Tolerate.ALL
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -380,18 +387,17 @@ class DeleteParts(Effect):
 
 
 @dataclass(frozen=True)
-class Announce(Effect):
+class Announce(Control):
     """Hold an activity record of ``kind`` on the generation until the operation ends."""
 
     kind: str
     checkpoint_id: str
     generation: str
     ttl: float
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class ReadActivities(Effect):
+class ReadActivities(Question):
     """Whether a live activity record (younger than ``ttl``) covers the generation: any but a
     drop's, or (``drops``) only a drop's -> :class:`InUse`."""
 
@@ -399,8 +405,6 @@ class ReadActivities(Effect):
     generation: str
     ttl: float
     drops: bool = False
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -412,13 +416,11 @@ class DeleteData(Effect):
 
 
 @dataclass(frozen=True)
-class ListParts(Effect):
+class ListParts(Question):
     """The generation's rank part records -> :class:`PartsListed`."""
 
     checkpoint_id: str
     generation: str
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -438,12 +440,10 @@ class PutRecord(Effect):
 
 
 @dataclass(frozen=True)
-class CheckPart(Effect):
+class CheckPart(Question):
     """Whether a file the record names is missing -> :class:`PartChecked`."""
 
     record: PartRecord
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -471,15 +471,13 @@ class RemoveIfEmpty(Effect):
 
 
 @dataclass(frozen=True)
-class MirrorInUse(Effect):
+class MirrorInUse(Question):
     """Whether another owner's mirror marker names the generation, or a live ``read`` record covers
     the id -> :class:`InUse`."""
 
     checkpoint_id: str
     generation: str
     ttl: float
-    asks: ClassVar[bool] = True
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -492,27 +490,24 @@ class DropMirrorFiles(Effect):
 
 
 @dataclass(frozen=True)
-class KillPoint(Effect):
+class KillPoint(Control):
     """A named moment a crash test can stop the actor at (:mod:`tierstore._platform.killpoints`)."""
 
     name: str
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class Done(Effect):
+class Done(Control):
     """The operation returns ``value``."""
 
     value: object = None
-    changes: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class Fail(Effect):
+class Fail(Control):
     """The operation raises ``error``."""
 
     error: Exception
-    changes: ClassVar[bool] = False
 
 
 # ---------------------------------------------------------------------------------------------------
