@@ -44,7 +44,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter
 from tierstore.records import known
-from tierstore.records.activity import HEARTBEAT
+from tierstore.records.activity import HEARTBEAT, activities
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import Manifest
 from tierstore.tiers import Tier
@@ -347,8 +347,12 @@ class MultiNodeProtocol(RuleBasedStateMachine):
                     continue
                 commit = (manifest.seq or 0, manifest.generation)
                 passed[checkpoint_id] = max(passed.get(checkpoint_id, commit), commit)
+        # Retention defers an id while a live activity record covers it (a promotion killed a moment
+        # ago leaves one until its ttl): planned_deletions' in_use.
+        ttl = self.config.promote.activity_ttl
+        in_use = {a.checkpoint_id for t in self.tiers[1] for a in activities(t) if a.age < ttl}
         for checkpoint_id, generations in foreign_parts(self.tiers[1][0]).items():
-            if checkpoint_id not in passed or checkpoint_id in self.conflicted:
+            if checkpoint_id not in passed or checkpoint_id in self.conflicted or checkpoint_id in in_use:
                 continue
             seq, generation = passed[checkpoint_id]
             for gen, records in generations.items():
