@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -223,3 +226,22 @@ def test_yaml_errors_without_a_placeholder_get_no_hint(
     assert main(["--config", str(path), "ls"]) == EXIT_ERROR
     err = error_line(capsys)
     assert "malformed YAML" in err and "quote the value" not in err
+
+
+# -- a reader that goes away -----------------------------------------------------------------------
+
+
+def test_a_reader_closing_the_pipe_ends_the_listing_quietly(config_file: Path) -> None:
+    """``tierstore ls | head``: the command stops as a Unix tool does on SIGPIPE, without an error."""
+    save(config_file, "step_1")
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "tierstore", "--config", str(config_file), "ls", "--limit", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert listing.stdout is not None
+    listing.stdout.close()  # the reader is gone before the command writes
+    _out, err = listing.communicate(timeout=120)
+    assert listing.returncode == 128 + signal.SIGPIPE
+    assert "Broken pipe" not in err and "error" not in err, err

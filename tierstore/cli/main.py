@@ -713,6 +713,10 @@ def restore_logging(replaced: dict[str, int]) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""What a shell reports for a command whose reader closed the pipe."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run a command; one-line errors with exit code 2."""
     parser = build_parser()
@@ -728,6 +732,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, check_paths=args.command not in READ_ONLY)
         run: Command = args.run
         return run(config, args)
+    except BrokenPipeError:
+        # The reader went away (`tierstore ls | head`): stop quietly, as a Unix tool killed by
+        # SIGPIPE does, and keep Python from complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (TierstoreError, OSError, ValueError) as exc:
         print(f"tierstore: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
