@@ -35,7 +35,7 @@ $(TOOLS): tests/system-tools.txt tests/install-system-tools | $(STAMP)
 	touch $(TOOLS)
 
 demo: $(STAMP)
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/python examples/quickstart.py $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check tierstore tests examples benchmarks

@@ -181,10 +181,17 @@ def main() -> None:
             print(f"embedded S3 (moto) at {endpoint}")
             run(work, endpoint)
     finally:
-        if not args.keep:
+        ram = f"/dev/shm/tierstore-demo-{os.getpid()}"
+        if args.keep:
+            print(
+                f"\nkept the memory and disk tiers' checkpoints in {ram} and {work} (S3 was embedded: gone)"
+            )
+        else:
             shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(f"/dev/shm/tierstore-demo-{os.getpid()}", ignore_errors=True)
-    print(f"\ndone in {time.perf_counter() - started:.1f} s")
+            shutil.rmtree(ram, ignore_errors=True)
+            keep = "--keep keeps them (make demo DEMO_ARGS=--keep)"
+            print(f"\nremoved the demo's checkpoints ({ram}, {work}); {keep}")
+    print(f"done in {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":
