@@ -35,7 +35,8 @@ K8S = DEPLOY / "kubernetes"
 BASE = K8S / "base"
 DRILL = K8S / "components" / "restore-drill"
 RUN_DIR_VOLUME = K8S / "components" / "run-dir-volume"
-OVERLAYS = {"base": BASE, "full": K8S / "overlays" / "full", "restricted": K8S / "overlays" / "restricted"}
+OVERLAYS = {"base": BASE} | {d.name: d for d in sorted((K8S / "overlays").iterdir()) if d.is_dir()}
+"""The base and every shipped overlay (a new overlay is checked by every test below)."""
 K8S_VERSIONS = ["1.33", latest_version()]
 """1.33: native sidecars (init containers with restartPolicy: Always) are GA."""
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -472,7 +473,7 @@ def test_every_pod_meets_pod_security_restricted_but_for_the_nvme_hostpath(name:
     for what, spec in pods.items():
         for level in (BASELINE, RESTRICTED):
             found = violations(spec, level)
-            if name != "restricted" and what.startswith("Job/"):
+            if not name.startswith("restricted") and what.startswith("Job/"):
                 # hostPath: forbidden by both levels; the namespace needs "privileged".
                 assert found and all(v.startswith("volume nvme:") for v in found), found
             else:
@@ -548,3 +549,17 @@ def test_the_restricted_overlay_puts_the_local_tier_on_an_ephemeral_nvme_volume(
     assert set(nvme) == {"name", "ephemeral"}
     claim = nvme["ephemeral"]["volumeClaimTemplate"]["spec"]
     assert claim["storageClassName"] and claim["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_every_container_requests_cpu_and_memory() -> None:
+    """Without requests the scheduler may pack a node until a save's copy crawls."""
+    for name, folder in OVERLAYS.items():
+        for what, spec in pod_templates(kustomize(folder)).items():
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                requests = c.get("resources", {}).get("requests", {})
+                assert {"cpu", "memory"} <= set(requests), (name, what, c["name"])
+
+
+def test_an_overlay_combines_restricted_with_the_restore_drill() -> None:
+    built = pod_templates(kustomize(OVERLAYS["restricted-full"]))
+    assert "Job/gpt-train" in built and any(w.startswith("CronJob/") for w in built)

@@ -208,6 +208,20 @@ def test_promtool_accepts_the_rules() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_promtool_accepts_the_shipped_scrape_configuration() -> None:
+    """deploy/monitoring/prometheus.yml scrapes the promoters and loads the rules beside it."""
+    promtool = system_tool("promtool", "the scrape configuration")
+    shipped = DEPLOY / "monitoring" / "prometheus.yml"
+    done = subprocess.run(
+        [promtool, "check", "config", str(shipped)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load(shipped.read_text())
+    assert config["rule_files"] == [RULES.name]
+    targets = json.loads((shipped.parent / "tierstore-nodes.json").read_text())
+    assert all(t.endswith(":9400") for group in targets for t in group["targets"])
+
+
 UNIT_TESTS = """
 rule_files: [rules.yaml]
 evaluation_interval: 1m
