@@ -192,7 +192,7 @@ def test_the_rules_and_the_dashboard_name_only_exported_metrics() -> None:
         used.setdefault(f"panel {panel!r}", set()).update(metric_names(expr))
     for variable in dashboard()["templating"]["list"]:  # label_values(METRIC, label)
         if variable["type"] == "query":
-            query = re.fullmatch(r"label_values\((\w+), *\w+\)", variable["query"]["query"])
+            query = re.fullmatch(r"label_values\((\w+)(?:\{[^}]*\})?, *\w+\)", variable["query"]["query"])
             assert query, variable["query"]
             used[f"variable {variable['name']}"] = {query.group(1)}
     unknown = {where: sorted(names - known) for where, names in used.items() if names - known}
@@ -440,7 +440,10 @@ def test_the_dashboard_is_an_importable_grafana_dashboard() -> None:
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
             assert balanced(target["expr"]), target["expr"]
-            assert 'instance=~"$instance"' in target["expr"], target["expr"]
+            assert 'job="$job", instance=~"$instance"' in target["expr"], target["expr"]
+    # One job at a time: a stat over every job would let one run hide another's lag.
+    assert variables["job"]["multi"] is False and variables["job"]["includeAll"] is False
+    assert '{job="$job"}' in variables["instance"]["query"]["query"]
 
 
 def test_the_dashboard_shows_what_an_operator_asks_first() -> None:
