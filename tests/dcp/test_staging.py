@@ -466,3 +466,32 @@ def test_quantized_and_nested_tensors_cannot_carry_poison_into_a_checkpoint(
     with pytest.raises(BaseException, match="NestedTensorImpl"):
         dcp.save({"odd": nested}, storage_writer=TieredWriter(config), checkpoint_id="step_0001")
     assert latest_committed(config) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: benchmarks/gpu.py stages real copies")
+def test_staging_waits_on_each_source_devices_stream_not_the_current_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank on cuda:1 staging on a thread whose current device is 0 must wait for its own copies:
+    the wait goes to each source device's stream. CUDA is absent here, so torch's CUDA calls are
+    stubbed (the code under test is not)."""
+    from tierstore.dcp.staging.stager import wait_for_copies
+
+    waited: list[str] = []
+
+    class Stream:
+        def __init__(self, device: torch.device) -> None:
+            self.device = device
+
+        def synchronize(self) -> None:
+            waited.append(str(self.device))
+
+    def global_wait() -> None:
+        raise AssertionError("torch.cuda.synchronize() waits on the current device only")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", global_wait)
+    wait_for_copies({torch.device("cuda:1"), torch.device("cuda:3")})
+    assert waited == ["cuda:1", "cuda:3"]
+    wait_for_copies(set())
+    assert waited == ["cuda:1", "cuda:3"], "no device copy, no wait"

@@ -277,11 +277,10 @@ def _copy_into_slab(
     header = torch.frombuffer(bytearray(MAGIC + token), dtype=torch.uint8)
     view_of(slab.storage, 0, torch.uint8, (len(header),)).copy_(header)
     position = iter(offsets)
-    copies_on_device = False
+    devices: set[torch.device] = set()
     moves: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def place(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal copies_on_device
         at = next(position)
         if at is None:
             made.append(tensor.detach().clone())  # sparse, quantized...: a plain copy
@@ -293,14 +292,23 @@ def _copy_into_slab(
             moves.append((view, source))  # copied below, all at once (see copier)
             return view
         view.copy_(source, non_blocking=tensor.device.type == "cuda" and slab.pinned)
-        copies_on_device |= tensor.device.type == "cuda"
+        if tensor.device.type == "cuda":
+            devices.add(tensor.device)
         return view
 
     staged = _walk(state, place)
     move(moves)
-    if copies_on_device:
-        torch.cuda.synchronize()
+    wait_for_copies(devices)
     return staged, token
+
+
+def wait_for_copies(devices: set[torch.device]) -> None:
+    """Wait for the device-to-host copies this thread queued: on each source tensor's device, on
+    the stream the copy went to (this thread's current stream there). Not ``torch.cuda.synchronize()``,
+    which waits on the thread's current device only (a staging thread's is device 0 whatever the
+    rank's is) and on every stream of it, training's included."""
+    for device in sorted(devices, key=str):
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _copy_if_free(
