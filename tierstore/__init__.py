@@ -26,6 +26,7 @@ from tierstore.errors import (
     InvalidCheckpointIdError,
     NonFiniteTensorError,
     StaleStagedStateError,
+    TierMisconfiguredError,
     TierstoreError,
     TierUnavailableError,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "LossBandGate",
     "NonFiniteTensorError",
     "StaleStagedStateError",
+    "TierMisconfiguredError",
     "TierUnavailableError",
     "TieredReader",
     "TieredWriter",

@@ -51,6 +51,11 @@ class TierUnavailableError(TierstoreError):
         self.tier = tier
 
 
+class TierMisconfiguredError(TierUnavailableError):
+    """A tier that waiting will not cure: its bucket does not exist, its credentials are missing or
+    refused, access is denied. Not an outage: a promoter stops at start, and reports not ready."""
+
+
 class CommitVetoedError(TierstoreError):
     """A commit gate refused the checkpoint; nothing was committed and the previous one stays latest."""
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import open_uploads
 from tests.faults import FaultyS3
-from tierstore.errors import TierUnavailableError
+from tierstore.errors import TierMisconfiguredError, TierUnavailableError
 from tierstore.tiers.s3.config import S3TierConfig
 from tierstore.tiers.s3.tier import S3Tier
 
@@ -53,8 +53,23 @@ def test_unreachable_endpoint_is_a_clear_error_after_bounded_retries() -> None:
 
 def test_missing_bucket_is_named(s3_endpoint: str) -> None:
     tier = s3_tier(s3_endpoint, "no-such-bucket-here")
-    with pytest.raises(TierUnavailableError, match="bucket 'no-such-bucket-here' does not exist"):
+    with pytest.raises(TierMisconfiguredError, match="bucket 'no-such-bucket-here' does not exist"):
         tier.write_bytes("x", b"data")
+
+
+def test_access_denied_is_a_configuration_to_fix_not_an_outage(faulty: tuple[FaultyS3, S3Tier]) -> None:
+    """A refusal waiting will not change is a TierMisconfiguredError at once, not retried; an outage
+    stays a plain TierUnavailableError."""
+    server, tier = faulty
+    server.faults.fail(1, status=403, method="HEAD")
+    started = time.monotonic()
+    with pytest.raises(TierMisconfiguredError, match=r"AccessDenied \(HTTP 403\): the credentials may not"):
+        tier.stat("x")
+    assert time.monotonic() - started < 5, "not retried"
+    server.faults.fail(100, status=503, method="HEAD")
+    with pytest.raises(TierUnavailableError) as outage:
+        tier.stat("x")
+    assert not isinstance(outage.value, TierMisconfiguredError)
 
 
 def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier]) -> None:

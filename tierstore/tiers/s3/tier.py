@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 
 from tierstore._platform.runtime import keep_inherited, track
-from tierstore.errors import TierUnavailableError
+from tierstore.errors import TierMisconfiguredError, TierUnavailableError
 from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, WriteStream
 from tierstore.tiers.s3.listing import ROLL_UP, named_in_children
 from tierstore.tiers.s3.retry import RetriesExhausted, RetryPolicy, is_connection_failure, s3_error
@@ -39,6 +39,17 @@ _LOADER: Any = None
 service model (parsing it costs about 0.1 s of CPU per new session). Only the loader is shared:
 a session keeps the first credentials it resolves, and every tier must resolve its own, as they
 are at the time (rotated keys, another profile)."""
+
+
+REFUSALS = {
+    "AccessDenied": "the credentials may not do this (check the bucket policy and the key's permissions)",
+    "InvalidAccessKeyId": "the access key is unknown to this endpoint",
+    "SignatureDoesNotMatch": "the secret key does not match the access key",
+    "AllAccessDisabled": "all access to the bucket is disabled",
+    "AccountProblem": "the account cannot be used",
+    "InvalidBucketName": "the bucket name is not valid",
+}
+"""S3 answers that waiting will not change: a configuration or credentials to fix, not an outage."""
 
 
 class S3Tier(Tier):
@@ -204,10 +215,10 @@ class S3Tier(Tier):
             raise
         except FileNotFoundError as exc:
             if (s3_error(exc) or (0, ""))[1] == "NoSuchBucket":
-                raise self._unavailable(what, f"bucket {self.bucket!r} does not exist") from exc
+                raise self._misconfigured(what, f"bucket {self.bucket!r} does not exist") from exc
             raise
         except botocore.exceptions.NoCredentialsError as exc:
-            raise self._unavailable(
+            raise self._misconfigured(
                 what, "no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
             ) from exc
         except Exception as exc:
@@ -219,6 +230,10 @@ class S3Tier(Tier):
             if is_connection_failure(exc):
                 endpoint = self.config.endpoint_url or "the AWS endpoint"
                 reason = f"cannot reach {endpoint}{tries}: {last}"
+            elif answer is not None and (answer[1] in REFUSALS or answer[0] == 403):
+                why = REFUSALS.get(answer[1], REFUSALS["AccessDenied"])  # a HEAD's 403 has no body
+                refused = f"S3 answered {answer[1] if answer[1] in REFUSALS else 'AccessDenied'}"
+                raise self._misconfigured(what, f"{refused} (HTTP {answer[0]}): {why}") from exc
             elif answer is not None:
                 reason = f"S3 answered {answer[1] or 'an error'} (HTTP {answer[0]}){tries}"
             elif tries:
@@ -231,6 +246,9 @@ class S3Tier(Tier):
 
     def _unavailable(self, what: str, reason: str) -> TierUnavailableError:
         return TierUnavailableError(f"tier {self.describe()}: {what}: {reason}", tier=self.name)
+
+    def _misconfigured(self, what: str, reason: str) -> TierMisconfiguredError:
+        return TierMisconfiguredError(f"tier {self.describe()}: {what}: {reason}", tier=self.name)
 
     def open_write(self, path: str) -> contextlib.AbstractContextManager[WriteStream]:
         """Buffer and upload part by part; the object appears only when the block exits normally.
