@@ -124,13 +124,5 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
         conflicts[tier.name], parts[tier.name] = listed.conflicts, listed.parts
         ctx.availability.set_unreachable(tier.name, None)
     away = ctx.availability  # every tier was just set reachable or not
-    return View(
-        prior.owned,
-        found,
-        highest,
-        conflicts,
-        parts,
-        frozenset(reused),
-        dict(away.unreachable),
-        frozenset(away.unavailable),
-    )
+    unreachable, unavailable = dict(away.unreachable), frozenset(away.unavailable)
+    return View(prior.owned, found, highest, conflicts, parts, frozenset(reused), unreachable, unavailable)

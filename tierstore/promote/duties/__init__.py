@@ -7,7 +7,9 @@ retain (:mod:`.retain`) and prune mirrors, collect garbage when due (:mod:`.coll
 the pass saw (:mod:`.sightings`, :mod:`.report`, :mod:`.mirrors`). A duty acts on the view it is
 handed (it lists nothing the view answers) and with the :class:`Context`; a tier error is logged and
 skips that tier. It returns an :class:`Outcome`: what it did, the view later duties act on if it
-changed what the pass holds, and which listings the next look must make afresh.
+changed what the pass holds, and which listings the next look must make afresh. Which tiers this
+node looks after is the view's ``owned``: a keeper of a job-wide tier would be one more duty, right
+after the look, whose view hands that tier to the node holding its lease.
 """
 
 from __future__ import annotations
@@ -87,9 +89,10 @@ class Availability:
 
 class Context:
     """What every duty is handed beside the view: the configuration, this node's tiers (fastest
-    first; the last is the durable tier) and this promoter's services, made once per promoter. The
-    ``prober`` asks a tier what a pass must not wait on longer than ``probe_timeout``; ``health`` is
-    only beaten by a duty (a long copy is progress, not a hung promoter)."""
+    first; the last is the durable tier) and this promoter's services, made and wired once (the
+    metrics answer the health probes and count each tier's retries). The ``prober`` asks a tier what
+    a pass must not wait on longer than ``probe_timeout``; a duty only beats ``health`` (a long copy
+    is progress, not a hung promoter)."""
 
     def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
         self.config, self.node, self.metrics = config, node, metrics

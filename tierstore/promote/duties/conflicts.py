@@ -25,17 +25,11 @@ from tierstore.tiers import Tier
 def report(source: Tier, target: Tier, seen: SeenCopy, existing: Manifest) -> Conflict | None:
     """Keep both contents of the id: a record in the source tier (retention keeps the copy,
     promotion stops retrying it), an error line; the record if it is new."""
-    manifest = seen.manifest
-    assert manifest is not None
-    _verdict, why = judge_promotion(manifest, existing, source_tier=source.name, target=target.name)
+    mine = seen.manifest
+    assert mine is not None
+    _verdict, why = judge_promotion(mine, existing, source_tier=source.name, target=target.name)
     conflict = Conflict(
-        manifest.checkpoint_id,
-        manifest.generation,
-        manifest.seq,
-        target.name,
-        existing.generation,
-        existing.seq,
-        why,
+        mine.checkpoint_id, mine.generation, mine.seq, target.name, existing.generation, existing.seq, why
     )
     try:
         if not record_conflict(source, conflict):
@@ -43,14 +37,8 @@ def report(source: Tier, target: Tier, seen: SeenCopy, existing: Manifest) -> Co
     except (TierstoreError, OSError) as exc:
         logger.error("could not record the conflict of %s: %s", conflict.describe(), exc)
         return None
-    event(
-        "conflict",
-        checkpoint=conflict.checkpoint_id,
-        tier=source.name,
-        target=target.name,
-        generation=conflict.generation,
-        target_generation=conflict.target_generation,
-    )
+    generations = {"generation": conflict.generation, "target_generation": conflict.target_generation}
+    event("conflict", checkpoint=conflict.checkpoint_id, tier=source.name, target=target.name, **generations)
     logger.error(
         "not promoted, both kept: %s. Keep one: `tierstore drop %s --tier NAME` on the"
         " other, or save it again with overwrite=True",
@@ -71,13 +59,9 @@ def run(view: View, ctx: Context) -> Outcome:
         for lower in ctx.tiers[upper_index + 1 :]:
             for checkpoint_id, seen in found[upper.name].items():
                 there = found.get(lower.name, {}).get(checkpoint_id)
-                if (
-                    there is None
-                    or seen.manifest is None
-                    or there.manifest is None
-                    or there.copy.generation == seen.copy.generation
-                    or lower.name in seen.copy.conflicts
-                ):
+                if there is None or there.manifest is None or seen.manifest is None:
+                    continue
+                if there.copy.generation == seen.copy.generation or lower.name in seen.copy.conflicts:
                     continue
                 verdict, _why = judge_promotion(
                     seen.manifest, there.manifest, source_tier=upper.name, target=lower.name
@@ -106,10 +90,7 @@ def _settle(
             there = found.get(conflict.target, {}).get(conflict.checkpoint_id)
             settled = here is None or here.copy.generation != conflict.generation
             if conflict.target in found:  # a target that cannot be listed settles nothing
-                settled = settled or there is None
-                settled = settled or (
-                    there is not None and there.copy.generation != conflict.target_generation
-                )
+                settled = settled or there is None or there.copy.generation != conflict.target_generation
             if settled:
                 clear_conflict(tier, conflict)
                 conflicts.remove(conflict)

@@ -51,13 +51,9 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     target is recorded, and the view handed back holds the record (the next look knows it)."""
     source, target = ctx.by_name[promotion.source], ctx.by_name[promotion.target]
     seen = view.found[promotion.source][promotion.checkpoint_id]
-    logger.debug(
-        "promoting %s (generation %s) from %s to %s",
-        promotion.checkpoint_id,
-        seen.copy.generation,
-        source.name,
-        target.name,
-    )
+    named = {"checkpoint": promotion.checkpoint_id, "source": source.name, "target": target.name}
+    what = (promotion.checkpoint_id, seen.copy.generation, source.name, target.name)
+    logger.debug("promoting %s (generation %s) from %s to %s", *what)
     job = PromotionJob(
         source,
         target,
@@ -80,13 +76,7 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         ctx.metrics.failures.labels(target.name).inc()
         if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
             ctx.availability.set_unavailable(target.name, str(exc))
-        event(
-            "promotion_failed",
-            checkpoint=promotion.checkpoint_id,
-            source=source.name,
-            target=target.name,
-            error=str(exc).replace("\n", "; "),
-        )
+        event("promotion_failed", **named, error=str(exc).replace("\n", "; "))
         logger.error("promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc)
         return Outcome(forget=frozenset({source.name, target.name}), failed=((promotion, str(exc)),))
     kill_point("promote.committed", promotion.checkpoint_id)
@@ -102,24 +92,8 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         ctx.metrics.promotion_seconds.labels(target.name).observe(seconds)
         promoted = (promotion,)
     if result.verdict in (Verdict.SAME, Verdict.KEEP_NEWER):  # nothing of ours was published
-        reason = KEPT[result.verdict]
-        event(
-            "promotion_skipped",
-            checkpoint=promotion.checkpoint_id,
-            source=source.name,
-            target=target.name,
-            reason=reason,
-        )
-        return Outcome(promoted=promoted)
-    # Every byte copied was checked against the marker's CRC32C on the way (transfer.py).
-    event(
-        "promoted" if result.committed else "part_copied",
-        checkpoint=promotion.checkpoint_id,
-        source=source.name,
-        target=target.name,
-        node=ctx.node,
-        bytes=result.copied,
-        seconds=seconds,
-        verified="crc32c",
-    )
+        event("promotion_skipped", **named, reason=KEPT[result.verdict])
+    else:  # every byte copied was checked against the marker's CRC32C on the way (transfer.py)
+        kind = "promoted" if result.committed else "part_copied"
+        event(kind, **named, node=ctx.node, bytes=result.copied, seconds=seconds, verified="crc32c")
     return Outcome(promoted=promoted)
