@@ -57,7 +57,7 @@ class View:
     """Tiers refusing writes when the look was made."""
 
     def owns(self, tier_name: str) -> bool:
-        """Whether this node looks after ``tier_name``: the one place ownership is decided."""
+        """Whether this node looks after ``tier_name``: every duty asks here (see ``owned``)."""
         return tier_name in self.owned
 
     def away(self) -> frozenset[str]:
