@@ -18,7 +18,8 @@ import yaml
 from tierstore import TieredWriter
 from tierstore.cli import main
 from tierstore.config import Config
-from tierstore.promote.sidecar import PassReport, Promoter
+from tierstore.promote.duties import promote
+from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 from tierstore.tiers import make_tier
 
@@ -127,11 +128,11 @@ def test_a_promotion_the_target_already_holds_says_so(
 ) -> None:
     save(config, "step_0001")
     promoter = Promoter(config)
-    found = promoter.catalog()
-    planned = promoter._plan(found)  # the plan made before another promoter won
+    view = promoter.look()
+    planned = promote.plan(view, promoter.context.rules)  # the plan made before another promoter won
     Promoter(config).run_once()  # another promoter commits it first
     with caplog.at_level(logging.INFO, logger="tierstore"):
-        promoter._promote(planned[0], found["memory"]["step_0001"], PassReport())
+        promote.run(planned[0], view, promoter.context)
     info = lines(caplog, logging.INFO)
     assert info == [
         "promotion_skipped checkpoint=step_0001 source=memory target=local"

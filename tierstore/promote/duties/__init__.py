@@ -1,0 +1,129 @@
+"""The promoter's duties: what each is handed and hands back.
+
+A pass (:mod:`tierstore.promote.sidecar`) makes one :class:`~tierstore.promote.view.View` and runs
+small duties over it, in an order that matters: confirm part numbers right after every refresh look
+(:mod:`.confirm`), then promote (:mod:`.promote`), detect and settle conflicts (:mod:`.conflicts`),
+retain (:mod:`.retain`) and prune mirrors, collect garbage when due (:mod:`.collect`), and last what
+the pass saw (:mod:`.sightings`, :mod:`.report`, :mod:`.mirrors`). A duty acts on the view it is
+handed (it lists nothing the view answers) and with the :class:`Context`; a tier error is logged and
+skips that tier. It returns an :class:`Outcome`: what it did, the view later duties act on if it
+changed what the pass holds, and which listings the next look must make afresh. Which tiers this
+node looks after is the view's ``owned``: a keeper of a job-wide tier would be one more duty, right
+after the look, whose view hands that tier to the node holding its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tierstore._platform.bounded import Prober
+from tierstore.config import Config
+from tierstore.promote.cleanup import Cleanup
+from tierstore.promote.discovery import MarkerCache
+from tierstore.promote.health import PromoterHealth, stall_bound
+from tierstore.promote.metrics import PromoterMetrics
+from tierstore.promote.policy import Deletion, Promotion
+from tierstore.promote.rules import rules_of
+
+if TYPE_CHECKING:
+    from tierstore.promote.view import View
+
+logger = logging.getLogger("tierstore.promote.sidecar")
+"""The promoter's log, every duty's: one name for operators to raise to INFO for its events."""
+
+
+def event(name: str, **fields: object) -> None:
+    """One structured log line: ``name key=value ...`` (logfmt)."""
+    logger.info(" ".join([name, *(f"{k}={_fmt(v)}" for k, v in fields.items())]))
+
+
+def _fmt(value: object) -> str:
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f'"{text}"' if " " in text else text
+
+
+class Availability:
+    """Which tiers the promoter cannot list (as the last look found) or that refuse writes (as the
+    last promotion into each found; retried every pass): the one thing duties share that outlives
+    a view. Each change is an event and the ``tierstore_tier_unavailable`` gauge."""
+
+    def __init__(self, metrics: PromoterMetrics) -> None:
+        self.metrics = metrics
+        self.unreachable: dict[str, str] = {}
+        self.unavailable: set[str] = set()
+
+    def set_unreachable(self, tier_name: str, error: str | None) -> None:
+        """Record that a tier cannot be listed (``error``) or can again (None)."""
+        was = tier_name in self.unreachable
+        if error is not None:
+            self.unreachable[tier_name] = error
+            if not was:
+                event("tier_unreachable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s is unreachable; the other tiers go on without it: %s", tier_name, error)
+        elif was:
+            del self.unreachable[tier_name]
+            event("tier_reachable", tier=tier_name)
+        self._export(tier_name)
+
+    def set_unavailable(self, tier_name: str, error: str | None) -> None:
+        """Record that a tier refuses writes (``error``) or takes them again (None)."""
+        was = tier_name in self.unavailable
+        if error is not None:
+            self.unavailable.add(tier_name)
+            if not was:
+                event("tier_unavailable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s refuses writes, promotion routes around it: %s", tier_name, error)
+        elif was:
+            self.unavailable.discard(tier_name)
+            event("tier_available", tier=tier_name)
+        self._export(tier_name)
+
+    def _export(self, tier_name: str) -> None:
+        away = tier_name in self.unavailable or tier_name in self.unreachable
+        self.metrics.unavailable.labels(tier_name).set(1 if away else 0)
+
+
+class Context:
+    """What every duty is handed beside the view: the configuration, this node's tiers (fastest
+    first; the last is the durable tier) and this promoter's services, made and wired once (the
+    metrics answer the health probes and count each tier's retries). The ``prober`` asks a tier what
+    a pass must not wait on longer than ``probe_timeout``; a duty only beats ``health`` (a long copy
+    is progress, not a hung promoter)."""
+
+    def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
+        self.config, self.node, self.metrics = config, node, metrics
+        self.rules = rules_of(config)
+        self.tiers = tuple(config.make_tiers(node=node))
+        self.by_name = {t.name: t for t in self.tiers}
+        self.health = PromoterHealth(stall_bound(config.promote.interval))
+        metrics.watch(self.health, config.metrics.directory_for(node), stale_after=config.metrics.stale_after)
+        self.stopping, self.cancel = threading.Event(), threading.Event()
+        self.prober = Prober(config.probe_timeout)
+        self.cache = MarkerCache()
+        self.availability = Availability(metrics)
+        for tier in self.tiers:
+            tier.observe_retries(_counter(metrics, tier.name))
+
+
+def _counter(metrics: PromoterMetrics, tier_name: str) -> Callable[[BaseException], None]:
+    return lambda _error: metrics.retries.labels(tier_name).inc()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a duty did, and what the loop must know of it."""
+
+    view: View | None = None
+    """The view later duties act on, when this duty changed what the pass holds (None: unchanged)."""
+    forget: frozenset[str] = frozenset()
+    """Tiers whose kept listing the next look must not reuse."""
+    refresh: bool = False
+    """Decided on a reused listing: look at every tier afresh, then run the duty again."""
+    promoted: tuple[Promotion, ...] = ()
+    failed: tuple[tuple[Promotion, str], ...] = ()
+    deleted: tuple[Deletion, ...] = ()
+    cleaned: tuple[Cleanup, ...] = ()

@@ -1,0 +1,44 @@
+"""Collect garbage: remove uncommitted leftovers in the tiers this node looks after
+(:mod:`tierstore.promote.cleanup`), now and then: a pass runs it every ``promote.stale_after / 2``
+(at most every 10 minutes); ``tierstore gc`` whenever asked.
+
+Each tier is looked at afresh (:func:`~tierstore.promote.cleanup.find_leftovers`): the view, made
+earlier in the pass, would not know of commits made since. Only its reachability is used.
+"""
+
+from __future__ import annotations
+
+from tierstore._platform.killpoints import kill_point
+from tierstore.errors import TierstoreError
+from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup, find_leftovers, remove
+from tierstore.promote.duties import Context, Outcome, event, logger
+from tierstore.promote.view import View
+
+
+def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
+    """Remove (or with ``dry_run`` only list) the leftovers, as ``cleaned``."""
+    ttl = ctx.config.promote.activity_ttl
+    cleanups: list[Cleanup] = []
+    for tier in ctx.tiers:
+        if not view.owns(tier.name) or tier.name in view.unreachable:
+            continue
+        try:
+            stale = ctx.config.promote.stale_after
+            leftovers = find_leftovers(tier, stale_after=stale, activity_ttl=ttl, warned=ctx.cache.foreign)
+        except (TierstoreError, OSError) as exc:
+            logger.warning("gc of %s skipped: %s", tier.name, exc)
+            continue
+        for cleanup in leftovers:
+            if not dry_run:
+                try:
+                    remove(tier, cleanup, activity_ttl=ttl)
+                except (TierstoreError, OSError) as exc:
+                    logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
+                    continue
+                if cleanup.reason == VOID_BELOW_TOP:  # bookkeeping of the log, every commit
+                    logger.debug("cleaned %s in %s: %s", cleanup.path, tier.name, cleanup.reason)
+                else:
+                    event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
+                kill_point("cleanup.between_removals", cleanup.path)
+            cleanups.append(cleanup)
+    return Outcome(cleaned=tuple(cleanups))

@@ -1,0 +1,99 @@
+"""Promote: copy committed checkpoints one tier further (:mod:`tierstore.promote.job`: verified data
+first, marker last), as the policy plans (:func:`~tierstore.promote.policy.promotions`).
+
+The loop plans on each look and promotes what is planned and not tried yet in this pass, one
+promotion at a time, until the promoter is stopping; a look at the tiers follows each round, so a
+checkpoint moves as many tiers as there are in one pass.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tierstore._platform.killpoints import kill_point
+from tierstore.errors import TierstoreError, TierUnavailableError
+from tierstore.promote.duties import Context, Outcome, event, logger
+from tierstore.promote.duties.conflicts import report
+from tierstore.promote.job import PromotionJob
+from tierstore.promote.policy import Promotion, Rules, promotions
+from tierstore.promote.transfer import Cancelled
+from tierstore.promote.view import View
+from tierstore.records.protocol import Verdict
+
+KEPT = {
+    Verdict.SAME: "the target already holds this commit",
+    Verdict.KEEP_NEWER: "the target holds a newer commit of the id",
+}
+"""Why a promotion published nothing, by the protocol's verdict on the target's marker."""
+
+
+def plan(view: View, rules: Rules) -> list[Promotion]:
+    """What this node promotes now: the policy's promotions around the tiers away, out of the
+    tiers it looks after only, and none into or out of a tier it cannot list (retried once the tier
+    answers again)."""
+    return [
+        p
+        for p in promotions(rules, view.copies(), view.away())
+        if p.source not in view.unreachable and p.target not in view.unreachable and view.owns(p.source)
+    ]
+
+
+def backlog(planned: list[Promotion], ctx: Context) -> int:
+    """Export how many promotions wait, per target tier; return how many in all."""
+    for tier in ctx.tiers[1:]:
+        ctx.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in planned))
+    return len(planned)
+
+
+def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
+    """Promote the copy ``view`` holds of ``promotion``. A failure forgets the listings of both
+    tiers (the source may have lost the copy behind tierstore's back); a conflict found at the
+    target is recorded, and the view handed back holds the record (the next look knows it)."""
+    source, target = ctx.by_name[promotion.source], ctx.by_name[promotion.target]
+    seen = view.found[promotion.source][promotion.checkpoint_id]
+    named = {"checkpoint": promotion.checkpoint_id, "source": source.name, "target": target.name}
+    what = (promotion.checkpoint_id, seen.copy.generation, source.name, target.name)
+    logger.debug("promoting %s (generation %s) from %s to %s", *what)
+    job = PromotionJob(
+        source,
+        target,
+        seen,
+        node=ctx.node,
+        durable=target is ctx.tiers[-1],
+        workers=ctx.config.promote.workers,
+        stopping=ctx.stopping,
+        cancel=ctx.cancel,
+        activity_ttl=ctx.config.promote.activity_ttl,
+        heartbeat=ctx.health.beat,  # looked up now: whoever beats for the loop
+    )
+    started = time.monotonic()
+    try:
+        result = job.run()
+    except Cancelled:
+        event("promotion_abandoned", checkpoint=promotion.checkpoint_id, target=target.name)
+        return Outcome()
+    except (TierstoreError, OSError) as exc:
+        ctx.metrics.failures.labels(target.name).inc()
+        if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
+            ctx.availability.set_unavailable(target.name, str(exc))
+        event("promotion_failed", **named, error=str(exc).replace("\n", "; "))
+        logger.error("promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc)
+        return Outcome(forget=frozenset({source.name, target.name}), failed=((promotion, str(exc)),))
+    kill_point("promote.committed", promotion.checkpoint_id)
+    seconds = time.monotonic() - started
+    ctx.availability.set_unavailable(target.name, None)
+    if result.verdict is Verdict.CONFLICT and result.existing is not None:
+        conflict = report(source, target, seen, result.existing)
+        return Outcome() if conflict is None else Outcome(view=view.with_conflict(source.name, conflict))
+    ctx.metrics.bytes_promoted.labels(target.name).inc(result.copied)
+    promoted: tuple[Promotion, ...] = ()
+    if result.committed:
+        ctx.metrics.checkpoints_promoted.labels(target.name).inc()
+        ctx.metrics.promotion_seconds.labels(target.name).observe(seconds)
+        promoted = (promotion,)
+    if result.verdict in (Verdict.SAME, Verdict.KEEP_NEWER):  # nothing of ours was published
+        event("promotion_skipped", **named, reason=KEPT[result.verdict])
+    else:  # every byte copied was checked against the marker's CRC32C on the way (transfer.py)
+        kind = "promoted" if result.committed else "part_copied"
+        event(kind, **named, node=ctx.node, bytes=result.copied, seconds=seconds, verified="crc32c")
+    return Outcome(promoted=promoted)

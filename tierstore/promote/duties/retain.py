@@ -1,0 +1,88 @@
+"""Retain: delete what retention no longer keeps on this node (:func:`~tierstore.promote.policy.retention`,
+and this node's parts of replaced saves coordinated elsewhere), marker first, then data
+(:mod:`tierstore.promote.retention`).
+
+Deletions are decided by listings made now: when the view reused an earlier listing of some tier
+(:mod:`tierstore.promote.views`) and retention would delete anything, the duty asks the loop to look
+at every tier afresh (``Outcome.refresh``) and decides again on that look. An id named by a live
+activity record in a tier the view lists is in use; when those records cannot be read in one tier,
+nothing is deleted in this pass.
+"""
+
+from __future__ import annotations
+
+from tierstore.errors import TierstoreError
+from tierstore.promote.duties import Context, Outcome, event, logger
+from tierstore.promote.policy import Deletion, Rules, retention, superseded_parts
+from tierstore.promote.retention import delete_copies
+from tierstore.promote.view import View
+from tierstore.records.activity import live
+
+
+def plan(view: View, rules: Rules, in_use: frozenset[str]) -> list[Deletion]:
+    """What retention deletes now on this node (pure): the policy's deletions and this node's
+    superseded parts (ids in use left alone), in the tiers it looks after, without a part whose
+    number is not confirmed yet (:mod:`.confirm`)."""
+    held = view.copies()
+    decided = retention(rules, held, in_use, unavailable=view.away())
+    for name, parts in view.parts.items():
+        if name not in view.found or name in view.unreachable:
+            continue
+        settled = {
+            checkpoint_id: {
+                gen: (records[0].seq, all(r.confirmed for r in records)) for gen, records in gens.items()
+            }
+            for checkpoint_id, gens in parts.items()
+            if checkpoint_id not in in_use
+        }
+        decided += superseded_parts(name, settled, held)
+    return [d for d in decided if view.owns(d.tier) and not _unconfirmed(view, d)]
+
+
+def in_use(view: View, ctx: Context) -> frozenset[str] | None:
+    """The ids a live activity record names in the tiers ``view`` lists (None: one could not be
+    read, so nothing may be deleted). A tier not listed deletes nothing: its records guard only
+    its copies."""
+    ids: set[str] = set()
+    for tier in ctx.tiers:
+        if tier.name in view.unreachable or tier.name not in view.found:
+            continue
+        try:
+            ids |= {record.checkpoint_id for record in live(tier, ttl=ctx.config.promote.activity_ttl)}
+        except (TierstoreError, OSError) as exc:
+            logger.warning("cannot read activity records in %s (%s): no deletion this pass", tier.name, exc)
+            return None
+    return frozenset(ids)
+
+
+def planned(view: View, ctx: Context) -> list[Deletion]:
+    """:func:`plan` with the ids in use now."""
+    busy = in_use(view, ctx)
+    return [] if busy is None else plan(view, ctx.rules, busy)
+
+
+def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
+    """Delete what :func:`planned` decides (``dry_run``: only say what, as ``deleted``); the view
+    handed back no longer holds what went."""
+    deletions = planned(view, ctx)
+    if deletions and view.reused:
+        return Outcome(refresh=True)
+    if dry_run:
+        return Outcome(deleted=tuple(deletions))
+
+    def deleted(deletion: Deletion) -> None:
+        ctx.metrics.deleted.labels(deletion.tier).inc()
+        event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier, reason=deletion.reason)
+
+    done = delete_copies(ctx.by_name, deletions, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl)
+    return Outcome(view=view.without(done), deleted=tuple(done))
+
+
+def _unconfirmed(view: View, deletion: Deletion) -> bool:
+    """True when ``deletion`` is of this node's part of a save coordinated elsewhere whose number is
+    still the planned one: retention ranks by commit order, and that save may have committed after
+    the ones it is ranked below. It waits until its number is confirmed."""
+    seen = view.found.get(deletion.tier, {}).get(deletion.checkpoint_id)
+    if seen is None or not seen.copy.partial or seen.copy.generation != deletion.generation:
+        return False
+    return not all(record.confirmed for record in seen.parts)

@@ -1,0 +1,128 @@
+"""The view a pass acts on: one look at every tier, frozen; a duty that changes what the pass holds
+hands back a new one (:mod:`tierstore.promote.duties`).
+
+A look reads each tier's change stamp first; while it holds the token read before this promoter's
+previous listing of the tier, and that listing is younger than ``promote.full_scan``, the listing is
+reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. Each tier is asked
+within ``probe_timeout``. A tier that cannot be listed is left out of the view and recorded as
+unreachable (metric, log): nothing is promoted into or out of it, retention deletes nothing there,
+and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion rounds inside a pass)
+reuses the conflict records and the highest commit numbers of the look before where a tier has
+changed: fewer requests to slow tiers (that listing is not kept).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tierstore.errors import TierstoreError
+from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
+from tierstore.promote.duties import Context
+from tierstore.promote.policy import Copy, Deletion
+from tierstore.promote.views import TierView, TierViews
+from tierstore.records.changes import read_stamp
+from tierstore.records.conflicts import Conflict, read_conflicts
+from tierstore.records.log import highest_in
+from tierstore.records.parts import PartRecord
+from tierstore.tiers import Tier
+
+COORDINATOR_NODE = 0
+Parts = Mapping[str, Mapping[str, Sequence[PartRecord]]]
+"""``{id: {generation: part records}}``: this node's parts of saves coordinated elsewhere."""
+
+
+@dataclass(frozen=True)
+class View:
+    """What one look saw, per tier that answered, and what it could not see."""
+
+    owned: frozenset[str]
+    """The tiers this node looks after: its node-local ones, and on the coordinator's node the
+    job-wide ones too (it alone promotes into, out of and within them, and retains and cleans them)."""
+    found: Mapping[str, Mapping[str, SeenCopy]] = field(default_factory=dict)
+    """Every copy this node can act on: tier -> id -> copy."""
+    highest: Mapping[str, int] = field(default_factory=dict)
+    """The highest commit number logged in each tier."""
+    conflicts: Mapping[str, tuple[Conflict, ...]] = field(default_factory=dict)
+    """Each tier's conflict records (:mod:`tierstore.records.conflicts`)."""
+    parts: Mapping[str, Parts] = field(default_factory=dict)
+    """In each node-local tier, this node's parts of saves coordinated elsewhere."""
+    reused: frozenset[str] = frozenset()
+    """Tiers whose kept listing the look reused rather than made: nothing is deleted by it."""
+    unreachable: Mapping[str, str] = field(default_factory=dict)
+    """Tiers the look could not list, and why."""
+    unavailable: frozenset[str] = frozenset()
+    """Tiers refusing writes when the look was made."""
+
+    def owns(self, tier_name: str) -> bool:
+        """Whether this node looks after ``tier_name``: every duty asks here (see ``owned``)."""
+        return tier_name in self.owned
+
+    def away(self) -> frozenset[str]:
+        """Tiers refusing writes or unreachable."""
+        return self.unavailable | frozenset(self.unreachable)
+
+    def copies(self) -> dict[str, dict[str, Copy]]:
+        """What the policy decides by: tier -> id -> copy."""
+        return {name: {i: s.copy for i, s in seen.items()} for name, seen in self.found.items()}
+
+    def with_conflict(self, tier_name: str, conflict: Conflict) -> View:
+        """This view with a conflict record left in ``tier_name`` since the look."""
+        known = (*self.conflicts.get(tier_name, ()), conflict)
+        return dataclasses.replace(self, conflicts={**self.conflicts, tier_name: known})
+
+    def without(self, deletions: Iterable[Deletion]) -> View:
+        """This view without the copies deleted since the look."""
+        gone = {(d.tier, d.checkpoint_id) for d in deletions}
+        found = {n: {i: s for i, s in seen.items() if (n, i) not in gone} for n, seen in self.found.items()}
+        return dataclasses.replace(self, found=found)
+
+
+def first_view(ctx: Context) -> View:
+    """The view before any look: nothing listed yet; node-local tiers owned, and the job-wide ones
+    on the coordinator's node."""
+    return View(frozenset(t.name for t in ctx.tiers if t.node_local or ctx.node == COORDINATOR_NODE))
+
+
+def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, full: bool = False) -> View:
+    """Look at every tier (see the module docstring); ``prior`` is the pass's view so far."""
+    found: dict[str, Mapping[str, SeenCopy]] = {}
+    highest: dict[str, int] = {}
+    conflicts: dict[str, tuple[Conflict, ...]] = {}
+    parts: dict[str, Parts] = {}
+    reused: set[str] = set()
+    for tier in ctx.tiers:
+
+        def listing(tier: Tier = tier) -> tuple[TierView, bool]:
+            started = time.monotonic()
+            token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
+            kept = None if full else views.reusable(tier.name, token)
+            if kept is not None:
+                return kept, True
+            known = None if refresh else prior.conflicts.get(tier.name)
+            records = read_conflicts(tier) if known is None else list(known)
+            top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
+            seen = discover(tier, ctx.cache, records)
+            mine = foreign_parts(tier, ctx.cache) if tier.node_local else {}
+            return TierView(token, started, seen, top, tuple(records), mine), False
+
+        try:
+            listed, was_kept = ctx.prober.ask(tier.name, listing, what="list its checkpoints")
+        except (TierstoreError, OSError) as exc:
+            views.forget(tier.name)
+            ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
+            continue
+        if was_kept:
+            reused.add(tier.name)
+        elif refresh:
+            views.keep(tier.name, listed)
+        else:  # made with the pass's first log and conflict records: not a listing to keep
+            views.forget(tier.name)
+        found[tier.name], highest[tier.name] = listed.found, listed.highest
+        conflicts[tier.name], parts[tier.name] = listed.conflicts, listed.parts
+        ctx.availability.set_unreachable(tier.name, None)
+    away = ctx.availability  # every tier was just set reachable or not
+    unreachable, unavailable = dict(away.unreachable), frozenset(away.unavailable)
+    return View(prior.owned, found, highest, conflicts, parts, frozenset(reused), unreachable, unavailable)
