@@ -5,15 +5,20 @@ from __future__ import annotations
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from tierstore import TieredWriter
-from tierstore.config import Config
+from tierstore.cli import main
+from tierstore.config import Config, config_from_dict
 from tierstore.promote.endpoint import serve
 from tierstore.promote.health import MIN_STALL_BOUND, PromoterHealth, stall_bound
 from tierstore.promote.sidecar import Promoter
@@ -136,3 +141,42 @@ def test_copying_a_checkpoint_beats_for_every_chunk(make_config: Callable[..., C
     promoter.health.beat = counted  # type: ignore[method-assign]
     assert promoter.run_once().promoted  # the checkpoint was copied to the local tier
     assert "copied_chunk" in callers, callers
+
+
+def misconfigured_s3(tmp_path: Path, s3_endpoint: str, bucket: str) -> dict[str, Any]:
+    """A local tier and an S3 tier whose bucket may not exist."""
+    return {
+        "tiers": [
+            {"name": "local", "type": "local", "path": str(tmp_path / "local")},
+            {"name": "s3", "type": "s3", "url": f"s3://{bucket}/run", "endpoint_url": s3_endpoint},
+        ],
+        "probe_timeout": "5s",
+    }
+
+
+def test_a_missing_bucket_keeps_the_promoter_not_ready_until_it_exists(
+    tmp_path: Path, s3_endpoint: str, s3_client: Any
+) -> None:
+    """Not an outage: /readyz fails while the bucket is missing, naming it, and passes once it is
+    there; /healthz stays alive (a restart would not cure it)."""
+    bucket = f"missing-{uuid.uuid4().hex[:8]}"
+    promoter = Promoter(config_from_dict(misconfigured_s3(tmp_path, s3_endpoint, bucket)))
+    port = promoter.serve(0, "127.0.0.1")
+    promoter.run_once()
+    code, why = get(f"http://127.0.0.1:{port}/readyz")
+    assert code == 503 and f"bucket '{bucket}' does not exist" in why and "tier s3" in why
+    assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    s3_client.create_bucket(Bucket=bucket)
+    promoter.run_once()
+    assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+
+
+def test_the_promoter_stops_at_start_on_a_missing_bucket(
+    tmp_path: Path, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tierstore.yaml"
+    config.write_text(yaml.safe_dump(misconfigured_s3(tmp_path, s3_endpoint, "nobucket")))
+    assert main(["--config", str(config), "promote", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "tier s3 refuses, and waiting will not change it" in err and "'nobucket' does not exist" in err

@@ -296,6 +296,10 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
         logging.getLogger(__name__).info(
             "metrics on http://%s:%d/metrics, probes at /healthz and /readyz", args.metrics_addr, port
         )
+    promoter.look()  # a tier that refuses for good (no bucket, refused credentials) stops it here
+    if refused := promoter.context.availability.misconfigured:
+        (tier, _doing), why = next(iter(sorted(refused.items())))
+        raise TierstoreError(f"promote: tier {tier} refuses, and waiting will not change it: {why}")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: promoter.request_stop())
     # The first and last lines of its log: a promoter with nothing to do still shows it runs.

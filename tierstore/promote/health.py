@@ -48,6 +48,7 @@ class PromoterHealth:
         self._passes = 0
         self._failed_passes = 0
         self._last_error: str | None = None
+        self._misconfigured: dict[str, str] = {}
 
     def beat(self) -> None:
         """The loop is making progress (a pass started, a chunk was copied)."""
@@ -71,6 +72,11 @@ class PromoterHealth:
             self._failed_passes += 1
             self._last_error = error.replace("\n", "; ")
 
+    def misconfigured(self, tiers: dict[str, str]) -> None:
+        """The tiers that refuse for a reason waiting will not cure, and why (none: ``{}``)."""
+        with self._lock:
+            self._misconfigured = dict(tiers)
+
     def passes(self) -> tuple[int, int]:
         """``(finished, failed)``: the passes that ran to their end, and those that failed."""
         with self._lock:
@@ -85,12 +91,15 @@ class PromoterHealth:
         return Verdict(True, f"ok: last progress {idle:.0f} s ago")
 
     def readiness(self) -> Verdict:
-        """Ready once a pass has finished (and still alive)."""
+        """Ready once a pass has finished (and still alive), and while no tier is misconfigured."""
         alive = self.liveness()
         with self._lock:
-            passes, error = self._passes, self._last_error
+            passes, error, refused = self._passes, self._last_error, dict(self._misconfigured)
         if not alive.ok:
             return alive
+        if refused:
+            why = "; ".join(f"tier {name}: {reason}" for name, reason in sorted(refused.items()))
+            return Verdict(False, f"not ready: a tier's configuration must be fixed: {why}")
         if passes == 0:
             why = f" (last pass failed: {error})" if error else ""
             return Verdict(False, f"not ready: no pass finished yet{why}")

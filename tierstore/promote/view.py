@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tierstore.errors import TierstoreError
+from tierstore.errors import TierMisconfiguredError, TierstoreError
 from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
 from tierstore.promote.duties import Context
 from tierstore.promote.policy import Copy, Deletion
@@ -113,6 +113,8 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
         except (TierstoreError, OSError) as exc:
             views.forget(tier.name)
             ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
+            refused = isinstance(exc, TierMisconfiguredError)
+            ctx.availability.set_misconfigured(tier.name, "list", str(exc) if refused else None)
             continue
         if was_kept:
             reused.add(tier.name)
@@ -123,6 +125,7 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
         found[tier.name], highest[tier.name] = listed.found, listed.highest
         conflicts[tier.name], parts[tier.name] = listed.conflicts, listed.parts
         ctx.availability.set_unreachable(tier.name, None)
+        ctx.availability.set_misconfigured(tier.name, "list", None)
     away = ctx.availability  # every tier was just set reachable or not
     unreachable, unavailable = dict(away.unreachable), frozenset(away.unavailable)
     return View(prior.owned, found, highest, conflicts, parts, frozenset(reused), unreachable, unavailable)

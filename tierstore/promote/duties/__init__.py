@@ -51,10 +51,22 @@ class Availability:
     last promotion into each found; retried every pass): the one thing duties share that outlives
     a view. Each change is an event and the ``tierstore_tier_unavailable`` gauge."""
 
-    def __init__(self, metrics: PromoterMetrics) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: PromoterMetrics, health: PromoterHealth) -> None:
+        self.metrics, self.health = metrics, health
         self.unreachable: dict[str, str] = {}
         self.unavailable: set[str] = set()
+        self.misconfigured: dict[tuple[str, str], str] = {}
+        """``{(tier, "list" or "write"): why}``: tiers that refused for a reason waiting will not
+        cure (a missing bucket, refused credentials); the promoter is not ready while one stands."""
+
+    def set_misconfigured(self, tier_name: str, doing: str, error: str | None) -> None:
+        """Record that ``doing`` (``list``, ``write``) in a tier was refused for good (``error``: a
+        TierMisconfiguredError's) or succeeded (None)."""
+        if error is None:
+            self.misconfigured.pop((tier_name, doing), None)
+        else:
+            self.misconfigured[(tier_name, doing)] = error
+        self.health.misconfigured({tier: why for (tier, _doing), why in self.misconfigured.items()})
 
     def set_unreachable(self, tier_name: str, error: str | None) -> None:
         """Record that a tier cannot be listed (``error``) or can again (None)."""
@@ -104,7 +116,7 @@ class Context:
         self.stopping, self.cancel = threading.Event(), threading.Event()
         self.prober = Prober(config.probe_timeout)
         self.cache = MarkerCache()
-        self.availability = Availability(metrics)
+        self.availability = Availability(metrics, self.health)
         for tier in self.tiers:
             tier.observe_retries(_counter(metrics, tier.name))
 

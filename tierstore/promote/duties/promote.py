@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from tierstore._platform.killpoints import kill_point
-from tierstore.errors import TierstoreError, TierUnavailableError
+from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.duties.conflicts import report
 from tierstore.promote.job import PromotionJob
@@ -76,12 +76,15 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         ctx.metrics.failures.labels(target.name).inc()
         if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
             ctx.availability.set_unavailable(target.name, str(exc))
+            if isinstance(exc, TierMisconfiguredError):
+                ctx.availability.set_misconfigured(target.name, "write", str(exc))
         event("promotion_failed", **named, error=str(exc).replace("\n", "; "))
         logger.error("promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc)
         return Outcome(forget=frozenset({source.name, target.name}), failed=((promotion, str(exc)),))
     kill_point("promote.committed", promotion.checkpoint_id)
     seconds = time.monotonic() - started
     ctx.availability.set_unavailable(target.name, None)
+    ctx.availability.set_misconfigured(target.name, "write", None)
     if result.verdict is Verdict.CONFLICT and result.existing is not None:
         conflict = report(source, target, seen, result.existing)
         return Outcome() if conflict is None else Outcome(view=view.with_conflict(source.name, conflict))
