@@ -180,3 +180,15 @@ def test_the_promoter_stops_at_start_on_a_missing_bucket(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "tier s3 refuses, and waiting will not change it" in err and "'nobucket' does not exist" in err
+
+
+def test_ls_lists_what_it_can_and_fails_on_a_missing_bucket(
+    tmp_path: Path, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An outage is reported and ``ls`` goes on (exit 0); a tier that refuses for good fails it."""
+    config = tmp_path / "tierstore.yaml"
+    config.write_text(yaml.safe_dump(misconfigured_s3(tmp_path, s3_endpoint, "nobucket")))
+    assert main(["--config", str(config), "ls"]) == 2
+    captured = capsys.readouterr()
+    assert "tier s3 refuses (a configuration to fix), not listed" in captured.err
+    assert "no committed checkpoints" in captured.out

@@ -84,7 +84,9 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
     catalog = Catalog(config, node=args.node)
     listings = catalog.listings(limit=args.limit or None)
     for name, why in sorted(catalog.unreachable.items()):  # what it could reach is still listed
-        print(f"tierstore: tier {name} is unreachable, not listed: {why}", file=sys.stderr)
+        state = "refuses (a configuration to fix)" if name in catalog.refused else "is unreachable"
+        print(f"tierstore: tier {name} {state}, not listed: {why}", file=sys.stderr)
+    status = EXIT_ERROR if catalog.refused else 0  # an outage is reported; a misconfiguration fails
     last = config.tiers[-1].name
     # While the durable tier does not answer, whether a checkpoint is in it is unknown, not "no".
     known = last not in catalog.unreachable
@@ -95,10 +97,10 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
     if args.json:  # one line per listing when watching, so each refresh is one JSON document
         indent = None if args.watch else 1
         print(json.dumps([{**e.as_dict(), "durable": durable(e)} for e in listings], indent=indent))
-        return 0
+        return status
     if not listings:
         print("no committed checkpoints")
-        return 0
+        return status
     rows = [("ID", "STEP", "TIERS", "DURABLE", "SIZE", "AGE")]
     now = time.time()
     for entry in listings:
@@ -109,7 +111,7 @@ def _print_listing(config: Config, args: argparse.Namespace) -> int:
     print_table(rows)
     if args.limit and len(listings) == args.limit:
         print(f"(the newest {args.limit} shown; --limit 0 lists every checkpoint)")
-    return 0
+    return status
 
 
 def cmd_status(config: Config, args: argparse.Namespace) -> int:

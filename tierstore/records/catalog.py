@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
-from tierstore.errors import TierstoreError, TierUnavailableError
+from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.records.known import elsewhere_for
 from tierstore.records.log import LogEntry, read_log
@@ -104,6 +104,9 @@ class Catalog:
         self.unreachable: dict[str, str] = {}
         """``{tier name: why}`` for each tier this catalog could not list (within
         ``probe_timeout``): what it answers covers the other tiers only."""
+        self.refused: set[str] = set()
+        """The unreachable tiers that refused for a reason waiting will not cure (no bucket, refused
+        credentials): a configuration to fix, not an outage."""
 
     def _ask(self, tier: Tier, question: Callable[[Tier], T], what: str) -> T | None:
         """``question(tier)`` within ``probe_timeout``; None (and the tier recorded as unreachable,
@@ -119,6 +122,8 @@ class Catalog:
             if tier.name not in self.unreachable:
                 logger.warning("tier %s is unreachable, left out: %s", tier.name, exc)
             self.unreachable[tier.name] = str(exc)
+            if isinstance(exc, TierMisconfiguredError):
+                self.refused.add(tier.name)
             return None
 
     def _reachable(self, tiers: list[Tier], question: Callable[[Tier], T], what: str) -> list[tuple[Tier, T]]:
