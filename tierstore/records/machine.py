@@ -18,16 +18,15 @@ them. The ordering rules, each written once here and each with a test that fails
   replaces (a replacing marker's number is logged before it, after the replaced generation's own);
   (3) the files checked again, the marker withdrawn over a hole; (4) the number logged; (5) the
   replaced generation dropped.
-* **drop** — (0) it announces itself (a ``drop`` activity record, held to its end) before it asks
-  anything, and a promotion, which may copy a generation cleanup is removing (an earlier copy of it
-  was left behind), asks for such records after it announced itself and before its marker: of the
-  two, at least one sees the other, so no marker goes up over data a drop is deleting. A retirement
-  gives way where the log holds a newer number of the id (an overwrite
-  or a promotion of it is on its way, and drops the generation itself): a marker's read and its
-  delete are not atomic, and the delete must not take the newer commit's marker; (1) the marker, if
-  it names the generation; (2) its log entries (never the tier's
-  highest number: a void entry keeps it); (3) its part records; (4) asked again: a marker naming it or
-  a live activity record keeps the data; (5) the data, then the id's directory if empty.
+* **drop** — (0) a ``drop`` activity record, held to the end, before it asks anything; a retirement
+  gives way where the log holds a newer number of the id (an overwrite or promotion of it is on its
+  way and drops this generation itself: a marker's read and delete are not atomic, and the delete
+  must not take the newer commit's marker); (1) the marker, if it names the generation; (2) its log
+  entries (never the tier's highest number: a void entry keeps it); (3) its part records; (4) asked
+  again: a marker naming it or a live activity record keeps the data; (5) the data, then the id's
+  directory if empty. A promotion, which may copy a generation a drop is removing (a killed
+  promotion's leftover, copied again), asks for ``drop`` records after it announced itself and
+  before it checks its files: of the two, one always sees the other.
 * **mirror** — its files checked, the owner's marker copied, the mirror marker last, checked again;
   retired marker first, files only when no other owner's mirror names them and no restore reads them.
 """
