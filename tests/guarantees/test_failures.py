@@ -80,7 +80,7 @@ class CrashingWriter(TieredWriter):
         self.crash_rank = crash_rank
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        if self._rank == self.crash_rank:
+        if self._session.rank == self.crash_rank:  # type: ignore[union-attr]
             planner = _CrashingPlanner(planner, after=3)  # type: ignore[assignment]
         return super().write_data(plan, planner)
 

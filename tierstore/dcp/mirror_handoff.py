@@ -5,52 +5,51 @@ coordinator's commit, or its failure, tells the exchange how the save ended."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.rounds import ExchangeWaits, Round, SavedShare, worker_for
+from tierstore.dcp.save_session import SaveSession
 from tierstore.records.marker import FileEntry, Manifest
+from tierstore.tiers import Tier
 from tierstore.topology import current_host
 
-if TYPE_CHECKING:
-    from tierstore.dcp.writer import TieredWriter
+
+def mirrors(tier: Tier) -> bool:
+    """True when a save's files go to a partner node's memory too (see docs/mirror.md)."""
+    return tier.mirror is not None and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def mirrors(writer: TieredWriter) -> bool:
-    """True when this save's files go to a partner node's memory too (see docs/mirror.md)."""
-    return writer.tier.mirror is not None and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def open_groups(writer: TieredWriter) -> None:
+def open_groups(tier: Tier) -> None:
     """Every rank, at every save's set-up: the job's gloo groups, created once (collective), before
     anything can fail."""
-    if mirrors(writer):
-        assert writer.tier.mirror is not None
-        job_groups(writer.tier.mirror.timeout)
+    if mirrors(tier):
+        assert tier.mirror is not None
+        job_groups(tier.mirror.timeout)
 
 
-def hand_to_mirror(writer: TieredWriter, generation: str, seq: int, files: list[FileEntry] | None) -> None:
+def hand_to_mirror(session: SaveSession, generation: str, seq: int, files: list[FileEntry] | None) -> None:
     """Every rank after its write, even one whose write failed (``files`` None): submit the
     exchange of its share to this process's mirror worker."""
-    assert writer._checkpoint_id is not None and writer.tier.mirror is not None
+    tier = session.tier
+    assert tier.mirror is not None
     share = SavedShare(
-        writer._checkpoint_id,
+        session.checkpoint_id,
         generation,
         seq,
-        writer._rank,
-        writer.node,
+        session.rank,
+        session.node,
         current_host(),
         tuple(files or ()),
         files is not None,
-        writer._is_coordinator,
+        session.is_coordinator,
     )
-    keep = writer.config.policy(writer.tier_name).keep
-    ttl = writer.config.promote.activity_ttl
-    writer._round = Round(share, writer.tier, writer.tier.mirror, keep, ttl, ended_record=writer._handover)
-    writer._handover = None  # one save per copy of the writer; said once
-    worker_for(writer.tier).submit(writer._round)
+    keep = session.config.policy(session.tier_name).keep
+    ttl = session.config.promote.activity_ttl
+    session.round = Round(share, tier, tier.mirror, keep, ttl, ended_record=session.handover)
+    session.handover = None  # one save per copy of the writer; said once
+    worker_for(tier).submit(session.round)
 
 
 def tell_mirror(mirror: Round, published: Manifest | None, exc: BaseException | None) -> None:
@@ -63,39 +62,43 @@ def tell_mirror(mirror: Round, published: Manifest | None, exc: BaseException | 
         mirror.outcome.failed(f"{type(exc).__name__}: {exc}")
 
 
-def hand_over(writer: TieredWriter) -> str | None:
-    """PROCESS mode, when DCP pickles the writer for its checkpoint process: the path of the
-    record that process writes once this save's exchange has ended (see
-    :class:`~tierstore.dcp.mirror.rounds.ExchangeWaits`). The records live outside the save's
-    generation directory: an overwrite or retention that drops the generation meanwhile
-    leaves the wait intact."""
-    if writer.tier.mirror is None or not mirrors(writer):
-        return None
-    if writer._waits is None:
-        writer._waits = ExchangeWaits(writer.tier)
-    return writer._waits.handover()
+class MirrorWaits:
+    """The trainer's waits for the exchanges of saves handed to DCP's checkpoint process (PROCESS
+    mode), across saves: one record per save handed over (see
+    :class:`~tierstore.dcp.mirror.rounds.ExchangeWaits`)."""
 
+    def __init__(self) -> None:
+        self.waits: ExchangeWaits | None = None
 
-def wait_mirrored(writer: TieredWriter, timeout: float | None) -> bool:
-    """Wait until this process's exchanges of finished saves have ended, in this process and in
-    DCP's checkpoint processes; False if ``timeout`` seconds passed first."""
-    if writer.tier.mirror is None or not mirrors(writer):
-        return True
-    deadline = None if timeout is None else time.monotonic() + timeout
-    if not worker_for(writer.tier).wait_idle(timeout):  # rounds run in this process
-        return False
-    if writer._waits is None:
-        return True
-    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    return writer._waits.wait(left)  # rounds run in DCP's checkpoint process
+    def hand_over(self, tier: Tier) -> str | None:
+        """When DCP pickles the writer for its checkpoint process: the path of the record that
+        process writes once this save's exchange has ended. The records live outside the save's
+        generation directory: an overwrite or retention that drops the generation meanwhile
+        leaves the wait intact."""
+        if tier.mirror is None or not mirrors(tier):
+            return None
+        if self.waits is None:
+            self.waits = ExchangeWaits(tier)
+        return self.waits.handover()
 
+    def wait(self, tier: Tier, timeout: float | None) -> bool:
+        """Wait until this process's exchanges of finished saves have ended, in this process and
+        in DCP's checkpoint processes; False if ``timeout`` seconds passed first."""
+        if tier.mirror is None or not mirrors(tier):
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not worker_for(tier).wait_idle(timeout):  # rounds run in this process
+            return False
+        if self.waits is None:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.waits.wait(left)  # rounds run in DCP's checkpoint process
 
-def end_exchanges(writer: TieredWriter) -> bool:
-    """At close: wait for the exchanges (bounded by ``mirror.timeout``), then stop waiting for
-    the checkpoint processes' records; False when an exchange was still running."""
-    mirror = writer.tier.mirror
-    ended = mirror is None or wait_mirrored(writer, mirror.timeout)
-    if writer._waits is not None:
-        writer._waits.close()
-        writer._waits = None
-    return ended
+    def end(self, tier: Tier) -> bool:
+        """At close: wait for the exchanges (bounded by ``mirror.timeout``), then stop waiting for
+        the checkpoint processes' records; False when an exchange was still running."""
+        ended = tier.mirror is None or self.wait(tier, tier.mirror.timeout)
+        if self.waits is not None:
+            self.waits.close()
+            self.waits = None
+        return ended

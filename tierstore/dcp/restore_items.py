@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import io
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
@@ -19,11 +18,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, Read
 from tierstore.dcp.item_check import ATTEMPTS, read_checked, read_once_checked
 from tierstore.dcp.layout import CHUNK, ItemLocation, decode_tensor, memory_of
 from tierstore.dcp.object_read import in_place_target
-from tierstore.dcp.restore_metadata import stored
+from tierstore.dcp.restore_session import RestoreSession
 from tierstore.errors import IntegrityError
-
-if TYPE_CHECKING:
-    from tierstore.dcp.reader import TieredReader
+from tierstore.tiers import Tier
 
 logger = logging.getLogger("tierstore.dcp.reader")  # the restore's logger, as users set it
 
@@ -31,25 +28,24 @@ Request = tuple[ReadItem, ItemLocation]
 """An item DCP asks for and where the chosen copy stores it."""
 
 
-def read_items(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> None:
+def read_items(session: RestoreSession, requests: list[Request], planner: LoadPlanner) -> None:
     """Read, check and deliver each of ``requests`` from the chosen tier, in order."""
-    assert reader._tier is not None and reader._checkpoint_id is not None
+    tier = session.tier
+    assert tier is not None
     for item, location in requests:
-        full = stored(reader, location.path)
-        if item.type != LoadItemType.BYTE_IO and _read_in_place(reader, full, item, location, planner):
+        full = session.stored(location.path)
+        if item.type != LoadItemType.BYTE_IO and _read_in_place(session, full, item, location, planner):
             continue
         data = memoryview(bytearray(location.length))
-        read_item(reader, full, location, data)  # byte items too: before DCP unpickles them
-        reader._count(location.length)
-        deliver(reader, item, location, data, planner)
+        read_item(tier, full, location, data)  # byte items too: before DCP unpickles them
+        session.count(location.length)
+        deliver(tier.name, item, location, data, planner)
 
 
 def read_item(
-    reader: TieredReader, full: str, location: ItemLocation, out: memoryview, attempts: int = ATTEMPTS
+    tier: Tier, full: str, location: ItemLocation, out: memoryview, attempts: int = ATTEMPTS
 ) -> None:
-    """Read an item into ``out``, checked against its CRC32C (:mod:`.item_check`)."""
-    assert reader._tier is not None
-    tier = reader._tier
+    """Read an item into ``out`` from the chosen ``tier``, checked against its CRC32C (:mod:`.item_check`)."""
     # POSIX: chunked reads, each summed while cache-hot; an object store: one request.
     chunk = CHUNK if tier.capabilities.local_files else max(1, len(out))
     fill = functools.partial(tier.read_into, full)
@@ -57,15 +53,11 @@ def read_item(
 
 
 def deliver(
-    reader: TieredReader,
-    item: ReadItem,
-    location: ItemLocation,
-    data: bytearray | memoryview,
-    planner: LoadPlanner,
+    tier_name: str, item: ReadItem, location: ItemLocation, data: bytearray | memoryview, planner: LoadPlanner
 ) -> None:
     """Hand an item's stored bytes to the planner: loaded (byte items) or copied into its tensor."""
     if len(data) != location.length:
-        raise IntegrityError(f"tier {reader.chosen_tier}: {location.path}: short read at {location.offset}")
+        raise IntegrityError(f"tier {tier_name}: {location.path}: short read at {location.offset}")
     if item.type == LoadItemType.BYTE_IO:
         planner.load_bytes(item, io.BytesIO(bytes(data)))
     else:
@@ -87,18 +79,18 @@ def balanced(requests: list[Request], parts: int) -> list[list[Request]]:
 
 
 def _read_in_place(
-    reader: TieredReader, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
+    session: RestoreSession, full: str, item: ReadItem, location: ItemLocation, planner: LoadPlanner
 ) -> bool:
     """``preadv`` straight into the destination when it is exactly the stored chunk."""
-    assert reader._tier is not None
-    if not reader._tier.capabilities.local_files:
+    tier = session.tier
+    assert tier is not None
+    if not tier.capabilities.local_files:
         return False
     target = in_place_target(item, location, planner)
     if target is None:
         return False
     if location.length:
         out = memory_of(target)
-        tier = reader._tier
         fill = functools.partial(tier.read_into, full)
         if not read_once_checked(fill, location, out):
             # Another item's destination may share this memory (tied weights, read on another
@@ -111,9 +103,9 @@ def _read_in_place(
                 location.offset,
             )
             data = memoryview(bytearray(location.length))
-            read_item(reader, full, location, data)
+            read_item(tier, full, location, data)
             out[:] = data
-        reader._count(location.length)
+        session.count(location.length)
     planner.commit_tensor(item, target)
     return True
 

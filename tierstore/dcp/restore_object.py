@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
@@ -21,10 +20,8 @@ from tierstore.dcp.item_check import ATTEMPTS, is_intact
 from tierstore.dcp.layout import ItemLocation, memory_of
 from tierstore.dcp.object_read import in_place_target, pieces
 from tierstore.dcp.restore_items import Request, deliver, read_item, read_items
+from tierstore.dcp.restore_session import RestoreSession
 from tierstore.ids import checkpoint_file
-
-if TYPE_CHECKING:
-    from tierstore.dcp.reader import TieredReader
 
 # The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
 logger = logging.getLogger("tierstore.dcp.reader")
@@ -34,16 +31,16 @@ _WHOLE_FILE_FRACTION = 0.5
 
 
 def read_object(
-    reader: TieredReader, path: str, requests: list[Request], planner: LoadPlanner, size: int | None
+    session: RestoreSession, path: str, requests: list[Request], planner: LoadPlanner, size: int | None
 ) -> None:
     """Read, check and deliver ``requests``, all stored in the copy's file ``path`` (``size``
     bytes as the marker records, or None to ask the tier)."""
-    assert reader._tier is not None and reader._checkpoint_id is not None
-    tier, full = reader._tier, checkpoint_file(reader._checkpoint_id, path)
+    tier, full = session.tier, checkpoint_file(session.checkpoint_id, path)
+    assert tier is not None
     needed = sum(location.length for _, location in requests)
     size = tier.stat(full).size if size is None else size
     if needed <= _WHOLE_FILE_FRACTION * size:
-        read_items(reader, requests, planner)
+        read_items(session, requests, planner)
         return
     # Items over the same stored bytes (one chunk resharded into several local shards) share
     # one span: the first in-place destination, else one buffer.
@@ -69,11 +66,11 @@ def read_object(
     try:
         cut = pieces(spans, max(tier.capabilities.read_size, 2**20))
     except ValueError:  # items partly over the same bytes: not a layout tierstore writes
-        read_items(reader, requests, planner)
+        read_items(session, requests, planner)
         return
     with ThreadPoolExecutor(max(1, tier.capabilities.read_count), thread_name_prefix="tierstore-get") as pool:
         list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
-    reader._count(sum(length for _, length in same))
+    session.count(sum(length for _, length in same))
     for location, data in checks:  # S3 sends no checksum for a range: ours, before use
         if not is_intact(location, data):
             logger.warning(
@@ -83,8 +80,8 @@ def read_object(
                 location.offset,
                 location.offset + location.length,
             )
-            read_item(reader, full, location, data, attempts=ATTEMPTS - 1)
+            read_item(tier, full, location, data, attempts=ATTEMPTS - 1)
     for item, location, data in later:  # before any commit: a planner may move the data
-        deliver(reader, item, location, data, planner)
+        deliver(tier.name, item, location, data, planner)
     for item, target in in_place:
         planner.commit_tensor(item, target)

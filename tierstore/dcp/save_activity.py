@@ -10,40 +10,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from tierstore._platform.runtime import finalize
-from tierstore.dcp.known_commits import look_elsewhere
+from tierstore.dcp.save_session import SaveSession
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
-
-if TYPE_CHECKING:
-    from tierstore.dcp.writer import TieredWriter
 
 logger = logging.getLogger(__name__)
 
 
-def start_writing(writer: TieredWriter, checkpoint_id: str, generation: str) -> None:
+def start_writing(session: SaveSession) -> None:
     """Coordinator, before any rank writes: announce the save's generation in the target tier."""
-    stop_writing(writer)  # a previous save by this writer that failed after planning
-    writer._writing = hold(
-        writer.tier, "write", checkpoint_id, generation, ttl=writer.config.promote.activity_ttl
+    tier = session.tier
+    writing = hold(
+        tier, "write", session.checkpoint_id, session.generation, ttl=session.config.promote.activity_ttl
     )
-    # A failed save's record ends with its writer (one finaliser at a time: see stop_writing).
-    writer._writing_ends = finalize(
-        writer, _abandoned, writer._writing, look_elsewhere(writer, True), writer.tier.name
-    )
+    session.writing = writing
+    # A failed save's record ends with its session (kept by the writer until its next save).
+    session.writing_ends = finalize(session, _abandoned, writing, session.look_elsewhere(True), tier.name)
 
 
-def stop_writing(writer: TieredWriter, *, committed: bool = False) -> None:
+def stop_writing(session: SaveSession, *, committed: bool = False) -> None:
     """End the planned save's ``write`` record; without ``committed`` the save is remembered as
     failed in this process's knowledge of the tiers."""
-    if writer._writing_ends is not None:
-        writer._writing_ends.detach()  # a writer reused for many saves keeps none of the old ones
-        writer._writing_ends = None
-    if writer._writing is not None:
-        _abandoned(writer._writing, None if committed else writer._elsewhere, writer.tier_name)
-        writer._writing = None
+    if session.writing_ends is not None:
+        session.writing_ends.detach()
+        session.writing_ends = None
+    if session.writing is not None:
+        elsewhere = None if committed else session.look_elsewhere(True)
+        _abandoned(session.writing, elsewhere, session.tier_name)
+        session.writing = None
 
 
 def _abandoned(writing: Activity, elsewhere: Elsewhere | None, tier_name: str) -> None:

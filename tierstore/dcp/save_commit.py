@@ -8,30 +8,28 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tierstore._platform.killpoints import kill_point
 from tierstore.checksum import crc32c, sha256_hex
-from tierstore.dcp.known_commits import look_elsewhere, marker, published, refuse_committed_id
+from tierstore.dcp.known_commits import marker, published, refuse_committed_id
 from tierstore.dcp.mirror_handoff import tell_mirror
 from tierstore.dcp.save_activity import quietly, stop_writing
-from tierstore.dcp.save_plans import RankFiles
+from tierstore.dcp.save_messages import RankFiles
+from tierstore.dcp.save_session import SaveSession
 from tierstore.errors import CheckpointExistsError, TierstoreError
 from tierstore.ids import checkpoint_file, metadata_file
 from tierstore.records.marker import FileEntry, Manifest, signed
 from tierstore.records.protocol import drop, publish, renumber
 from tierstore.records.sightings import read_sightings
 
-if TYPE_CHECKING:
-    from tierstore.dcp.writer import TieredWriter
-
 logger = logging.getLogger(__name__)
 
 
-def finish(writer: TieredWriter, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+def finish(session: SaveSession, metadata: Metadata, results: list[list[WriteResult]]) -> None:
     """Coordinator: write ``.metadata``, re-check every file, then publish the marker last.
 
     Raises:
@@ -39,39 +37,37 @@ def finish(writer: TieredWriter, metadata: Metadata, results: list[list[WriteRes
             dropped), or is committed elsewhere and the writer does not overwrite.
         TierstoreError: ``finish`` without a planned save.
     """
-    ckpt, gen = writer._checkpoint_id, writer._generation
-    if ckpt is None or gen is None:
+    ckpt, gen = session.checkpoint_id, session.generation
+    if gen is None:
         raise TierstoreError("finish() called without a planned save")
-    mirror, writer._round = writer._round, None
+    mirror, session.round = session.round, None
     try:
-        manifest = _commit(writer, ckpt, gen, metadata, results)
+        manifest = _commit(session, gen, metadata, results)
     except BaseException as exc:
-        landed = published(writer, ckpt, gen)
-        stop_writing(writer, committed=landed is not None)
+        landed = published(session.tier, ckpt, gen)
+        stop_writing(session, committed=landed is not None)
         if mirror is not None:
             tell_mirror(mirror, landed, exc)
-        _record_commit(writer, landed)
+        _record_commit(session, landed)
         raise
     kill_point("writer.committed")
-    stop_writing(writer, committed=True)
+    stop_writing(session, committed=True)
     if mirror is not None:
         tell_mirror(mirror, manifest, None)
-    _record_commit(writer, manifest)
+    _record_commit(session, manifest)
 
 
-def _record_commit(writer: TieredWriter, manifest: Manifest | None) -> None:
+def _record_commit(session: SaveSession, manifest: Manifest | None) -> None:
     """Metrics: the coordinator committed the save (``manifest``), or it failed (None)."""
     if manifest is None:
-        writer._save_metrics.failed(writer._rank, writer.tier_name)
+        session.metrics.failed(session.rank, session.tier_name)
     else:
         commit_s = float(manifest.timings.get("commit_s") or 0.0)
-        writer._save_metrics.committed(writer._rank, writer.tier_name, commit_s=commit_s)
+        session.metrics.committed(session.rank, session.tier_name, commit_s=commit_s)
 
 
-def _commit(
-    writer: TieredWriter, ckpt: str, gen: str, metadata: Metadata, results: list[list[WriteResult]]
-) -> Manifest:
-    tier = writer.tier
+def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[list[WriteResult]]) -> Manifest:
+    tier, ckpt = session.tier, session.checkpoint_id
     files: list[FileEntry] = []
     storage: dict[MetadataIndex, Any] = {}
     for rank_results in results:
@@ -81,42 +77,42 @@ def _commit(
             else:
                 storage[result.index] = result.storage_data
     metadata.storage_data = storage
-    metadata.storage_meta = writer.storage_meta()
+    metadata.storage_meta = session.storage_meta()
     blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
     meta_rel = metadata_file(gen)
     tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
     kill_point("writer.metadata_written")
     keys = tier.signing
     digest = sha256_hex(blob) if keys is not None else None
-    files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, writer.node, digest))
+    files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, session.node, digest))
     sightings = read_sightings(tier)
-    elsewhere = look_elsewhere(writer, True)
+    elsewhere = session.look_elsewhere(True)
     manifest = Manifest(
         checkpoint_id=ckpt,
         generation=gen,
         world_size=len(results),
         files=tuple(sorted(files, key=lambda f: f.path)),
-        timings=_timings(writer, time.time()),
-        topology=_topology(writer),
-        seq=_seq_at_commit(writer, ckpt, gen, elsewhere.highest_known(tier.name, sightings)),
-        overwrite=writer.overwrite,
+        timings=_timings(session, time.time()),
+        topology=_topology(session),
+        seq=_seq_at_commit(session, gen, elsewhere.highest_known(tier.name, sightings)),
+        overwrite=session.overwrite,
         unseen_tiers=tuple(elsewhere.unseen(tier.name, sightings)),
-        namespace=writer.config.namespace or "",
+        namespace=session.config.namespace or "",
     )
     manifest = signed(manifest, keys)  # last: the signature covers every field above
-    ttl = writer.config.promote.activity_ttl
+    ttl = session.config.promote.activity_ttl
     try:
-        if not writer.overwrite:  # one id, one content: again, just before
-            refuse_committed_id(writer, ckpt, sightings)
-        replaced = marker(writer, ckpt) if writer.overwrite else None
-        existing = publish(tier, manifest, replace=writer.overwrite, node=writer.node, log=False, ttl=ttl)
+        if not session.overwrite:  # one id, one content: again, just before
+            refuse_committed_id(tier, elsewhere, ckpt, sightings)
+        replaced = marker(tier, ckpt) if session.overwrite else None
+        existing = publish(tier, manifest, replace=session.overwrite, node=session.node, log=False, ttl=ttl)
         if existing is not None:
             raise CheckpointExistsError(
                 f"checkpoint {ckpt!r} was committed in tier {tier.describe()} by another"
                 " writer while this save was running; this save was discarded"
             )
     except CheckpointExistsError:
-        stop_writing(writer)  # this save's own record would keep its files
+        stop_writing(session)  # this save's own record would keep its files
         quietly(lambda: drop(tier, ckpt, gen, committed=False, ttl=ttl))
         raise
     elsewhere.committed(tier.name, ckpt, manifest.seq or 0, gen)
@@ -126,7 +122,7 @@ def _commit(
     return manifest
 
 
-def _seq_at_commit(writer: TieredWriter, ckpt: str, gen: str, known: int) -> int:
+def _seq_at_commit(session: SaveSession, gen: str, known: int) -> int:
     """The sequence number the marker carries: the one claimed when the save was planned,
     unless another save has taken a higher one since in this tier, or a higher one became known
     elsewhere (a save that started later but committed first, a zombie job's late overwrite):
@@ -136,22 +132,22 @@ def _seq_at_commit(writer: TieredWriter, ckpt: str, gen: str, known: int) -> int
     job-wide tier: design.md, rule 2)."""
     # ``known`` never holds this save's own claim: a number there equal to it is another
     # commit's (a save into another tier that took the same number meanwhile).
-    writer._seq = renumber(writer.tier, ckpt, gen, claimed=writer._seq, known=known)
-    return writer._seq
+    session.seq = renumber(session.tier, session.checkpoint_id, gen, claimed=session.seq, known=known)
+    return session.seq
 
 
-def _topology(writer: TieredWriter) -> dict[str, Any] | None:
+def _topology(session: SaveSession) -> dict[str, Any] | None:
     """The saving job's nodes and hosts, recorded when the tier mirrors (placement input)."""
-    if writer.tier.mirror is None:
+    if session.tier.mirror is None:
         return None
-    hosts = {str(r.node): r.host for r in writer._reports}
-    return {"hosts": hosts, "mirror_stride": writer.tier.mirror.stride}
+    hosts = {str(r.node): r.host for r in session.reports}
+    return {"hosts": hosts, "mirror_stride": session.tier.mirror.stride}
 
 
-def _timings(writer: TieredWriter, committed_at: float) -> dict[str, float | None]:
+def _timings(session: SaveSession, committed_at: float) -> dict[str, float | None]:
     """The save's start, the trainer's longest stall and back-pressure wait, and its commit time."""
-    reports = writer._reports
-    started = min((r.started_at for r in reports), default=writer._started_at)
+    reports = session.reports
+    started = min((r.started_at for r in reports), default=session.started_at)
     stalls = [r.stall_s for r in reports if r.stall_s is not None]
     waits = [r.wait_s for r in reports if r.wait_s is not None]
     return {
