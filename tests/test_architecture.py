@@ -71,7 +71,7 @@ def layer_of(module: str) -> int:
 
 
 def subpackage(module: str) -> str:
-    """``tierstore.dcp.writer`` -> ``dcp``; ``tierstore.config`` -> ``config``."""
+    """``tierstore.dcp.save.writer`` -> ``dcp``; ``tierstore.config`` -> ``config``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 

@@ -27,8 +27,8 @@ from tierstore._platform.owners import owner_dir_name
 from tierstore.cli import main
 from tierstore.cli.interval import advise, daly, young
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import has_nonfinite
+from tierstore.dcp.save.gate import GateView
 from tierstore.ids import staging_dir
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest

@@ -29,8 +29,8 @@ from tierstore import (
     latest_committed,
 )
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
-from tierstore.dcp.safe_pickle import load_metadata
+from tierstore.dcp.restore.metadata import load_metadata
+from tierstore.dcp.save.gate import GateView
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest

@@ -1,6 +1,9 @@
 """The coordinator's commit (DCP step 4): DCP's ``.metadata``, then the signed marker **last**,
 with the commit number that places it in commit order. A save that fails here leaves no marker
 (or, if its publish happened after all, is committed): the peer mirror and the metrics hear which.
+
+And what a save knows of commits already made (the target's marker, the other tiers: see
+:mod:`tierstore.records.known`): an id committed in any tier is refused unless the writer overwrites.
 """
 
 from __future__ import annotations
@@ -8,23 +11,23 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+import uuid
 from typing import Any
 
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tierstore._platform.killpoints import kill_point
 from tierstore.checksum import crc32c, sha256_hex
-from tierstore.dcp.known_commits import marker, published, refuse_committed_id
-from tierstore.dcp.mirror_handoff import tell_mirror
-from tierstore.dcp.save_activity import quietly, stop_writing
-from tierstore.dcp.save_messages import RankFiles
-from tierstore.dcp.save_session import SaveSession
+from tierstore.dcp.save.mirror_handoff import tell_mirror
+from tierstore.dcp.save.session import RankFiles, SaveSession
 from tierstore.errors import CheckpointExistsError, TierstoreError
-from tierstore.ids import checkpoint_file, metadata_file
-from tierstore.records.marker import FileEntry, Manifest, signed
+from tierstore.ids import checkpoint_file, marker_path, metadata_file
+from tierstore.records.known import Elsewhere
+from tierstore.records.marker import FileEntry, Manifest, read_manifest, signed
 from tierstore.records.protocol import drop, publish, renumber
-from tierstore.records.sightings import read_sightings
+from tierstore.records.sightings import Sighting, read_sightings
+from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +48,13 @@ def finish(session: SaveSession, metadata: Metadata, results: list[list[WriteRes
         manifest = _commit(session, gen, metadata, results)
     except BaseException as exc:
         landed = published(session.tier, ckpt, gen)
-        stop_writing(session, committed=landed is not None)
+        session.stop_writing(committed=landed is not None)
         if mirror is not None:
             tell_mirror(mirror, landed, exc)
         _record_commit(session, landed)
         raise
     kill_point("writer.committed")
-    stop_writing(session, committed=True)
+    session.stop_writing(committed=True)
     if mirror is not None:
         tell_mirror(mirror, manifest, None)
     _record_commit(session, manifest)
@@ -77,7 +80,7 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
             else:
                 storage[result.index] = result.storage_data
     metadata.storage_data = storage
-    metadata.storage_meta = session.storage_meta()
+    metadata.storage_meta = StorageMeta(checkpoint_id=ckpt, save_id=uuid.uuid4().hex)
     blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
     meta_rel = metadata_file(gen)
     tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
@@ -112,8 +115,11 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
                 " writer while this save was running; this save was discarded"
             )
     except CheckpointExistsError:
-        stop_writing(session)  # this save's own record would keep its files
-        quietly(lambda: drop(tier, ckpt, gen, committed=False, ttl=ttl))
+        session.stop_writing()  # this save's own record would keep its files
+        try:  # gc removes what is left
+            drop(tier, ckpt, gen, committed=False, ttl=ttl)
+        except Exception as cleanup:  # noqa: BLE001 - best effort
+            logger.warning("cleanup failed: %s", cleanup)
         raise
     elsewhere.committed(tier.name, ckpt, manifest.seq or 0, gen)
     if replaced is not None and replaced.generation != gen:  # dropped: so are its parts
@@ -156,3 +162,43 @@ def _timings(session: SaveSession, committed_at: float) -> dict[str, float | Non
         "wait_s": max(waits) if waits else None,
         "commit_s": committed_at - started,
     }
+
+
+def refuse_committed_id(
+    tier: Tier, elsewhere: Elsewhere, checkpoint_id: str, sightings: dict[str, Sighting]
+) -> None:
+    """An id committed in *any* tier is taken: saving it again without ``overwrite`` would let
+    two different contents carry one id. The target tier is asked; the others are known from
+    start-up, the promoter's sightings and this process's commits, never asked.
+
+    Raises:
+        CheckpointExistsError: naming the tier that holds the id.
+    """
+    holder = tier.name if tier.exists(marker_path(checkpoint_id)) else None
+    holder = holder or elsewhere.holder(checkpoint_id, besides=tier.name, sightings=sightings)
+    if holder is not None:
+        raise CheckpointExistsError(
+            f"checkpoint {checkpoint_id!r} is already committed in tier {holder}; pass"
+            " overwrite=True to TieredWriter to replace it"
+        )
+
+
+def marker(tier: Tier, checkpoint_id: str) -> Manifest | None:
+    """The id's marker in the target now; None when there is none (or none readable)."""
+    try:
+        return read_manifest(tier, checkpoint_id)
+    except Exception:  # noqa: BLE001 - no marker, or none readable: no commit to speak of
+        return None
+
+
+def current_commit(tier: Tier, checkpoint_id: str) -> tuple[str, str, int | None]:
+    """``(id, generation, seq)`` of the id's marker in the target ('' and None: none)."""
+    found = marker(tier, checkpoint_id)
+    return (checkpoint_id, "", None) if found is None else (checkpoint_id, found.generation, found.seq)
+
+
+def published(tier: Tier, checkpoint_id: str, generation: str) -> Manifest | None:
+    """The marker naming this save's generation, if its publish happened after all (a publish
+    can fail after its rename); None: the save did not commit."""
+    found = marker(tier, checkpoint_id)
+    return found if found is not None and found.generation == generation else None

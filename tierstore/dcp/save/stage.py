@@ -4,6 +4,7 @@ and the hand-over of the staged save to the thread that carries it (the back-pre
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tierstore._platform.owners import owner_dir_name
-from tierstore.dcp.save_messages import RankReport
+from tierstore.dcp.save.session import RankReport
 from tierstore.dcp.staging import STAGERS, Pending, SlabInfo, StagedSave, Stager, StagingFuture
 from tierstore.ids import writer_staging_dir
 from tierstore.tiers import OwnedDirectory, Tier
@@ -20,41 +21,33 @@ from tierstore.tiers import OwnedDirectory, Tier
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
 class StageHandoff:
-    """What ``stage()`` leaves for the save that carries it: the writer keeps one, and a save
-    takes the slab and the report at its set-up."""
+    """What ``stage()`` leaves for the save that carries it (slab at set-up, report in its plan)."""
 
-    def __init__(self) -> None:
-        self.slab: SlabInfo | None = None
-        """The slab of the last staged state: never cleared, a retry of that state re-uses it."""
-        self.report: RankReport | None = None
-        self.pending: Pending | None = None  # the staged save's, until its thread reports in
-        self.carried: Pending | None = None  # the staged save this writer carries now
+    node: int
+    tier_name: str
+    slab: SlabInfo | None = None  # of the last staged state: never cleared, a retry of it re-uses it
+    report: RankReport | None = None
+    pending: Pending | None = None  # the staged save's, until its thread reports in
+    carried: Pending | None = None  # the staged save this writer carries now
 
     def stage(
-        self,
-        stager_for: Callable[[], Stager],
-        state_dict: dict[str, Any],
-        *,
-        overlap: bool,
-        node: int,
-        tier_name: str,
+        self, stager: Callable[[], Stager], state: dict[str, Any], overlap: bool
     ) -> dict[str, Any] | StagingFuture:
-        """Copy ``state_dict`` into the buffers of ``stager_for()``, on this thread or
-        (``overlap``) in the background."""
+        """Copy ``state`` into the buffers of ``stager()``, on this thread or (``overlap``) in the
+        background."""
         started = time.time(), time.perf_counter()
-        stager = stager_for()
-        record = functools.partial(self._record, started, node, tier_name)
+        into = stager()
+        record = functools.partial(self._record, started)
         if not overlap:
-            return record(stager.stage(state_dict))
+            return record(into.stage(state))
         # record() runs on the staging thread before the future resolves, so DCP's save thread
         # (which waits for the future) sees this save's slab, report and pending; the previous
         # save from this writer is over by then (the back-pressure wait comes first).
-        return stager.stage_in_background(state_dict, record)
+        return into.stage_in_background(state, record)
 
-    def _record(
-        self, started: tuple[float, float], node: int, tier_name: str, staged: StagedSave
-    ) -> dict[str, Any]:
+    def _record(self, started: tuple[float, float], staged: StagedSave) -> dict[str, Any]:
         """Record a finished copy for the save that carries it; returns the staged state."""
         started_wall, started_at = started
         self.slab = staged.slab
@@ -67,14 +60,13 @@ class StageHandoff:
                 "async save waited %.3f s for the previous save to tier %s to finish persisting"
                 " (or for its spare buffer); save less often, or wait for the previous future",
                 waited,
-                tier_name,
+                self.tier_name,
             )
-        self.report = RankReport(node, started_wall, stall, waited)
+        self.report = RankReport(self.node, started_wall, stall, waited)
         return staged.state  # type: ignore[no-any-return]
 
     def register_thread(self, *, in_process: bool = True) -> None:
-        """The thread carrying a staged save says so: the next stage() waits for the save to be
-        over (see :mod:`tierstore.dcp.staging.pending`)."""
+        """The thread carrying a staged save says so: the next stage() waits for it (``Pending``)."""
         if self.pending is not None:
             self.pending.register(threading.current_thread(), in_process=in_process)
             self.carried, self.pending = self.pending, None
@@ -84,13 +76,6 @@ class StageHandoff:
         carried, self.carried = self.carried, None
         if carried is not None:
             carried.settle()
-
-    def for_copy(self) -> StageHandoff:
-        """PROCESS mode: what the writer's pickled copy carries (the slab and the report; the
-        buffers and the pending save stay with the trainer)."""
-        copy = StageHandoff()
-        copy.slab, copy.report = self.slab, self.report
-        return copy
 
 
 def _stager_key(tier: Tier, tier_name: str) -> str:

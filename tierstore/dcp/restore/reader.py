@@ -4,15 +4,15 @@ Call order (torch.distributed.checkpoint 2.13, see ``StorageReader``; ``dcp.load
 
 1. all ranks: :meth:`TieredReader.reset` (only when ``dcp.load`` gets a ``checkpoint_id``).
 2. all ranks, inside DCP's collective wrapper: :meth:`~TieredReader.read_metadata` chooses the tier
-   collectively, announcing the restore in each tier it looks at (:mod:`tierstore.dcp.restore_choice`,
-   :mod:`tierstore.dcp.restore_session`), then returns DCP's ``.metadata`` from it, checked against the
-   marker's CRC32C and unpickled with an allowlist (:mod:`tierstore.dcp.restore_metadata`).
+   collectively, announcing the restore in each tier it looks at (:mod:`tierstore.dcp.restore.choice`,
+   :mod:`tierstore.dcp.restore.session`), then returns DCP's ``.metadata`` from it, checked against the
+   marker's CRC32C and unpickled with an allowlist (:mod:`tierstore.dcp.restore.metadata`).
 3. all ranks: :meth:`~TieredReader.set_up_storage_reader`, then the plans
    (:meth:`~TieredReader.prepare_local_plan`, coordinator :meth:`~TieredReader.prepare_global_plan`):
    nothing storage-specific.
 4. all ranks: :meth:`~TieredReader.read_data` reads the rank's items, each checked against its CRC32C
-   (:mod:`tierstore.dcp.restore_data`, :mod:`tierstore.dcp.restore_items`,
-   :mod:`tierstore.dcp.restore_object`).
+   (:mod:`tierstore.dcp.restore.data`, :mod:`tierstore.dcp.restore.items`,
+   :mod:`tierstore.dcp.restore.objects`).
 
 Reads go straight into the destination tensors when they can (``preadv`` on POSIX tiers into a
 contiguous CPU tensor that takes a whole stored chunk); otherwise the bytes are read and copied. Files
@@ -23,7 +23,6 @@ only serves byte ranges, so it works from any tier.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import torch.distributed as dist
@@ -34,9 +33,10 @@ from torch.futures import Future
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
-from tierstore.dcp import restore_data, restore_metadata
 from tierstore.dcp.collectives import ALONE
-from tierstore.dcp.restore_session import RestoreSession
+from tierstore.dcp.restore import data as restore_data
+from tierstore.dcp.restore import metadata as restore_metadata
+from tierstore.dcp.restore.session import RestoreSession
 from tierstore.errors import TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
 from tierstore.tiers import Tier
@@ -82,11 +82,9 @@ class TieredReader(StorageReader):
         self.process_group = process_group if collective else ALONE
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tiers: list[Tier] | None = None
-        self._bytes_read = 0
-        self._count_lock = threading.Lock()
+        self._bytes_done = 0  # by the loads before this session's
         self._prober = Prober(self.config.probe_timeout)
-        self._session: RestoreSession | None = None
-        """The load in progress, or the last one (until :meth:`reset`)."""
+        self._session: RestoreSession | None = None  # the load in progress, or the last one
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -96,17 +94,12 @@ class TieredReader(StorageReader):
     @property
     def chosen_tier(self) -> str | None:
         """The name of the tier the last load read from (None before a load)."""
-        tier = self._session.tier if self._session is not None else None
-        return tier.name if tier is not None else None
+        return self._session.tier.name if self._session and self._session.tier else None
 
     @property
     def bytes_read(self) -> int:
         """Bytes this reader read from storage (``.metadata`` and data), over all its loads."""
-        return self._bytes_read
-
-    def _count(self, size: int) -> None:
-        with self._count_lock:  # read_data reads on several threads
-            self._bytes_read += size
+        return self._bytes_done + (self._session.bytes_read if self._session is not None else 0)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -125,6 +118,7 @@ class TieredReader(StorageReader):
         """Select the checkpoint to load (validated)."""
         if self._session is not None:  # a previous load that failed before read_data
             self._session.stop_reading()
+            self._bytes_done += self._session.bytes_read
             self._session = None
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
@@ -136,6 +130,7 @@ class TieredReader(StorageReader):
         if self._checkpoint_id is None:
             raise TierstoreError("no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader")
         previous = self._session
+        self._bytes_done += previous.bytes_read if previous is not None else 0
         self._session = RestoreSession(
             config=self.config,
             tiers=self.tiers(),
@@ -145,10 +140,8 @@ class TieredReader(StorageReader):
             collective=self.collective,
             process_group=self.process_group,
             prober=self._prober,
-            add_to_reader=self._count,
             checkpoint_id=self._checkpoint_id,
-            # Called again without a reset (DCP's optimizer helpers read metadata first): the
-            # records the first call holds stay this load's, announced once.
+            # Called again without a reset (DCP's optimizer helpers): the first call's records stay.
             reading=previous.reading if previous is not None else {},
             tier=previous.tier if previous is not None else None,
         )

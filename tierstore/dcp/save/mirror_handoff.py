@@ -8,9 +8,8 @@ import time
 
 import torch.distributed as dist
 
-from tierstore.dcp.mirror.groups import job_groups
-from tierstore.dcp.mirror.rounds import ExchangeWaits, Round, SavedShare, worker_for
-from tierstore.dcp.save_session import SaveSession
+from tierstore.dcp.mirror import ExchangeWaits, Round, SavedShare, job_groups, worker_for
+from tierstore.dcp.save.session import SaveSession
 from tierstore.records.marker import FileEntry, Manifest
 from tierstore.tiers import Tier
 from tierstore.topology import current_host
@@ -64,17 +63,15 @@ def tell_mirror(mirror: Round, published: Manifest | None, exc: BaseException | 
 
 class MirrorWaits:
     """The trainer's waits for the exchanges of saves handed to DCP's checkpoint process (PROCESS
-    mode), across saves: one record per save handed over (see
-    :class:`~tierstore.dcp.mirror.rounds.ExchangeWaits`)."""
+    mode), across saves (see :class:`~tierstore.dcp.mirror.rounds.ExchangeWaits`)."""
 
     def __init__(self) -> None:
         self.waits: ExchangeWaits | None = None
 
     def hand_over(self, tier: Tier) -> str | None:
         """When DCP pickles the writer for its checkpoint process: the path of the record that
-        process writes once this save's exchange has ended. The records live outside the save's
-        generation directory: an overwrite or retention that drops the generation meanwhile
-        leaves the wait intact."""
+        process writes once this save's exchange has ended, outside the save's generation (an
+        overwrite or retention dropping the generation meanwhile leaves the wait intact)."""
         if tier.mirror is None or not mirrors(tier):
             return None
         if self.waits is None:

@@ -6,12 +6,11 @@ own) are read whole and checked against the marker; the rest is read item by ite
 against its CRC32C. POSIX tiers: tensors straight into their destinations by several threads at once
 (``preadv`` copies in the kernel, so they run in parallel), byte items afterwards on this thread,
 since loading them changes the caller's state dict. Object stores: object by object
-(:mod:`tierstore.dcp.restore_object`).
+(:mod:`tierstore.dcp.restore.objects`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import defaultdict
@@ -22,17 +21,12 @@ from torch.futures import Future
 
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import rank_and_world
-from tierstore.dcp.mirror.groups import job_groups
-from tierstore.dcp.mirror.peer_read import fetch_missing
-from tierstore.dcp.mirror.transport import bytes_of
-from tierstore.dcp.restore_items import Request, balanced, deliver, read_items
-from tierstore.dcp.restore_object import read_object
-from tierstore.dcp.restore_session import RestoreSession
+from tierstore.dcp.mirror import bytes_of, fetch_missing, job_groups
+from tierstore.dcp.restore.items import Request, balanced, deliver, read_items
+from tierstore.dcp.restore.objects import read_object
+from tierstore.dcp.restore.session import RestoreSession, logger
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.records.marker import entry_problem
-
-# The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
-logger = logging.getLogger("tierstore.dcp.reader")
 
 _READ_WORKERS = max(2, min(8, os.cpu_count() or 2))
 

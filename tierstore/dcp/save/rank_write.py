@@ -13,11 +13,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from tierstore._platform.killpoints import kill_point
-from tierstore.dcp.mirror_handoff import hand_to_mirror, mirrors
-from tierstore.dcp.rank_files import RankFileWriter
-from tierstore.dcp.save_activity import stop_writing
-from tierstore.dcp.save_messages import FILES_KEY, RankAssignment, RankFiles
-from tierstore.dcp.save_session import SaveSession
+from tierstore.dcp.save.mirror_handoff import hand_to_mirror, mirrors
+from tierstore.dcp.save.rank_files import RankFileWriter
+from tierstore.dcp.save.session import FILES_KEY, RankAssignment, RankFiles, SaveSession
 from tierstore.errors import CommitVetoedError, TierstoreError
 from tierstore.ids import rank_part_path
 from tierstore.records.activity import Activity, hold
@@ -43,7 +41,7 @@ def write_data(session: SaveSession, plan: SavePlan, planner: SavePlanner) -> Fu
         wrote, future = _write_rank(session, plan, planner, assignment)
     except BaseException:
         if session.is_coordinator:  # DCP calls no finish(): the save is over, and failed
-            stop_writing(session)
+            session.stop_writing()
         metrics.failed(session.rank, session.tier_name, save_s=time.time() - session.started_at)
         raise
     finally:

@@ -1,34 +1,37 @@
 """A restore's first step: the collective tier choice, then DCP's ``.metadata`` from that tier.
 
-Every rank runs the same iterations of :func:`tierstore.dcp.restore_choice.choose_copy`; one rank
+Every rank runs the same iterations of :func:`tierstore.dcp.restore.choice.choose_copy`; one rank
 reads ``.metadata``, checks it against the commit marker (CRC32C, and the signed SHA-256 when there
-is one) and broadcasts it, so every rank skips the same unusable tiers. The bytes are unpickled with
-an allowlist (:mod:`tierstore.dcp.safe_pickle`) and every item location is checked against the
-files the marker names before anything is read.
+is one) and broadcasts it, so every rank skips the same unusable tiers. Every item location is
+checked against the files the marker names before anything is read.
+
+The bytes are unpickled with an allowlist (:func:`load_metadata`): DCP's plain ``pickle.load`` would
+run a crafted file's code on every ``dcp.load``. It admits DCP's own metadata classes, torch's
+``Size``/``dtype``/``layout``/``memory_format`` values, tierstore's storage records and a few
+builtins; anything else is refused with an error naming the global it tried to load.
 """
 
 from __future__ import annotations
 
-import logging
+import io
+import pickle
 import uuid
+from typing import Any
 
+import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import broadcast_object, rank_and_world
 from tierstore.dcp.layout import ItemLocation
-from tierstore.dcp.mirror.groups import job_groups
-from tierstore.dcp.restore_choice import Choice, choose_copy
-from tierstore.dcp.restore_session import RestoreSession
-from tierstore.dcp.safe_pickle import load_metadata
+from tierstore.dcp.mirror import job_groups
+from tierstore.dcp.restore.choice import Choice, choose_copy
+from tierstore.dcp.restore.session import RestoreSession, logger
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, is_metadata_file
 from tierstore.records.marker import Manifest, entry_problem
 from tierstore.records.sightings import trust_period
 from tierstore.tiers import Tier
-
-# The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
-logger = logging.getLogger("tierstore.dcp.reader")
 
 
 def read_metadata(session: RestoreSession) -> Metadata:
@@ -143,3 +146,46 @@ def check_item_locations(metadata: Metadata, manifest: Manifest, where: str) -> 
                 f"{where}: item {index} spans bytes {location.offset}..{location.offset + location.length}"
                 f" of {location.path!r}, which the marker says holds {size}: refused"
             )
+
+
+_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.", "torch.distributed.tensor.")
+_ALLOWED = {
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "complex"),
+    ("collections", "OrderedDict"),
+    ("copyreg", "_reconstructor"),
+    ("builtins", "object"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch.serialization", "_get_layout"),
+}
+
+
+_STORAGE_RECORDS = {
+    ("tierstore.dcp.layout", "ItemLocation"): ItemLocation,
+    # Written by tierstore 0.1.0, before the DCP face moved into tierstore.dcp: same class.
+    ("tierstore.serialize", "ItemLocation"): ItemLocation,
+}
+
+
+class _AllowlistUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _STORAGE_RECORDS:
+            return _STORAGE_RECORDS[(module, name)]
+        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch":
+            value = getattr(torch, name, None)
+            if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
+                return value
+        raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
+
+
+def load_metadata(data: bytes, *, where: str) -> Any:
+    """Unpickle DCP metadata from ``data``; :class:`IntegrityError` naming ``where`` if refused."""
+    try:
+        return _AllowlistUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError) as exc:
+        raise IntegrityError(f"{where}: cannot load DCP metadata ({exc})") from None

@@ -3,8 +3,7 @@
 Each rank reports its node, timings and the highest commit number its node knows
 (:class:`RankReport`, in its local plan); the coordinator chooses the save's fresh generation and
 claims its commit number, then tells every rank its part (:class:`RankAssignment`, in the global
-plan). Each rank's files come back to the coordinator in one extra ``WriteResult``
-(:class:`RankFiles`).
+plan).
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.planner import SavePlan
 
-from tierstore.dcp.known_commits import current_commit, refuse_committed_id
-from tierstore.dcp.mirror_handoff import open_groups
-from tierstore.dcp.save_activity import start_writing
-from tierstore.dcp.save_messages import RankAssignment, RankReport
-from tierstore.dcp.save_session import SaveSession
+from tierstore.dcp.save.commit import current_commit, refuse_committed_id
+from tierstore.dcp.save.mirror_handoff import open_groups
+from tierstore.dcp.save.session import RankAssignment, RankReport, SaveSession
 from tierstore.errors import TierstoreError
 from tierstore.ids import new_generation
 from tierstore.records.log import highest_in
@@ -30,11 +27,8 @@ from tierstore.topology import current_host
 
 
 def check_set_up(checkpoint_id: str | None, kwargs: dict[str, Any]) -> tuple[str, int]:
-    """Every rank, step 1, before the save's session: the save's id and this rank.
-
-    Raises:
-        TierstoreError: ``use_collectives=False`` in a multi-rank job, or no checkpoint id.
-    """
+    """Every rank, step 1, before the save's session: the save's id and this rank; raises
+    :class:`TierstoreError` with ``use_collectives=False`` in a multi-rank job, or no checkpoint id."""
     rank = int(kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0))
     collectives = kwargs.get("use_collectives", True)
     if collectives is False and dist.is_initialized() and dist.get_world_size() > 1:
@@ -56,8 +50,7 @@ def set_up(session: SaveSession) -> None:
     open_groups(session.tier)
     elsewhere = session.look_elsewhere(session.is_coordinator)
     if session.is_coordinator and not session.overwrite:
-        tier = session.tier
-        refuse_committed_id(tier, elsewhere, session.checkpoint_id, read_sightings(tier))
+        refuse_committed_id(session.tier, elsewhere, session.checkpoint_id, read_sightings(session.tier))
 
 
 def local_plan(session: SaveSession, plan: SavePlan, staged: RankReport | None) -> SavePlan:
@@ -88,7 +81,7 @@ def global_plan(session: SaveSession, plans: list[SavePlan]) -> list[SavePlan]:
     gen = session.generation = new_generation()
     # Announced before any rank writes: cleanup leaves an in-flight generation alone, however
     # invisible its parts (temp files, multipart uploads, a straggler rank) or old its files.
-    start_writing(session)
+    session.start_writing()
     # The commit's place in commit order (what "newest" means): the next number after the
     # highest any tier has logged, claimed create-only in the target.
     reports = session.reports = [p.storage_data for p in plans if isinstance(p.storage_data, RankReport)]

@@ -1,12 +1,8 @@
-"""One load by one rank: the state the reader's steps share, from ``read_metadata`` to the end of
-``read_data``. The reader keeps only what outlives a load: its settings, the tiers, the prober that
-skips a sick tier, the bytes read over all its loads.
-
-A restore holds a ``read`` record in each tier the choice looks at, until the data is in memory:
-cleanup and retention leave a checkpoint alone while a live ``read`` record names it. Every rank
-holds its own (fastest first, only as far as needed): ranks finish reading at different times, and
-DCP tells a rank nothing after its own ``read_data``.
-"""
+"""One load by one rank, from ``read_metadata`` to the end of ``read_data`` (the reader keeps only
+what outlives a load). Its ``read`` records, one in each tier the choice looks at (fastest first, only
+as far as needed) until the data is in memory, keep cleanup and retention off the checkpoint; every
+rank holds its own: ranks finish at different times, and DCP tells a rank nothing after its own
+``read_data``."""
 
 from __future__ import annotations
 
@@ -15,27 +11,25 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config
 from tierstore.dcp.collectives import rank_and_world
 from tierstore.dcp.layout import ItemLocation
-from tierstore.dcp.mirror.inventory import stored_path
-from tierstore.dcp.restore_choice import Choice
+from tierstore.dcp.mirror import stored_path
+from tierstore.dcp.restore.choice import Choice
 from tierstore.ids import checkpoint_file
 from tierstore.records.activity import Activity, hold
 from tierstore.tiers import Tier
 
-# The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
 logger = logging.getLogger("tierstore.dcp.reader")
+"""The restore's logger, every step's: the name users configure (see examples/quickstart.py)."""
 
 
 @dataclasses.dataclass(eq=False)
 class RestoreSession:
-    """One load by one rank. The reader's settings are fixed for the load; the choice fills
-    ``choice``, ``tier`` and ``storage``."""
+    """One load by one rank: the reader's settings, then what the choice fills in."""
 
     config: Config
     tiers: list[Tier]
@@ -43,14 +37,10 @@ class RestoreSession:
     verify: bool
     signing: bool
     collective: bool
-    process_group: Any
-    """The group passed to ``dcp.load``, None (the default group) or ``collectives.ALONE``."""
-    prober: Prober
-    """The reader's: a tier found hung is skipped by its later loads."""
-    add_to_reader: Callable[[int], None]
+    process_group: Any  # the group passed to dcp.load, None (the default one) or collectives.ALONE
+    prober: Prober  # the reader's: a tier found hung is skipped by its later loads
     checkpoint_id: str
-    reading: dict[str, Activity] = dataclasses.field(default_factory=dict)
-    """The ``read`` records held, by tier name."""
+    reading: dict[str, Activity] = dataclasses.field(default_factory=dict)  # read records, by tier
     began: float = dataclasses.field(default_factory=time.monotonic)
     bytes_read: int = 0
     choice: Choice | None = None
@@ -59,10 +49,9 @@ class RestoreSession:
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
     def count(self, nbytes: int) -> None:
-        """Bytes read from storage, for this load and for the reader (on several threads)."""
+        """Bytes read from storage by this load (on several threads)."""
         with self._lock:
             self.bytes_read += nbytes
-        self.add_to_reader(nbytes)
 
     def hold(self, index: int) -> None:
         """Announce the restore in ``tiers[index]`` before the tier is looked at.
