@@ -18,7 +18,7 @@ renames, removals; stats are not audited). Nothing in tierstore is patched.
   is due (every ``promote.full_scan``: it lists every tier, as every pass did before the stamp; the
   second such, when the cache trusts every marker),
   ``latest_committed``, a
-  restore's tier choice (:func:`tierstore.dcp.restore_choice.choose_copy`), ``tierstore ls``
+  restore's tier choice (:func:`tierstore.dcp.restore.choice.choose_copy`), ``tierstore ls``
   (:meth:`Catalog.listings` at its default page of 50, and ``--limit 0`` up to 1,000), a save of
   8 ranks' files through the commit protocol (every file written, then
   :func:`tierstore.records.protocol.claim` and :func:`~tierstore.records.protocol.publish`) and a
@@ -88,7 +88,7 @@ def dcp_save(job: Job, checkpoint_id: str) -> Callable[[], None]:
 def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -> dict[str, Any]:
     """Every operation's cost in one job of ``retained`` checkpoints of ``ranks`` files."""
     from tierstore import Catalog, latest_committed
-    from tierstore.dcp.restore_choice import choose_copy
+    from tierstore.dcp.restore.choice import choose_copy
     from tierstore.promote.discovery import SETTLE
     from tierstore.promote.sidecar import Promoter
     from tierstore.records.sightings import trust_period

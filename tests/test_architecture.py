@@ -1,4 +1,5 @@
-"""The package's shape, enforced: a sealed tier seam, torch only in ``dcp/``, dependencies one way."""
+"""The package's shape, enforced: a sealed tier seam, torch only in ``dcp/``, dependencies one way, no
+import circle, and a writer's or reader's private state touched by its own class only."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def layer_of(module: str) -> int:
 
 
 def subpackage(module: str) -> str:
-    """``tierstore.dcp.writer`` -> ``dcp``; ``tierstore.config`` -> ``config``."""
+    """``tierstore.dcp.save.writer`` -> ``dcp``; ``tierstore.config`` -> ``config``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -191,6 +192,136 @@ def test_dependencies_flow_one_way_with_no_lazy_imports_against_it() -> None:
             if {subpackage(name), subpackage(module)} == {"dcp", "promote"}:
                 offenders.append(f"{name} imports {module}: the DCP face and the sidecar are peers")
     assert offenders == []
+
+
+def import_graph(sources: dict[str, ast.Module], packages: set[str]) -> dict[str, set[str]]:
+    """``module -> the modules of sources it imports``, at module level, in functions and under
+    TYPE_CHECKING alike. ``from a.b import c`` is an edge to the module ``a.b.c`` when there is one,
+    else to ``a.b`` (its face). Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first;
+    those implicit edges are not counted: a face importing its own modules would close a circle
+    with each of them."""
+    graph: dict[str, set[str]] = {}
+    for name, tree in sources.items():
+        package = (name if name in packages else name.rpartition(".")[0]).split(".")
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) + 1 - node.level] if node.level else []  # relative: up
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                found |= {
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in sources else module for a in node.names
+                }
+        graph[name] = found & set(sources) - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Circles in ``graph``, each as ``a -> b -> a``; at least one for every group of modules that
+    import each other (a depth-first walk meets each group through a back edge)."""
+    cycles: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in path:
+                cycles.append(" -> ".join([*path[path.index(imported) :], imported]))
+            elif imported not in done:
+                visit(imported, [*path, imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return cycles
+
+
+def test_no_import_circle_in_the_package() -> None:
+    """No module imports itself back through others: not at run time, not from inside a function,
+    not for a type annotation only (a circle there still ties the modules into one)."""
+    sources = dict(modules())
+    packages = {module_name(path) for path in PACKAGE.rglob("__init__.py")}
+    assert import_cycles(import_graph(sources, packages)) == []
+
+
+def test_the_circle_check_sees_type_only_and_function_level_imports() -> None:
+    """The check above can fail: a circle closed by a TYPE_CHECKING import, one closed inside a
+    function, one through a relative import; a package importing its own modules is none."""
+    code = {
+        "p": "from p.a import A\n",
+        "p.a": "from p.b import B\n",
+        "p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.a import A\n",
+        "p.c": "def f():\n    from p import d\n",
+        "p.d": "import p.c\n",
+        "p.e": "from . import f\n",
+        "p.f": "from .e import E\n",
+        "p.g": "from p.a import A\n",
+    }
+    graph = import_graph({name: ast.parse(text) for name, text in code.items()}, {"p"})
+    assert import_cycles(graph) == ["p.a -> p.b -> p.a", "p.c -> p.d -> p.c", "p.e -> p.f -> p.e"]
+
+
+OWNERS = {"tierstore.dcp.save.writer": "TieredWriter", "tierstore.dcp.restore.reader": "TieredReader"}
+"""The modules that may touch a writer's or reader's private state: their own classes'."""
+
+
+def _private_names(tree: ast.Module, class_name: str) -> set[str]:
+    """The private attributes and methods of ``class_name`` (``self._x``, ``def _x``, ``_x = ...``)."""
+    found: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name):
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                found.add(node.attr)
+            elif isinstance(node, ast.FunctionDef | ast.Name):
+                found.add(node.name if isinstance(node, ast.FunctionDef) else node.id)
+    return {name for name in found if name.startswith("_") and not name.startswith("__")}
+
+
+def _reaches_into(tree: ast.AST, private: set[str]) -> list[int]:
+    """Lines that touch a private attribute of a writer, a reader or a session from outside:
+    ``writer._x``, ``reader._x``, ``session._x`` (``self.writer._x`` too), or one of ``private`` on
+    anything but ``self``/``cls``."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        owner = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", "")
+        if owner in {"writer", "reader", "session"} or (
+            owner not in {"self", "cls"} and node.attr in private
+        ):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_only_the_writer_and_the_reader_touch_their_private_state() -> None:
+    """A save's and a load's state travel as a session to each step: no module reaches into the
+    writer's, the reader's or a session's private fields (``TieredWriter``/``TieredReader`` keep
+    only per-process state, touched by their own methods)."""
+    trees = dict(modules())
+    private = set().union(*(_private_names(trees[name], cls) for name, cls in OWNERS.items()))
+    assert {"_session", "_checkpoint_id", "_staged", "_prober"} <= private, "the owners moved?"
+    offenders = [
+        f"{name}:{line}"
+        for name, tree in trees.items()
+        if name not in OWNERS
+        for line in _reaches_into(tree, private)
+    ]
+    assert offenders == [], offenders
+
+
+def test_the_private_state_check_sees_each_reach() -> None:
+    """The check above can fail: each name's reach, a nested one, and the owners' private names on
+    another object are seen; ``self``'s own and public attributes are not."""
+    code = (
+        "writer._slab = s\nreader._count(1)\nsession._lock\nself.writer._x\nw._session\nmake()._tier\n"
+        "self._tier\nwriter.tier\nwriter.__class__\nsession.reading\nother._other\n"
+    )
+    assert _reaches_into(ast.parse(code), {"_session", "_tier"}) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(

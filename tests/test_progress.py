@@ -18,7 +18,7 @@ from tierstore._platform import progress as progress_module
 from tierstore._platform.progress import ByteProgress
 from tierstore.cli import main
 from tierstore.config import load_config
-from tierstore.dcp import export as export_module
+from tierstore.dcp.tools import export as export_module
 from tierstore.promote.sidecar import Promoter
 
 

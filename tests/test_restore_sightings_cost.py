@@ -1,6 +1,6 @@
 """What a restore from host memory asks of S3 when no promoter has left sightings anywhere: the
 markers of the tiers it cannot otherwise know about, and no listing. A middle tier's sightings are
-evidence only for a tier that does not answer (tierstore/dcp/restore_choice.py): while every tier
+evidence only for a tier that does not answer (tierstore/dcp/restore/choice.py): while every tier
 answers they are not read, which on an S3 middle tier would cost a listing per restore."""
 
 from __future__ import annotations

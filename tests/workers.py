@@ -28,8 +28,8 @@ def init_group(rank: int, world: int, store: str) -> None:
 FORKSERVER_PRELOAD = [
     "torch",
     "torch.distributed.checkpoint",
-    "tierstore.dcp.writer",
-    "tierstore.dcp.reader",
+    "tierstore.dcp.save.writer",
+    "tierstore.dcp.restore.reader",
     "tests.workers",
 ]
 mp.set_forkserver_preload(FORKSERVER_PRELOAD)

@@ -34,21 +34,15 @@ from tierstore.records.catalog import Catalog
 from tierstore.version import __version__
 
 if TYPE_CHECKING:
-    from tierstore.dcp.export import ExportReport, export_checkpoint
-    from tierstore.dcp.gate import GateView, LossBandGate
-    from tierstore.dcp.latest import latest_committed
-    from tierstore.dcp.reader import TieredReader
-    from tierstore.dcp.writer import TieredWriter
+    from tierstore.dcp.restore import TieredReader
+    from tierstore.dcp.save import GateView, LossBandGate, TieredWriter
+    from tierstore.dcp.tools import ExportReport, export_checkpoint, latest_committed
 
-# The DCP face (tierstore.dcp) imports torch; the core, the CLI and the promoter never do.
+# The DCP faces (tierstore.dcp.*) import torch; the core, the CLI and the promoter never do.
 _LAZY = {
-    "TieredWriter": "tierstore.dcp.writer",
-    "TieredReader": "tierstore.dcp.reader",
-    "GateView": "tierstore.dcp.gate",
-    "LossBandGate": "tierstore.dcp.gate",
-    "latest_committed": "tierstore.dcp.latest",
-    "export_checkpoint": "tierstore.dcp.export",
-    "ExportReport": "tierstore.dcp.export",
+    **dict.fromkeys(["TieredWriter", "GateView", "LossBandGate"], "tierstore.dcp.save"),
+    "TieredReader": "tierstore.dcp.restore",
+    **dict.fromkeys(["latest_committed", "export_checkpoint", "ExportReport"], "tierstore.dcp.tools"),
 }
 
 

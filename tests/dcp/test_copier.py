@@ -116,7 +116,7 @@ def test_slab_saves_keep_every_kind_of_tensor(
     writer = TieredWriter(config)
     for index in range(3):
         dcp.async_save(mixed_state(index), storage_writer=writer, checkpoint_id=f"step_{index:04d}").result()
-    assert writer._slab is not None, "the last save copied into a slab"
+    assert writer._staged.slab is not None, "the last save copied into a slab"
     for index in range(3):
         expected = mixed_state(index)
         target = {k: torch.zeros_like(v.detach()) for k, v in expected.items()}

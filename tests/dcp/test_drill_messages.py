@@ -15,8 +15,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tierstore.config import Config
-from tierstore.dcp.drill import MIN_STEPS, DrillReport, _compare, run_drill
-from tierstore.dcp.drill_cause import Tee, exit_cause, failure_cause
+from tierstore.dcp.tools.drill import MIN_STEPS, DrillReport, _compare, run_drill
+from tierstore.dcp.tools.drill_cause import Tee, exit_cause, failure_cause
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError
 
 CORRUPT = "s3 (s3, s3://b/ckpt): step_8/g1/r00001-0.distcp: CRC32C 10f1a2de, marker says 4170053c"

@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
-from tierstore.dcp.object_read import SKIP_GAP, Piece, pieces
+from tierstore.dcp.restore.objects import SKIP_GAP, Piece, pieces
 
 
 def _spans(*ranges: tuple[int, int]) -> list[tuple[int, memoryview]]:

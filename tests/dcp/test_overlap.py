@@ -26,7 +26,7 @@ from tests.guarantees.test_process_mode import assert_loads_dtensor_state, dtens
 from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
+from tierstore.dcp.save.gate import GateView
 from tierstore.dcp.staging.overlap import StagingQueue
 from tierstore.ids import marker_path, staging_dir
 from tierstore.records.marker import read_manifest

@@ -25,7 +25,7 @@ from tests.dcp.test_staging import assert_loaded, model_state, tier0
 from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
+from tierstore.dcp.save.gate import GateView
 from tierstore.dcp.staging import pending as pending_module
 from tierstore.dcp.staging.pending import Pending
 from tierstore.records.marker import read_manifest

@@ -27,8 +27,8 @@ from tierstore._platform.owners import owner_dir_name
 from tierstore.cli import main
 from tierstore.cli.interval import advise, daly, young
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import has_nonfinite
+from tierstore.dcp.save.gate import GateView
 from tierstore.ids import staging_dir
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
@@ -91,7 +91,7 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(make_config: Callable[
     state = model_state(2)
     dcp.async_save(state, storage_writer=writer, checkpoint_id="step_0002").result()
     stager = writer._stager_for_this_process()
-    assert stager.slab is None and writer._slab is None, (
+    assert stager.slab is None and writer._staged.slab is None, (
         "a first save copies each tensor into process memory, not into a slab"
     )
     stager.wait_until_prepared()
@@ -102,7 +102,7 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(make_config: Callable[
     assert stager.slab is spare and not os.path.exists(spare.path), "the slab became the checkpoint"
     manifest = read_manifest(tier0(config), "step_0003")
     data = next(f for f in manifest.files if f.path.endswith("-0.distcp"))
-    assert writer._slab is not None and data.size == writer._slab.nbytes
+    assert writer._staged.slab is not None and data.size == writer._staged.slab.nbytes
     data_path = tier0(config).local_path(f"step_0003/{data.path}")
     assert os.stat(data_path).st_ino == spare_inode, "renamed into place, not copied"
     assert_loaded(config, "step_0002", state)
@@ -423,7 +423,7 @@ def test_a_writer_per_save_shares_the_buffers(make_config: Callable[..., Config]
     dcp.async_save(model_state(2), storage_writer=second, checkpoint_id="step_0002").result()
     shared = first._stager_for_this_process() is second._stager_for_this_process()
     assert shared, "one set of buffers per process and target tier"
-    assert second._stage_report is None or second._stage_report.wait_s == 0
+    assert second._staged.report is None or second._staged.report.wait_s == 0
     assert_loaded(config, "step_0002", model_state(2))
     second.close()
 

@@ -18,7 +18,7 @@ from torch.futures import Future
 
 from tierstore import TieredReader, TieredWriter
 from tierstore.config import Config
-from tierstore.dcp.writer import RankAssignment, RankFiles, RankReport
+from tierstore.dcp.save import RankAssignment, RankFiles, RankReport
 
 
 def test_torch_version_is_in_the_supported_range() -> None:
@@ -147,6 +147,6 @@ def test_dcp_plans_tensors_through_the_checkpoint_protocol_staged_shards_speak()
 
 
 def test_filesystem_readers_storage_record_is_what_the_export_writes() -> None:
-    # tierstore.dcp.torch_files builds these for FileSystemReader: a private torch class.
+    # tierstore.dcp.tools.torch_files builds these for FileSystemReader: a private torch class.
     fields = [f.name for f in dataclasses.fields(_StorageInfo)]
     assert fields == ["relative_path", "offset", "length", "transform_descriptors"]

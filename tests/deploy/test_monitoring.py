@@ -15,7 +15,7 @@ import yaml
 
 from tests.deploy.tools import DEPLOY, ROOT, system_tool
 from tierstore._platform.save_metrics import SAMPLE_NAMES
-from tierstore.dcp.drill import DrillReport
+from tierstore.dcp.tools.drill import DrillReport
 from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
 

@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 from tests.guarantees.test_concurrency import state_of
 from tierstore import TieredWriter, load_config
-from tierstore.dcp.gate import GateView
+from tierstore.dcp.save.gate import GateView
 
 WAIT_S = 120.0
 

@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.cli.audit import audit_all
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
+from tierstore.dcp.save.gate import GateView
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, generation_dir
 from tierstore.promote.retention import delete_copies

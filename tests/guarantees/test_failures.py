@@ -29,8 +29,8 @@ from tierstore import (
     latest_committed,
 )
 from tierstore.config import Config
-from tierstore.dcp.gate import GateView
-from tierstore.dcp.safe_pickle import load_metadata
+from tierstore.dcp.restore.metadata import load_metadata
+from tierstore.dcp.save.gate import GateView
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
@@ -80,7 +80,7 @@ class CrashingWriter(TieredWriter):
         self.crash_rank = crash_rank
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        if self._rank == self.crash_rank:
+        if self._session.rank == self.crash_rank:  # type: ignore[union-attr]
             planner = _CrashingPlanner(planner, after=3)  # type: ignore[assignment]
         return super().write_data(plan, planner)
 

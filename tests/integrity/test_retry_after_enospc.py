@@ -155,8 +155,8 @@ def test_a_retry_of_the_staged_state_commits_the_staged_bytes(
         assert_restores(config, "step_1", first)
         assert [a for a in audit_all(config, [0]) if not a.ok] == []
         if retry is retry_with_the_same_writer:
-            assert writer._slab is not None
-            assert data_size(config, "step_2") == writer._slab.nbytes, "file 0 is the whole slab"
+            assert writer._staged.slab is not None
+            assert data_size(config, "step_2") == writer._staged.slab.nbytes, "file 0 is the whole slab"
     finally:
         writer.close()
 

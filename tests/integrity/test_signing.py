@@ -99,7 +99,7 @@ class _Payload:
 def no_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader unpickles ``.metadata`` with plain pickle: the allowlist is not what saves us."""
     monkeypatch.setattr(
-        "tierstore.dcp.restore_metadata.load_metadata", lambda blob, where: pickle.loads(blob)
+        "tierstore.dcp.restore.metadata.load_metadata", lambda blob, where: pickle.loads(blob)
     )
 
 

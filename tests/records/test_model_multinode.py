@@ -89,7 +89,7 @@ class TwoNodeSave:
                 plans.append(writer.prepare_local_plan(planner.create_local_plan()))
             global_plans, self.metadata = planners[0].create_global_plan(plans)
             global_plans = self.writers[0].prepare_global_plan(global_plans)
-            self.generation = self.writers[0]._generation
+            self.generation = self.writers[0]._session.generation
             for rank, (writer, planner) in enumerate(zip(self.writers, planners, strict=True)):
                 final = planner.finish_plan(global_plans[rank])
                 self.results.append(writer.write_data(final, planner).wait())

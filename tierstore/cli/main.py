@@ -10,9 +10,9 @@ people; ``--json`` is for machines. Errors print one line, ``tierstore: error: .
 holding a complete copy this node can read (or the tier named), as a plain DCP directory that torch's
 own ``FileSystemReader`` loads: a node-local copy only when every file is on this node (in a mirrored
 memory tier, its own or its partner's mirror), else a job-wide tier; a copy that fails a check while
-it is converted gives way to the next tier (see :mod:`tierstore.dcp.export`). ``drill`` restores the
+it is converted gives way to the next tier (see :mod:`tierstore.dcp.tools.export`). ``drill`` restores the
 newest checkpoint of a tier in a separate job and trains a few steps from it
-(:mod:`tierstore.dcp.drill`); it exits 1 when the drill fails. Both import torch only when they run:
+(:mod:`tierstore.dcp.tools.drill`); it exits 1 when the drill fails. Both import torch only when they run:
 the other commands never load it.
 """
 
@@ -182,7 +182,7 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
-    from tierstore.dcp.export import export_checkpoint  # loads torch: only for this command
+    from tierstore.dcp.tools import export_checkpoint  # loads torch: only for this command
 
     # A stopped export (timeout, job kill) must clean up its temporary directory like any failure.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -230,7 +230,7 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
-    from tierstore.dcp.drill import run_drill  # loads torch: only for this command
+    from tierstore.dcp.tools import run_drill  # loads torch: only for this command
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
 

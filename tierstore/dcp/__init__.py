@@ -1,5 +1,2 @@
-"""The DCP face: ``TieredWriter``, ``TieredReader``, staging, data layout, restore choice, gates.
-
-The only subpackage that imports torch. Import its modules directly (``tierstore.dcp.writer``) or use
-the names re-exported by :mod:`tierstore`.
-"""
+"""The only subpackage that imports torch: wings with a face each (``save``, ``restore``, ``staging``,
+``mirror``, ``tools``), the data layout and collectives; users import from :mod:`tierstore`."""

@@ -1,7 +1,7 @@
 """Promotion and retention rules: pure functions of what each tier holds, no I/O.
 
 **Which checkpoints reach which tier.** Every checkpoint carries ``seq``, its number in commit order
-(1, 2, 3, ... within a namespace; see :mod:`tierstore.dcp.writer`). A checkpoint reaches tier ``j``
+(1, 2, 3, ... within a namespace; see :mod:`tierstore.dcp.save.writer`). A checkpoint reaches tier ``j``
 (after the first) when ``seq % every_j == 0``, where ``every_j`` is the tier's own ``every:``, else
 ``promote.every`` for the last (durable) tier, else 1. It is copied from the tier right above ``j``
 (after that tier has it), or from the nearest tier above holding it when the tier right above does

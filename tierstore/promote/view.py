@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierstore.errors import TierMisconfiguredError, TierstoreError
+from tierstore.promote.context import Context
 from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
-from tierstore.promote.duties import Context
 from tierstore.promote.policy import Copy, Deletion
 from tierstore.promote.views import TierView, TierViews
 from tierstore.records.changes import read_stamp

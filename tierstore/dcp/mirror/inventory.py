@@ -2,7 +2,7 @@
 
 Restore finds shards by the *saved rank* (by file), never by node number: node indices change across a
 restart (torchrun re-assigns them; a spare node joins). Each rank checks a share of its node's files,
-the ranks all-gather the findings (see :mod:`tierstore.dcp.restore_choice`), and every rank then knows
+the ranks all-gather the findings (see :mod:`tierstore.dcp.restore.choice`), and every rank then knows
 which live node holds which file, own or mirrored, verified. Mirror copies are always checked against
 their CRC32C (a copy that was never read since it arrived is trusted no further than that); own copies
 are checked by size, and by CRC32C when the restore verifies.

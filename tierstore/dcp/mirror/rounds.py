@@ -57,7 +57,7 @@ from tierstore.dcp.mirror.transport import (
     send_files,
     wait_all,
 )
-from tierstore.dcp.staging.now import STAGING_NOW
+from tierstore.dcp.staging import STAGING_NOW
 from tierstore.ids import (
     checkpoint_file,
     generation_dir,

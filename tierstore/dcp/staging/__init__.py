@@ -7,12 +7,13 @@ its wait and its :class:`Pending` save. The writer knows nothing else of staging
 Inside: :mod:`.stager` (slabs, the spare, the back-pressure wait), :mod:`.copier` (the copy),
 :mod:`.overlap` (the copy on a background thread), :mod:`.pending` and :mod:`.save_events` (when a
 staged save is over), :mod:`.slab_use` (who reads or writes a slab now), :mod:`.staged_shard`
-(DTensor shards).
+(DTensor shards), :mod:`.now` (the peer mirror pauses while this process stages).
 """
 
+from tierstore.dcp.staging.now import STAGING_NOW
 from tierstore.dcp.staging.overlap import StagingFuture
 from tierstore.dcp.staging.pending import Pending
 from tierstore.dcp.staging.slab_use import use_of
 from tierstore.dcp.staging.stager import STAGERS, SlabInfo, StagedSave, Stager
 
-__all__ = ["STAGERS", "Pending", "SlabInfo", "StagedSave", "Stager", "StagingFuture", "use_of"]
+__all__ = ["STAGERS", "STAGING_NOW", "Pending", "SlabInfo", "StagedSave", "Stager", "StagingFuture", "use_of"]

@@ -14,20 +14,17 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import botocore.exceptions
 
 from tierstore._platform.runtime import keep_inherited, track
 from tierstore.errors import TierMisconfiguredError, TierUnavailableError
 from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, Tier, WriteStream
+from tierstore.tiers.s3.fields import S3Fields
 from tierstore.tiers.s3.listing import ROLL_UP, named_in_children
 from tierstore.tiers.s3.retry import RetriesExhausted, RetryPolicy, is_connection_failure, s3_error
 from tierstore.tiers.s3.upload import ObjectUpload, S3WriteStream, checksum_args
-
-if TYPE_CHECKING:  # the config module registers the type and builds this adapter
-    from tierstore.tiers.s3.config import S3TierConfig
-
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +55,7 @@ class S3Tier(Tier):
     node_local = False
     type = "s3"
 
-    def __init__(self, config: S3TierConfig, *, namespace: str | None) -> None:
+    def __init__(self, config: S3Fields, *, namespace: str | None) -> None:
         self.name = config.name
         self.config = config
         bucket, _, prefix = config.url.removeprefix("s3://").partition("/")

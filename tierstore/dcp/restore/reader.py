@@ -4,15 +4,15 @@ Call order (torch.distributed.checkpoint 2.13, see ``StorageReader``; ``dcp.load
 
 1. all ranks: :meth:`TieredReader.reset` (only when ``dcp.load`` gets a ``checkpoint_id``).
 2. all ranks, inside DCP's collective wrapper: :meth:`~TieredReader.read_metadata` chooses the tier
-   collectively, announcing the restore in each tier it looks at (:mod:`tierstore.dcp.restore_choice`,
-   :mod:`tierstore.dcp.restore_hold`), then returns DCP's ``.metadata`` from it, checked against the
-   marker's CRC32C and unpickled with an allowlist (:mod:`tierstore.dcp.restore_metadata`).
+   collectively, announcing the restore in each tier it looks at (:mod:`tierstore.dcp.restore.choice`,
+   :mod:`tierstore.dcp.restore.session`), then returns DCP's ``.metadata`` from it, checked against the
+   marker's CRC32C and unpickled with an allowlist (:mod:`tierstore.dcp.restore.metadata`).
 3. all ranks: :meth:`~TieredReader.set_up_storage_reader`, then the plans
    (:meth:`~TieredReader.prepare_local_plan`, coordinator :meth:`~TieredReader.prepare_global_plan`):
    nothing storage-specific.
 4. all ranks: :meth:`~TieredReader.read_data` reads the rank's items, each checked against its CRC32C
-   (:mod:`tierstore.dcp.restore_data`, :mod:`tierstore.dcp.restore_items`,
-   :mod:`tierstore.dcp.restore_object`).
+   (:mod:`tierstore.dcp.restore.data`, :mod:`tierstore.dcp.restore.items`,
+   :mod:`tierstore.dcp.restore.objects`).
 
 Reads go straight into the destination tensors when they can (``preadv`` on POSIX tiers into a
 contiguous CPU tensor that takes a whole stored chunk); otherwise the bytes are read and copied. Files
@@ -23,7 +23,6 @@ only serves byte ranges, so it works from any tier.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import torch.distributed as dist
@@ -34,13 +33,12 @@ from torch.futures import Future
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
-from tierstore.dcp import restore_data, restore_metadata
 from tierstore.dcp.collectives import ALONE
-from tierstore.dcp.layout import ItemLocation
-from tierstore.dcp.restore_choice import Choice
-from tierstore.dcp.restore_hold import stop_reading
+from tierstore.dcp.restore import data as restore_data
+from tierstore.dcp.restore import metadata as restore_metadata
+from tierstore.dcp.restore.session import RestoreSession
+from tierstore.errors import TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
-from tierstore.records.activity import Activity
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -84,16 +82,9 @@ class TieredReader(StorageReader):
         self.process_group = process_group if collective else ALONE
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tiers: list[Tier] | None = None
-        self._tier: Tier | None = None
-        self._storage: dict[Any, ItemLocation] = {}
-        self._reading: dict[str, Activity] = {}
-        self._bytes_read = 0
-        self._count_lock = threading.Lock()
-        self._choice: Choice | None = None
+        self._bytes_done = 0  # by the loads before this session's
         self._prober = Prober(self.config.probe_timeout)
-        self._began = (0.0, 0)
-        """When the current load's ``read_metadata`` began, and :attr:`bytes_read` then (for the
-        load's log line)."""
+        self._session: RestoreSession | None = None  # the load in progress, or the last one
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -103,16 +94,12 @@ class TieredReader(StorageReader):
     @property
     def chosen_tier(self) -> str | None:
         """The name of the tier the last load read from (None before a load)."""
-        return self._tier.name if self._tier else None
+        return self._session.tier.name if self._session and self._session.tier else None
 
     @property
     def bytes_read(self) -> int:
         """Bytes this reader read from storage (``.metadata`` and data), over all its loads."""
-        return self._bytes_read
-
-    def _count(self, size: int) -> None:
-        with self._count_lock:  # read_data reads on several threads
-            self._bytes_read += size
+        return self._bytes_done + (self._session.bytes_read if self._session is not None else 0)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -129,16 +116,36 @@ class TieredReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Select the checkpoint to load (validated)."""
-        stop_reading(self)  # a previous load that failed before read_data
+        if self._session is not None:  # a previous load that failed before read_data
+            self._session.stop_reading()
+            self._bytes_done += self._session.bytes_read
+            self._session = None
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
-        self._tier, self._storage, self._choice = None, {}, None
 
     # -- 2. the tier and its metadata -------------------------------------------------------------
 
     def read_metadata(self, *args: Any, **_ignored: Any) -> Metadata:
         """Choose the tier (collectively) and return DCP's metadata from it."""
-        return restore_metadata.read_metadata(self)
+        if self._checkpoint_id is None:
+            raise TierstoreError("no checkpoint id: pass checkpoint_id= to dcp.load or TieredReader")
+        previous = self._session
+        self._bytes_done += previous.bytes_read if previous is not None else 0
+        self._session = RestoreSession(
+            config=self.config,
+            tiers=self.tiers(),
+            node=self.node,
+            verify=self.verify,
+            signing=self.signing,
+            collective=self.collective,
+            process_group=self.process_group,
+            prober=self._prober,
+            checkpoint_id=self._checkpoint_id,
+            # Called again without a reset (DCP's optimizer helpers): the first call's records stay.
+            reading=previous.reading if previous is not None else {},
+            tier=previous.tier if previous is not None else None,
+        )
+        return restore_metadata.read_metadata(self._session)
 
     # -- 3. set-up and plans ----------------------------------------------------------------------
 
@@ -146,7 +153,8 @@ class TieredReader(StorageReader):
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
         """Keep the item locations of the chosen copy."""
-        self._storage = dict(metadata.storage_data or {})
+        if self._session is not None:
+            self._session.storage = dict(metadata.storage_data or {})
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """No storage-specific planning."""
@@ -161,4 +169,6 @@ class TieredReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read every item of ``plan`` from the chosen tier, in parallel, each checked against its
         CRC32C; the future is complete when it returns."""
-        return restore_data.read_data(self, plan, planner)
+        if self._session is None:
+            raise TierstoreError("read_data() before read_metadata()")
+        return restore_data.read_data(self._session, plan, planner)

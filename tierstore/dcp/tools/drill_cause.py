@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tierstore.dcp.reader import TieredReader
+from tierstore.dcp.restore import TieredReader
 from tierstore.errors import TierstoreError, one_line
 
 _KEEP = 64 * 1024

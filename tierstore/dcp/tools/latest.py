@@ -1,7 +1,7 @@
 """``latest_committed``: the checkpoint a restarting job should restore, the same on every rank.
 
 "Latest" means the newest checkpoint **this job can restore**: one with a usable committed copy for
-every rank, in one tier, checked the way a restore checks it (:mod:`tierstore.dcp.restore_choice`).
+every rank, in one tier, checked the way a restore checks it (:mod:`tierstore.dcp.restore.choice`).
 A checkpoint held only in node-local tiers of several nodes is not restorable by a multi-node job
 (without peer transfer a rank cannot read another node's memory or disk), so the answer is then the
 newest one complete in a job-wide tier (shared, S3), and a restart recipe built on it never fails.
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config, as_config
 from tierstore.dcp.collectives import all_gather_object, broadcast_object, rank_and_world
-from tierstore.dcp.restore_choice import choose_copy
+from tierstore.dcp.restore import choose_copy
 from tierstore.errors import CheckpointNotFoundError, TierstoreError, one_line
 from tierstore.records.catalog import Catalog, marker_times
 from tierstore.records.marker import read_manifest
@@ -30,7 +30,7 @@ from tierstore.records.sightings import trust_period
 from tierstore.tiers import Tier
 from tierstore.topology import current_node, is_distributed
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tierstore.dcp.latest")  # the name users configure (see docs/usage.md)
 _BATCH = 8
 """Candidates rank 0 lists per round: the first is nearly always restorable."""
 

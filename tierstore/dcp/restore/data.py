@@ -6,138 +6,128 @@ own) are read whole and checked against the marker; the rest is read item by ite
 against its CRC32C. POSIX tiers: tensors straight into their destinations by several threads at once
 (``preadv`` copies in the kernel, so they run in parallel), byte items afterwards on this thread,
 since loading them changes the caller's state dict. Object stores: object by object
-(:mod:`tierstore.dcp.restore_object`).
+(:mod:`tierstore.dcp.restore.objects`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import rank_and_world
-from tierstore.dcp.mirror.groups import job_groups
-from tierstore.dcp.mirror.peer_read import fetch_missing
-from tierstore.dcp.mirror.transport import bytes_of
-from tierstore.dcp.restore_hold import stop_reading
-from tierstore.dcp.restore_items import Request, balanced, deliver, read_items
-from tierstore.dcp.restore_metadata import stored
-from tierstore.dcp.restore_object import read_object
+from tierstore.dcp.mirror import bytes_of, fetch_missing, job_groups
+from tierstore.dcp.restore.items import Request, balanced, deliver, read_items
+from tierstore.dcp.restore.objects import read_object
+from tierstore.dcp.restore.session import RestoreSession, logger
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.records.marker import entry_problem
-
-if TYPE_CHECKING:
-    from tierstore.dcp.reader import TieredReader
-
-# The restore's lines keep the logger name users configure for it (see examples/quickstart.py).
-logger = logging.getLogger("tierstore.dcp.reader")
 
 _READ_WORKERS = max(2, min(8, os.cpu_count() or 2))
 
 
-def read_data(reader: TieredReader, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+def read_data(session: RestoreSession, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
     """Read, check and deliver every item of ``plan``; the ``read`` records end with it."""
-    if reader._tier is None or reader._checkpoint_id is None:
+    tier = session.tier
+    if tier is None:
         raise TierstoreError("read_data() before read_metadata()")
-    tier = reader._tier
     requests = sorted(
-        ((item, reader._storage[item.storage_index]) for item in plan.items),
+        ((item, session.storage[item.storage_index]) for item in plan.items),
         key=lambda r: (r[1].path, r[1].offset),
     )
     try:
-        requests = _serve_from_peers(reader, requests, planner)
-        if reader.signing:  # byte items are unpickled: only from bytes checked as they are read
+        requests = _serve_from_peers(session, requests, planner)
+        if session.signing:  # byte items are unpickled: only from bytes checked as they are read
             _read_whole_files(
-                reader, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner, signed=True
+                session, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner, signed=True
             )
             requests = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
         # Saved before items carried a CRC32C: their files are read whole and checked.
-        _read_whole_files(reader, [r for r in requests if r[1].crc is None], planner)
+        _read_whole_files(session, [r for r in requests if r[1].crc is None], planner)
         requests = [r for r in requests if r[1].crc is not None]
         if tier.capabilities.local_files:
-            _read_local(reader, requests, planner)
+            _read_local(session, requests, planner)
         else:
-            _read_objects(reader, requests, planner)
+            _read_objects(session, requests, planner)
     finally:  # the data is in memory: cleanup and retention may act on this id again
-        stop_reading(reader)
-    if rank_and_world(reader.process_group)[0] == 0:
-        began, bytes_before = reader._began
+        session.stop_reading()
+    if rank_and_world(session.process_group)[0] == 0:
         logger.info(
             "restored %s from tier %s: rank 0 read %d bytes, %.2f s since the load began",
-            reader._checkpoint_id,
+            session.checkpoint_id,
             tier.name,
-            reader._bytes_read - bytes_before,
-            time.monotonic() - began,
+            session.bytes_read,
+            time.monotonic() - session.began,
         )
     future: Future[None] = Future()
     future.set_result(None)
     return future
 
 
-def _read_local(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> None:
+def _read_local(session: RestoreSession, requests: list[Request], planner: LoadPlanner) -> None:
     """A POSIX tier: tensors on several threads, then byte items on this one."""
     tensors = [r for r in requests if r[0].type != LoadItemType.BYTE_IO]
     with ThreadPoolExecutor(_READ_WORKERS, thread_name_prefix="tierstore-read") as pool:
         batches = balanced(tensors, _READ_WORKERS)
-        list(pool.map(lambda batch: read_items(reader, batch, planner), batches))
-    read_items(reader, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner)
+        list(pool.map(lambda batch: read_items(session, batch, planner), batches))
+    read_items(session, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner)
 
 
-def _read_objects(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> None:
+def _read_objects(session: RestoreSession, requests: list[Request], planner: LoadPlanner) -> None:
     """An object store: object by object."""
     per_file: dict[str, list[Request]] = defaultdict(list)
     for request in requests:
         per_file[request[1].path].append(request)
     # The sizes the marker records (checked when the copy was chosen): no HEAD each.
-    manifest = reader._choice.manifest if reader._choice is not None else None
+    manifest = session.choice.manifest if session.choice is not None else None
     sizes = {f.path: f.size for f in manifest.files} if manifest is not None else {}
     for path, file_requests in per_file.items():
-        read_object(reader, path, file_requests, planner, sizes.get(path))
+        read_object(session, path, file_requests, planner, sizes.get(path))
 
 
 def _read_whole_files(
-    reader: TieredReader, requests: list[Request], planner: LoadPlanner, *, signed: bool = False
+    session: RestoreSession, requests: list[Request], planner: LoadPlanner, *, signed: bool = False
 ) -> None:
     """Each file holding some of ``requests`` is read whole, once, and checked against its
     marker entry before any of its items is delivered: byte items of a signed checkpoint
     (``signed``: DCP unpickles them, so the signed SHA-256 must match, a CRC32C can be
     forged), and items saved without a CRC32C of their own. A mismatch raises
     :class:`IntegrityError` naming tier and file."""
-    assert reader._tier is not None and reader._choice is not None
-    tier = reader._tier
-    entries = {f.path: f for f in reader._choice.manifest.files}
+    tier, choice = session.tier, session.choice
+    assert tier is not None and choice is not None
+    entries = {f.path: f for f in choice.manifest.files}
     per_file: dict[str, list[Request]] = defaultdict(list)
     for request in requests:
         per_file[request[1].path].append(request)
     for rel, file_requests in per_file.items():
-        full, entry = stored(reader, rel), entries.get(rel)
+        full, entry = session.stored(rel), entries.get(rel)
         if entry is None:
             raise IntegrityError(f"tier {tier.name}: {full}: not named by the marker")
         blob = tier.read_bytes(full)
-        reader._count(len(blob))
+        session.count(len(blob))
         sha = sha256_hex(blob) if signed or entry.sha256 is not None else None
         problem = entry_problem(full, entry, len(blob), crc32c(blob), sha)
         if problem is not None or (signed and entry.sha256 is None):
             raise IntegrityError(f"tier {tier.name}: {problem or full + ': no SHA-256'}")
         for item, location in file_requests:
             data = memoryview(blob)[location.offset : location.offset + location.length]
-            deliver(reader, item, location, data, planner)
+            deliver(tier.name, item, location, data, planner)
 
 
-def _serve_from_peers(reader: TieredReader, requests: list[Request], planner: LoadPlanner) -> list[Request]:
+def _serve_from_peers(
+    session: RestoreSession, requests: list[Request], planner: LoadPlanner
+) -> list[Request]:
     """Mirrored memory tier: receive the files this node lacks from peers (a collective every
     rank joins), load their items from memory; returns the requests left to read locally."""
-    choice, tier = reader._choice, reader._tier
+    choice, tier = session.choice, session.tier
     if choice is None or choice.holdings is None or tier is None or tier.mirror is None:
         return requests
-    if not reader.collective:
+    if not session.collective:
         return requests  # alone: no peer sends anything
     groups = job_groups(tier.mirror.timeout)
     if groups is None:
@@ -155,5 +145,5 @@ def _serve_from_peers(reader: TieredReader, requests: list[Request], planner: Lo
         if location.path in received:
             whole = bytes_of(received[location.path])
             part = whole[location.offset : location.offset + location.length]
-            deliver(reader, item, location, part, planner)
+            deliver(tier.name, item, location, part, planner)
     return [r for r in requests if r[1].path not in received]

@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteIt
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tierstore._platform.killpoints import kill_point
-from tierstore.dcp.gate import GateView
 from tierstore.dcp.layout import (
     HEADER_SIZE,
     MAGIC,
@@ -46,6 +45,7 @@ from tierstore.dcp.layout import (
     stage_token,
     view_of,
 )
+from tierstore.dcp.save.gate import GateView
 from tierstore.dcp.staging import SlabInfo, use_of
 from tierstore.errors import NonFiniteTensorError, StaleStagedStateError, TierUnavailableError
 from tierstore.ids import checkpoint_file, data_file

@@ -25,7 +25,7 @@ rank, the recovery time objective (from the drill's start to the moment every ra
 process start-up included) and the bytes each tier served.
 
 A failed drill says why in one line per distinct cause (the innermost tierstore error, not DCP's
-nested tracebacks: :mod:`tierstore.dcp.drill_cause`); the full tracebacks are in
+nested tracebacks: :mod:`tierstore.dcp.tools.drill_cause`); the full tracebacks are in
 :attr:`DrillReport.details`.
 """
 
@@ -51,8 +51,8 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
 from tierstore.config import Config
-from tierstore.dcp.drill_cause import Tee, WatchedReader, exit_cause, failure_cause, set_up_rank_logging
-from tierstore.dcp.reader import TieredReader
+from tierstore.dcp.restore import TieredReader
+from tierstore.dcp.tools.drill_cause import Tee, WatchedReader, exit_cause, failure_cause, set_up_rank_logging
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.records.catalog import Catalog

@@ -6,7 +6,6 @@ mirror, even when its write failed."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -14,10 +13,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from tierstore._platform.killpoints import kill_point
-from tierstore.dcp.mirror_handoff import hand_to_mirror, mirrors
-from tierstore.dcp.rank_files import RankFileWriter
-from tierstore.dcp.save_activity import stop_writing
-from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles
+from tierstore.dcp.save.mirror_handoff import hand_to_mirror, mirrors
+from tierstore.dcp.save.rank_files import RankFileWriter
+from tierstore.dcp.save.session import FILES_KEY, RankAssignment, RankFiles, SaveSession
 from tierstore.errors import CommitVetoedError, TierstoreError
 from tierstore.ids import rank_part_path
 from tierstore.records.activity import Activity, hold
@@ -26,11 +24,8 @@ from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import discard, record_parts, settle_parts
 
-if TYPE_CHECKING:
-    from tierstore.dcp.writer import TieredWriter
 
-
-def write_data(writer: TieredWriter, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+def write_data(session: SaveSession, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
     """Write this rank's items; the future completes only when they are durable in the tier.
 
     Raises:
@@ -40,56 +35,58 @@ def write_data(writer: TieredWriter, plan: SavePlan, planner: SavePlanner) -> Fu
     assignment = plan.storage_data
     wrote: list[FileEntry] | None = None
     began = time.time()
-    metrics = writer._save_metrics
+    metrics = session.metrics
     kill_point("writer.planned")
     try:
-        wrote, future = _write_rank(writer, plan, planner, assignment)
+        wrote, future = _write_rank(session, plan, planner, assignment)
     except BaseException:
-        if writer._is_coordinator:  # DCP calls no finish(): the save is over, and failed
-            stop_writing(writer)
-        metrics.failed(writer._rank, writer.tier_name, save_s=time.time() - writer._started_at)
+        if session.is_coordinator:  # DCP calls no finish(): the save is over, and failed
+            session.stop_writing()
+        metrics.failed(session.rank, session.tier_name, save_s=time.time() - session.started_at)
         raise
     finally:
-        if mirrors(writer):  # every rank hands over a round, even one whose write failed
+        if mirrors(session.tier):  # every rank hands over a round, even one whose write failed
             planned = isinstance(assignment, RankAssignment)
             hand_to_mirror(
-                writer, assignment.generation if planned else "", assignment.seq if planned else -1, wrote
+                session, assignment.generation if planned else "", assignment.seq if planned else -1, wrote
             )
     kill_point("writer.data_written")
     ended = time.time()  # metrics: after the files are durable, off the trainer's thread
     metrics.written(
-        writer._rank,
-        writer.tier_name,
+        session.rank,
+        session.tier_name,
         nbytes=sum(f.size for f in wrote),
         write_s=ended - began,
-        save_s=ended - writer._started_at,
+        save_s=ended - session.started_at,
     )
     return future
 
 
 def _write_rank(
-    writer: TieredWriter, plan: SavePlan, planner: SavePlanner, assignment: object
+    session: SaveSession, plan: SavePlan, planner: SavePlanner, assignment: object
 ) -> tuple[list[FileEntry], Future[list[WriteResult]]]:
     if not isinstance(assignment, RankAssignment):
         raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
-    assert writer._checkpoint_id is not None
-    tier = writer.tier
-    ckpt, gen, rank = writer._checkpoint_id, assignment.generation, assignment.rank
+    tier = session.tier
+    ckpt, gen, rank = session.checkpoint_id, assignment.generation, assignment.rank
     files = RankFileWriter(
-        tier, ckpt, gen, rank, node=writer.node, slab=writer._slab, check_finite=writer.check_finite
+        tier, ckpt, gen, rank, node=session.node, slab=session.slab, check_finite=session.check_finite
     )
     # A rank on another node than the coordinator's announces its part in its own node's tier
     # until the part record is durable: that node's cleanup never sees the coordinator's
     # record, and would otherwise take a straggler's data for a failed save's leftovers.
-    announced = _announce_part(writer, ckpt, gen, assignment)
+    announced = _announce_part(session, gen, assignment)
     if announced is not None:  # a node that never sees the coordinator's markers learns here
         settle_parts(
-            tier, list(assignment.settled), current=assignment.current, ttl=writer.config.promote.activity_ttl
+            tier,
+            list(assignment.settled),
+            current=assignment.current,
+            ttl=session.config.promote.activity_ttl,
         )
     try:
         out = files.write(plan.items, planner)
-        if writer.commit_gate is not None and out.gate is not None:
-            reason = writer.commit_gate(out.gate)
+        if session.commit_gate is not None and out.gate is not None:
+            reason = session.commit_gate(out.gate)
             if reason:
                 raise CommitVetoedError(f"commit gate vetoed checkpoint {ckpt!r} on rank {rank}: {reason}")
         if tier.node_local and assignment.multi_node:
@@ -97,7 +94,7 @@ def _write_rank(
             record = PartRecord(
                 ckpt,
                 gen,
-                writer.node,
+                session.node,
                 (rank,),
                 tuple(out.files),
                 assignment.seq,
@@ -125,9 +122,10 @@ def _write_rank(
     return list(out.files), future
 
 
-def _announce_part(writer: TieredWriter, ckpt: str, gen: str, assignment: RankAssignment) -> Activity | None:
+def _announce_part(session: SaveSession, gen: str, assignment: RankAssignment) -> Activity | None:
     """A ``write`` record in this rank's node-local tier while it writes its part of a
     multi-node save, when the coordinator's record (in its own node's tier) cannot cover it."""
-    if not (writer.tier.node_local and assignment.multi_node) or writer._is_coordinator:
+    tier = session.tier
+    if not (tier.node_local and assignment.multi_node) or session.is_coordinator:
         return None
-    return hold(writer.tier, "write", ckpt, gen, ttl=writer.config.promote.activity_ttl)
+    return hold(tier, "write", session.checkpoint_id, gen, ttl=session.config.promote.activity_ttl)

@@ -3,21 +3,21 @@
 Call order (torch.distributed.checkpoint 2.13, see ``StorageWriter``):
 
 0. all ranks, ``async_save`` only: :meth:`TieredWriter.stage` copies the state into reusable buffers
-   (:mod:`tierstore.dcp.stage_face`, :mod:`tierstore.dcp.staging`) on the trainer's thread, or with
+   (:mod:`tierstore.dcp.save.stage`, :mod:`tierstore.dcp.staging`) on the trainer's thread, or with
    ``overlap=True`` on a background thread; everything below runs in the background, after the copy.
 1. all ranks: :meth:`~TieredWriter.reset` (only when ``dcp.save`` gets a ``checkpoint_id``), then
    :meth:`~TieredWriter.set_up_storage_writer`. The coordinator refuses an id already committed in
-   any tier unless ``overwrite=True`` (:mod:`tierstore.dcp.save_plans`,
-   :mod:`tierstore.dcp.known_commits`).
+   any tier unless ``overwrite=True`` (:mod:`tierstore.dcp.save.plans`,
+   :mod:`tierstore.dcp.save.commit`).
 2. all ranks: :meth:`~TieredWriter.prepare_local_plan`; coordinator:
    :meth:`~TieredWriter.prepare_global_plan` picks a fresh *generation* directory for this save and
-   claims its commit number (:mod:`tierstore.dcp.save_plans`).
+   claims its commit number (:mod:`tierstore.dcp.save.plans`).
 3. all ranks: :meth:`~TieredWriter.write_data` writes the rank's items into one or two files and
    returns only when they are durable in the tier; it checksums (CRC32C) every byte as it goes and, if
-   configured, refuses NaN/Inf and consults the commit gate (:mod:`tierstore.dcp.rank_write`); with a
-   peer mirror, it then hands its files to the exchange (:mod:`tierstore.dcp.mirror_handoff`).
+   configured, refuses NaN/Inf and consults the commit gate (:mod:`tierstore.dcp.save.rank_write`); with a
+   peer mirror, it then hands its files to the exchange (:mod:`tierstore.dcp.save.mirror_handoff`).
 4. coordinator, only if no rank failed: :meth:`~TieredWriter.finish` writes DCP's ``.metadata``, then
-   the commit marker **last** (:mod:`tierstore.dcp.save_commit`). A save that fails anywhere leaves no
+   the commit marker **last** (:mod:`tierstore.dcp.save.commit`). A save that fails anywhere leaves no
    marker: it never happened.
 
 Committed checkpoints are immutable: a save never writes into a committed generation. ``overwrite=True``
@@ -27,11 +27,10 @@ one commits; the old generation is deleted only after that.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import time
 import uuid
-import weakref
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -40,24 +39,23 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierstore._platform.bounded import Prober
 from tierstore._platform.save_metrics import SaveRecorder
 from tierstore.config import Config, as_config
-from tierstore.dcp import mirror_handoff, rank_write, save_commit, save_plans, stage_face
-from tierstore.dcp.gate import CommitGate
-from tierstore.dcp.mirror.rounds import ExchangeWaits, Round
-from tierstore.dcp.save_activity import stop_writing
-from tierstore.dcp.save_plans import FILES_KEY, RankAssignment, RankFiles, RankReport
-from tierstore.dcp.stage_face import register_save_thread, settle
-from tierstore.dcp.staging import Pending, SlabInfo, Stager, StagingFuture
+from tierstore.dcp.save import commit, rank_write
+from tierstore.dcp.save import plans as save_plans
+from tierstore.dcp.save.gate import CommitGate
+from tierstore.dcp.save.mirror_handoff import MirrorWaits
+from tierstore.dcp.save.session import SaveSession
+from tierstore.dcp.save.stage import StageHandoff, release, stager_for_this_process, wait_for_staging
+from tierstore.dcp.staging import Stager, StagingFuture
+from tierstore.errors import TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
-from tierstore.records.activity import Activity
-from tierstore.records.known import Elsewhere
+from tierstore.records.known import Elsewhere, elsewhere_for
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
-__all__ = ["FILES_KEY", "RankAssignment", "RankFiles", "RankReport", "TieredWriter"]
-
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tierstore.dcp.writer")  # the name users configure (moved from there)
 
 
 class TieredWriter(StorageWriter, AsyncStager):
@@ -71,7 +69,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         overwrite: replace a checkpoint already committed under this id (atomically: see module doc).
         node: this process's node index for node-local tiers (default: :func:`current_node`).
         commit_gate: called on each rank with the data it is about to commit; returning a reason
-            (a string) vetoes the commit (see :mod:`tierstore.dcp.gate`). Must be picklable for
+            (a string) vetoes the commit (see :mod:`tierstore.dcp.save.gate`). Must be picklable for
             ``AsyncCheckpointerType.PROCESS``.
         check_finite: refuse to commit NaN/Inf in floating tensors (default: the config's).
         overlap: stage in the background (default: the config's ``staging.overlap``): ``async_save``
@@ -105,25 +103,12 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.overlap = self.config.staging.overlap if overlap is None else overlap
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tier: Tier | None = None
-        self._rank = 0
-        self._is_coordinator = True
-        self._started_at = time.time()
-        self._reports: list[RankReport] = []
-        self._generation: str | None = None
-        self._seq = 0
-        self._stage_report: RankReport | None = None
-        self._slab: SlabInfo | None = None
-        self._pending: Pending | None = None
-        self._carried: Pending | None = None  # the staged save this writer carries now
-        self._writing: Activity | None = None
-        self._writing_ends: weakref.finalize[Any, Any] | None = None
         self._elsewhere: Elsewhere | None = None
-        self._round: Round | None = None
-        self._waits: ExchangeWaits | None = None
-        """PROCESS mode: the exchanges of saves handed to DCP's checkpoint process, not yet ended."""
-        self._handover: str | None = None
-        """In DCP's checkpoint process: the exchange-end record the trainer waits for."""
+        self._staged = StageHandoff(self.node, self.tier_name)
+        self._waits = MirrorWaits()
+        self._handover: str | None = None  # in DCP's checkpoint process: the record the trainer awaits
         self._save_metrics = SaveRecorder(self.config.metrics.directory_for(self.node))
+        self._session: SaveSession | None = None  # the save in progress, or the last one
 
     # DCP calls stage() and returns; it must not call the deprecated synchronize_staging().
     _synchronize_after_execute = False
@@ -147,20 +132,35 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._tier = self.config.make_tier(self.tier_name, node=self.node)
         return self._tier
 
+    def _look_elsewhere(self, coordinator: bool) -> Elsewhere:
+        """This process's knowledge of the other tiers, read at its first save (once)."""
+        if self._elsewhere is None:
+            tiers = self.config.make_tiers(node=self.node)
+            self._elsewhere = elsewhere_for(tiers)
+            # The coordinator every tier, the target too (a later save into another tier must not ask
+            # the first one's target again), the other ranks their node's node-local ones.
+            wanted = tiers if coordinator else [t for t in tiers if t.node_local]
+            self._elsewhere.look(wanted, Prober(self.config.probe_timeout))
+        return self._elsewhere
+
+    def _current(self) -> SaveSession:
+        if self._session is None:
+            raise TierstoreError("no save set up: DCP calls set_up_storage_writer() first")
+        return self._session
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
-        state["_writing"] = state["_writing_ends"] = None  # held by the process that plans it
-        state["_elsewhere"] = state["_round"] = None
-        state["_waits"] = None  # the trainer's alone
-        state["_handover"] = mirror_handoff.hand_over(self)
-        # the staging buffers stay with the trainer
-        state["_pending"] = state["_carried"] = None
+        state["_elsewhere"] = state["_session"] = None  # the process that saves has its own
+        state["_waits"] = MirrorWaits()  # the trainer's alone
+        state["_handover"] = self._waits.hand_over(self.tier)
+        # The slab and stage report go with this copy (a snapshot, taken before the two lines
+        # below change the trainer's), the staging buffers and the pending save stay.
+        state["_staged"] = dataclasses.replace(self._staged, pending=None, carried=None)
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
-        # process: that thread carries this save, and the next stage() waits for it. The stage
-        # report has been handed over with this copy.
-        register_save_thread(self, in_process=False)
-        self._stage_report = None
+        # process: that thread carries this save, and the next stage() waits for it.
+        self._staged.register_thread(in_process=False)
+        self._staged.report = None
         return state
 
     # -- 0. AsyncStager ---------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         (``AsyncSaveResponse.staging_completion``). A staging failure fails that future, hence both
         of the response's futures.
         """
-        return stage_face.stage(self, state_dict)
+        return self._staged.stage(self._stager_for_this_process, state_dict, self.overlap)
 
     def prepare(self, state_dict: dict[str, Any]) -> None:
         """Optionally, once after building the model: allocate staging buffers in the background.
@@ -188,7 +188,7 @@ class TieredWriter(StorageWriter, AsyncStager):
 
     def _stager_for_this_process(self) -> Stager:
         """The stager this process keeps for the tier (a forked child has its own)."""
-        return stage_face.stager_for_this_process(self)
+        return stager_for_this_process(self.tier, self.tier_name)
 
     def synchronize_staging(self) -> None:
         """Wait for overlapped staging in progress (``staging_completion`` says the same).
@@ -196,14 +196,14 @@ class TieredWriter(StorageWriter, AsyncStager):
         Without ``overlap`` there is nothing to wait for: :meth:`stage` has finished copying when it
         returns. DCP itself never calls this (see ``_synchronize_after_execute``).
         """
-        stage_face.wait_for_staging(self)
+        wait_for_staging(self.tier, self.tier_name)
 
     def close(self) -> None:
         """Release this process's staging buffers for the tier (after the last save completed),
         once this process's peer-mirror exchanges have ended (bounded by ``mirror.timeout``)."""
-        if not mirror_handoff.end_exchanges(self):
+        if not self._waits.end(self.tier):
             logger.warning("closing with a peer-mirror exchange still running (reduced redundancy)")
-        stage_face.release(self)
+        release(self.tier, self.tier_name)
 
     def wait_mirrored(self, timeout: float | None = None) -> bool:
         """Wait until this process's peer-mirror exchanges of finished saves have ended (mirrored
@@ -214,49 +214,71 @@ class TieredWriter(StorageWriter, AsyncStager):
         each save handed over, however the save's generation was replaced or dropped meanwhile
         (call it, or :meth:`close`, before exiting).
         """
-        return mirror_handoff.wait_mirrored(self, timeout)
+        return self._waits.wait(self.tier, timeout)
 
     # -- 1. set-up ----------------------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; validates ``checkpoint_id`` (a name, the same in every tier)."""
-        register_save_thread(self)  # the first call DCP makes on a staged save's thread
-        stop_writing(self)  # a previous save by this writer that failed after planning
+        self._staged.register_thread()  # the first call DCP makes on a staged save's thread
+        if self._session is not None:  # a previous save that failed after planning: its record ends
+            self._session.stop_writing()
         if checkpoint_id is not None:
             self._checkpoint_id = validate_checkpoint_id(checkpoint_id)
-        self._generation = None
-        self._reports = []
 
     def storage_meta(self) -> StorageMeta | None:
         """The id and a save id for DCP's metadata."""
         # DCP's first call on a save's thread when the id was given to the writer (no reset()):
         # it comes before the planner's set-up, which may fail, and the next stage waits for a
         # save that never reports in.
-        register_save_thread(self)
+        self._staged.register_thread()
         return StorageMeta(checkpoint_id=self._checkpoint_id, save_id=uuid.uuid4().hex)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the rank; the coordinator refuses an already committed id unless overwriting."""
-        register_save_thread(self)
-        save_plans.set_up(self, is_coordinator, kwargs)
+        self._staged.register_thread()
+        if self._session is not None:  # the previous save's write record ends (if it failed)
+            self._session.stop_writing()
+        checkpoint_id, rank = save_plans.check_set_up(self._checkpoint_id, kwargs)
+        self._session = SaveSession(
+            config=self.config,
+            tier=self.tier,
+            tier_name=self.tier_name,
+            node=self.node,
+            overwrite=self.overwrite,
+            check_finite=self.check_finite,
+            commit_gate=self.commit_gate,
+            metrics=self._save_metrics,
+            look_elsewhere=self._look_elsewhere,
+            checkpoint_id=checkpoint_id,
+            rank=rank,
+            is_coordinator=is_coordinator,
+            slab=self._staged.slab,
+            handover=self._handover,
+        )
+        self._handover = None  # one save per copy of the writer
+        save_plans.set_up(self._session)
 
     # -- 2. plans -----------------------------------------------------------------------------------
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Attach this rank's node and timings for the coordinator."""
-        return save_plans.local_plan(self, plan)
+        planned = save_plans.local_plan(self._current(), plan, self._staged.report)
+        self._staged.report = None  # the stage's report went with this save's plan
+        return planned
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator: choose this save's generation and tell every rank its file prefix."""
-        return save_plans.global_plan(self, plans)
+        return save_plans.global_plan(self._current(), plans)
 
     # -- 3. the rank's write --------------------------------------------------------------------
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items; the future completes only when they are durable in the tier."""
-        written = rank_write.write_data(self, plan, planner)
-        if not self._is_coordinator:  # its part ends here; the coordinator's ends in finish()
-            written.then(lambda _: settle(self))
+        session = self._current()
+        written = rank_write.write_data(session, plan, planner)
+        if not session.is_coordinator:  # its part ends here; the coordinator's ends in finish()
+            written.then(lambda _: self._staged.settle())
         return written
 
     # -- 4. the commit --------------------------------------------------------------------------
@@ -264,6 +286,6 @@ class TieredWriter(StorageWriter, AsyncStager):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: write ``.metadata``, re-check every file, then publish the marker last."""
         try:
-            save_commit.finish(self, metadata, results)
+            commit.finish(self._current(), metadata, results)
         finally:
-            settle(self)
+            self._staged.settle()

@@ -2,7 +2,7 @@
 
 The result loads with ``dcp.load(state, storage_reader=FileSystemReader(DIR))``, with no tierstore
 installed. The copy comes from the fastest tier holding a usable committed copy, chosen as a restore
-chooses it (:func:`~tierstore.dcp.restore_choice.choose_copy`, for this process alone: a node-local
+chooses it (:func:`~tierstore.dcp.restore.choice.choose_copy`, for this process alone: a node-local
 copy counts only when this node holds every rank's files), or from the one tier named. A mirrored
 memory tier counts when this node holds every file, its own or as its partner's mirror
 (docs/mirror.md): mirror copies are read where they are held, under ``.tierstore/mirror/``, and
@@ -11,9 +11,9 @@ byte that does not match its CRC32C, a file removed meanwhile, an unreachable ti
 again from the next usable tier; when none is left it fails naming every tier and why.
 
 tierstore's data files hold raw tensor bytes at aligned offsets (:class:`ItemLocation`); torch's hold
-``torch.save`` records (:mod:`tierstore.dcp.torch_files`). So the export converts, one file and one
+``torch.save`` records (:mod:`tierstore.dcp.tools.torch_files`). So the export converts, one file and one
 item at a time, never the whole checkpoint in memory: each source file is read once, front to back,
-and checked against its marker's size and CRC32C as it streams (:mod:`tierstore.dcp.verified_read`);
+and checked against its marker's size and CRC32C as it streams (:mod:`tierstore.dcp.tools.verified_read`);
 each item is re-encoded into a data file of the same name; ``.metadata`` is DCP's metadata with
 torch's storage records in place of tierstore's.
 
@@ -44,11 +44,10 @@ from tierstore._platform.progress import ByteProgress
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
 from tierstore.dcp.layout import ItemLocation, decode_tensor
-from tierstore.dcp.mirror.inventory import OWN, stored_path
-from tierstore.dcp.restore_choice import Choice, choose_copy
-from tierstore.dcp.safe_pickle import load_metadata
-from tierstore.dcp.torch_files import TorchDataFile, fsync_dir, write_metadata
-from tierstore.dcp.verified_read import VerifiedReader
+from tierstore.dcp.mirror import OWN, stored_path
+from tierstore.dcp.restore import Choice, choose_copy, load_metadata
+from tierstore.dcp.tools.torch_files import TorchDataFile, fsync_dir, write_metadata
+from tierstore.dcp.tools.verified_read import VerifiedReader
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierUnavailableError
 from tierstore.ids import is_metadata_file, validate_checkpoint_id
 from tierstore.records.activity import Activity, hold

@@ -1,0 +1,107 @@
+"""What every duty of the promoter is handed beside its view (:mod:`tierstore.promote.duties`): the
+:class:`Context` made once per promoter, the tiers' :class:`Availability`, and the promoter's log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from tierstore._platform.bounded import Prober
+from tierstore.config import Config
+from tierstore.promote.discovery import MarkerCache
+from tierstore.promote.health import PromoterHealth, stall_bound
+from tierstore.promote.metrics import PromoterMetrics
+from tierstore.promote.rules import rules_of
+
+logger = logging.getLogger("tierstore.promote.sidecar")
+"""The promoter's log, every duty's: one name for operators to raise to INFO for its events."""
+
+
+def event(name: str, **fields: object) -> None:
+    """One structured log line: ``name key=value ...`` (logfmt)."""
+    logger.info(" ".join([name, *(f"{k}={_fmt(v)}" for k, v in fields.items())]))
+
+
+def _fmt(value: object) -> str:
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f'"{text}"' if " " in text else text
+
+
+class Availability:
+    """Which tiers the promoter cannot list (as the last look found) or that refuse writes (as the
+    last promotion into each found; retried every pass): the one thing duties share that outlives
+    a view. Each change is an event and the ``tierstore_tier_unavailable`` gauge."""
+
+    def __init__(self, metrics: PromoterMetrics, health: PromoterHealth) -> None:
+        self.metrics, self.health = metrics, health
+        self.unreachable: dict[str, str] = {}
+        self.unavailable: set[str] = set()
+        self.misconfigured: dict[tuple[str, str], str] = {}
+        """``{(tier, "list" or "write"): why}``: tiers that refused for a reason waiting will not
+        cure (a missing bucket, refused credentials); the promoter is not ready while one stands."""
+
+    def set_misconfigured(self, tier_name: str, doing: str, error: str | None) -> None:
+        """Record that ``doing`` (``list``, ``write``) in a tier was refused for good (``error``: a
+        TierMisconfiguredError's) or succeeded (None)."""
+        if error is None:
+            self.misconfigured.pop((tier_name, doing), None)
+        else:
+            self.misconfigured[(tier_name, doing)] = error
+        self.health.misconfigured({tier: why for (tier, _doing), why in self.misconfigured.items()})
+
+    def set_unreachable(self, tier_name: str, error: str | None) -> None:
+        """Record that a tier cannot be listed (``error``) or can again (None)."""
+        was = tier_name in self.unreachable
+        if error is not None:
+            self.unreachable[tier_name] = error
+            if not was:
+                event("tier_unreachable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s is unreachable; the other tiers go on without it: %s", tier_name, error)
+        elif was:
+            del self.unreachable[tier_name]
+            event("tier_reachable", tier=tier_name)
+        self._export(tier_name)
+
+    def set_unavailable(self, tier_name: str, error: str | None) -> None:
+        """Record that a tier refuses writes (``error``) or takes them again (None)."""
+        was = tier_name in self.unavailable
+        if error is not None:
+            self.unavailable.add(tier_name)
+            if not was:
+                event("tier_unavailable", tier=tier_name, error=error.replace("\n", "; "))
+                logger.error("tier %s refuses writes, promotion routes around it: %s", tier_name, error)
+        elif was:
+            self.unavailable.discard(tier_name)
+            event("tier_available", tier=tier_name)
+        self._export(tier_name)
+
+    def _export(self, tier_name: str) -> None:
+        away = tier_name in self.unavailable or tier_name in self.unreachable
+        self.metrics.unavailable.labels(tier_name).set(1 if away else 0)
+
+
+class Context:
+    """What every duty is handed beside the view: the configuration, this node's tiers (fastest
+    first; the last is the durable tier) and this promoter's services, made and wired once (the
+    metrics answer the health probes and count each tier's retries). The ``prober`` asks a tier what
+    a pass must not wait on longer than ``probe_timeout``; a duty only beats ``health`` (a long copy
+    is progress, not a hung promoter)."""
+
+    def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
+        self.config, self.node, self.metrics = config, node, metrics
+        self.rules = rules_of(config)
+        self.tiers = tuple(config.make_tiers(node=node))
+        self.by_name = {t.name: t for t in self.tiers}
+        self.health = PromoterHealth(stall_bound(config.promote.interval))
+        metrics.watch(self.health, config.metrics.directory_for(node), stale_after=config.metrics.stale_after)
+        self.stopping, self.cancel = threading.Event(), threading.Event()
+        self.prober = Prober(config.probe_timeout)
+        self.cache = MarkerCache()
+        self.availability = Availability(metrics, self.health)
+        for tier in self.tiers:
+            tier.observe_retries(_counter(metrics, tier.name))
+
+
+def _counter(metrics: PromoterMetrics, tier_name: str) -> Callable[[BaseException], None]:
+    return lambda _error: metrics.retries.labels(tier_name).inc()
