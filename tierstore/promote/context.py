@@ -99,6 +99,7 @@ class Context:
         self.prober = Prober(config.probe_timeout)
         self.cache = MarkerCache()
         self.availability = Availability(metrics, self.health)
+        metrics.start_at_zero(t.name for t in self.tiers)
         for tier in self.tiers:
             tier.observe_retries(_counter(metrics, tier.name))
 
