@@ -329,7 +329,7 @@ def test_two_ranks_of_a_job_each_keep_their_file_served_by_one_promoter(
         written = value(found, "tierstore_save_written_bytes_total", **at)
         assert written is not None and written >= 2 * numel * 4
     assert value(found, "tierstore_saves_committed_total", rank="0", tier="memory") == 2
-    assert value(found, "tierstore_saves_committed_total", rank="1", tier="memory") == 0  # not the coordinator
+    assert value(found, "tierstore_saves_committed_total", rank="1", tier="memory") == 0
 
 
 def process_mode_saves(rank: int, world: int, config: Config) -> None:
