@@ -4,12 +4,13 @@ Launch with torchrun (gloo on CPU, nccl when CUDA is present)::
 
     torchrun --nproc-per-node 2 examples/train_gpt.py --config tierstore.yaml --run-dir runs/a
 
-Every ``--save-every`` steps, on a step all ranks agree on, it saves the whole training state (one
-``Stateful``: model, AdamW, LR schedule, progress, per-rank RNG states) with
-``dcp.async_save(..., storage_writer=TieredWriter(cfg))``; the previous save is waited for first. A
-commit gate refuses non-finite or runaway losses. Rank 0 appends every step's loss to
-``RUN_DIR/loss.jsonl``. On start it resumes from ``latest_committed(cfg)`` (or ``--resume-from ID``,
-a rollback), and continues as if nothing had happened: same samples, same random streams.
+Its checkpoints go through ``tierstore.CheckpointManager``: every ``--save-every`` steps, on a step all
+ranks agree on, an async save of the whole training state (one ``Stateful``: model, AdamW, LR
+schedule, progress, per-rank RNG states), the previous one waited for first; a commit gate refuses
+non-finite or runaway losses. Rank 0 appends every step's loss to ``RUN_DIR/loss.jsonl``. On start it
+resumes from the newest committed checkpoint (or ``--resume-from ID``, a rollback) and continues as if
+nothing had happened: same samples, same random streams. At the end the last state is written to the
+last (durable) tier.
 
 On SIGTERM or SIGUSR1 (a pre-emption notice) in any rank it saves at the next step, waits for the
 commit, and exits 0. ``drill_entry`` is the step function for ``tierstore drill``.
@@ -28,7 +29,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,9 @@ import torch.distributed.checkpoint as dcp
 from gpt.data import CharCorpus
 from gpt.model import CharGPT, ModelShape, next_char_loss
 from gpt.state import ResumePlanner, TrainState, seed_everything
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.nn.parallel import DistributedDataParallel
 
-from tierstore import LossBandGate, TieredReader, TieredWriter, latest_committed, load_config
+from tierstore import CheckpointManager, LossBandGate, TieredReader
 
 logger = logging.getLogger("train_gpt")
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
@@ -138,26 +137,6 @@ class Trainer:
         )
 
 
-class StopRequest:
-    """SIGTERM/SIGUSR1 in any rank's process (noted since start-up); ranks agree with one all-reduce."""
-
-    def __init__(self) -> None:
-        self.agreed_once = False
-
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank when any rank was asked to stop (collective)."""
-        if gpt.stop.received and not self.agreed_once:
-            logger.warning(
-                "rank %d: %s received: saving at this step, then exiting",
-                dist.get_rank(),
-                gpt.stop.received[0],
-            )
-        flag = torch.tensor([1 if gpt.stop.received else 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.agreed_once = bool(flag.item())
-        return self.agreed_once
-
-
 class LossLog:
     """Rank 0's record of every step: one JSON object per line, flushed as written."""
 
@@ -188,41 +167,56 @@ def setup_distributed() -> None:
     dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
 
 
-def resume(trainer: Trainer, config_path: str, requested: str | None) -> tuple[str | None, str]:
-    """Load ``requested`` (a rollback) or the newest restorable checkpoint; return (id, tier).
-
-    Rank 0 logs the decision: what it resumed from, from which tier and how long it took, or that
-    it starts fresh (tierstore's own lines say which tiers it looked in, and any it could not reach).
-    """
-    started = time.monotonic()
-    config = load_config(config_path)
-    checkpoint = requested or latest_committed(config)
-    if checkpoint is None:
-        if trainer.rank == 0:
-            logger.info("no committed checkpoint: starting fresh")
-        return None, "-"
-    reader = TieredReader(config)
-    trainer.load(reader, checkpoint)
-    if trainer.rank == 0:
-        logger.info(
-            "resumed from %s%s, tier %s, in %.2f s",
-            checkpoint,
-            " (rollback: --resume-from)" if requested else "",
-            reader.chosen_tier,
-            time.monotonic() - started,
-        )
-    return checkpoint, reader.chosen_tier or "-"
-
-
 def train(args: argparse.Namespace) -> int:
-    """The training loop: resume, step, log, save on agreed steps, exit cleanly on a stop request."""
+    """The training loop: resume, step, log; the manager saves on agreed steps, stops cleanly on a
+    stop request, and makes the last state durable before the process exits."""
     setup_distributed()
     trainer = Trainer(args)
-    stop = StopRequest()
     attempt = uuid.uuid4().hex[:8]
     log = LossLog(args.run_dir, attempt) if trainer.rank == 0 else None
     started = time.monotonic()
-    resumed_from, tier = resume(trainer, args.config, args.resume_from)
+
+    def saved(checkpoint: str, error: BaseException | None) -> None:  # a vetoed save is not fatal
+        if error is not None:
+            logger.error("save of %s failed: %s", checkpoint, error)
+        if log:
+            failed = {"event": "save_failed", "error": str(error)[:500]} if error else {"event": "committed"}
+            log.write(checkpoint=checkpoint, **failed)
+
+    run = {"steps": args.steps}  # saved beside the state: the LR schedule's length
+    # A resumed run is the timeline from now on: an id it reaches again (left by an abandoned
+    # timeline after a rollback, or a save this job could not restore) is replaced by a new
+    # generation, and the old one stays loadable until the new one commits.
+    manager = CheckpointManager(
+        args.config,
+        {"train": trainer.state, "run": run},
+        every_steps=args.save_every,
+        checkpoint_id=checkpoint_id,
+        async_mode=args.async_mode,
+        stop_requested=lambda: bool(gpt.stop.received),  # noted since start-up (gpt/stop.py)
+        on_saved=saved,
+        load_planner=ResumePlanner(),
+        overwrite=True,
+        check_finite=True,
+        commit_gate=LossBandGate(band=args.loss_band),
+    )
+    started = time.monotonic()
+    manager.restore(args.resume_from)
+    resumed_from, tier = manager.restored_from or (None, "-")
+    if resumed_from is None and trainer.rank == 0:
+        logger.info("no committed checkpoint: starting fresh")
+    elif trainer.rank == 0:
+        rollback = " (rollback: --resume-from)" if args.resume_from else ""
+        logger.info(
+            "resumed from %s%s, tier %s, in %.2f s", resumed_from, rollback, tier, time.monotonic() - started
+        )
+    if resumed_from is not None and run["steps"] != args.steps and trainer.rank == 0:
+        logger.warning(
+            "--steps %d differs from the %d the run was saved with: the LR schedule changes from here",
+            args.steps,
+            run["steps"],
+        )
+    run["steps"] = args.steps  # what this run's saves record
     progress = trainer.state.progress
     if log:
         log.write(
@@ -234,21 +228,13 @@ def train(args: argparse.Namespace) -> int:
             world_size=trainer.world,
             restore_s=round(time.monotonic() - started, 3),
         )
-    # A resumed run is the timeline from now on: an id it reaches again (left by an abandoned
-    # timeline after a rollback, or a save this job could not restore) is replaced by a new
-    # generation, and the old one stays loadable until the new one commits.
-    writer = TieredWriter(
-        args.config, overwrite=True, check_finite=True, commit_gate=LossBandGate(band=args.loss_band)
-    )
-    saver = Saver(writer, args.async_mode, log)
     if args.resume_from:
         # Commit the rollback point again, now the newest, straight into the last (durable) tier: a
         # crash before the next save, even one that loses the faster tiers, must resume this
         # timeline and never the abandoned one, whose later checkpoints sit in those tiers.
-        durable = TieredWriter(args.config, tier=load_config(args.config).tiers[-1].name, overwrite=True)
-        saver.save(trainer.state, progress.step, final=True, writer=durable)
+        manager.save_durable(progress.step)
     stop_at = args.stop_after or args.steps
-    while progress.step < stop_at:
+    while progress.step < stop_at and not manager.should_stop:
         loss = trainer.step()
         if log:
             log.write(
@@ -258,96 +244,13 @@ def train(args: argparse.Namespace) -> int:
                 samples_seen=progress.samples_seen,
                 world_size=trainer.world,
             )
-        stopping = stop.agreed(trainer.device)
-        final = stopping or progress.step == stop_at
-        if final or progress.step % args.save_every == 0:
-            saver.save(trainer.state, progress.step, final=final)
-        if stopping:
-            break
-    saver.wait()
+        manager.maybe_save(progress.step)
+    # A finished run ends durable; --stop-after (a pause) and a pre-emption stay in the fastest tier.
+    manager.close(progress.step, durable=progress.step >= args.steps)
     if log:
-        log.write(event="stop", step=progress.step, preempted=stop.agreed_once)
-    writer.close()
+        log.write(event="stop", step=progress.step, preempted=manager.should_stop)
     dist.destroy_process_group()
     return 0
-
-
-class Saver:
-    """One async save in flight at a time: the next waits for the previous to commit.
-
-    The save's collectives run on a group of their own: on the training group they would interleave
-    with DDP's all-reduces from the training thread, and both would hang.
-    """
-
-    def __init__(self, writer: TieredWriter, mode: str, log: LossLog | None) -> None:
-        self.writer, self.log = writer, log
-        self.group = dist.new_group(backend="gloo")
-        self.mode = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
-        self.pending: tuple[str, Future[Any]] | None = None
-
-    def save(
-        self, state: TrainState, step: int, *, final: bool = False, writer: TieredWriter | None = None
-    ) -> None:
-        """Save ``state`` as :func:`checkpoint_id` of ``step``, after the previous save.
-
-        A ``final`` save (the last before exiting) is synchronous, on this thread: a pre-emption
-        signal sent to the whole process group kills DCP's checkpoint process in PROCESS mode, and
-        the last save must not depend on it.
-        """
-        self.wait()
-        if final:
-            self.pending = (
-                checkpoint_id(step),
-                _done_or_failed(
-                    lambda: dcp.save(
-                        {"train": state},
-                        storage_writer=writer or self.writer,
-                        checkpoint_id=checkpoint_id(step),
-                        process_group=self.group,
-                    )
-                ),
-            )
-            self.wait()
-            return
-        future = dcp.async_save(
-            {"train": state},
-            storage_writer=self.writer,
-            checkpoint_id=checkpoint_id(step),
-            process_group=self.group,
-            async_checkpointer_type=self.mode,
-        )
-        assert isinstance(future, Future)  # no async_stager given: DCP returns a plain Future
-        self.pending = (checkpoint_id(step), future)
-
-    def wait(self) -> None:
-        """Block until the save in flight committed; a vetoed save is logged, not fatal."""
-        if self.pending is None:
-            return
-        checkpoint, future = self.pending
-        self.pending = None
-        try:
-            future.result()
-        except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            logger.error("save of %s failed: %s", checkpoint, exc)
-            if self.log:
-                self.log.write(event="save_failed", checkpoint=checkpoint, error=str(exc)[:500])
-            return
-        if self.log:
-            self.log.write(event="committed", checkpoint=checkpoint)
-
-
-def _done_or_failed(run: Any) -> Future[Any]:
-    """Run ``run()`` now; its outcome as a completed future (so one code path logs both kinds)."""
-    future: Future[Any] = Future()
-    try:
-        future.set_result(run())
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        future.set_exception(exc)
-    return future
 
 
 def drill_entry(ctx: Any) -> Iterator[tuple[int, float]]:

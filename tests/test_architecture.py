@@ -19,7 +19,10 @@ SEAM = {"tierstore.tiers", "tierstore.tiers.base", "tierstore.tiers.registry"}
 LAYERS = {
     "tierstore._platform": 0,
     **dict.fromkeys(
-        ["tierstore." + m for m in ("errors", "version", "ids", "units", "checksum", "signing", "topology")],
+        [
+            "tierstore." + m
+            for m in ("errors", "version", "ids", "units", "checksum", "signing", "topology", "interval")
+        ],
         0,
     ),
     **dict.fromkeys(["tierstore.testing", "tierstore.placement"], 0),

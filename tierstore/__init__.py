@@ -34,6 +34,7 @@ from tierstore.records.catalog import Catalog
 from tierstore.version import __version__
 
 if TYPE_CHECKING:
+    from tierstore.dcp.manager import CheckpointManager
     from tierstore.dcp.restore import TieredReader
     from tierstore.dcp.save import GateView, LossBandGate, TieredWriter
     from tierstore.dcp.tools import ExportReport, export_checkpoint, latest_committed
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(["TieredWriter", "GateView", "LossBandGate"], "tierstore.dcp.save"),
     "TieredReader": "tierstore.dcp.restore",
+    "CheckpointManager": "tierstore.dcp.manager",
     **dict.fromkeys(["latest_committed", "export_checkpoint", "ExportReport"], "tierstore.dcp.tools"),
 }
 
@@ -56,6 +58,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Catalog",
     "CheckpointExistsError",
+    "CheckpointManager",
     "CheckpointNotFoundError",
     "CommitVetoedError",
     "Config",
