@@ -45,6 +45,7 @@ REFUSALS = {
     "AllAccessDisabled": "all access to the bucket is disabled",
     "AccountProblem": "the account cannot be used",
     "InvalidBucketName": "the bucket name is not valid",
+    "RequestTimeTooSkewed": "this machine's clock is too far from the endpoint's (synchronise it: NTP)",
 }
 """S3 answers that waiting will not change: a configuration or credentials to fix, not an outage."""
 
@@ -229,7 +230,7 @@ class S3Tier(Tier):
                 reason = f"cannot reach {endpoint}{tries}: {last}"
             elif answer is not None and (answer[1] in REFUSALS or answer[0] == 403):
                 why = REFUSALS.get(answer[1], REFUSALS["AccessDenied"])  # a HEAD's 403 has no body
-                refused = f"S3 answered {answer[1] if answer[1] in REFUSALS else 'AccessDenied'}"
+                refused = f"S3 answered {answer[1] or 'AccessDenied'}"
                 raise self._misconfigured(what, f"{refused} (HTTP {answer[0]}): {why}") from exc
             elif answer is not None:
                 reason = f"S3 answered {answer[1] or 'an error'} (HTTP {answer[0]}){tries}"
