@@ -149,10 +149,10 @@ class _NoDataListing(PosixTier):
     """A tier that fails the test if anything lists below the root recursively (data files); the
     commit log and the sightings are tierstore's own small directories."""
 
-    def find(self, path: str = "") -> list[FileInfo]:
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
         if not path.startswith((COMMITS_DIR, SIGHTINGS_DIR)):
             raise AssertionError(f"listed data files under {path!r}")
-        return super().find(path)
+        return super().find(path, after=after)
 
 
 def test_finding_the_newest_lists_no_data_files(make_config: Callable[..., Config]) -> None:

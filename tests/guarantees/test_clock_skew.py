@@ -230,7 +230,7 @@ def skewed_promoters_leave_work_in_flight(
         try:
             (generation,) = tier.list_dir("step_000003")
             straggler = f"{generation_dir('step_000003', generation)}/r00001-0.distcp"
-            s3 = tier.capabilities.multipart
+            s3 = tier.type == "s3"
             with upload_in_flight(tier, straggler) if s3 else contextlib.nullcontext():
                 before = files_of(tier)
                 for command, offset, real_monotonic in skews:

@@ -123,11 +123,11 @@ class DictTier(Tier):
             keys = [k for k in self.objects if k.startswith(prefix)]
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys})
 
-    def find(self, path: str = "") -> list[FileInfo]:
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
         FAULTS.check(self.store)
         prefix = f"{path}/" if path else ""
         with _LOCK:
-            items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix)]
+            items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix) and k > (after or "")]
         return sorted((FileInfo(k, len(v[0]), v[1]) for k, v in items), key=lambda f: f.path)
 
     def delete(self, path: str) -> None:

@@ -315,5 +315,5 @@ def test_listing_pages_past_a_thousand_objects_without_building_s3fs(
     found = tier.find("many")
     assert [f.path for f in found] == [key.removeprefix("p/") for key in keys]
     assert {f.size for f in found} == {1} and all(f.mtime > 0 for f in found)
-    assert [f.path for f in tier.find_after("many", "many/01000")] == ["many/01001", "many/01002"]
+    assert [f.path for f in tier.find("many", after="many/01000")] == ["many/01001", "many/01002"]
     assert tier._fs is None, "the listing went through s3fs"

@@ -95,9 +95,6 @@ class Capabilities:
         adopt: :meth:`Tier.adopt` moves a file from this filesystem into the tier without copying.
         staging_files: writers may stage a save in files inside the tier, which then become the
             checkpoint's data files (host-memory tiers).
-        create_only_publish: :meth:`Tier.publish` with ``create_only`` is enforced by the store
-            itself (``link``; ``If-None-Match: *``), not by a check-then-write.
-        multipart: large objects are uploaded in parts assembled by the server.
         transfer_chunk: the size in which copies into the tier are best made (and out of it,
             unless ``read_chunk`` says otherwise).
         transfer_streams: how many chunks are best moved at once (an object store's requests in
@@ -112,8 +109,6 @@ class Capabilities:
     local_files: bool = False
     adopt: bool = False
     staging_files: bool = False
-    create_only_publish: bool = False
-    multipart: bool = False
     transfer_chunk: int = 8 * 2**20
     transfer_streams: int = 4
     read_chunk: int = 0
@@ -184,7 +179,8 @@ class Tier(abc.ABC):
         """Durably publish a small file (a commit marker) in one atomic step.
 
         With ``create_only`` the publish fails with ``FileExistsError`` if ``path`` exists, so two
-        writers racing on one name cannot both succeed.
+        writers racing on one name cannot both succeed (the store enforces it where it can:
+        ``link``, ``If-None-Match: *``).
         """
 
     def adopt(self, path: str, source_file: str) -> None:
@@ -214,19 +210,15 @@ class Tier(abc.ABC):
         """Read the whole file."""
         return self.read_range(path, 0, None)
 
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` with ``len(out)`` bytes from ``offset``; ``EOFError`` if the file is shorter."""
-        data = self.read_range(path, offset, len(out))
-        if len(data) != len(out):
-            raise EOFError(f"{self.name}: {path}: expected {len(out)} bytes at {offset}")
-        out[:] = data
-
-    def read_scattered(self, path: str, offset: int, outs: Sequence[memoryview]) -> None:
-        """Fill ``outs`` in order with the bytes from ``offset`` on (one contiguous range);
-        ``EOFError`` if the file is shorter. Object stores override it with one request."""
-        for out in outs:
-            self.read_into(path, offset, out)
-            offset += len(out)
+    def read_into(self, path: str, offset: int, out: memoryview | Sequence[memoryview]) -> None:
+        """Fill ``out`` (one buffer, or several in order: one contiguous range) with the bytes from
+        ``offset`` on; ``EOFError`` if the file is shorter. Object stores make it one request."""
+        for view in [out] if isinstance(out, memoryview) else out:
+            data = self.read_range(path, offset, len(view))
+            if len(data) != len(view):
+                raise EOFError(f"{self.name}: {path}: expected {len(view)} bytes at {offset}")
+            view[:] = data
+            offset += len(view)
 
     def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         """Yield the file in chunks (for checksums and copies)."""
@@ -287,14 +279,10 @@ class Tier(abc.ABC):
         """Names of the direct children (files and directories) of ``path``; [] if it is absent."""
 
     @abc.abstractmethod
-    def find(self, path: str = "") -> list[FileInfo]:
-        """Every file below ``path``, recursively; [] if it is absent. Temporary files are hidden."""
-
-    def find_after(self, path: str, after: str) -> list[FileInfo]:
-        """The files below ``path`` (as :meth:`find`) whose tier-relative path sorts after
-        ``after``. Stores that list in key order start there (S3's ``StartAfter``); the others
-        list ``path`` and keep the rest."""
-        return [info for info in self.find(path) if info.path > after]
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
+        """Every file below ``path``, recursively, sorted by path; [] if it is absent. Temporary
+        files are hidden. ``after``: only those whose tier-relative path sorts after it (stores
+        that list in key order start there: S3's ``StartAfter``)."""
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """``{child: info}`` for every direct child directory of the root holding a file ``name``.

@@ -13,7 +13,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ _ADVICE = {
     errno.ENOENT: "check that the tier's directory exists",
 }
 """What to do about each error that makes a directory tier unusable (said in its message)."""
-POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True, create_only_publish=True)
+POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True)
 
 
 def join_namespace(path: str, namespace: str | None) -> str:
@@ -303,17 +303,18 @@ class PosixTier(Tier):
             f.seek(offset)
             return f.read() if length is None else _read_exact(f, length)
 
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+    def read_into(self, path: str, offset: int, out: memoryview | Sequence[memoryview]) -> None:
         """``preadv`` straight into ``out`` (e.g. a tensor's memory): no intermediate copy."""
         with self._reading(path):
             fd = os.open(self._path(path), os.O_RDONLY)
             try:
-                view = out.cast("B")
-                while view:
-                    got = os.preadv(fd, [view], offset)
-                    if got == 0:
-                        raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
-                    view, offset = view[got:], offset + got
+                for buffer in [out] if isinstance(out, memoryview) else out:
+                    view = buffer.cast("B")
+                    while view:
+                        got = os.preadv(fd, [view], offset)
+                        if got == 0:
+                            raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
+                        view, offset = view[got:], offset + got
             finally:
                 os.close(fd)
 
@@ -346,8 +347,8 @@ class PosixTier(Tier):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def find(self, path: str = "") -> list[FileInfo]:
-        """All files below ``path`` (temp files hidden)."""
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
+        """All files below ``path`` (temp files hidden), past ``after`` if given."""
         start = self._path(path)
         found: list[FileInfo] = []
         for directory, _dirs, files in os.walk(start):
@@ -363,7 +364,7 @@ class PosixTier(Tier):
                 except FileNotFoundError:
                     continue  # deleted while we walked
                 found.append(FileInfo(prefix + name, result.st_size, result.st_mtime))
-        return sorted(found, key=lambda f: f.path)
+        return sorted((f for f in found if after is None or f.path > after), key=lambda f: f.path)
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """One ``scandir`` of the root, one ``stat`` per child: no walk of the data files."""

@@ -67,8 +67,6 @@ class S3Tier(Tier):
         self.policy = RetryPolicy(config.max_attempts, config.max_retry_time)
         self.on_retry: Callable[[BaseException], None] | None = None
         self.capabilities = Capabilities(
-            create_only_publish=config.create_only_markers,
-            multipart=True,
             transfer_chunk=config.part_size,
             transfer_streams=config.concurrency,
             read_chunk=config.read_size,
@@ -378,17 +376,14 @@ class S3Tier(Tier):
 
         return bytes(self._guard(f"read {path}", get))
 
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        """One ranged GET streamed straight into ``out`` (``EOFError`` if the object is shorter).
+    def read_into(self, path: str, offset: int, out: memoryview | Sequence[memoryview]) -> None:
+        """One ranged GET whose body is streamed into ``out`` in order (``EOFError`` if the object
+        is shorter): a run of tensors lands in their own memory, no buffer between.
 
         Bulk reads bypass s3fs for the reason uploads do (see :attr:`client`): its one event-loop
         thread serialises the GETs in flight, where botocore reads on the calling threads.
         """
-        self.read_scattered(path, offset, [out])
-
-    def read_scattered(self, path: str, offset: int, outs: Sequence[memoryview]) -> None:
-        """One ranged GET whose body is streamed into ``outs`` in order (``EOFError`` if the
-        object is shorter): a run of tensors lands in their own memory, no buffer between."""
+        outs = [out] if isinstance(out, memoryview) else out
         total = sum(len(out) for out in outs)
         if not total:
             return
@@ -406,8 +401,8 @@ class S3Tier(Tier):
                 raise error from exc
             body, filled = answer["Body"], 0
             try:
-                for out in outs:
-                    filled += _fill(body, out.cast("B"))
+                for buffer in outs:
+                    filled += _fill(body, buffer.cast("B"))
             except botocore.exceptions.IncompleteReadError as exc:
                 # The server closed the response early: retried like a reset connection.
                 raise ConnectionError(f"{self.root}/{path}: response cut short: {exc}") from exc
@@ -436,18 +431,15 @@ class S3Tier(Tier):
             return []
         return sorted({n.rstrip("/").rsplit("/", 1)[-1] for n in names})
 
-    def find(self, path: str = "") -> list[FileInfo]:
-        """Every object under ``path`` (a request per 1,000 objects; nothing cached).
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
+        """Every object under ``path`` (a request per 1,000 objects listed; nothing cached), from
+        ``after`` on (``StartAfter``).
 
         Through the botocore client, not s3fs: a tier's first listing through s3fs builds its
         aiobotocore client and event loop (about 65 ms of CPU), and a save or restore of a new
         writer or reader lists its tier's records before its first byte."""
-        return self._listed(f"list {path or '/'}", self._under(path), {})
-
-    def find_after(self, path: str, after: str) -> list[FileInfo]:
-        """See :meth:`Tier.find_after`: the listing starts after ``after`` (``StartAfter``), a
-        request per 1,000 objects listed from there."""
-        return self._listed(f"list {path} after {after}", self._under(path), {"StartAfter": self._key(after)})
+        start = {} if after is None else {"StartAfter": self._key(after)}
+        return self._listed(f"list {path or '/'}", self._under(path), start)
 
     def _under(self, path: str) -> str:
         """The key prefix of everything under ``path`` (the whole tier for ``""``)."""
