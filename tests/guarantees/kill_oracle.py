@@ -112,7 +112,7 @@ def open_upload_count(config: Config, s3: Any) -> tuple[int, int]:
     """Multipart uploads left in the buckets of ``config``'s S3 tiers, and their parts' bytes."""
     count = size = 0
     for tier in config.make_tiers(node=0):
-        if tier.capabilities.local_files:
+        if tier.local is not None:
             continue
         bucket = tier.bucket  # type: ignore[attr-defined]
         for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):

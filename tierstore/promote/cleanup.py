@@ -37,7 +37,7 @@ from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
 from tierstore.records.protocol import drop, forget_entry, sweep
-from tierstore.tiers import FileInfo, IncompleteWrite, Tier
+from tierstore.tiers import FileInfo, IncompleteWrite, LocalFace, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ def find_leftovers(
                 write,
             )
         )
-    if tier.capabilities.staging_files:
-        found += _abandoned_staging(tier, stale_after=stale_after, now=now)
-        found += _abandoned_exchange_waits(tier, stale_after=stale_after, now=now)
+    if (local := tier.local) is not None and local.staging:  # a writer's lock is a local file
+        found += _abandoned_staging(tier, local, stale_after=stale_after, now=now)
+        found += _abandoned_exchange_waits(tier, local, stale_after=stale_after, now=now)
     found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
     found += [
@@ -189,15 +189,13 @@ def _unfinished_mirrors(
     ]
 
 
-def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
+def _abandoned_staging(tier: Tier, local: LocalFace, *, stale_after: float, now: float) -> list[Cleanup]:
     """Staging directories of writer processes that are gone (see :mod:`tierstore._platform.owners`)."""
     found: list[Cleanup] = []
-    if not tier.capabilities.local_files:
-        return found  # staging directories are local: a writer's lock is a local file
     for owner in tier.list_dir(staging_dir()):
-        alive = tier.owner_alive(writer_staging_dir(owner))
+        alive = local.owner_alive(writer_staging_dir(owner))
         if alive is None:  # a directory without a lock: judge by pid (this host only) and age
-            touched = tier.directory_mtime(writer_staging_dir(owner))
+            touched = local.directory_mtime(writer_staging_dir(owner))
             if touched is None:
                 continue
             alive = not (owner_is_gone(owner) and now - touched >= stale_after)
@@ -213,18 +211,18 @@ def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cl
     return found
 
 
-def _abandoned_exchange_waits(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
+def _abandoned_exchange_waits(
+    tier: Tier, local: LocalFace, *, stale_after: float, now: float
+) -> list[Cleanup]:
     """Exchange-end record directories (PROCESS-mode mirror waits, :mod:`tierstore.records.mirror`)
     of trainer processes that are gone: locked like staging directories; one without a lock (a
     record that arrived after its trainer closed) once untouched for ``stale_after``."""
     found: list[Cleanup] = []
-    if not tier.capabilities.local_files:
-        return found  # their lock, like a staging directory's, is a local file
     for waiter in tier.list_dir(EXCHANGE_ENDS_DIR):
         relative = exchange_ends_dir(waiter)
-        alive = tier.owner_alive(relative)
+        alive = local.owner_alive(relative)
         if alive is None:
-            touched = tier.directory_mtime(relative)
+            touched = local.directory_mtime(relative)
             if touched is None:
                 continue
             alive = now - touched < stale_after

@@ -27,7 +27,7 @@ from tierstore.records.known import elsewhere_for
 from tierstore.records.log import LogEntry, read_log
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trust_period, trusted
-from tierstore.tiers import Tier
+from tierstore.tiers import Tier, is_host_memory
 from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
@@ -113,10 +113,7 @@ class Catalog:
         with one warning) when it does not answer."""
         try:
             return self.prober.ask(
-                tier.name,
-                functools.partial(question, tier),
-                what=what,
-                direct=tier.capabilities.staging_files,
+                tier.name, functools.partial(question, tier), what=what, direct=is_host_memory(tier)
             )
         except (TierstoreError, OSError) as exc:
             if tier.name not in self.unreachable:
@@ -284,7 +281,7 @@ class Catalog:
                 name,
                 functools.partial(read_manifest, tier, checkpoint_id),
                 what=f"read the marker of {checkpoint_id}",
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except TierUnavailableError as exc:
             if name not in self.unreachable:

@@ -146,7 +146,8 @@ def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[A
         held.append(hold(tier, effect.kind, effect.checkpoint_id, effect.generation, ttl=effect.ttl))
     elif isinstance(effect, m.DeleteData):
         tier.delete_tree(generation_dir(effect.checkpoint_id, effect.generation))
-        tier.remove_if_empty(effect.checkpoint_id)  # unless another generation (an overwrite) is there
+        if (local := tier.local) is not None:  # unless another generation (an overwrite) is there
+            local.remove_if_empty(effect.checkpoint_id)
     elif isinstance(effect, m.ListParts):
         return m.PartsListed(tuple(generation_parts(tier, effect.checkpoint_id, effect.generation)))
     elif isinstance(effect, m.PutBytes):
@@ -164,7 +165,8 @@ def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[A
         tier.discard_incomplete(effect.write)
     elif isinstance(effect, m.RemoveIfEmpty):
         with _quietly(effect.quiet):
-            tier.remove_if_empty(effect.path)
+            if (local := tier.local) is not None:
+                local.remove_if_empty(effect.path)
     elif isinstance(effect, m.MirrorInUse):
         return _mirror_in_use(tier, effect)
     elif isinstance(effect, m.DropMirrorFiles):
@@ -234,7 +236,8 @@ def _drop_mirror_files(tier: Tier, checkpoint_id: str, generation: str, recycle:
             if not info.path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX):
                 recycle(info.path, info.size)
     tier.delete_tree(directory)
-    tier.remove_if_empty(mirror_id_dir(checkpoint_id))
+    if (local := tier.local) is not None:
+        local.remove_if_empty(mirror_id_dir(checkpoint_id))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,15 +11,14 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from tierstore.placement import MirrorConfig
-from tierstore.tiers.base import Capabilities
-from tierstore.tiers.posix import POSIX_CAPABILITIES, PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import register
 
 
 class MemoryTier(PosixTier):
     """Host memory (tmpfs), node-local; writers stage saves in files here."""
 
-    capabilities = Capabilities(**{**POSIX_CAPABILITIES.__dict__, "staging_files": True})
+    staging = True
 
     def __init__(self, name: str, directory: str, *, mirror: MirrorConfig | None) -> None:
         super().__init__(name, "memory", directory, node_local=True)

@@ -26,9 +26,9 @@ from tierstore._platform.mapping import map_private
 from tierstore._platform.owners import hold_owner_lock, owner_is_alive
 from tierstore.errors import TierUnavailableError
 from tierstore.tiers.base import (
-    Capabilities,
     FileInfo,
     IncompleteWrite,
+    LocalFace,
     OwnedDirectory,
     Space,
     Tier,
@@ -57,7 +57,6 @@ _ADVICE = {
     errno.ENOENT: "check that the tier's directory exists",
 }
 """What to do about each error that makes a directory tier unusable (said in its message)."""
-POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True)
 
 
 def join_namespace(path: str, namespace: str | None) -> str:
@@ -95,9 +94,9 @@ class PosixTierConfig(TierConfig):
 
 
 class PosixTier(Tier):
-    """A tier that is a directory: ``<path>/<namespace>``."""
+    """A tier that is a directory: ``<path>/<namespace>``; its own :class:`LocalFace`."""
 
-    capabilities = POSIX_CAPABILITIES
+    staging = False
 
     def __init__(self, name: str, type_: str, directory: str, *, node_local: bool) -> None:
         self.name = name
@@ -106,17 +105,21 @@ class PosixTier(Tier):
         self.base = Path(directory)
         self.root = str(self.base)
 
+    @property
+    def local(self) -> LocalFace:
+        """This tier: its files are files of this host."""
+        return self
+
     def _path(self, path: str) -> Path:
         return self.base / path if path else self.base
 
     def local_path(self, path: str) -> str:
         """The real path of ``path`` in this tier: the adapters' own, and the tests' (to damage a
-        file on purpose). Not part of the :class:`Tier` seam: callers elsewhere use its verbs
-        (:meth:`map_file`, :meth:`own_directory`, :meth:`open_landing`)."""
+        file on purpose). Not part of the :class:`Tier` seam: callers elsewhere use :attr:`local`."""
         return str(self._path(path))
 
     def map_file(self, path: str) -> memoryview:
-        """See :meth:`Tier.map_file` (:func:`~tierstore._platform.mapping.map_private`: pages are
+        """See :meth:`LocalFace.map_file` (:func:`~tierstore._platform.mapping.map_private`: pages are
         shared with the page cache until written, a write never reaches the file, the page tables
         are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
         real = str(self._path(path))
@@ -136,21 +139,21 @@ class PosixTier(Tier):
                 close_unshared(fd)
 
     def own_directory(self, path: str) -> OwnedDirectory:
-        """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,
+        """See :meth:`LocalFace.own_directory` (an exclusive ``flock`` on its lock file,
         :mod:`tierstore._platform.owners`)."""
         directory = str(self._path(path))
         return OwnedDirectory(directory, hold_owner_lock(directory))
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
-        """See :meth:`Tier.open_landing`."""
+        """See :meth:`LocalFace.open_landing`."""
         return Landing(str(self._path(path)), size, spare)
 
     def owner_alive(self, path: str) -> bool | None:
-        """See :meth:`Tier.owner_alive`."""
+        """See :meth:`LocalFace.owner_alive`."""
         return owner_is_alive(str(self._path(path)))
 
     def directory_mtime(self, path: str) -> float | None:
-        """See :meth:`Tier.directory_mtime`."""
+        """See :meth:`LocalFace.directory_mtime`."""
         try:  # a string, not a Path: a promoter's pass asks this for every generation it keeps
             return os.stat(f"{self.root}/{path}" if path else self.root).st_mtime
         except (FileNotFoundError, NotADirectoryError):
@@ -277,7 +280,7 @@ class PosixTier(Tier):
         fsync_dir(Path(source_file).parent)
 
     def recycle(self, path: str, into: str) -> None:
-        """See :meth:`Tier.recycle` (``rename``; fsync both directories)."""
+        """See :meth:`LocalFace.recycle` (``rename``; fsync both directories)."""
         source = self._path(path)
         info = os.lstat(source)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:

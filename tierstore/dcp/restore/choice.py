@@ -33,7 +33,7 @@ from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, parse_marker, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trusted
-from tierstore.tiers import Tier
+from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger(__name__)
 NO_MARKER = "no commit marker"
@@ -209,10 +209,7 @@ def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sigh
     """The sightings in ``tier`` (none when they cannot be read: then the tiers are asked)."""
     try:
         found: dict[str, Sighting] = prober.ask(
-            tier.name,
-            lambda: read_sightings(tier),
-            what="read sightings",
-            direct=tier.capabilities.staging_files,
+            tier.name, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
         logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tier.name, exc)
@@ -244,7 +241,7 @@ def _probe_window(
                 tier.name,
                 functools.partial(read_manifest, tier, checkpoint_id),
                 what=f"read the marker of {checkpoint_id}",
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except FileNotFoundError:
             window.append((index, None, NO_MARKER))

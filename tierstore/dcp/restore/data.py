@@ -50,7 +50,7 @@ def read_data(session: RestoreSession, plan: LoadPlan, planner: LoadPlanner) -> 
         # Saved before items carried a CRC32C: their files are read whole and checked.
         _read_whole_files(session, [r for r in requests if r[1].crc is None], planner)
         requests = [r for r in requests if r[1].crc is not None]
-        if tier.capabilities.local_files:
+        if tier.local is not None:
             _read_local(session, requests, planner)
         else:
             _read_objects(session, requests, planner)

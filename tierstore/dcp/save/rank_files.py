@@ -151,7 +151,7 @@ class RankFileWriter:
             if not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
                 raise
             try:
-                space = self.tier.space()
+                space = local.space() if (local := self.tier.local) else None
             except TierUnavailableError:
                 space = None
             free = "" if space is None else f", {space.total - space.used} are free"
@@ -268,7 +268,7 @@ class RankFileWriter:
         pages out, like a tier that cannot adopt (one copy), instead of failing on a missing path.
         """
         assert self.slab is not None
-        if self.slab.path is None or not self.tier.capabilities.adopt:
+        if self.slab.path is None or self.tier.local is None:
             return False
         if os.path.exists(self.slab.path):
             return True
@@ -292,8 +292,10 @@ class RankFileWriter:
             os.fsync(fd)
         finally:
             os.close(fd)
+        local = self.tier.local
+        assert local is not None  # see _adoptable
         try:
-            self.tier.adopt(full, slab_path)
+            local.adopt(full, slab_path)
         except FileNotFoundError:
             if os.path.exists(slab_path):
                 raise  # something other than the slab is missing: a real failure
