@@ -119,7 +119,15 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     # two minutes, were too old and the choice asked S3 for the copy).
     trust = trust_period(job.config.promote.interval)
     row["restore tier choice"] = job.measure(
-        lambda: choose_copy(tiers, newest, node=0, verify=False, collective=False, sighting_trust=trust)
+        lambda: choose_copy(
+            tiers,
+            newest,
+            mirrored=job.config.mirrored,
+            node=0,
+            verify=False,
+            collective=False,
+            sighting_trust=trust,
+        )
     )
     listed: list[int] = []
     row["tierstore ls"] = job.measure(  # the CLI's default page

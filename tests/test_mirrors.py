@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tierstore.checksum import crc32c
-from tierstore.config import config_from_dict
+from tierstore.config import Config, config_from_dict
 from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
 from tierstore.ids import mirror_commit_path, mirror_copy_path, mirror_marker_path
@@ -30,11 +30,14 @@ from tierstore.tiers import Tier
 from tierstore.tiers.memory import MemoryTier
 
 
-def memory(tmp_path: Path, **mirror: object) -> Tier:
-    config = config_from_dict(
+def mirrored(tmp_path: Path, **mirror: object) -> Config:
+    return config_from_dict(
         {"tiers": [{"name": "m", "type": "memory", "path": str(tmp_path), "mirror": mirror or True}]}
     )
-    return config.make_tier("m", node=0)
+
+
+def memory(tmp_path: Path, **mirror: object) -> Tier:
+    return mirrored(tmp_path, **mirror).make_tier("m", node=0)
 
 
 def hold(tier: Tier, checkpoint_id: str, seq: int, owner: int = 1) -> MirrorMarker:
@@ -112,8 +115,8 @@ def test_status_round_trips(tmp_path: Path) -> None:
 
 
 def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
-    tier = memory(tmp_path, stride=2, timeout="30s")
-    assert tier.mirror is not None and (tier.mirror.stride, tier.mirror.timeout) == (2, 30.0)
+    mirror = mirrored(tmp_path, stride=2, timeout="30s").mirror_of("m")
+    assert mirror is not None and (mirror.stride, mirror.timeout) == (2, 30.0)
     base = {"name": "m", "type": "memory", "path": str(tmp_path)}
     assert config_from_dict({"tiers": [{**base, "mirror": False}]}).tiers[0].mirror is None
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror\.stride: expected a value >= 1"):
@@ -168,7 +171,7 @@ class _RecordingTier(MemoryTier):
     """A real memory tier that notes each removal, in order (the ordering rule's witness)."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__("m", str(root), mirror=None)
+        super().__init__("m", str(root))
         self.removed: list[str] = []
 
     def delete(self, path: str) -> None:

@@ -43,6 +43,7 @@ from pydantic_core import InitErrorDetails
 
 from tierstore.errors import ConfigError
 from tierstore.ids import ID_PATTERN
+from tierstore.placement import MirrorConfig
 from tierstore.policy_config import TierPolicy, entry_order, merge_entry, split_entry
 from tierstore.signing import DEFAULT_KEY_ENV, SigningKeys, keys_from_env
 from tierstore.tiers import Tier, TierConfig, make_tier, tier_types
@@ -292,6 +293,17 @@ class Config(StrictModel):
         is no such tier."""
         self.tier(name)
         return self._policies.get(name, TierPolicy())
+
+    @property
+    def mirrored(self) -> str | None:
+        """The tier mirrored into partner nodes' host memory (a memory tier's ``mirror``; at most
+        one), or None."""
+        return next((t.name for t in self.tiers if getattr(t, "mirror", None) is not None), None)
+
+    def mirror_of(self, name: str) -> MirrorConfig | None:
+        """How the tier called ``name`` is mirrored (its ``mirror``); None when it is not."""
+        mirror: MirrorConfig | None = getattr(self.tier(name), "mirror", None)
+        return mirror
 
     def make_tier(self, name: str, *, node: int) -> Tier:
         """The tier called ``name``, as seen from ``node``."""

@@ -212,7 +212,7 @@ def gather_status(
                 now=report.at,
             )
             report.tiers.append(status)
-            if status.reachable and status.newest is not None and tier.mirror is not None:
+            if status.reachable and status.newest is not None and tier.name == config.mirrored:
                 report.mirrors.append(_mirror_state(tier, node, status.newest.checkpoint_id, prober))
         away = {t.name for t in report.tiers if not t.reachable}
         report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))

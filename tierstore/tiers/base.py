@@ -33,7 +33,6 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator
 
-from tierstore.placement import MirrorConfig
 from tierstore.signing import SigningKeys
 from tierstore.tiers.landing import Landing
 from tierstore.units import StrictModel
@@ -201,8 +200,6 @@ class Tier(abc.ABC):
     """Human-readable location of the tier root (directory or ``s3://`` URL)."""
     capabilities: Capabilities = Capabilities()
     """How its transfers are best made (see :class:`Capabilities`)."""
-    mirror: MirrorConfig | None = None
-    """Peer mirroring of a node-local tier into a partner node's host memory (memory tiers)."""
     namespace: str | None = None
     """The namespace its root holds (``""``: none), set by :func:`~tierstore.tiers.make_tier`;
     None for a tier made otherwise (unknown: markers are not checked against it)."""

@@ -20,9 +20,8 @@ class MemoryTier(PosixTier):
 
     staging = True
 
-    def __init__(self, name: str, directory: str, *, mirror: MirrorConfig | None) -> None:
+    def __init__(self, name: str, directory: str) -> None:
         super().__init__(name, "memory", directory, node_local=True)
-        self.mirror = mirror
 
 
 @register
@@ -46,4 +45,4 @@ class MemoryTierConfig(PosixTierConfig):
     def build(self, *, namespace: str | None, node: int) -> MemoryTier:
         """The tier on ``node``."""
         directory = join_namespace(self.path_for(node), namespace)
-        return MemoryTier(self.name, directory, mirror=self.mirror)
+        return MemoryTier(self.name, directory)

@@ -55,6 +55,7 @@ def _check_share(
     tiers: list[Tier],
     manifests: dict[int, Manifest],
     *,
+    mirrored: str | None,
     rank: int,
     world: int,
     rank_nodes: list[int],
@@ -65,7 +66,7 @@ def _check_share(
     held: dict[int, dict[str, str]] = {}
     for index, manifest in manifests.items():
         tier = tiers[index]
-        if tier.mirror is not None:
+        if tier.name == mirrored:
             share = inventory.node_share(manifest, rank, rank_nodes)
             try:
                 held[index] = inventory.held_here(tier, manifest, share, verify=verify)
@@ -97,7 +98,7 @@ def _check_share(
 
 
 def _probe_mirrored(
-    tiers: list[Tier], checkpoint_id: str, indexes: list[int]
+    tiers: list[Tier], checkpoint_id: str, indexes: list[int], mirrored: str | None
 ) -> dict[int, inventory.NodeProbe]:
     """Every rank: what its node holds for each mirrored tier among ``indexes`` (markers, own and
     mirrored; parts)."""
@@ -105,7 +106,7 @@ def _probe_mirrored(
     node_local = [t for t in tiers if t.node_local]  # evidence of newer saves: every one of them
     for index in indexes:
         tier = tiers[index]
-        if tier.mirror is not None:
+        if tier.name == mirrored:
             try:
                 found[index] = inventory.probe_node(tier, checkpoint_id, node_local)
             except Exception as exc:  # noqa: BLE001 - a node that cannot be read holds nothing
@@ -328,6 +329,7 @@ def choose_copy(
     tiers: list[Tier],
     checkpoint_id: str,
     *,
+    mirrored: str | None,
     node: int,
     verify: bool,
     group: dist.ProcessGroup | None = None,
@@ -339,14 +341,15 @@ def choose_copy(
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
 
-    Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds
-    the newest known commit of the id (see :func:`_probe_window`), every rank checks its share of
-    the window's copies, and only if none is usable is the next window looked at. So a restore
-    served by host memory asks nothing of S3. ``before_probe(index)`` runs on every rank before it
+    Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds the
+    newest known commit of the id (see :func:`_probe_window`), every rank checks its share of the
+    window's copies, and only if none is usable is the next window looked at. So a restore served by
+    host memory asks nothing of S3. ``mirrored`` names the tier mirrored into partner nodes' memory
+    (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every rank before it
     looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps tier indexes
-    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s);
-    a sighting older than ``sighting_trust`` seconds is not trusted (the promoter is not running).
-    With ``collective=False`` this process decides alone, as a job of one rank would. Raises
+    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s); a
+    sighting older than ``sighting_trust`` seconds is not trusted (the promoter is not running). With
+    ``collective=False`` this process decides alone, as a job of one rank would. Raises
     :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
@@ -375,6 +378,7 @@ def choose_copy(
             window,
             known,
             reasons,
+            mirrored=mirrored,
             node=node,
             verify=verify,
             group=group,
@@ -406,6 +410,7 @@ def _choose_in_window(
     known: Known,
     reasons: dict[int, list[str]],
     *,
+    mirrored: str | None,
     node: int,
     verify: bool,
     group: dist.ProcessGroup | None,
@@ -419,11 +424,11 @@ def _choose_in_window(
     commits the window's mirrored tiers showed (the same on every rank)."""
     indexes = [index for index, _blob, _reason in window]
     found: dict[int, tuple[bytes | None, str | None]] = {i: (b, r) for i, b, r in window}
-    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes))
+    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes, mirrored))
     everyone = all_gather_object(mine, group) if collective else [mine]
     rank_nodes = [n for n, _ in everyone]
     for index in indexes:
-        if tiers[index].mirror is not None:
+        if tiers[index].name == mirrored:
             blob, reason = found[index]
             blobs = [blob] if blob is not None else []
             probes = [p[index] for _, p in everyone if index in p]
@@ -447,7 +452,9 @@ def _choose_in_window(
             reasons[index] = [reason]
     local: tuple[dict[int, list[str]], dict[int, dict[str, str]]] | Exception
     try:
-        local = _check_share(tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify)
+        local = _check_share(
+            tiers, manifests, mirrored=mirrored, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify
+        )
     except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
         local = exc
     gathered: list[Any] = all_gather_object(local, group) if collective else [local]
@@ -457,7 +464,7 @@ def _choose_in_window(
     findings: list[dict[int, list[str]]] = [problems for problems, _ in gathered]
     holdings: dict[int, inventory.Holdings] = {}
     for index, manifest in manifests.items():
-        if tiers[index].mirror is not None:
+        if tiers[index].name == mirrored:
             holdings[index] = inventory.by_node([h.get(index, {}) for _, h in gathered], rank_nodes)
             findings.append({index: inventory.unheld(manifest, holdings[index])})
     for index, manifest in manifests.items():

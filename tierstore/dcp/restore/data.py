@@ -125,11 +125,12 @@ def _serve_from_peers(
     """Mirrored memory tier: receive the files this node lacks from peers (a collective every
     rank joins), load their items from memory; returns the requests left to read locally."""
     choice, tier = session.choice, session.tier
-    if choice is None or choice.holdings is None or tier is None or tier.mirror is None:
+    mirror = None if tier is None else session.config.mirror_of(tier.name)
+    if choice is None or choice.holdings is None or tier is None or mirror is None:
         return requests
     if not session.collective:
         return requests  # alone: no peer sends anything
-    groups = job_groups(tier.mirror.timeout)
+    groups = job_groups(mirror.timeout)
     if groups is None:
         return requests
     received = fetch_missing(
@@ -139,7 +140,7 @@ def _serve_from_peers(
         choice.rank_nodes,
         {location.path for _, location in requests},
         group=groups.restore,
-        timeout_s=tier.mirror.timeout,
+        timeout_s=mirror.timeout,
     )
     for item, location in requests:
         if location.path in received:

@@ -144,10 +144,10 @@ def _seq_at_commit(session: SaveSession, gen: str, known: int) -> int:
 
 def _topology(session: SaveSession) -> dict[str, Any] | None:
     """The saving job's nodes and hosts, recorded when the tier mirrors (placement input)."""
-    if session.tier.mirror is None:
+    if (mirror := session.mirror) is None:
         return None
     hosts = {str(r.node): r.host for r in session.reports}
-    return {"hosts": hosts, "mirror_stride": session.tier.mirror.stride}
+    return {"hosts": hosts, "mirror_stride": mirror.stride}
 
 
 def _timings(session: SaveSession, committed_at: float) -> dict[str, float | None]:

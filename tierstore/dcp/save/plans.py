@@ -47,7 +47,7 @@ def set_up(session: SaveSession) -> None:
     Raises:
         CheckpointExistsError: the id is committed in some tier and the writer does not overwrite.
     """
-    open_groups(session.tier)
+    open_groups(session.mirror)
     elsewhere = session.look_elsewhere(session.is_coordinator)
     if session.is_coordinator and not session.overwrite:
         refuse_committed_id(session.tier, elsewhere, session.checkpoint_id, read_sightings(session.tier))
@@ -69,7 +69,7 @@ def _node_highest(session: SaveSession) -> int:
     sightings = read_sightings(tier)
     known = session.look_elsewhere(False).highest_known(tier.name, sightings)
     found = [highest_in(tier, above=known)]
-    if tier.mirror is not None:
+    if session.mirror is not None:
         found += [seq or 0 for seq in mirrored_ids(tier).values()]
     return max(found)
 

@@ -45,7 +45,7 @@ def write_data(session: SaveSession, plan: SavePlan, planner: SavePlanner) -> Fu
         metrics.failed(session.rank, session.tier_name, save_s=time.time() - session.started_at)
         raise
     finally:
-        if mirrors(session.tier):  # every rank hands over a round, even one whose write failed
+        if mirrors(session.mirror):  # every rank hands over a round, even one whose write failed
             planned = isinstance(assignment, RankAssignment)
             hand_to_mirror(
                 session, assignment.generation if planned else "", assignment.seq if planned else -1, wrote

@@ -21,6 +21,7 @@ from tierstore.config import Config
 from tierstore.dcp.mirror import Round
 from tierstore.dcp.save.gate import CommitGate
 from tierstore.dcp.staging import SlabInfo
+from tierstore.placement import MirrorConfig
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
 from tierstore.records.marker import FileEntry
@@ -96,6 +97,11 @@ class SaveSession:
     writing: Activity | None = None
     writing_ends: weakref.finalize[Any, Any] | None = None
     round: Round | None = None
+
+    @property
+    def mirror(self) -> MirrorConfig | None:
+        """How the target tier is mirrored into a partner node's memory; None when it is not."""
+        return self.config.mirror_of(self.tier_name)
 
     def start_writing(self) -> None:
         """Coordinator, before any rank writes: announce the save's generation in the target tier."""

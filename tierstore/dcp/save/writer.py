@@ -105,7 +105,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self._tier: Tier | None = None
         self._elsewhere: Elsewhere | None = None
         self._staged = StageHandoff(self.node, self.tier_name)
-        self._waits = MirrorWaits()
+        self._waits = MirrorWaits(self.config.mirror_of(self.tier_name))
         self._handover: str | None = None  # in DCP's checkpoint process: the record the trainer awaits
         self._save_metrics = SaveRecorder(self.config.metrics.directory_for(self.node))
         self._session: SaveSession | None = None  # the save in progress, or the last one
@@ -152,7 +152,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_elsewhere"] = state["_session"] = None  # the process that saves has its own
-        state["_waits"] = MirrorWaits()  # the trainer's alone
+        state["_waits"] = MirrorWaits(self._waits.mirror)  # the trainer's alone
         state["_handover"] = self._waits.hand_over(self.tier)
         # The slab and stage report go with this copy (a snapshot, taken before the two lines
         # below change the trainer's), the staging buffers and the pending save stay.

@@ -62,7 +62,7 @@ def latest_committed(
     tiers = config.make_tiers(node=this_node)
     prober = Prober(config.probe_timeout)
     skipped: list[str] = []
-    mirrored = [t for t in tiers if t.mirror is not None]
+    mirrored = [t for t in tiers if t.name == config.mirrored]
     catalog = Catalog(config, node=this_node, tiers=tiers)
     if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
         candidates = _with_peer_candidates(catalog, mirrored, group, rank, distributed)
@@ -87,6 +87,7 @@ def latest_committed(
                 choice = choose_copy(
                     tiers,
                     checkpoint_id,
+                    mirrored=config.mirrored,
                     node=this_node,
                     verify=False,
                     group=group,
