@@ -26,6 +26,7 @@ from tierstore.records.mirror import (
     write_status,
 )
 from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.tiers.memory import MemoryTier
 
@@ -138,12 +139,12 @@ def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_p
     cut = hold(tier, "step_2", 2)
     tier.delete(mirror_marker_path("step_2", cut.generation, 1))  # the exchange died before it
     now = time.time()
-    fresh = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now)
+    fresh = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now, trust=MarkerTrust())
     assert [c.path for c in fresh if "mirror" in c.path] == [], "a recent exchange may be running"
-    later = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now + 601)
+    later = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now + 601, trust=MarkerTrust())
     stale = [c for c in later if "mirror" in c.path]
     assert [c.path for c in stale] == [f".tierstore/mirror/step_2/{cut.generation}"]
-    remove(tier, stale[0])
+    remove(tier, stale[0], trust=MarkerTrust())
     assert held_mirrors(tier, "step_1") == [complete]
     assert not (tmp_path / ".tierstore" / "mirror" / "step_2" / cut.generation).exists()
 

@@ -18,6 +18,7 @@ from tierstore.config import Config
 from tierstore.ids import CHANGES_PATH, marker_path
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
 from tierstore.tiers.s3.tier import S3Tier
@@ -182,7 +183,7 @@ def test_overwrite_forgets_the_replaced_generations_log_entry_after_its_new_mark
     _save(config, "step_000001", overwrite=True)
     (new,) = [e for e in read_log(tier) if e.checkpoint_id == "step_000001"]
     assert new.generation != old.generation
-    assert new.generation == read_manifest(tier, "step_000001").generation
+    assert new.generation == read_manifest(tier, "step_000001", trust=MarkerTrust()).generation
     assert tier_events.index(("marker", marker_path("step_000001"))) < tier_events.index(
         ("delete file", old.path)
     )
@@ -222,14 +223,14 @@ def test_cleanup_removes_part_records_before_data_and_keeps_a_generation_committ
     tier.write_bytes(f"ckpt/{gen}/r00001-0.distcp", b"node 1's part")
     tier.write_bytes(node_part_path("ckpt", gen, 1), b"{}")
     tier_events.clear()
-    assert remove_generation(tier, "ckpt", gen)
+    assert remove_generation(tier, "ckpt", gen, trust=MarkerTrust())
     deletions = [path for kind, path in tier_events if kind == "delete"]
     assert deletions == [parts_dir("ckpt", gen), generation_dir("ckpt", gen)], (
         "a promoter needs the part records to publish: they go first"
     )
 
     _save(config, "step_000001")  # a committed generation is never removed by cleanup
-    committed = read_manifest(tier, "step_000001").generation
-    assert not remove_generation(tier, "step_000001", committed)
-    assert read_manifest(tier, "step_000001").generation == committed
+    committed = read_manifest(tier, "step_000001", trust=MarkerTrust()).generation
+    assert not remove_generation(tier, "step_000001", committed, trust=MarkerTrust())
+    assert read_manifest(tier, "step_000001", trust=MarkerTrust()).generation == committed
     assert tier.exists(f"step_000001/{committed}/.metadata")

@@ -38,6 +38,7 @@ from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import MIRROR_MARKER_PREFIX, MirrorMarker, held_mirrors
 from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.signing import MarkerTrust
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20
@@ -206,9 +207,9 @@ def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spar
     assert [p.stat().st_size for p in spares] == [MIB], spares
     left = [info.path for info in tier.find(".tierstore/mirror/x")]
     assert len(left) == 1 and left[0].endswith(".distcp"), left
-    found = find_leftovers(tier, stale_after=0, activity_ttl=60)
+    found = find_leftovers(tier, stale_after=0, activity_ttl=60, trust=MarkerTrust())
     for cleanup in found:
-        remove(tier, cleanup)
+        remove(tier, cleanup, trust=MarkerTrust())
     assert list(tmp_path.glob(".tierstore/staging/*/mirror-spare-*")) == [], found
     assert tier.find(".tierstore/mirror/x") == [], found
     assert tier.read_bytes(newer) == bytes([0xAB]) * MIB, "cleanup took the newer mirror"

@@ -17,6 +17,7 @@ from tierstore.config import config_from_dict
 from tierstore.ids import CHANGES_PATH
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.protocol import claim, drop, publish
+from tierstore.signing import MarkerTrust
 from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import config_model, register
 
@@ -65,14 +66,17 @@ def test_a_promoter_looking_right_after_each_stamp_sees_every_change_at_its_next
         for entry in manifest.files:  # a save: its files, its number, its marker
             tier.write_bytes(f"{checkpoint_id}/{entry.path}", BLOB)
         seq = claim(tier, checkpoint_id, manifest.generation)
-        assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+        assert (
+            publish(tier, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust())
+            is None
+        )
     finally:
         AFTER_STAMP.clear()
     assert checkpoint_id in promoter.catalog()["pfs"], "the commit"
     assert promoter.highest["pfs"] == seq, "the log entry"
     AFTER_STAMP.append(promoter.catalog)
     try:
-        drop(tier, checkpoint_id, manifest.generation)
+        drop(tier, checkpoint_id, manifest.generation, trust=MarkerTrust())
     finally:
         AFTER_STAMP.clear()
     assert checkpoint_id not in promoter.catalog()["pfs"], "the drop"

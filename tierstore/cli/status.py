@@ -29,6 +29,7 @@ from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import MirrorStatus, read_status
 from tierstore.records.promoter_state import PromoterState, read_state
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Space, Tier, is_host_memory
 from tierstore.units import human_age, human_bytes
 
@@ -213,7 +214,8 @@ def gather_status(
             )
             report.tiers.append(status)
             if status.reachable and status.newest is not None and tier.name == config.mirrored:
-                report.mirrors.append(_mirror_state(tier, node, status.newest.checkpoint_id, prober))
+                state = _mirror_state(tier, node, status.newest.checkpoint_id, prober, catalog.trust)
+                report.mirrors.append(state)
         away = {t.name for t in report.tiers if not t.reachable}
         report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))
     report.newest = _newest([t.newest for t in report.tiers])
@@ -266,9 +268,11 @@ def _tier_status(
     )
 
 
-def _mirror_state(tier: Tier, node: int, checkpoint_id: str, prober: Prober) -> MirrorState:
+def _mirror_state(
+    tier: Tier, node: int, checkpoint_id: str, prober: Prober, trust: MarkerTrust
+) -> MirrorState:
     def question() -> MirrorStatus | None:
-        generation = read_manifest(tier, checkpoint_id).generation
+        generation = read_manifest(tier, checkpoint_id, trust=trust).generation
         return read_status(tier, checkpoint_id, generation, node)
 
     try:

@@ -37,6 +37,7 @@ from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
 from tierstore.records.protocol import drop, forget_entry, sweep
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import FileInfo, IncompleteWrite, LocalFace, Tier
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Cleanup:
 def find_leftovers(
     tier: Tier,
     *,
+    trust: MarkerTrust,
     stale_after: float,
     activity_ttl: float,
     now: float | None = None,
@@ -83,7 +85,7 @@ def find_leftovers(
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
     at_work = [r for r in records if r.age < activity_ttl]
-    seen = discover(tier, MarkerCache(foreign=set() if warned is None else warned))  # fresh markers
+    seen = discover(tier, MarkerCache(trust, foreign=set() if warned is None else warned))  # fresh markers
     found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for write in incomplete:
         # Never a write of work in progress, however idle it looks (a slow part upload).
@@ -288,13 +290,13 @@ def _uncommitted_generations(
     return found
 
 
-def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) -> None:
+def remove(tier: Tier, cleanup: Cleanup, *, trust: MarkerTrust, activity_ttl: float = ACTIVITY_TTL) -> None:
     """Carry out one cleanup (an uncommitted generation: see :func:`remove_generation`). The
     tier's change stamp follows every removal (the protocol's own for generations and log
     entries: :mod:`tierstore.records.changes`)."""
     split = split_generation_path(f"{cleanup.path}/x")
     if cleanup.kind == "tree" and split is not None:
-        remove_generation(tier, split[0], split[1], activity_ttl=activity_ttl)
+        remove_generation(tier, split[0], split[1], trust=trust, activity_ttl=activity_ttl)
     elif cleanup.kind == "entry" and (parsed := parse_commit_entry(cleanup.path)) is not None:
         forget_entry(tier, LogEntry(*parsed), top=highest_in(tier))
     else:
@@ -303,7 +305,7 @@ def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) 
 
 
 def remove_generation(
-    tier: Tier, checkpoint_id: str, generation: str, *, activity_ttl: float = ACTIVITY_TTL
+    tier: Tier, checkpoint_id: str, generation: str, *, trust: MarkerTrust, activity_ttl: float = ACTIVITY_TTL
 ) -> bool:
     """Remove an uncommitted generation, unless someone commits it meanwhile; True if removed.
 
@@ -314,7 +316,7 @@ def remove_generation(
     for work in progress on it; only if there is neither does the data go. A promoter that starts
     later finds no records to publish from and copies its part again; one at work holds a record.
     """
-    return drop(tier, checkpoint_id, generation, committed=False, ttl=activity_ttl)
+    return drop(tier, checkpoint_id, generation, trust=trust, committed=False, ttl=activity_ttl)
 
 
 __all__ = ["Cleanup", "find_leftovers", "remove", "remove_generation"]

@@ -92,12 +92,13 @@ class Context:
         self.config, self.node, self.metrics = config, node, metrics
         self.rules = rules_of(config)
         self.tiers = tuple(config.make_tiers(node=node))
+        self.trust = config.marker_trust()
         self.by_name = {t.name: t for t in self.tiers}
         self.health = PromoterHealth(stall_bound(config.promote.interval))
         metrics.watch(self.health, config.metrics.directory_for(node), stale_after=config.metrics.stale_after)
         self.stopping, self.cancel = threading.Event(), threading.Event()
         self.prober = Prober(config.probe_timeout)
-        self.cache = MarkerCache()
+        self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
         for tier in self.tiers:
             tier.observe_retries(_counter(metrics, tier.name))

@@ -35,6 +35,7 @@ from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import LocalFace, Tier
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class MarkerCache:
     tier's: a promoter whose clock is off trusts nothing sooner.
     """
 
+    trust: MarkerTrust
+    """Which markers it reads (:func:`~tierstore.records.marker.read_manifest`)."""
     entries: dict[tuple[str, str], _Cached] = field(default_factory=dict)
     parts_read: dict[tuple[str, str], _CachedParts] = field(default_factory=dict)
     """Part records by (tier, id), valid while no directory they were listed from changed."""
@@ -117,7 +120,7 @@ class MarkerCache:
         if cached is not None and self._trusted(tier, checkpoint_id, mtime):
             return cached.manifest
         listed = cached.listed if cached is not None and same else time.monotonic()
-        manifest = read_manifest(tier, checkpoint_id)
+        manifest = read_manifest(tier, checkpoint_id, trust=self.trust)
         self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
         return manifest
 

@@ -33,7 +33,6 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator
 
-from tierstore.signing import SigningKeys
 from tierstore.tiers.landing import Landing
 from tierstore.units import StrictModel
 
@@ -200,12 +199,6 @@ class Tier(abc.ABC):
     """Human-readable location of the tier root (directory or ``s3://`` URL)."""
     capabilities: Capabilities = Capabilities()
     """How its transfers are best made (see :class:`Capabilities`)."""
-    namespace: str | None = None
-    """The namespace its root holds (``""``: none), set by :func:`~tierstore.tiers.make_tier`;
-    None for a tier made otherwise (unknown: markers are not checked against it)."""
-    signing: SigningKeys | None = None
-    """The job's signing keys, set by :func:`~tierstore.tiers.make_tier` when signing is on:
-    markers read from this tier must carry a valid signature (:mod:`tierstore.signing`)."""
 
     @property
     def local(self) -> LocalFace | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import typing
 
-from tierstore.signing import SigningKeys
 from tierstore.tiers.base import Tier, TierConfig
 
 _TYPES: dict[str, type[TierConfig]] = {}
@@ -41,12 +40,6 @@ def config_model(type_name: str) -> type[TierConfig] | None:
     return _TYPES.get(type_name)
 
 
-def make_tier(
-    config: TierConfig, *, namespace: str | None, node: int, signing: SigningKeys | None = None
-) -> Tier:
-    """Build the adapter for one configured tier, as seen from ``node`` (markers read from it are
-    checked with ``signing``, when given)."""
-    tier = config.build(namespace=namespace, node=node)
-    tier.namespace = namespace or ""
-    tier.signing = signing
-    return tier
+def make_tier(config: TierConfig, *, namespace: str | None, node: int) -> Tier:
+    """Build the adapter for one configured tier, as seen from ``node``."""
+    return config.build(namespace=namespace, node=node)

@@ -33,6 +33,7 @@ from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, parse_marker, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trusted
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def _check_share(
 
 
 def _probe_mirrored(
-    tiers: list[Tier], checkpoint_id: str, indexes: list[int], mirrored: str | None
+    tiers: list[Tier], checkpoint_id: str, indexes: list[int], mirrored: str | None, trust: MarkerTrust
 ) -> dict[int, inventory.NodeProbe]:
     """Every rank: what its node holds for each mirrored tier among ``indexes`` (markers, own and
     mirrored; parts)."""
@@ -108,14 +109,14 @@ def _probe_mirrored(
         tier = tiers[index]
         if tier.name == mirrored:
             try:
-                found[index] = inventory.probe_node(tier, checkpoint_id, node_local)
+                found[index] = inventory.probe_node(tier, checkpoint_id, trust, node_local)
             except Exception as exc:  # noqa: BLE001 - a node that cannot be read holds nothing
                 logger.warning("restore of %s: cannot probe %s: %s", checkpoint_id, tier.name, exc)
     return found
 
 
 def _newest_marker(
-    tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe]
+    tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe], trust: MarkerTrust
 ) -> tuple[bytes | None, str | None, tuple[int, str] | None]:
     """The newest commit among markers found on any node (own or mirrored copies); none when live
     nodes hold evidence of a newer save of the id (see :func:`inventory.newer_saves`), whose
@@ -123,7 +124,7 @@ def _newest_marker(
     best: Manifest | None = None
     for blob in set(blobs):
         try:
-            manifest = parse_marker(tier, blob, where=f"tier {tier.name}")
+            manifest = parse_marker(blob, where=f"tier {tier.name}", trust=trust)
         except Exception as exc:  # noqa: BLE001 - one bad copy; others may do
             reasons.append(str(exc))
             continue
@@ -226,6 +227,7 @@ def _probe_window(
     known: Known,
     prober: Prober,
     before_probe: Callable[[int], None],
+    trust: MarkerTrust,
 ) -> list[tuple[int, bytes | None, str | None]]:
     """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
     commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
@@ -240,7 +242,7 @@ def _probe_window(
         try:
             manifest = prober.ask(
                 tier.name,
-                functools.partial(read_manifest, tier, checkpoint_id),
+                functools.partial(read_manifest, tier, checkpoint_id, trust=trust),
                 what=f"read the marker of {checkpoint_id}",
                 direct=is_host_memory(tier),
             )
@@ -279,7 +281,7 @@ def _with_unanswered(
 
 
 def _with_window(
-    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]]
+    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]], trust: MarkerTrust
 ) -> Known:
     """``known`` and the commits whose markers a window read (usable or not)."""
     commits = dict(known.commits)
@@ -287,7 +289,7 @@ def _with_window(
         if blob is None:
             continue
         try:
-            manifest = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
+            manifest = parse_marker(blob, where=f"tier {tiers[index].name}", trust=trust)
         except Exception as exc:  # noqa: BLE001 - a marker that does not parse says nothing
             logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
             continue
@@ -329,6 +331,7 @@ def choose_copy(
     tiers: list[Tier],
     checkpoint_id: str,
     *,
+    trust: MarkerTrust,
     mirrored: str | None,
     node: int,
     verify: bool,
@@ -344,13 +347,14 @@ def choose_copy(
     Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds the
     newest known commit of the id (see :func:`_probe_window`), every rank checks its share of the
     window's copies, and only if none is usable is the next window looked at. So a restore served by
-    host memory asks nothing of S3. ``mirrored`` names the tier mirrored into partner nodes' memory
-    (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every rank before it
-    looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps tier indexes
-    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s); a
-    sighting older than ``sighting_trust`` seconds is not trusted (the promoter is not running). With
-    ``collective=False`` this process decides alone, as a job of one rank would. Raises
-    :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
+    host memory asks nothing of S3. Markers are read with ``trust``; ``mirrored`` names the tier
+    mirrored into partner nodes' memory (:attr:`~tierstore.config.Config.mirrored`).
+    ``before_probe(index)`` runs on every rank before it looks at ``tiers[index]`` (the reader announces
+    its read there). ``excluded`` maps tier indexes already found unusable (and why) to skip; ``prober``
+    bounds each marker read (default: 10 s); a sighting older than ``sighting_trust`` seconds is not
+    trusted (the promoter is not running). With ``collective=False`` this process decides alone, as a
+    job of one rank would. Raises :class:`CheckpointNotFoundError` listing every tier looked at and why
+    it was skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
     prober = prober or Prober(10.0)
@@ -361,7 +365,15 @@ def choose_copy(
     start = 0
     while start < len(tiers):
         window = (
-            _probe_window(tiers, checkpoint_id, start, known=known, prober=prober, before_probe=before_probe)
+            _probe_window(
+                tiers,
+                checkpoint_id,
+                start,
+                known=known,
+                prober=prober,
+                before_probe=before_probe,
+                trust=trust,
+            )
             if rank == 0
             else []
         )
@@ -378,6 +390,7 @@ def choose_copy(
             window,
             known,
             reasons,
+            trust=trust,
             mirrored=mirrored,
             node=node,
             verify=verify,
@@ -391,7 +404,7 @@ def choose_copy(
             return choice
         # A later window's copies count only if they hold the newest commit the earlier windows
         # showed (their unusable copies included: a newer commit spread over nodes, say).
-        known = _with_window(known, tiers, window)
+        known = _with_window(known, tiers, window, trust)
         start = window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
     lines.append(
@@ -410,6 +423,7 @@ def _choose_in_window(
     known: Known,
     reasons: dict[int, list[str]],
     *,
+    trust: MarkerTrust,
     mirrored: str | None,
     node: int,
     verify: bool,
@@ -424,7 +438,7 @@ def _choose_in_window(
     commits the window's mirrored tiers showed (the same on every rank)."""
     indexes = [index for index, _blob, _reason in window]
     found: dict[int, tuple[bytes | None, str | None]] = {i: (b, r) for i, b, r in window}
-    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes, mirrored))
+    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes, mirrored, trust))
     everyone = all_gather_object(mine, group) if collective else [mine]
     rank_nodes = [n for n, _ in everyone]
     for index in indexes:
@@ -434,7 +448,7 @@ def _choose_in_window(
             probes = [p[index] for _, p in everyone if index in p]
             blobs += [b for probe in probes for b in probe.markers]
             other = [] if reason in (None, NO_MARKER) else [f"node of rank 0: {reason}"]
-            blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes)
+            blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes, trust)
             found[index] = (blob, reason)
             if evidence is not None:  # a newer commit than any marker held: it decides "newest"
                 commits = {**known.commits, tiers[index].name: evidence}
@@ -444,7 +458,7 @@ def _choose_in_window(
         if blob is None:
             reasons[index] = [reason or NO_MARKER]
         else:
-            manifests[index] = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
+            manifests[index] = parse_marker(blob, where=f"tier {tiers[index].name}", trust=trust)
     _keep_only_the_newest_commit(tiers, manifests, reasons, known)
     for index, reason in excluded.items():
         if index in manifests or index in found:

@@ -42,7 +42,7 @@ def read_data(session: RestoreSession, plan: LoadPlan, planner: LoadPlanner) -> 
     )
     try:
         requests = _serve_from_peers(session, requests, planner)
-        if session.signing:  # byte items are unpickled: only from bytes checked as they are read
+        if session.trust.keys is not None:  # byte items are unpickled: only from bytes checked on read
             _read_whole_files(
                 session, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner, signed=True
             )

@@ -54,6 +54,7 @@ def _choose_and_read(session: RestoreSession) -> Metadata:
         choice = choose_copy(
             tiers,
             checkpoint_id,
+            trust=session.trust,
             mirrored=session.config.mirrored,
             node=session.node,
             verify=session.verify,

@@ -21,6 +21,7 @@ from tierstore.dcp.mirror import stored_path
 from tierstore.dcp.restore.choice import Choice
 from tierstore.ids import checkpoint_file
 from tierstore.records.activity import Activity, hold
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger("tierstore.dcp.reader")
@@ -35,7 +36,7 @@ class RestoreSession:
     tiers: list[Tier]
     node: int
     verify: bool
-    signing: bool
+    trust: MarkerTrust  # the markers it reads: the job's namespace, signed by its keys
     collective: bool
     process_group: Any  # the group passed to dcp.load, None (the default one) or collectives.ALONE
     prober: Prober  # the reader's: a tier found hung is skipped by its later loads

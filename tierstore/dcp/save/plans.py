@@ -90,7 +90,7 @@ def global_plan(session: SaveSession, plans: list[SavePlan]) -> list[SavePlan]:
     multi_node = len({r.node for r in reports}) > 1
     nodes = [r.node for r in reports]
     settled = tuple(session.look_elsewhere(True).outcomes(tier.name)) if multi_node else ()
-    current = current_commit(tier, ckpt) if multi_node else None
+    current = current_commit(tier, ckpt, session.trust) if multi_node else None
     return [
         dataclasses.replace(
             plan,

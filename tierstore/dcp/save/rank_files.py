@@ -99,11 +99,12 @@ class RankFileWriter:
         node: int,
         slab: SlabInfo | None,
         check_finite: bool,
+        sha256: bool,
     ) -> None:
         self.tier, self.checkpoint_id, self.generation = tier, checkpoint_id, generation
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
-        self.sha256 = tier.signing is not None
+        self.sha256 = sha256
         """Signed markers name each file's SHA-256 too: computed beside the CRC, in this pass."""
 
     @staticmethod

@@ -70,7 +70,14 @@ def _write_rank(
     tier = session.tier
     ckpt, gen, rank = session.checkpoint_id, assignment.generation, assignment.rank
     files = RankFileWriter(
-        tier, ckpt, gen, rank, node=session.node, slab=session.slab, check_finite=session.check_finite
+        tier,
+        ckpt,
+        gen,
+        rank,
+        node=session.node,
+        slab=session.slab,
+        check_finite=session.check_finite,
+        sha256=session.trust.keys is not None,
     )
     # A rank on another node than the coordinator's announces its part in its own node's tier
     # until the part record is durable: that node's cleanup never sees the coordinator's
@@ -82,6 +89,7 @@ def _write_rank(
             list(assignment.settled),
             current=assignment.current,
             ttl=session.config.promote.activity_ttl,
+            trust=session.trust,
         )
     try:
         out = files.write(plan.items, planner)

@@ -25,6 +25,7 @@ from tierstore.placement import MirrorConfig
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
 from tierstore.records.marker import FileEntry
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 FILES_KEY = "__tierstore_files__"
@@ -79,6 +80,7 @@ class SaveSession:
     config: Config
     tier: Tier  # the target, as the process that saves sees it
     tier_name: str
+    trust: MarkerTrust  # the markers it reads: the job's namespace, signed by its keys
     node: int
     overwrite: bool
     check_finite: bool

@@ -52,6 +52,7 @@ from tierstore.dcp.staging import Stager, StagingFuture
 from tierstore.errors import TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
 from tierstore.records.known import Elsewhere, elsewhere_for
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -103,6 +104,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.overlap = self.config.staging.overlap if overlap is None else overlap
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
         self._tier: Tier | None = None
+        self._trust: MarkerTrust | None = None
         self._elsewhere: Elsewhere | None = None
         self._staged = StageHandoff(self.node, self.tier_name)
         self._waits = MirrorWaits(self.config.mirror_of(self.tier_name))
@@ -132,6 +134,13 @@ class TieredWriter(StorageWriter, AsyncStager):
             self._tier = self.config.make_tier(self.tier_name, node=self.node)
         return self._tier
 
+    @property
+    def trust(self) -> MarkerTrust:
+        """Which markers this writer reads: its namespace's, signed by the job's keys (read once)."""
+        if self._trust is None:
+            self._trust = self.config.marker_trust()
+        return self._trust
+
     def _look_elsewhere(self, coordinator: bool) -> Elsewhere:
         """This process's knowledge of the other tiers, read at its first save (once)."""
         if self._elsewhere is None:
@@ -140,7 +149,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             # The coordinator every tier, the target too (a later save into another tier must not ask
             # the first one's target again), the other ranks their node's node-local ones.
             wanted = tiers if coordinator else [t for t in tiers if t.node_local]
-            self._elsewhere.look(wanted, Prober(self.config.probe_timeout))
+            self._elsewhere.look(wanted, Prober(self.config.probe_timeout), self.trust)
         return self._elsewhere
 
     def _current(self) -> SaveSession:
@@ -244,6 +253,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             config=self.config,
             tier=self.tier,
             tier_name=self.tier_name,
+            trust=self.trust,
             node=self.node,
             overwrite=self.overwrite,
             check_finite=self.check_finite,

@@ -222,6 +222,7 @@ def _export_from_first_usable(
             choice = choose_copy(
                 tiers,
                 checkpoint_id,
+                trust=config.marker_trust(),
                 mirrored=config.mirrored,
                 node=node,
                 verify=False,  # sizes only here: the conversion verifies every byte it reads
