@@ -46,7 +46,7 @@ from tierstore.ids import ID_PATTERN
 from tierstore.placement import MirrorConfig
 from tierstore.policy_config import TierPolicy, entry_order, merge_entry, split_entry
 from tierstore.signing import DEFAULT_KEY_ENV, MarkerTrust, SigningKeys, keys_from_env
-from tierstore.tiers import Tier, TierConfig, make_tier, tier_types
+from tierstore.tiers import RetryHook, Tier, TierConfig, make_tier, tier_types
 from tierstore.tiers.registry import config_model
 from tierstore.topology import current_node
 from tierstore.units import Duration, StrictModel
@@ -314,9 +314,10 @@ class Config(StrictModel):
         """The tier called ``name``, as seen from ``node``."""
         return make_tier(self.tier(name), namespace=self.namespace, node=node)
 
-    def make_tiers(self, *, node: int) -> list[Tier]:
-        """Every configured tier, fastest first, as seen from ``node``."""
-        return [make_tier(t, namespace=self.namespace, node=node) for t in self.tiers]
+    def make_tiers(self, *, node: int, on_retry: RetryHook | None = None) -> list[Tier]:
+        """Every configured tier, fastest first, as seen from ``node`` (``on_retry``: told of each
+        transient error a tier retries)."""
+        return [make_tier(t, namespace=self.namespace, node=node, on_retry=on_retry) for t in self.tiers]
 
 
 _POLICIES_CONTEXT = "tier_policies"

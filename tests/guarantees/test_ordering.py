@@ -21,7 +21,7 @@ from tierstore.records.marker import read_manifest
 from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
-from tierstore.tiers.s3.tier import S3Tier
+from tierstore.tiers.s3.client import S3Client
 
 
 def _fd_path(fd: int) -> str:
@@ -194,14 +194,14 @@ def test_s3_marker_is_put_after_every_data_object(
 ) -> None:
     config = make_config("s3")
     calls: list[tuple[str, str]] = []
-    real_call = S3Tier.call
+    real_call = S3Client.call
 
-    def call(self: S3Tier, method: str, what: str, **kwargs: Any) -> Any:
+    def call(self: S3Client, method: str, what: str, **kwargs: Any) -> Any:
         result = real_call(self, method, what, **kwargs)
         calls.append((method, str(kwargs.get("Key", ""))))
         return result
 
-    monkeypatch.setattr(S3Tier, "call", call)
+    monkeypatch.setattr(S3Client, "call", call)
     _save(config, "step_000001")
     completed = [key for method, key in calls if method in ("put_object", "complete_multipart_upload")]
     assert completed[-1].endswith(CHANGES_PATH), "the change stamp follows the marker"

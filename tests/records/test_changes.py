@@ -18,6 +18,7 @@ from tierstore.ids import CHANGES_PATH
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.protocol import claim, drop, publish
 from tierstore.signing import MarkerTrust
+from tierstore.tiers import RetryHook
 from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import config_model, register
 
@@ -43,7 +44,9 @@ if config_model("looked-at") is None:
 
         type: Literal["looked-at"]
 
-        def build(self, *, namespace: str | None, node: int) -> LookedAtTier:
+        def build(
+            self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None
+        ) -> LookedAtTier:
             return LookedAtTier(
                 self.name, "looked-at", join_namespace(self.path, namespace), node_local=False
             )

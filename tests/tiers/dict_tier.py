@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
-from tierstore.tiers import FileInfo, Tier, TierConfig, register
+from tierstore.tiers import FileInfo, RetryHook, Tier, TierConfig, register
 
 _STORES: dict[str, dict[str, tuple[bytes, float]]] = {}
 _LOCK = threading.Lock()
@@ -147,7 +147,7 @@ class DictTierConfig(TierConfig):
     type: Literal["dict"]
     store: str = Field("default", description="Tiers naming the same store share their objects.")
 
-    def build(self, *, namespace: str | None, node: int) -> DictTier:
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> DictTier:
         return DictTier(self.name, self.store, namespace)
 
 
@@ -160,7 +160,7 @@ class NodeDictTierConfig(TierConfig):
     store: str = Field("node{node}", description="Each node's store; {node} is its index.")
     node_local: ClassVar[bool] = True
 
-    def build(self, *, namespace: str | None, node: int) -> DictTier:
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> DictTier:
         tier = DictTier(self.name, self.store.replace("{node}", str(node)), namespace)
         tier.node_local = True
         return tier

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config
@@ -91,7 +90,9 @@ class Context:
     def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
         self.config, self.node, self.metrics = config, node, metrics
         self.rules = rules_of(config)
-        self.tiers = tuple(config.make_tiers(node=node))
+        self.tiers = tuple(
+            config.make_tiers(node=node, on_retry=lambda name, _error: metrics.retries.labels(name).inc())
+        )
         self.trust = config.marker_trust()
         self.by_name = {t.name: t for t in self.tiers}
         self.health = PromoterHealth(stall_bound(config.promote.interval))
@@ -100,9 +101,3 @@ class Context:
         self.prober = Prober(config.probe_timeout)
         self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
-        for tier in self.tiers:
-            tier.observe_retries(_counter(metrics, tier.name))
-
-
-def _counter(metrics: PromoterMetrics, tier_name: str) -> Callable[[BaseException], None]:
-    return lambda _error: metrics.retries.labels(tier_name).inc()

@@ -38,6 +38,9 @@ from tierstore.units import StrictModel
 
 TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
 
+RetryHook = Callable[[str, BaseException], None]
+"""Told a tier's name and each transient error it retries (metrics), in the process that built it."""
+
 
 @dataclass(frozen=True)
 class FileInfo:
@@ -317,11 +320,6 @@ class Tier(abc.ABC):
         """Remove one write listed by :meth:`incomplete_writes` (gone already is fine)."""
         self.delete(write.path)
 
-    def observe_retries(self, callback: Callable[[BaseException], None] | None) -> None:
-        """Have ``callback`` told of each transient error retried (metrics); tiers that never
-        retry ignore it."""
-        return None
-
 
 class TierConfig(StrictModel):
     """The YAML storage fields every tier has; each tier type's model adds its own and a ``build``
@@ -358,5 +356,6 @@ class TierConfig(StrictModel):
         return None
 
     @abc.abstractmethod
-    def build(self, *, namespace: str | None, node: int) -> Tier:
-        """The tier, rooted at its location plus ``namespace``, as seen from ``node``."""
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> Tier:
+        """The tier, rooted at its location plus ``namespace``, as seen from ``node``; a tier that
+        retries tells ``on_retry`` of each transient error."""

@@ -30,6 +30,7 @@ from tierstore.tiers.base import (
     IncompleteWrite,
     LocalFace,
     OwnedDirectory,
+    RetryHook,
     Space,
     Tier,
     TierConfig,
@@ -79,6 +80,11 @@ class PosixTierConfig(TierConfig):
         if isinstance(data.get("path"), str):
             return {**data, "path": str(base / data["path"])}
         return data
+
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> PosixTier:
+        """The tier on ``node`` (a directory never retries: no ``on_retry``)."""
+        directory = join_namespace(self.path_for(node), namespace)
+        return PosixTier(self.name, self.type, directory, node_local=self.node_local)
 
     def check_usable(self, *, node: int, namespace: str | None) -> tuple[str, str] | None:
         """Create the directory if needed and prove it writable."""

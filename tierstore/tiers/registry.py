@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing
 
-from tierstore.tiers.base import Tier, TierConfig
+from tierstore.tiers.base import RetryHook, Tier, TierConfig
 
 _TYPES: dict[str, type[TierConfig]] = {}
 
@@ -40,6 +40,8 @@ def config_model(type_name: str) -> type[TierConfig] | None:
     return _TYPES.get(type_name)
 
 
-def make_tier(config: TierConfig, *, namespace: str | None, node: int) -> Tier:
-    """Build the adapter for one configured tier, as seen from ``node``."""
-    return config.build(namespace=namespace, node=node)
+def make_tier(
+    config: TierConfig, *, namespace: str | None, node: int, on_retry: RetryHook | None = None
+) -> Tier:
+    """Build the adapter for one configured tier, as seen from ``node`` (see :meth:`TierConfig.build`)."""
+    return config.build(namespace=namespace, node=node, on_retry=on_retry)
