@@ -123,7 +123,6 @@ class WriteStream(Protocol):
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         """Append ``data``; return the number of bytes taken (all of them)."""
-        ...
 
 
 class LocalFace(Protocol):
@@ -137,50 +136,41 @@ class LocalFace(Protocol):
     def map_file(self, path: str) -> memoryview:
         """The bytes of the file ``path``, mapped without a copy (a private mapping: a write through
         the view never reaches the file), for as long as the view lives. ``FileNotFoundError``."""
-        ...
 
     def own_directory(self, path: str) -> OwnedDirectory:
         """Create the directory ``path`` and lock it as this process's own (a writer's staging
         buffers, a mirror's spares): :meth:`owner_alive` answers True until the process exits or
         closes the lock. The caller keeps its files in it by real path and removes them.
         ``OSError`` if it cannot be created or is locked already."""
-        ...
 
     def owner_alive(self, path: str) -> bool | None:
         """Whether the process that locked the directory ``path`` still runs; None when it holds
         no lock file (:mod:`tierstore._platform.owners`)."""
-        ...
 
     def directory_mtime(self, path: str) -> float | None:
         """When the directory ``path`` was last touched (epoch s), None if it is missing."""
-        ...
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
         """A file of ``size`` bytes, its pages reserved, that becomes ``path`` through
         :meth:`adopt` once its bytes are checked (``spare``: a file of that size reserved earlier
         in this filesystem). ``OSError`` (ENOSPC) when there is no room."""
-        ...
 
     def adopt(self, path: str, source_file: str) -> None:
         """Move ``source_file`` (durable, on this filesystem) to ``path`` without copying."""
-        ...
 
     def recycle(self, path: str, into: str) -> None:
         """Move the file ``path`` out of the tier, without copying, to ``into`` (in a directory of
         :meth:`own_directory`): its pages are reused instead of freed. When this returns, ``path``
         no longer names it (both directories fsynced). ``ValueError`` unless it is a regular file
         with one name, ``FileNotFoundError`` if it is absent."""
-        ...
 
     def remove_if_empty(self, path: str) -> None:
         """Remove the directory ``path`` if, at that instant, nothing is in it (atomic: a file
         created concurrently keeps it)."""
-        ...
 
     def space(self) -> Space:
         """How full the filesystem holding the tier is. May block as long as a listing: ask it
         within ``probe_timeout``."""
-        ...
 
 
 def is_host_memory(tier: Tier) -> bool:

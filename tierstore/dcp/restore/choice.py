@@ -223,11 +223,11 @@ def _probe_window(
     tiers: list[Tier],
     checkpoint_id: str,
     start: int,
+    trust: MarkerTrust,
     *,
     known: Known,
     prober: Prober,
-    before_probe: Callable[[int], None],
-    trust: MarkerTrust,
+    before: Callable[[int], None],
 ) -> list[tuple[int, bytes | None, str | None]]:
     """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
     commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
@@ -238,7 +238,7 @@ def _probe_window(
     window: list[tuple[int, bytes | None, str | None]] = []
     for index in range(start, len(tiers)):
         tier = tiers[index]
-        before_probe(index)
+        before(index)
         try:
             manifest = prober.ask(
                 tier.name,
@@ -344,17 +344,17 @@ def choose_copy(
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
 
-    Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds the
-    newest known commit of the id (see :func:`_probe_window`), every rank checks its share of the
-    window's copies, and only if none is usable is the next window looked at. So a restore served by
-    host memory asks nothing of S3. Markers are read with ``trust``; ``mirrored`` names the tier
-    mirrored into partner nodes' memory (:attr:`~tierstore.config.Config.mirrored`).
-    ``before_probe(index)`` runs on every rank before it looks at ``tiers[index]`` (the reader announces
-    its read there). ``excluded`` maps tier indexes already found unusable (and why) to skip; ``prober``
-    bounds each marker read (default: 10 s); a sighting older than ``sighting_trust`` seconds is not
-    trusted (the promoter is not running). With ``collective=False`` this process decides alone, as a
-    job of one rank would. Raises :class:`CheckpointNotFoundError` listing every tier looked at and why
-    it was skipped.
+    Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds
+    the newest known commit of the id (see :func:`_probe_window`), every rank checks its share of
+    the window's copies, and only if none is usable is the next window looked at. So a restore
+    served by host memory asks nothing of S3. ``trust`` reads the markers; ``mirrored`` names the
+    mirrored tier (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every
+    rank before it looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps
+    tier indexes already found unusable (and why) to skip; ``prober`` bounds each marker read
+    (default: 10 s); a sighting older than ``sighting_trust`` seconds is not trusted (the promoter
+    is not running). With ``collective=False`` this process decides alone, as a job of one rank
+    would. Raises :class:`CheckpointNotFoundError` listing every tier looked at and why it was
+    skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
     prober = prober or Prober(10.0)
@@ -365,15 +365,7 @@ def choose_copy(
     start = 0
     while start < len(tiers):
         window = (
-            _probe_window(
-                tiers,
-                checkpoint_id,
-                start,
-                known=known,
-                prober=prober,
-                before_probe=before_probe,
-                trust=trust,
-            )
+            _probe_window(tiers, checkpoint_id, start, trust, known=known, prober=prober, before=before_probe)
             if rank == 0
             else []
         )

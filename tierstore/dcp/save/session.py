@@ -81,6 +81,7 @@ class SaveSession:
     tier: Tier  # the target, as the process that saves sees it
     tier_name: str
     trust: MarkerTrust  # the markers it reads: the job's namespace, signed by its keys
+    mirror: MirrorConfig | None  # how the target is mirrored into a partner node's memory
     node: int
     overwrite: bool
     check_finite: bool
@@ -99,11 +100,6 @@ class SaveSession:
     writing: Activity | None = None
     writing_ends: weakref.finalize[Any, Any] | None = None
     round: Round | None = None
-
-    @property
-    def mirror(self) -> MirrorConfig | None:
-        """How the target tier is mirrored into a partner node's memory; None when it is not."""
-        return self.config.mirror_of(self.tier_name)
 
     def start_writing(self) -> None:
         """Coordinator, before any rank writes: announce the save's generation in the target tier."""

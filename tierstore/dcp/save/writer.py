@@ -52,7 +52,6 @@ from tierstore.dcp.staging import Stager, StagingFuture
 from tierstore.errors import TierstoreError
 from tierstore.ids import is_checkpoint_id, validate_checkpoint_id
 from tierstore.records.known import Elsewhere, elsewhere_for
-from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
 
@@ -103,8 +102,9 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.check_finite = self.config.check_finite if check_finite is None else check_finite
         self.overlap = self.config.staging.overlap if overlap is None else overlap
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
+        self.trust = self.config.marker_trust()
+        """Which markers it reads: its namespace's, signed by the job's keys (read once)."""
         self._tier: Tier | None = None
-        self._trust: MarkerTrust | None = None
         self._elsewhere: Elsewhere | None = None
         self._staged = StageHandoff(self.node, self.tier_name)
         self._waits = MirrorWaits(self.config.mirror_of(self.tier_name))
@@ -133,13 +133,6 @@ class TieredWriter(StorageWriter, AsyncStager):
         if self._tier is None:
             self._tier = self.config.make_tier(self.tier_name, node=self.node)
         return self._tier
-
-    @property
-    def trust(self) -> MarkerTrust:
-        """Which markers this writer reads: its namespace's, signed by the job's keys (read once)."""
-        if self._trust is None:
-            self._trust = self.config.marker_trust()
-        return self._trust
 
     def _look_elsewhere(self, coordinator: bool) -> Elsewhere:
         """This process's knowledge of the other tiers, read at its first save (once)."""
@@ -254,6 +247,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             tier=self.tier,
             tier_name=self.tier_name,
             trust=self.trust,
+            mirror=self.config.mirror_of(self.tier_name),
             node=self.node,
             overwrite=self.overwrite,
             check_finite=self.check_finite,

@@ -55,9 +55,8 @@ class S3Client:
         self.on_retry = on_retry
         self.send_checksums = config.checksum != "none"
         self.part_checksum = {"crc32": "CRC32", "crc32c": "CRC32C"}.get(config.checksum)
-        """Each multipart part's checksum: CRC32C by default, computed 5x faster than CRC32 here
-        (hardware instructions; zlib's CRC32 took a sixth of the client's CPU in an upload).
-        Whole objects (markers, records) keep CRC32, which botocore checks on a whole-object read
+        """Each multipart part's checksum: CRC32C by default, 5x faster than zlib's CRC32 (a sixth of
+        an upload's CPU). Whole objects keep CRC32, which botocore checks on a whole-object read
         without the CRT; a multipart object's checksum (of checksums) is never checked on read."""
         self._new_process_state()
 
@@ -70,14 +69,10 @@ class S3Client:
         track(self)
 
     def _forget_in_child(self) -> None:
-        """In a forked child: clients, a lock and part slots of its own.
-
-        The parent's botocore client holds its keep-alive sockets, which the child would share; its
-        s3fs filesystem refuses to run after a fork; and a lock or part slot held by one of its
-        threads at the fork would never be released in the child, where that thread does not exist.
-        The parent's clients are kept, never used nor closed (see
-        :func:`tierstore._platform.runtime.keep_inherited`).
-        """
+        """In a forked child: clients, a lock and part slots of its own. The parent's botocore client
+        would share its keep-alive sockets, its s3fs refuses to run after a fork, and a lock or slot
+        a parent thread held would never be released here; the parent's clients are kept, never used
+        nor closed (:func:`~tierstore._platform.runtime.keep_inherited`)."""
         keep_inherited((self._client, self._fs))
         self._new_process_state()
 
@@ -154,24 +149,23 @@ class S3Client:
     def _payload_signing(self) -> dict[str, Any]:
         """botocore's ``s3`` setting for body signing: unsigned where a checksum travels with it.
 
-        Over plain HTTP botocore hashes every body with SHA-256 for the signature (over HTTPS it
-        already sends a part with a checksum unsigned): about 0.7 s of the client's CPU per GiB,
-        a third of what an upload cost it. The store refuses a body that does not match its
-        CRC32C or CRC32 (``BadDigest``) either way, so damage on the way is caught without the
-        hash; what the signature adds on plain HTTP is a guard against deliberate tampering,
-        which ``sign_payload`` keeps. The completion's part list goes unsigned too: the store
-        matches each part it names against the part's ETag and checksum. Without checksums
-        (``checksum: none``) a body has no other check: it stays signed."""
+        Over plain HTTP botocore hashes every body with SHA-256 for the signature (HTTPS sends a
+        checksummed part unsigned already): 0.7 s of CPU per GiB, a third of an upload's. The store
+        refuses a body that fails its CRC32C or CRC32 (``BadDigest``) either way; the signature adds
+        a guard against deliberate tampering, which ``sign_payload`` keeps. The completion's part
+        list goes unsigned too (the store matches each part's ETag and checksum). Without
+        checksums (``checksum: none``) a body has no other check: it stays signed."""
         if self.config.sign_payload or not self.send_checksums:
             return {}
         return {"s3": {"payload_signing_enabled": False}}
 
     def call(self, method: str, what: str, **kwargs: Any) -> Any:
-        """One S3 API call through :meth:`guard`, its error answers as builtins (:func:`as_builtin`)."""
+        """One S3 API call on the bucket through :meth:`guard`, its error answers as builtins
+        (:func:`as_builtin`)."""
 
         def operation() -> Any:
             try:
-                return getattr(self.client, method)(**kwargs)
+                return getattr(self.client, method)(Bucket=self.bucket, **kwargs)
             except botocore.exceptions.ClientError as exc:
                 raise as_builtin(exc) from exc
 

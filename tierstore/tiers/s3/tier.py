@@ -78,7 +78,7 @@ class S3Tier(Tier):
     def _upload(self, path: str, *, discard: bool) -> Iterator[WriteStream]:
         """The upload behind :meth:`open_write`; with ``discard``, a failure whose finishing
         request was sent deletes the key (the store may have done it, answering an error)."""
-        upload = ObjectUpload(self.s3, self.bucket, self._key(path))
+        upload = ObjectUpload(self.s3, self._key(path))
         stream = S3WriteStream(upload, self.s3.part_size)
         try:
             yield stream
@@ -93,9 +93,7 @@ class S3Tier(Tier):
         """Best-effort delete of a failed upload's object: the keys written through
         :meth:`open_write` (data files) are new to each write, so it can only be this write's."""
         try:
-            self.s3.call(
-                "delete_object", f"delete failed upload {path}", Bucket=self.bucket, Key=self._key(path)
-            )
+            self.s3.call("delete_object", f"delete failed upload {path}", Key=self._key(path))
         except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
             logger.warning(
                 "tier %s: could not delete %s after its upload failed (it may be visible): %s",
@@ -112,15 +110,7 @@ class S3Tier(Tier):
         try:
             # With its checksum, a marker damaged on the way is refused (and sent again), not committed.
             checksum = checksum_args(data) if self.s3.send_checksums else {}
-            self.s3.call(
-                "put_object",
-                f"publish {path}",
-                Bucket=self.bucket,
-                Key=self._key(path),
-                Body=data,
-                **match,
-                **checksum,
-            )
+            self.s3.call("put_object", f"publish {path}", Key=self._key(path), Body=data, **match, **checksum)
         except FileExistsError:
             # A retried create-only PUT can find its own first attempt: that is success.
             with contextlib.suppress(FileNotFoundError):
@@ -169,17 +159,9 @@ class S3Tier(Tier):
         """One GET of the whole object (a marker, ``.metadata``, a record), checked against the
         checksum the store keeps for it where it sends one (botocore compares it once the body is
         read): a body damaged on the way raises, and the retry policy fetches it again."""
-        key = self._key(path)
 
         def get() -> bytes:
-            try:
-                answer = self.s3.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
-            except botocore.exceptions.ClientError as exc:
-                error = as_builtin(exc)
-                if isinstance(error, FileNotFoundError):
-                    raise FileNotFoundError(f"{self.root}/{path}: {error}") from exc
-                raise error from exc
-            body = answer["Body"]
+            body = self._get(path, ChecksumMode="ENABLED")["Body"]
             try:
                 return bytes(body.read())
             finally:
@@ -191,28 +173,17 @@ class S3Tier(Tier):
         """One ranged GET whose body is streamed into ``out`` in order (``EOFError`` if the object
         is shorter): a run of tensors lands in their own memory, no buffer between.
 
-        Bulk reads bypass s3fs for the reason uploads do (see :attr:`client`): its one event-loop
+        Bulk reads bypass s3fs for the reason uploads do (see :attr:`S3Client.client`): its one event-loop
         thread serialises the GETs in flight, where botocore reads on the calling threads.
         """
         outs = [out] if isinstance(out, memoryview) else out
         total = sum(len(out) for out in outs)
         if not total:
             return
-        key, last = self._key(path), offset + total - 1
+        last = offset + total - 1
 
         def operation() -> None:
-            try:
-                answer = self.s3.client.get_object(
-                    Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{last}"
-                )
-            except botocore.exceptions.ClientError as exc:
-                if str(exc.response.get("Error", {}).get("Code", "")) == "InvalidRange":
-                    raise EOFError(f"{self.root}/{path}: nothing at {offset}") from exc
-                error = as_builtin(exc)
-                if isinstance(error, FileNotFoundError):
-                    raise FileNotFoundError(f"{self.root}/{path}: {error}") from exc
-                raise error from exc
-            body, filled = answer["Body"], 0
+            body, filled = self._get(path, Range=f"bytes={offset}-{last}")["Body"], 0
             try:
                 for buffer in outs:
                     filled += _fill(body, buffer.cast("B"))
@@ -226,12 +197,25 @@ class S3Tier(Tier):
 
         self.s3.guard(f"read {path}", operation)
 
+    def _get(self, path: str, **kwargs: Any) -> Any:
+        """One GET of ``path``'s object; an error answer as a builtin naming it (a range past its end:
+        ``EOFError``)."""
+        try:
+            return self.s3.client.get_object(Bucket=self.bucket, Key=self._key(path), **kwargs)
+        except botocore.exceptions.ClientError as exc:
+            error: Exception = as_builtin(exc)
+            if str(exc.response.get("Error", {}).get("Code", "")) == "InvalidRange":
+                error = EOFError(f"{self.root}/{path}: nothing at {kwargs.get('Range')}")
+            elif isinstance(error, FileNotFoundError):
+                error = FileNotFoundError(f"{self.root}/{path}: {error}")
+            raise error from exc
+
     def stat(self, path: str) -> FileInfo:
         """HEAD the object: one request, found or not. (s3fs's ``info`` lists the prefix as well
         when the key is missing, to tell a directory: a second request for every ``exists`` that
         finds nothing, and the commit protocol asks many of those on every save.)"""
         try:
-            answer = self.s3.call("head_object", f"stat {path}", Bucket=self.bucket, Key=self._key(path))
+            answer = self.s3.call("head_object", f"stat {path}", Key=self._key(path))
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.root}/{path}") from None
         return FileInfo(path, int(answer["ContentLength"]), _mtime(answer))
@@ -268,7 +252,7 @@ class S3Tier(Tier):
         kwargs = {"Prefix": prefix, **kwargs}
         found: list[FileInfo] = []
         while True:
-            page = self.s3.call("list_objects_v2", what, Bucket=self.bucket, **kwargs)
+            page = self.s3.call("list_objects_v2", what, **kwargs)
             found += [
                 FileInfo(str(item["Key"])[strip:], int(item["Size"]), _mtime(item))
                 for item in page.get("Contents", [])
@@ -287,9 +271,7 @@ class S3Tier(Tier):
         prefix = f"{self.prefix}/" if self.prefix else ""
 
         def list_page(kwargs: dict[str, Any]) -> dict[str, Any]:
-            answer: dict[str, Any] = self.s3.call(
-                "list_objects_v2", f"list {name} of each child", Bucket=self.bucket, **kwargs
-            )
+            answer: dict[str, Any] = self.s3.call("list_objects_v2", f"list {name} of each child", **kwargs)
             return answer
 
         return named_in_children(list_page, prefix, name, _mtime)
@@ -299,7 +281,7 @@ class S3Tier(Tier):
         last request removes its write-activity record, and through s3fs that built the
         aiobotocore client and its event loop for this one request (60 ms after the marker)."""
         with contextlib.suppress(FileNotFoundError):
-            self.s3.call("delete_object", f"delete {path}", Bucket=self.bucket, Key=self._key(path))
+            self.s3.call("delete_object", f"delete {path}", Key=self._key(path))
 
     def delete_tree(self, path: str) -> None:
         """Delete every object under ``path``."""
@@ -313,18 +295,14 @@ class S3Tier(Tier):
         still receiving parts is in progress.
         """
         prefix = f"{self.prefix}/" if self.prefix else ""  # not a sibling namespace's uploads
-        answer = self.s3.call("list_multipart_uploads", "list uploads", Bucket=self.bucket, Prefix=prefix)
+        answer = self.s3.call("list_multipart_uploads", "list uploads", Prefix=prefix)
         found: list[IncompleteWrite] = []
         for upload in answer.get("Uploads", []):
             started: datetime | None = upload.get("Initiated")
             activity = started.timestamp() if started else now - idle_for
             if now - activity >= idle_for:
                 parts = self.s3.call(
-                    "list_parts",
-                    "list parts",
-                    Bucket=self.bucket,
-                    Key=upload["Key"],
-                    UploadId=upload["UploadId"],
+                    "list_parts", "list parts", Key=upload["Key"], UploadId=upload["UploadId"]
                 )
                 activity = max([activity, *(_mtime(p) for p in parts.get("Parts", []))])
             if now - activity >= idle_for:
@@ -342,7 +320,6 @@ class S3Tier(Tier):
             self.s3.call(
                 "abort_multipart_upload",
                 f"abort upload of {write.path}",
-                Bucket=self.bucket,
                 Key=self._key(write.path),
                 UploadId=write.handle,
             )
