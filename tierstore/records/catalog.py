@@ -165,9 +165,8 @@ class Catalog:
                 if tier_name in self.unreachable:  # its reads were not answered: not waited for
                     continue
                 try:
-                    found[checkpoint_id] = read_manifest(
-                        by_name[tier_name], checkpoint_id, trust=self.trust
-                    ).seq
+                    manifest = read_manifest(by_name[tier_name], checkpoint_id, trust=self.trust)
+                    found[checkpoint_id] = manifest.seq
                     break
                 except Exception:  # noqa: BLE001, S112 - a bad marker: another tier may do
                     continue
@@ -210,11 +209,9 @@ class Catalog:
         )
         sighted = [t for t in self.tiers[1:] if t.name in sightings]
         listed = [first, *(t for t in self.tiers[1:] if t.name not in sightings)]
+        commits = functools.partial(_CommitOrder, trust=self.trust)
         orders: list[_CommitOrder | _Sighted] = [
-            order
-            for _t, order in self._reachable(
-                listed, functools.partial(_CommitOrder, trust=self.trust), "list its commits"
-            )
+            order for _t, order in self._reachable(listed, commits, "list its commits")
         ]
         if not orders:  # nothing could be listed: "nothing committed" would be a guess
             reasons = "; ".join(f"{n}: {why}" for n, why in sorted(self.unreachable.items()))

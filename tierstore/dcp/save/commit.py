@@ -104,19 +104,13 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
         namespace=session.config.namespace or "",
     )
     manifest = signed(manifest, keys)  # last: the signature covers every field above
-    ttl = session.config.promote.activity_ttl
+    ttl, trust, replace = session.config.promote.activity_ttl, session.trust, session.overwrite
     try:
-        if not session.overwrite:  # one id, one content: again, just before
+        if not replace:  # one id, one content: again, just before
             refuse_committed_id(tier, elsewhere, ckpt, sightings)
-        replaced = marker(tier, ckpt, session.trust) if session.overwrite else None
+        replaced = marker(tier, ckpt, trust) if replace else None
         existing = publish(
-            tier,
-            manifest,
-            trust=session.trust,
-            replace=session.overwrite,
-            node=session.node,
-            log=False,
-            ttl=ttl,
+            tier, manifest, trust=trust, replace=replace, node=session.node, log=False, ttl=ttl
         )
         if existing is not None:
             raise CheckpointExistsError(
@@ -126,7 +120,7 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
     except CheckpointExistsError:
         session.stop_writing()  # this save's own record would keep its files
         try:  # gc removes what is left
-            drop(tier, ckpt, gen, trust=session.trust, committed=False, ttl=ttl)
+            drop(tier, ckpt, gen, trust=trust, committed=False, ttl=ttl)
         except Exception as cleanup:  # noqa: BLE001 - best effort
             logger.warning("cleanup failed: %s", cleanup)
         raise

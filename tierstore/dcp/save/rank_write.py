@@ -69,15 +69,9 @@ def _write_rank(
         raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
     tier = session.tier
     ckpt, gen, rank = session.checkpoint_id, assignment.generation, assignment.rank
+    signed, finite = session.trust.keys is not None, session.check_finite
     files = RankFileWriter(
-        tier,
-        ckpt,
-        gen,
-        rank,
-        node=session.node,
-        slab=session.slab,
-        check_finite=session.check_finite,
-        sha256=session.trust.keys is not None,
+        tier, ckpt, gen, rank, node=session.node, slab=session.slab, check_finite=finite, sha256=signed
     )
     # A rank on another node than the coordinator's announces its part in its own node's tier
     # until the part record is durable: that node's cleanup never sees the coordinator's
