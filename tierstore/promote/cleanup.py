@@ -104,8 +104,7 @@ def find_leftovers(
             )
         )
     if (local := tier.local) is not None and local.staging:  # a writer's lock is a local file
-        found += _abandoned_staging(tier, local, stale_after=stale_after, now=now)
-        found += _abandoned_exchange_waits(tier, local, stale_after=stale_after, now=now)
+        found += _gone_owners(tier, local, stale_after=stale_after, now=now)
     found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
     found += [
@@ -191,47 +190,26 @@ def _unfinished_mirrors(
     ]
 
 
-def _abandoned_staging(tier: Tier, local: LocalFace, *, stale_after: float, now: float) -> list[Cleanup]:
-    """Staging directories of writer processes that are gone (see :mod:`tierstore._platform.owners`)."""
+def _gone_owners(tier: Tier, local: LocalFace, *, stale_after: float, now: float) -> list[Cleanup]:
+    """Directories of processes that are gone, locked by their owners (:mod:`tierstore._platform.owners`):
+    writers' staging directories, and trainers' exchange-end record directories (PROCESS-mode mirror
+    waits, :mod:`tierstore.records.mirror`). One without a lock (a record that arrived after its
+    trainer closed) once untouched for ``stale_after``, a staging one only if its pid is gone too."""
     found: list[Cleanup] = []
-    for owner in tier.list_dir(staging_dir()):
-        alive = local.owner_alive(writer_staging_dir(owner))
+    owned: list[tuple[str, str | None, str]] = [
+        (writer_staging_dir(o), o, "staging buffers of a writer") for o in tier.list_dir(staging_dir())
+    ]
+    waits = tier.list_dir(EXCHANGE_ENDS_DIR)
+    owned += [(exchange_ends_dir(w), None, "exchange-end records of a trainer") for w in waits]
+    for directory, owner, what in owned:
+        alive = local.owner_alive(directory)
         if alive is None:  # a directory without a lock: judge by pid (this host only) and age
-            touched = local.directory_mtime(writer_staging_dir(owner))
+            touched = local.directory_mtime(directory)
             if touched is None:
                 continue
-            alive = not (owner_is_gone(owner) and now - touched >= stale_after)
+            alive = not ((owner is None or owner_is_gone(owner)) and now - touched >= stale_after)
         if not alive:
-            found.append(
-                Cleanup(
-                    tier.name,
-                    "tree",
-                    writer_staging_dir(owner),
-                    "staging buffers of a writer process that is gone",
-                )
-            )
-    return found
-
-
-def _abandoned_exchange_waits(
-    tier: Tier, local: LocalFace, *, stale_after: float, now: float
-) -> list[Cleanup]:
-    """Exchange-end record directories (PROCESS-mode mirror waits, :mod:`tierstore.records.mirror`)
-    of trainer processes that are gone: locked like staging directories; one without a lock (a
-    record that arrived after its trainer closed) once untouched for ``stale_after``."""
-    found: list[Cleanup] = []
-    for waiter in tier.list_dir(EXCHANGE_ENDS_DIR):
-        relative = exchange_ends_dir(waiter)
-        alive = local.owner_alive(relative)
-        if alive is None:
-            touched = local.directory_mtime(relative)
-            if touched is None:
-                continue
-            alive = now - touched < stale_after
-        if not alive:
-            found.append(
-                Cleanup(tier.name, "tree", relative, "exchange-end records of a trainer process that is gone")
-            )
+            found.append(Cleanup(tier.name, "tree", directory, f"{what} process that is gone"))
     return found
 
 
