@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.workers import run_ranks
@@ -277,7 +278,7 @@ def test_a_save_through_the_writer_records_stall_commit_and_bytes(
     assert staged_stall == pytest.approx(
         read_manifest(config.make_tier("memory", node=0), "step_2", trust=MarkerTrust()).timings["stall_s"]
     )
-    assert value(found, "tierstore_saves_failed_total", **at) is None
+    assert value(found, "tierstore_saves_failed_total", **at) == 0  # there from the first save, at 0
 
 
 def test_a_vetoed_save_counts_as_failed(tmp_path: Path, make_config: Callable[..., Config]) -> None:
@@ -289,8 +290,8 @@ def test_a_vetoed_save_counts_as_failed(tmp_path: Path, make_config: Callable[..
     found = of_rank(metrics, 0)
     at = {"rank": "0", "tier": "memory"}
     assert value(found, "tierstore_saves_failed_total", **at) == 1
-    assert value(found, "tierstore_saves_written_total", **at) is None
-    assert value(found, "tierstore_saves_committed_total", **at) is None
+    assert value(found, "tierstore_saves_written_total", **at) == 0
+    assert value(found, "tierstore_saves_committed_total", **at) == 0
 
 
 def test_without_a_metrics_directory_nothing_is_written(
@@ -329,7 +330,7 @@ def test_two_ranks_of_a_job_each_keep_their_file_served_by_one_promoter(
         written = value(found, "tierstore_save_written_bytes_total", **at)
         assert written is not None and written >= 2 * numel * 4
     assert value(found, "tierstore_saves_committed_total", rank="0", tier="memory") == 2
-    assert value(found, "tierstore_saves_committed_total", rank="1", tier="memory") is None
+    assert value(found, "tierstore_saves_committed_total", rank="1", tier="memory") == 0
 
 
 def process_mode_saves(rank: int, world: int, config: Config) -> None:
@@ -406,3 +407,38 @@ def test_the_metrics_keys_are_documented() -> None:
     docs = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     for key in Config.model_fields["metrics"].annotation.model_fields:  # type: ignore[union-attr]
         assert f"`metrics.{key}`" in docs
+
+
+# -- counters that exist before their first increment ----------------------------------------------
+
+
+def test_a_rank_counts_from_zero_before_its_first_save_fails(tmp_path: Path) -> None:
+    """The first failure of a rank must raise ``increase()``: its counters exist at 0 from the save's
+    set-up, before any outcome is recorded."""
+    recorder = SaveRecorder(str(tmp_path))
+    recorder.started(3, "ram")
+    before = of_rank(tmp_path, 3)
+    for name in (
+        "tierstore_saves_failed_total",
+        "tierstore_saves_committed_total",
+        "tierstore_saves_written_total",
+    ):
+        assert value(before, name, rank="3", tier="ram") == 0.0, name
+    recorder.failed(3, "ram")
+    assert value(of_rank(tmp_path, 3), "tierstore_saves_failed_total", rank="3", tier="ram") == 1.0
+    recorder.started(3, "ram")  # a later save does not reset what was counted
+    assert value(of_rank(tmp_path, 3), "tierstore_saves_failed_total", rank="3", tier="ram") == 1.0
+
+
+def test_a_promoter_counts_from_zero_from_its_start(make_config: Callable[..., Config]) -> None:
+    from tierstore.promote.sidecar import Promoter
+
+    promoter = Promoter(make_config("memory", "local"))
+    exposition = series(generate_latest(promoter.metrics.registry).decode())
+    for name in (
+        "tierstore_promotion_failures_total",
+        "tierstore_retries_total",
+        "tierstore_promoted_bytes_total",
+    ):
+        for tier in ("memory", "local"):
+            assert value(exposition, name, tier=tier) == 0.0, (name, tier)

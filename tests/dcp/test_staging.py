@@ -25,11 +25,11 @@ from tests.workers import run_ranks
 from tierstore import LossBandGate, NonFiniteTensorError, TieredReader, TieredWriter, latest_committed
 from tierstore._platform.owners import owner_dir_name
 from tierstore.cli import main
-from tierstore.cli.interval import advise, daly, young
 from tierstore.config import Config
 from tierstore.dcp.layout import has_nonfinite
 from tierstore.dcp.save.gate import GateView
 from tierstore.ids import staging_dir
+from tierstore.interval import advise, daly, young
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 from tierstore.signing import MarkerTrust

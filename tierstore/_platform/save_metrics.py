@@ -122,6 +122,8 @@ FAMILIES = (
     ),
 )
 SAMPLE_NAMES = frozenset(s for f in FAMILIES for s in f.samples)
+COUNTERS = tuple(s for f in FAMILIES if f.kind != "gauge" for s in f.samples)
+"""The series that only grow (counters, and summaries' counts and sums): they start at 0."""
 """Every series name a rank's file can hold (what dashboards and alerts may name)."""
 
 Values = dict[tuple[str, str], float]
@@ -143,6 +145,15 @@ class SaveRecorder:
         self.directory = directory
         self._stall: tuple[float | None, float | None] = (None, None)
         self._warned = False
+        self._started: set[tuple[int, str]] = set()
+
+    def started(self, rank: int, tier: str) -> None:
+        """A save begins on this rank: every counter of the tier exists from now, at 0 if new. A
+        series that appears only at its first increment is invisible to ``increase()``: the first
+        failed save would fire no alert."""
+        if (rank, tier) not in self._started:
+            self._started.add((rank, tier))
+            self._update(rank, tier, dict.fromkeys(COUNTERS, 0.0), {})
 
     def staged(self, stall_s: float | None, wait_s: float | None) -> None:
         """The stall (and its back-pressure wait) measured when this save was staged; None when

@@ -34,11 +34,11 @@ from typing import Any
 
 from tierstore._platform.progress import ByteProgress
 from tierstore.cli.audit import audit_all
-from tierstore.cli.interval import advise
 from tierstore.cli.status import gather_status, render
 from tierstore.config import Config, load_config
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
+from tierstore.interval import advise
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing

@@ -101,3 +101,4 @@ class Context:
         self.prober = Prober(config.probe_timeout)
         self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
+        metrics.start_at_zero(t.name for t in self.tiers)

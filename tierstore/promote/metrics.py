@@ -9,7 +9,7 @@ gauges, and the node's trainer-side metrics: every rank's file in ``metrics.dire
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -96,6 +96,15 @@ class PromoterMetrics:
             "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass", registry=r
         )
         self._watching: list[Collector] = []
+
+    def start_at_zero(self, tiers: Iterable[str]) -> None:
+        """Make every counter's series of each tier exist at 0 now, at the promoter's start: a series
+        that appears only at its first increment is invisible to ``increase()``, so the first
+        failure would fire no alert."""
+        for tier in tiers:
+            for counter in (self.bytes_promoted, self.checkpoints_promoted, self.failures, self.retries):
+                counter.labels(tier)
+            self.deleted.labels(tier)
 
     def watch(self, health: PromoterHealth, trainer_files: str | None, *, stale_after: float = 0.0) -> None:
         """Export ``health`` at every scrape, and the trainer-side files in ``trainer_files`` (a

@@ -118,7 +118,7 @@ class Promoter:
             self.look(refresh=round_ == 0)
             self.health.beat()
             planned = [p for p in promote.plan(self.view, ctx.rules) if p not in attempted]
-            self._backlog = promote.backlog(planned, ctx)
+            self._backlog = promote.backlog(self.view, ctx)
             if not planned or self.stopping.is_set():
                 break
             for promotion in planned:
@@ -128,7 +128,7 @@ class Promoter:
                 self._take(promote.run(promotion, self.view, ctx), report)
         if attempted:  # else the first round's look is this one: nothing was done since
             self.look()
-        self._backlog = promote.backlog(promote.plan(self.view, ctx.rules), ctx)
+        self._backlog = promote.backlog(self.view, ctx)
         self._take(conflicts.run(self.view, ctx))  # before retention: it keeps what they hold
         if not self.stopping.is_set():
             self._take(self._retain(self.view)[1], report)  # the sightings must not name what went

@@ -261,6 +261,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             handover=self._handover,
         )
         self._handover = None  # one save per copy of the writer
+        self._save_metrics.started(rank, self.tier_name)
         save_plans.set_up(self._session)
 
     # -- 2. plans -----------------------------------------------------------------------------------

@@ -38,11 +38,18 @@ def plan(view: View, rules: Rules) -> list[Promotion]:
     ]
 
 
-def backlog(planned: list[Promotion], ctx: Context) -> int:
-    """Export how many promotions wait, per target tier; return how many in all."""
+def backlog(view: View, ctx: Context) -> int:
+    """Export how many promotions wait, per target tier; return how many in all. A tier away still
+    has copies waiting for it: every copy due there that the reachable tiers hold counts (what it
+    already holds is unknown while it cannot be listed)."""
+    due = [
+        p
+        for p in promotions(ctx.rules, view.copies(), view.away())
+        if p.source not in view.unreachable and view.owns(p.source)
+    ]
     for tier in ctx.tiers[1:]:
-        ctx.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in planned))
-    return len(planned)
+        ctx.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in due))
+    return len(due)
 
 
 def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:

@@ -5,12 +5,21 @@ lag), and how each pass ended, where ``tierstore status`` reads it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from tierstore.errors import TierstoreError
+from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.duties import Context, Outcome, logger
 from tierstore.promote.policy import Promotion
 from tierstore.promote.view import View
 from tierstore.records.promoter_state import PromoterState, write_state
+
+_NEVER = float("inf")
+
+
+def _started(seen: SeenCopy) -> float:
+    assert seen.manifest is not None
+    return float(seen.manifest.timings.get("started_at") or seen.copy.committed_at)
 
 
 class Report:
@@ -19,29 +28,43 @@ class Report:
     def __init__(self) -> None:
         self._newest_starts: dict[str, float] = {}
         """When the newest checkpoint seen in each tier was started (kept while a tier is away)."""
+        self._oldest_start = _NEVER
+        self._exported: set[str] = set()
+        self._lag_exported = False
         self._started_at = time.time()
         self._passes = 0
 
     def run(self, view: View, ctx: Context) -> Outcome:
-        """The age gauges. While a tier cannot be listed, the last checkpoint seen there is still
-        the newest known, and its age grows."""
-        now = time.time()
+        """The age gauges, computed at each scrape (they grow between passes, and while a tier cannot
+        be listed the last checkpoint seen there is still the newest known). With nothing durable
+        yet, the recovery-point lag runs from the oldest checkpoint this node has seen committed
+        anywhere: all the work since then is what a loss would redo, not 0."""
         for tier in ctx.tiers:
-            starts = [
-                float(s.manifest.timings.get("started_at") or s.copy.committed_at)
-                for s in view.found.get(tier.name, {}).values()
-                if s.manifest is not None
-            ]
+            starts = [_started(s) for s in view.found.get(tier.name, {}).values() if s.manifest is not None]
             if starts:
                 self._newest_starts[tier.name] = max(starts)
-            if tier.name in self._newest_starts:
-                age = max(0.0, now - self._newest_starts[tier.name])
-                ctx.metrics.newest_age.labels(tier.name).set(age)
-        if ctx.tiers[-1].name in self._newest_starts:
-            lag = max(0.0, now - self._newest_starts[ctx.tiers[-1].name])
-            ctx.metrics.durable_age.set(lag)
-            ctx.metrics.recovery_point_lag.set(lag)
+                self._oldest_start = min([self._oldest_start, *starts])
+            if tier.name in self._newest_starts and tier.name not in self._exported:
+                self._exported.add(tier.name)
+                ctx.metrics.newest_age.labels(tier.name).set_function(self._age(tier.name))
+        if not self._lag_exported and (
+            ctx.tiers[-1].name in self._newest_starts or self._oldest_start < _NEVER
+        ):
+            self._lag_exported = True
+            lag = self._age(ctx.tiers[-1].name, fallback=True)
+            ctx.metrics.durable_age.set_function(lag)
+            ctx.metrics.recovery_point_lag.set_function(lag)
         return Outcome()
+
+    def _age(self, tier: str, *, fallback: bool = False) -> Callable[[], float]:
+        """Seconds since the newest checkpoint of ``tier`` started, asked at each scrape (with
+        ``fallback``, since the oldest seen anywhere while ``tier`` has none)."""
+
+        def age() -> float:
+            start = self._newest_starts.get(tier, self._oldest_start if fallback else _NEVER)
+            return max(0.0, time.time() - start) if start < _NEVER else 0.0
+
+        return age
 
     def record_state(
         self,
