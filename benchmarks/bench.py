@@ -68,6 +68,7 @@ from tierstore.ids import checkpoint_file
 from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 from tierstore.units import parse_size
 
@@ -208,7 +209,7 @@ def phase_disk(bench: Bench, state: Any) -> None:
         write = timed(plain, remove_plain(str(bench.disk)))
         ours = timed(
             lambda: dcp.save(state, storage_writer=TieredWriter(local), checkpoint_id="step_000000"),
-            lambda: delete_copy(nvme, "step_000000"),
+            lambda: delete_copy(nvme, "step_000000", trust=MarkerTrust()),
         )
         theirs = timed(
             lambda: dcp.save(state, storage_writer=FileSystemWriter(str(torch_dir))),
@@ -287,7 +288,7 @@ def phase_s3(bench: Bench) -> None:
     memory_config = bench.config("memory", namespace=namespace)
     dcp.save(state, storage_writer=TieredWriter(memory_config), checkpoint_id=checkpoint_id)
     ram = make_tier(memory_config.tiers[0], namespace=namespace, node=0)
-    files = read_manifest(ram, checkpoint_id).files
+    files = read_manifest(ram, checkpoint_id, trust=MarkerTrust()).files
     data_bytes = sum(f.size for f in files)
     biggest = max(files, key=lambda f: f.size)
     source = ram.local_path(checkpoint_file(checkpoint_id, biggest.path))
@@ -332,13 +333,13 @@ def phase_s3(bench: Bench) -> None:
     # boto3's side was warmed by its trials; the promoter (its clients, the server's handling of
     # its requests) gets one untimed promotion too. Cold, the first round's promotion took 13 s
     # against 9.5-10.5 s in the later rounds.
-    timed(promote, lambda: delete_copy(s3, checkpoint_id))
+    timed(promote, lambda: delete_copy(s3, checkpoint_id, trust=MarkerTrust()))
     promotions.clear()
     for index in range(bench.args.s3_reps):  # each pair in turns: neither side always goes first
         whole_pass, theirs = in_turns(
             index,
             [
-                lambda: timed(promote, lambda: delete_copy(s3, checkpoint_id)),
+                lambda: timed(promote, lambda: delete_copy(s3, checkpoint_id, trust=MarkerTrust())),
                 lambda: timed(
                     lambda: bench.s3.upload_file(
                         source, bench.bucket, "boto3/upload.bin", Config=configs[best]
@@ -463,13 +464,13 @@ def phase_sweep(bench: Bench) -> list[dict[str, Any]]:
         stalls, commits, waits = [], [], []
         for index in range(3):  # the first save allocates: the figures are the last two
             stalls.append(async_stall(state, writer, f"step_{index:06d}"))
-            timings = read_manifest(ram, f"step_{index:06d}").timings
+            timings = read_manifest(ram, f"step_{index:06d}", trust=MarkerTrust()).timings
             commits.append(float(timings["commit_s"] or 0))
             waits.append(float(timings["wait_s"] or 0))
             if index:
-                delete_copy(ram, f"step_{index - 1:06d}")
+                delete_copy(ram, f"step_{index - 1:06d}", trust=MarkerTrust())
             time.sleep(gap)
-        files = sum(1 for f in read_manifest(ram, "step_000002").files if f.rank == 0)
+        files = sum(1 for f in read_manifest(ram, "step_000002", trust=MarkerTrust()).files if f.rank == 0)
         writer.close()
         local = bench.config("local", namespace=f"sweep-{size}")
 
@@ -478,7 +479,7 @@ def phase_sweep(bench: Bench) -> list[dict[str, Any]]:
 
         nvme = make_tier(local.tiers[0], namespace=local.namespace, node=0)
         local_s = statistics.median(
-            timed(save_local, lambda n=nvme: delete_copy(n, "step_0")) for _ in range(3)
+            timed(save_local, lambda n=nvme: delete_copy(n, "step_0", trust=MarkerTrust())) for _ in range(3)
         )
         rows.append(
             {

@@ -56,6 +56,7 @@ from tests.simulated_job import BLOB, Job, manifest_for
 def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
     """A save of ``ranks`` files into the S3 tier through the commit protocol (claim, publish)."""
     from tierstore.records.protocol import claim, publish
+    from tierstore.signing import MarkerTrust
     from tierstore.tiers import make_tier
 
     tier = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
@@ -65,7 +66,10 @@ def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
         for entry in manifest.files:
             tier.write_bytes(f"{manifest.checkpoint_id}/{entry.path}", BLOB)
         seq = claim(tier, manifest.checkpoint_id, manifest.generation)
-        assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+        assert (
+            publish(tier, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust())
+            is None
+        )
 
     return save
 
@@ -119,7 +123,16 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     # two minutes, were too old and the choice asked S3 for the copy).
     trust = trust_period(job.config.promote.interval)
     row["restore tier choice"] = job.measure(
-        lambda: choose_copy(tiers, newest, node=0, verify=False, collective=False, sighting_trust=trust)
+        lambda: choose_copy(
+            tiers,
+            newest,
+            mirrored=job.config.mirrored,
+            node=0,
+            verify=False,
+            collective=False,
+            sighting_trust=trust,
+            trust=job.config.marker_trust(),
+        )
     )
     listed: list[int] = []
     row["tierstore ls"] = job.measure(  # the CLI's default page

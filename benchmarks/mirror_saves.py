@@ -160,7 +160,7 @@ def timed_async_save(r: Rank, writer: TieredWriter, *, back_to_back: bool) -> As
     future.result()
     committed = time.perf_counter() - started
     wait_mirrored(r, writer, checkpoint_id)
-    if writer.tier.mirror is not None:
+    if writer.config.mirror_of(writer.tier_name) is not None:
         check_mirrored(r, writer, checkpoint_id)
     retire(writer, keep=checkpoint_id)
     return AsyncTimes(stall, committed, running)

@@ -57,6 +57,7 @@ from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
+from tierstore.signing import MarkerTrust
 from tierstore.units import parse_size
 
 TARGETS: dict[str, float] = {
@@ -233,7 +234,7 @@ def promotion(run: Run, promoter: Promoter, ckpt: str, name: str) -> Callable[[]
     metric = promoter.metrics.promotion_seconds.labels("s3")
 
     def promote() -> float:
-        delete_copy(s3, ckpt)
+        delete_copy(s3, ckpt, trust=MarkerTrust())
         before, cpu = metric._sum.get(), time.process_time()
         report = promoter.run_once()
         cpu = time.process_time() - cpu

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType,
 
 from tierstore import TieredWriter
 from tierstore.promote.retention import delete_copy
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 HIDDEN = 1024
@@ -98,7 +99,9 @@ def tierstore_variant(name: str, writer: TieredWriter, tier: Tier, mode: AsyncCh
             state, storage_writer=writer, checkpoint_id=checkpoint_id, async_checkpointer_type=mode
         )
 
-    return Variant(name, mode, save, lambda checkpoint_id: delete_copy(tier, checkpoint_id))
+    return Variant(
+        name, mode, save, lambda checkpoint_id: delete_copy(tier, checkpoint_id, trust=MarkerTrust())
+    )
 
 
 def torch_variant(name: str, root: Path, mode: AsyncCheckpointerType, stager: Any = None) -> Variant:

@@ -10,7 +10,7 @@ from tierstore.tiers.posix import PosixTier
 
 def real_path(tier: Tier, path: str = "") -> str | None:
     """The real path of ``path`` in ``tier``; None for a tier without local files (an S3 tier)."""
-    if not tier.capabilities.local_files:
+    if tier.local is None:
         return None
     assert isinstance(tier, PosixTier), f"{tier.describe()} has local files but is no directory"
     return tier.local_path(path)

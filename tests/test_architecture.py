@@ -104,8 +104,8 @@ def test_nothing_outside_tiers_imports_an_adapter() -> None:
 
 def test_nothing_outside_tiers_reaches_around_the_seam_to_a_tiers_files() -> None:
     """A tier's real paths stay inside ``tierstore/tiers/``: a caller that needs a file mapped, a
-    directory of its own or a file landed asks for the verb (``map_file``, ``own_directory``,
-    ``open_landing``), which a tier without local files refuses."""
+    directory of its own or a file landed asks the tier's local face for the verb (``map_file``,
+    ``own_directory``, ``open_landing``), which a tier without local files does not have."""
     offenders = []
     for name, tree in modules():
         if name.startswith("tierstore.tiers"):

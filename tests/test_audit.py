@@ -17,6 +17,7 @@ from tierstore.cli.audit import audit_all
 from tierstore.config import Config
 from tierstore.ids import checkpoint_file
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def save(config: Config, checkpoint_id: str, tier: str | None = None) -> None:
@@ -37,9 +38,9 @@ def test_verify_all_finds_every_marker_over_missing_or_wrong_data(
     assert "3 committed copies, 0 with a marker over missing or wrong data" in capsys.readouterr().out
 
     memory, s3 = config.make_tiers(node=0)
-    data = next(f for f in read_manifest(memory, "b").files if f.rank == 0)
+    data = next(f for f in read_manifest(memory, "b", trust=MarkerTrust()).files if f.rank == 0)
     memory.delete(checkpoint_file("b", data.path))
-    blob = next(f for f in read_manifest(s3, "c").files if f.rank == 0)
+    blob = next(f for f in read_manifest(s3, "c", trust=MarkerTrust()).files if f.rank == 0)
     damaged = bytearray(s3.read_bytes(checkpoint_file("c", blob.path)))
     damaged[-1] ^= 0xFF
     s3.write_bytes(checkpoint_file("c", blob.path), bytes(damaged))

@@ -15,6 +15,7 @@ from tierstore.ids import COMMITS_DIR, SIGHTINGS_DIR, marker_path, newest_first,
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
 from tierstore.records.protocol import claim
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import FileInfo, make_tier
 from tierstore.tiers.posix import PosixTier
 
@@ -72,7 +73,7 @@ def seqs(config: Config) -> dict[str, int | None]:
     for tier in config.make_tiers(node=0):
         for checkpoint_id in Catalog(config).scan():
             if tier.exists(marker_path(checkpoint_id)):
-                held[checkpoint_id] = read_manifest(tier, checkpoint_id).seq
+                held[checkpoint_id] = read_manifest(tier, checkpoint_id, trust=MarkerTrust()).seq
     return held
 
 
@@ -122,7 +123,7 @@ def test_a_marker_without_its_log_entry_still_counts_in_its_markers_order(
     _save(config, "step_000001")
     _save(config, "step_000002", tier="local")
     _save(config, "step_000003")
-    newest = read_manifest(memory, "step_000003")
+    newest = read_manifest(memory, "step_000003", trust=MarkerTrust())
     for entry in read_log(memory):  # as if the log entry had never been written
         if (entry.checkpoint_id, entry.generation) == ("step_000003", newest.generation):
             memory.delete(entry.path)
@@ -149,10 +150,10 @@ class _NoDataListing(PosixTier):
     """A tier that fails the test if anything lists below the root recursively (data files); the
     commit log and the sightings are tierstore's own small directories."""
 
-    def find(self, path: str = "") -> list[FileInfo]:
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
         if not path.startswith((COMMITS_DIR, SIGHTINGS_DIR)):
             raise AssertionError(f"listed data files under {path!r}")
-        return super().find(path)
+        return super().find(path, after=after)
 
 
 def test_finding_the_newest_lists_no_data_files(make_config: Callable[..., Config]) -> None:

@@ -17,6 +17,7 @@ from tierstore.promote.retention import delete_copy
 from tierstore.records.log import highest_in, read_log
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.protocol import claim
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 
@@ -28,7 +29,7 @@ def _save(config: Config, checkpoint_id: str, tier: str | None = None, *, overwr
 
 def _copied(source: Tier, target: Tier, checkpoint_id: str) -> Manifest:
     """A promotion's copy of the files; returns the marker it would publish."""
-    manifest = read_manifest(source, checkpoint_id)
+    manifest = read_manifest(source, checkpoint_id, trust=MarkerTrust())
     for entry in manifest.files:
         path = checkpoint_file(checkpoint_id, entry.path)
         target.write_bytes(path, source.read_bytes(path))
@@ -37,8 +38,10 @@ def _copied(source: Tier, target: Tier, checkpoint_id: str) -> Manifest:
 
 def _promote_then_evict(memory: Tier, local: Tier, checkpoint_id: str) -> Callable[[], None]:
     def run() -> None:
-        publish_committed(local, _copied(memory, local, checkpoint_id), source_tier=memory.name)
-        delete_copy(memory, checkpoint_id)
+        publish_committed(
+            local, _copied(memory, local, checkpoint_id), source_tier=memory.name, trust=MarkerTrust()
+        )
+        delete_copy(memory, checkpoint_id, trust=MarkerTrust())
 
     return run
 
@@ -78,7 +81,9 @@ def test_an_overwrite_promoted_and_evicted_meanwhile_keeps_its_place(
     assert [e.seq for e in read_log(local)] == [1]
     watched = _watched(memory, _promote_then_evict(memory, local, "latest"))
     order = list(Catalog(config, node=0, tiers=[watched, local]).candidates())
-    assert read_manifest(local, "latest").seq == 3, "the promotion happened in the window"
+    assert read_manifest(local, "latest", trust=MarkerTrust()).seq == 3, (
+        "the promotion happened in the window"
+    )
     assert order == ["latest", "step_000002"]
 
 
@@ -95,7 +100,7 @@ def test_an_id_with_several_entries_none_of_its_markers_generation_is_placed_by_
     _save(config, "step_000001", overwrite=True)
     copied = _copied(memory, local, "step_000001")  # its marker put as a promoter's publish puts it
     local.publish(marker_path("step_000001"), copied.to_json(), create_only=False)
-    delete_copy(memory, "step_000001")  # the promoter stopped before its log entry
+    delete_copy(memory, "step_000001", trust=MarkerTrust())  # the promoter stopped before its log entry
     assert len([e for e in read_log(local) if e.checkpoint_id == "step_000001"]) == 2
     assert list(Catalog(config).candidates()) == ["step_000001", "step_000003"]
     assert latest_committed(config) == "step_000001"

@@ -22,6 +22,7 @@ from tierstore.config import load_config
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -70,7 +71,7 @@ def test_verify_ok_then_mismatch(config_file: Path, capsys: pytest.CaptureFixtur
     assert "memory: ok" in out and "s3: ok" in out
     config = load_config(config_file)
     s3 = make_tier(config.tier("s3"), namespace="run", node=0)
-    entry = next(f for f in read_manifest(s3, "step_000001").files if f.rank == 0)
+    entry = next(f for f in read_manifest(s3, "step_000001", trust=MarkerTrust()).files if f.rank == 0)
     raw = bytearray(s3.read_bytes(f"step_000001/{entry.path}"))
     raw[100] ^= 0x40
     s3.write_bytes(f"step_000001/{entry.path}", bytes(raw))
@@ -180,7 +181,7 @@ def test_restore_errors_name_the_id_and_the_tiers(config_file: Path, tmp_path: P
 def test_restore_of_a_corrupt_copy_exits_1(config_file: Path, tmp_path: Path) -> None:
     save(config_file, "step_000001")
     ram = make_tier(load_config(config_file).tiers[0], namespace="run", node=0)
-    entry = next(f for f in read_manifest(ram, "step_000001").files if f.rank == 0)
+    entry = next(f for f in read_manifest(ram, "step_000001", trust=MarkerTrust()).files if f.rank == 0)
     raw = bytearray(ram.read_bytes(f"step_000001/{entry.path}"))
     raw[-1] ^= 0x01
     ram.write_bytes(f"step_000001/{entry.path}", bytes(raw))

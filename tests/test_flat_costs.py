@@ -21,6 +21,7 @@ from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.log import highest_in
 from tierstore.records.protocol import claim, publish
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -44,7 +45,9 @@ def protocol_save_into(job: Job, tier_name: str, index: int, ranks: int = 2) -> 
     for entry in manifest.files:
         tier.write_bytes(f"{manifest.checkpoint_id}/{entry.path}", BLOB)
     seq = claim(tier, manifest.checkpoint_id, manifest.generation)
-    assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+    assert (
+        publish(tier, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust()) is None
+    )
 
 
 def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
@@ -211,7 +214,9 @@ def test_a_change_by_each_tierstore_actor_is_seen_by_the_next_pass(
     found = promoter.catalog()
     assert all("step_00000800" in found[name] for name in ("nvme", "pfs", "s3")), "a copy"
 
-    delete_copies({"s3": s3}, [Deletion("s3", "step_00000100", "test")])  # retention's routine
+    delete_copies(
+        {"s3": s3}, [Deletion("s3", "step_00000100", "test")], trust=MarkerTrust()
+    )  # retention's routine
     assert "step_00000100" not in promoter.catalog()["s3"], "retention's delete"
 
     assert (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tierstore.checksum import crc32c
-from tierstore.config import config_from_dict
+from tierstore.config import Config, config_from_dict
 from tierstore.dcp.mirror.inventory import unheld
 from tierstore.errors import ConfigError, IntegrityError
 from tierstore.ids import mirror_commit_path, mirror_copy_path, mirror_marker_path
@@ -26,15 +26,19 @@ from tierstore.records.mirror import (
     write_status,
 )
 from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.tiers.memory import MemoryTier
 
 
-def memory(tmp_path: Path, **mirror: object) -> Tier:
-    config = config_from_dict(
+def mirrored(tmp_path: Path, **mirror: object) -> Config:
+    return config_from_dict(
         {"tiers": [{"name": "m", "type": "memory", "path": str(tmp_path), "mirror": mirror or True}]}
     )
-    return config.make_tier("m", node=0)
+
+
+def memory(tmp_path: Path, **mirror: object) -> Tier:
+    return mirrored(tmp_path, **mirror).make_tier("m", node=0)
 
 
 def hold(tier: Tier, checkpoint_id: str, seq: int, owner: int = 1) -> MirrorMarker:
@@ -112,8 +116,8 @@ def test_status_round_trips(tmp_path: Path) -> None:
 
 
 def test_mirror_config_shorthand_and_errors(tmp_path: Path) -> None:
-    tier = memory(tmp_path, stride=2, timeout="30s")
-    assert tier.mirror is not None and (tier.mirror.stride, tier.mirror.timeout) == (2, 30.0)
+    mirror = mirrored(tmp_path, stride=2, timeout="30s").mirror_of("m")
+    assert mirror is not None and (mirror.stride, mirror.timeout) == (2, 30.0)
     base = {"name": "m", "type": "memory", "path": str(tmp_path)}
     assert config_from_dict({"tiers": [{**base, "mirror": False}]}).tiers[0].mirror is None
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.mirror\.stride: expected a value >= 1"):
@@ -135,12 +139,12 @@ def test_gc_removes_a_mirror_cut_short_once_stale_and_never_a_complete_one(tmp_p
     cut = hold(tier, "step_2", 2)
     tier.delete(mirror_marker_path("step_2", cut.generation, 1))  # the exchange died before it
     now = time.time()
-    fresh = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now)
+    fresh = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now, trust=MarkerTrust())
     assert [c.path for c in fresh if "mirror" in c.path] == [], "a recent exchange may be running"
-    later = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now + 601)
+    later = find_leftovers(tier, stale_after=600, activity_ttl=60, now=now + 601, trust=MarkerTrust())
     stale = [c for c in later if "mirror" in c.path]
     assert [c.path for c in stale] == [f".tierstore/mirror/step_2/{cut.generation}"]
-    remove(tier, stale[0])
+    remove(tier, stale[0], trust=MarkerTrust())
     assert held_mirrors(tier, "step_1") == [complete]
     assert not (tmp_path / ".tierstore" / "mirror" / "step_2" / cut.generation).exists()
 
@@ -168,7 +172,7 @@ class _RecordingTier(MemoryTier):
     """A real memory tier that notes each removal, in order (the ordering rule's witness)."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__("m", str(root), mirror=None)
+        super().__init__("m", str(root))
         self.removed: list[str] = []
 
     def delete(self, path: str) -> None:

@@ -32,6 +32,7 @@ from tierstore._platform.save_metrics import (
 from tierstore.config import Config, config_from_dict
 from tierstore.errors import ConfigError
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -235,7 +236,7 @@ def test_watching_again_replaces_the_collectors(tmp_path: Path) -> None:
 
 def rank_bytes(config: Config, checkpoint_id: str) -> int:
     tier = config.make_tier(config.tiers[0].name, node=0)
-    manifest = read_manifest(tier, checkpoint_id)
+    manifest = read_manifest(tier, checkpoint_id, trust=MarkerTrust())
     return sum(f.size for f in manifest.files if f.rank is not None)
 
 
@@ -253,7 +254,7 @@ def test_a_save_through_the_writer_records_stall_commit_and_bytes(
     assert value(found, "tierstore_save_written_bytes_total", **at) == first_bytes
     assert value(found, "tierstore_saves_written_total", **at) == 1
     assert value(found, "tierstore_saves_committed_total", **at) == 1
-    manifest = read_manifest(config.make_tier("memory", node=0), "step_1")
+    manifest = read_manifest(config.make_tier("memory", node=0), "step_1", trust=MarkerTrust())
     assert value(found, "tierstore_save_last_commit_seconds", **at) == pytest.approx(
         manifest.timings["commit_s"]
     )
@@ -275,7 +276,7 @@ def test_a_save_through_the_writer_records_stall_commit_and_bytes(
     staged_stall = value(found, "tierstore_save_last_stall_seconds", **at)
     assert staged_stall is not None and staged_stall > 0
     assert staged_stall == pytest.approx(
-        read_manifest(config.make_tier("memory", node=0), "step_2").timings["stall_s"]
+        read_manifest(config.make_tier("memory", node=0), "step_2", trust=MarkerTrust()).timings["stall_s"]
     )
     assert value(found, "tierstore_saves_failed_total", **at) == 0  # there from the first save, at 0
 

@@ -24,6 +24,7 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import MirrorStatus, write_status
 from tierstore.records.promoter_state import PromoterState, read_state, write_state
+from tierstore.signing import MarkerTrust
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def test_after_a_promoter_pass_every_tier_and_the_recovery_point_are_shown(
 
 def read_manifest_bytes(path: Path, checkpoint_id: str) -> int:
     config = load_config(path)
-    return read_manifest(config.make_tiers(node=0)[-1], checkpoint_id).total_bytes
+    return read_manifest(config.make_tiers(node=0)[-1], checkpoint_id, trust=MarkerTrust()).total_bytes
 
 
 def test_a_mirror_not_held_and_a_held_one_read_from_the_owners_record(
@@ -99,7 +100,7 @@ def test_a_mirror_not_held_and_a_held_one_read_from_the_owners_record(
     save(config_file, "step_000001")
     assert Promoter(load_config(config_file)).run(once=True) == 0
     memory = load_config(config_file).make_tiers(node=0)[0]
-    generation = read_manifest(memory, "step_000001").generation
+    generation = read_manifest(memory, "step_000001", trust=MarkerTrust()).generation
     write_status(memory, MirrorStatus("step_000001", generation, 0, None, False, "partner away"))
     code, out = status(config_file, capsys)
     assert code == 1

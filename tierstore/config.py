@@ -43,9 +43,10 @@ from pydantic_core import InitErrorDetails
 
 from tierstore.errors import ConfigError
 from tierstore.ids import ID_PATTERN
+from tierstore.placement import MirrorConfig
 from tierstore.policy_config import TierPolicy, entry_order, merge_entry, split_entry
-from tierstore.signing import DEFAULT_KEY_ENV, SigningKeys, keys_from_env
-from tierstore.tiers import Tier, TierConfig, make_tier, tier_types
+from tierstore.signing import DEFAULT_KEY_ENV, MarkerTrust, SigningKeys, keys_from_env
+from tierstore.tiers import RetryHook, Tier, TierConfig, make_tier, tier_types
 from tierstore.tiers.registry import config_model
 from tierstore.topology import current_node
 from tierstore.units import Duration, StrictModel
@@ -293,14 +294,30 @@ class Config(StrictModel):
         self.tier(name)
         return self._policies.get(name, TierPolicy())
 
+    @property
+    def mirrored(self) -> str | None:
+        """The tier mirrored into partner nodes' host memory (a memory tier's ``mirror``; at most
+        one), or None."""
+        return next((t.name for t in self.tiers if getattr(t, "mirror", None) is not None), None)
+
+    def mirror_of(self, name: str) -> MirrorConfig | None:
+        """How the tier called ``name`` is mirrored (its ``mirror``); None when it is not."""
+        mirror: MirrorConfig | None = getattr(self.tier(name), "mirror", None)
+        return mirror
+
+    def marker_trust(self) -> MarkerTrust:
+        """Which markers this job reads: its namespace's, signed by its keys when signing is on (read
+        from the environment now: ConfigError as :meth:`SigningConfig.keys`)."""
+        return MarkerTrust(self.namespace or "", self.signing.keys())
+
     def make_tier(self, name: str, *, node: int) -> Tier:
         """The tier called ``name``, as seen from ``node``."""
-        return make_tier(self.tier(name), namespace=self.namespace, node=node, signing=self.signing.keys())
+        return make_tier(self.tier(name), namespace=self.namespace, node=node)
 
-    def make_tiers(self, *, node: int) -> list[Tier]:
-        """Every configured tier, fastest first, as seen from ``node``."""
-        keys = self.signing.keys()
-        return [make_tier(t, namespace=self.namespace, node=node, signing=keys) for t in self.tiers]
+    def make_tiers(self, *, node: int, on_retry: RetryHook | None = None) -> list[Tier]:
+        """Every configured tier, fastest first, as seen from ``node`` (``on_retry``: told of each
+        transient error a tier retries)."""
+        return [make_tier(t, namespace=self.namespace, node=node, on_retry=on_retry) for t in self.tiers]
 
 
 _POLICIES_CONTEXT = "tier_policies"

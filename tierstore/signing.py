@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any
 
@@ -76,6 +77,16 @@ class SigningKeys:
         for key in self._accepted:
             found |= hmac.compare_digest(given, hmac.new(key, body, sha256).hexdigest().encode())
         return found
+
+
+@dataclass(frozen=True)
+class MarkerTrust:
+    """Which commit markers a reader accepts: those of ``namespace`` (``""``: none; None: any) and,
+    with ``keys``, only those one of them signed. Built once from the configuration
+    (:meth:`~tierstore.config.Config.marker_trust`); ``MarkerTrust()`` checks neither."""
+
+    namespace: str | None = None
+    keys: SigningKeys | None = None
 
 
 def keys_from_env(

@@ -27,6 +27,7 @@ from tierstore.config import Config
 from tierstore.errors import CheckpointNotFoundError, ConfigError, IntegrityError
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 ID = "step_000002"
 
@@ -163,7 +164,7 @@ def test_a_corrupt_source_byte_fails_and_leaves_nothing(
     config = make_config("memory")
     save_state(config)
     ram = config.make_tier("memory", node=0)
-    manifest = read_manifest(ram, ID)
+    manifest = read_manifest(ram, ID, trust=MarkerTrust())
     entry = next(f for f in manifest.files if (f.rank is None) == (damaged == "metadata"))
     path = f"{ID}/{entry.path}"
     raw = bytearray(ram.read_bytes(path))

@@ -73,7 +73,9 @@ def test_close_makes_the_last_state_durable_in_the_last_tier(make_config: Callab
         trained["model"]["w"].fill_(float(step))
         manager.maybe_save(step)
     manager.close(5)
-    assert read_manifest(config.make_tier("local", node=0), default_id(5)).checkpoint_id == default_id(5)
+    assert read_manifest(
+        config.make_tier("local", node=0), default_id(5), trust=config.marker_trust()
+    ).checkpoint_id == default_id(5)
     assert latest_committed(config) == default_id(5)
     fresh = state(-1.0)
     again = CheckpointManager(config, fresh, every_steps=2)
@@ -159,7 +161,12 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
     config = make_config("memory", "local", promote={"every": 1000})
     run_ranks(signalled_rank, 2, tmp_path, config)
     assert ids(config, "memory") == [default_id(4)]
-    assert read_manifest(config.make_tier("local", node=0), default_id(4)).world_size == 2
+    assert (
+        read_manifest(
+            config.make_tier("local", node=0), default_id(4), trust=config.marker_trust()
+        ).world_size
+        == 2
+    )
 
 
 def overlapping_rank(rank: int, world: int, config: Config) -> None:

@@ -46,7 +46,7 @@ SAVES = textwrap.dedent("""
         result = dcp.async_save(state, storage_writer=writer, checkpoint_id=f"step_{step:03d}")
         (result.upload_completion if overlap else result).result()
         if step >= keep:
-            delete_copy(ram, f"step_{step - keep:03d}")
+            delete_copy(ram, f"step_{step - keep:03d}", trust=config.marker_trust())
         anon.append(status("RssAnon"))
         tier.append(tier_bytes(root))
     print(json.dumps({"anon": anon, "tier": tier, "shmem": status("RssShmem"),

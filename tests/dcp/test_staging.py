@@ -32,6 +32,7 @@ from tierstore.ids import staging_dir
 from tierstore.interval import advise, daly, young
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -100,7 +101,7 @@ def test_memory_tier_adopts_the_slab_and_prepares_a_spare(make_config: Callable[
     spare_inode = os.stat(spare.path).st_ino
     dcp.async_save(model_state(3), storage_writer=writer, checkpoint_id="step_0003").result()
     assert stager.slab is spare and not os.path.exists(spare.path), "the slab became the checkpoint"
-    manifest = read_manifest(tier0(config), "step_0003")
+    manifest = read_manifest(tier0(config), "step_0003", trust=MarkerTrust())
     data = next(f for f in manifest.files if f.path.endswith("-0.distcp"))
     assert writer._staged.slab is not None and data.size == writer._staged.slab.nbytes
     data_path = tier0(config).local_path(f"step_0003/{data.path}")
@@ -223,7 +224,7 @@ def test_a_save_waits_for_the_previous_one_and_says_so(
     second.result()
     assert stall > 0.5
     assert "waited" in caplog.text and "previous save" in caplog.text
-    timings = read_manifest(tier0(config), "step_0002").timings
+    timings = read_manifest(tier0(config), "step_0002", trust=MarkerTrust()).timings
     assert timings["wait_s"] is not None and timings["wait_s"] > 0.5
     assert timings["stall_s"] is not None and timings["stall_s"] >= timings["wait_s"]
 
@@ -253,7 +254,7 @@ def test_a_save_whose_planner_fails_does_not_hold_up_the_next(
             model_state(3), storage_writer=TieredWriter(config, checkpoint_id="step_0003")
         ).result()
     assert "never reported back" not in caplog.text
-    wait_s = read_manifest(tier0(config), "step_0003").timings["wait_s"]
+    wait_s = read_manifest(tier0(config), "step_0003", trust=MarkerTrust()).timings["wait_s"]
     assert wait_s is not None and wait_s < 10, f"waited {wait_s} s for the failed save"
     assert latest_committed(config) == "step_0003"
     assert_loaded(config, "step_0003", model_state(3))

@@ -24,6 +24,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.errors import IntegrityError
 from tierstore.ids import INTERNAL_DIR, MARKER_NAME, staging_dir
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.tiers.durable import is_temporary
 
@@ -81,7 +82,7 @@ def committed_generations(tier: Tier, files: dict[str, int]) -> dict[str, str]:
         checkpoint_id, _, name = path.partition("/")
         if name == MARKER_NAME:
             try:
-                found[checkpoint_id] = read_manifest(tier, checkpoint_id).generation
+                found[checkpoint_id] = read_manifest(tier, checkpoint_id, trust=MarkerTrust()).generation
             except (FileNotFoundError, IntegrityError):
                 continue  # an unreadable marker commits nothing: its files count as leaked
     return found
@@ -112,7 +113,7 @@ def open_upload_count(config: Config, s3: Any) -> tuple[int, int]:
     """Multipart uploads left in the buckets of ``config``'s S3 tiers, and their parts' bytes."""
     count = size = 0
     for tier in config.make_tiers(node=0):
-        if tier.capabilities.local_files:
+        if tier.local is not None:
             continue
         bucket = tier.bucket  # type: ignore[attr-defined]
         for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):

@@ -44,6 +44,7 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import held
 from tierstore.records.marker import read_manifest
 from tierstore.records.promoter_state import read_state
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 SKEWS = [
@@ -230,7 +231,7 @@ def skewed_promoters_leave_work_in_flight(
         try:
             (generation,) = tier.list_dir("step_000003")
             straggler = f"{generation_dir('step_000003', generation)}/r00001-0.distcp"
-            s3 = tier.capabilities.multipart
+            s3 = tier.type == "s3"
             with upload_in_flight(tier, straggler) if s3 else contextlib.nullcontext():
                 before = files_of(tier)
                 for command, offset, real_monotonic in skews:
@@ -286,14 +287,14 @@ def test_a_skewed_trainer_orders_nothing_and_loses_nothing(
     memory, local = config.make_tiers(node=0)
     save(config, "step_000001", 1.0)
     finished(trainer(path, "+2h", "save:step_000002:2"))
-    original = read_manifest(memory, "step_000002").generation
+    original = read_manifest(memory, "step_000002", trust=MarkerTrust()).generation
     behind = trainer(path, "-2h", "save:step_000003:3", "pause:step_000004:4", "overwrite:step_000002:22")
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "reached").exists():
             assert behind.poll() is None and time.monotonic() < deadline, "no pause reached"
             time.sleep(0.05)
-        committed_at = read_manifest(memory, "step_000003").committed_at
+        committed_at = read_manifest(memory, "step_000003", trust=MarkerTrust()).committed_at
         assert abs(committed_at - (time.time() - 7200)) < 120, "the trainer's clock is 2 h behind"
         before = files_of(memory)
         for command, offset in BESIDE_TRAINERS:
@@ -310,9 +311,9 @@ def test_a_skewed_trainer_orders_nothing_and_loses_nothing(
     assert main(["--config", str(path), "ls", "--json"]) == 0
     listed = [entry["id"] for entry in json.loads(capsys.readouterr().out)]
     assert listed == ["step_000002", "step_000004", "step_000003", "step_000001"]
-    overwrite = read_manifest(memory, "step_000002")
+    overwrite = read_manifest(memory, "step_000002", trust=MarkerTrust())
     assert overwrite.generation < original, "the overwrite's name carries the earlier clock"
-    assert read_manifest(local, "step_000002").generation == overwrite.generation
+    assert read_manifest(local, "step_000002", trust=MarkerTrust()).generation == overwrite.generation
     assert_audit_clean(config)
 
 

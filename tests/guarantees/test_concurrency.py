@@ -27,6 +27,7 @@ from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import held
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def state_of(value: float) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def test_a_restore_in_progress_keeps_the_generation_it_reads(make_config: Callab
     config = make_config("memory", promote={"stale_after": 0})
     (memory,) = config.make_tiers(node=0)
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="latest")
-    old = read_manifest(memory, "latest")
+    old = read_manifest(memory, "latest", trust=MarkerTrust())
     with held(memory, "read", "latest", None):  # what TieredReader holds while it reads
         dcp.save(state_of(2.0), storage_writer=TieredWriter(config, overwrite=True), checkpoint_id="latest")
         Promoter(config).run_once()
@@ -157,13 +158,15 @@ def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(make_config: C
     config = make_config("local", tiers={"local": {"keep": 1}}, promote={"stale_after": 0})
     (local,) = config.make_tiers(node=0)
     dcp.save(state_of(1.0), storage_writer=TieredWriter(config), checkpoint_id="step_000001")
-    chosen = read_manifest(local, "step_000001")
+    chosen = read_manifest(local, "step_000001", trust=MarkerTrust())
     dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="step_000002")
     promoter = Promoter(config)
     planned = promoter.planned_deletions(promoter.catalog())  # retention decides: keep 1 ...
     assert [d.checkpoint_id for d in planned] == ["step_000001"]
     with held(local, "read", "step_000001", chosen.generation):  # ... then a restore chooses it
-        assert delete_copies(promoter.by_name, planned) == planned  # the copy is gone ...
+        assert (
+            delete_copies(promoter.by_name, planned, trust=MarkerTrust()) == planned
+        )  # the copy is gone ...
         assert not local.exists(checkpoint_file("step_000001", "commit.json"))
         for entry in chosen.files:  # ... but not the data the reader is reading
             assert local.exists(checkpoint_file("step_000001", entry.path)), entry.path
@@ -199,7 +202,7 @@ def test_the_last_overwrite_to_commit_reaches_every_tier(make_config: Callable[.
         zombie.go.set()
         zombie_done.result()  # 2.0 commits last
     Promoter(config).run_once()
-    generations = {t.name: read_manifest(t, "latest").generation for t in (memory, s3)}
+    generations = {t.name: read_manifest(t, "latest", trust=MarkerTrust()).generation for t in (memory, s3)}
     assert generations["memory"] == generations["s3"], "every tier holds the last commit"
     memory.delete_tree("latest")  # the fast copy is lost: S3 serves the same content
     assert loaded(config, "latest") == 2.0

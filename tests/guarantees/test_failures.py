@@ -34,6 +34,7 @@ from tierstore.dcp.save.gate import GateView
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier, make_tier
 
 
@@ -136,7 +137,7 @@ def test_damaged_copy_falls_back_to_the_next_tier(
     trainer = save(config, "step_000005")
     Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config, 0)
-    manifest = read_manifest(fast, "step_000005")
+    manifest = read_manifest(fast, "step_000005", trust=MarkerTrust())
     data = next(f for f in manifest.files if f.rank == 0)
     path = Path(fast.local_path(f"step_000005/{data.path}"))
     if damage == "missing":
@@ -169,7 +170,7 @@ def test_a_flipped_bit_fails_the_load_and_verification_falls_back_to_a_good_copy
     save(config, "step_000005")
     Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config)
-    data = next(f for f in read_manifest(fast, "step_000005").files if f.rank == 0)
+    data = next(f for f in read_manifest(fast, "step_000005", trust=MarkerTrust()).files if f.rank == 0)
     path = Path(fast.local_path(f"step_000005/{data.path}"))
     raw = bytearray(path.read_bytes())
     raw[-10] ^= 0xFF
@@ -250,7 +251,7 @@ def test_concurrent_commit_of_the_same_id_keeps_exactly_one(make_config: Callabl
         save(config, "step_000007", seed=8, commit_gate=race)
     assert_same(winners[0], load(config, "step_000007")[0])
     gens = {f.path.split("/")[1] for f in tier_of(config).find("step_000007") if "/g" in f.path}
-    assert gens == {read_manifest(tier_of(config), "step_000007").generation}
+    assert gens == {read_manifest(tier_of(config), "step_000007", trust=MarkerTrust()).generation}
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".", "..", ".tierstore", "x" * 300, "sp ace"])
@@ -270,7 +271,7 @@ def test_tampered_metadata_is_refused_and_the_next_tier_used(make_config: Callab
     trainer = save(config, "step_000003")
     Promoter(config).run_once()  # the same copy (id and generation) in the local tier too
     fast = tier_of(config)
-    meta = next(f for f in read_manifest(fast, "step_000003").files if f.rank is None)
+    meta = next(f for f in read_manifest(fast, "step_000003", trust=MarkerTrust()).files if f.rank is None)
     path = Path(fast.local_path(f"step_000003/{meta.path}"))
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -299,7 +300,7 @@ def test_marker_naming_paths_outside_the_checkpoint_is_refused(make_config: Call
     marker["files"][0]["path"] = "../../etc/passwd"
     tier.publish(marker_path("step_000001"), json.dumps(marker).encode(), create_only=False)
     with pytest.raises(IntegrityError, match="not of the form"):
-        read_manifest(tier, "step_000001")
+        read_manifest(tier, "step_000001", trust=MarkerTrust())
     assert latest_committed(config) is None
     with pytest.raises(CheckpointExistsError):  # a damaged marker still occupies its id
         TieredWriter(config, checkpoint_id="step_000001").set_up_storage_writer(True, rank=0)

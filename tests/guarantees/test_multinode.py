@@ -21,6 +21,7 @@ from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -82,7 +83,7 @@ def test_two_nodes_promote_their_parts_and_commit_once(
     assert not s3.exists(marker_path("step_0001"))
     log0 = promote(path, node=0)  # node 0 sees every part: it commits
     assert "promoted checkpoint=step_0001" in log0
-    manifest = read_manifest(s3, "step_0001")
+    manifest = read_manifest(s3, "step_0001", trust=MarkerTrust())
     assert manifest.nodes == [0, 1] and copy_problems(s3, manifest, verify=True) == []
 
     run_ranks(save_on_two_nodes, 2, tmp_path, config, 2)
@@ -90,7 +91,7 @@ def test_two_nodes_promote_their_parts_and_commit_once(
     assert "part_copied checkpoint=step_0002" in log0 and not s3.exists(marker_path("step_0002"))
     log1 = promote(path, node=1)  # node 1 completes the set and commits
     assert "promoted checkpoint=step_0002" in log1
-    assert copy_problems(s3, read_manifest(s3, "step_0002"), verify=True) == []
+    assert copy_problems(s3, read_manifest(s3, "step_0002", trust=MarkerTrust()), verify=True) == []
 
     # retention (ram keep: 1) removed step 1 from both nodes once it was safe in S3
     promote(path, node=0)
@@ -206,6 +207,6 @@ def test_a_node_part_is_promoted_only_once_every_rank_of_the_node_wrote(
     promote(path, node=1)
     promote(path, node=0)
     s3 = make_tier(config.tier("s3"), namespace=None, node=0)
-    manifest = read_manifest(s3, "step_0004")
+    manifest = read_manifest(s3, "step_0004", trust=MarkerTrust())
     assert sorted({f.rank for f in manifest.files if f.rank is not None}) == [0, 1, 2, 3]
     assert copy_problems(s3, manifest, verify=True) == []

@@ -18,9 +18,10 @@ from tierstore.config import Config
 from tierstore.ids import CHANGES_PATH, marker_path
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 from tierstore.tiers.posix import PosixTier
-from tierstore.tiers.s3.tier import S3Tier
+from tierstore.tiers.s3.client import S3Client
 
 
 def _fd_path(fd: int) -> str:
@@ -182,7 +183,7 @@ def test_overwrite_forgets_the_replaced_generations_log_entry_after_its_new_mark
     _save(config, "step_000001", overwrite=True)
     (new,) = [e for e in read_log(tier) if e.checkpoint_id == "step_000001"]
     assert new.generation != old.generation
-    assert new.generation == read_manifest(tier, "step_000001").generation
+    assert new.generation == read_manifest(tier, "step_000001", trust=MarkerTrust()).generation
     assert tier_events.index(("marker", marker_path("step_000001"))) < tier_events.index(
         ("delete file", old.path)
     )
@@ -193,14 +194,14 @@ def test_s3_marker_is_put_after_every_data_object(
 ) -> None:
     config = make_config("s3")
     calls: list[tuple[str, str]] = []
-    real_call = S3Tier.call
+    real_call = S3Client.call
 
-    def call(self: S3Tier, method: str, what: str, **kwargs: Any) -> Any:
+    def call(self: S3Client, method: str, what: str, **kwargs: Any) -> Any:
         result = real_call(self, method, what, **kwargs)
         calls.append((method, str(kwargs.get("Key", ""))))
         return result
 
-    monkeypatch.setattr(S3Tier, "call", call)
+    monkeypatch.setattr(S3Client, "call", call)
     _save(config, "step_000001")
     completed = [key for method, key in calls if method in ("put_object", "complete_multipart_upload")]
     assert completed[-1].endswith(CHANGES_PATH), "the change stamp follows the marker"
@@ -222,14 +223,14 @@ def test_cleanup_removes_part_records_before_data_and_keeps_a_generation_committ
     tier.write_bytes(f"ckpt/{gen}/r00001-0.distcp", b"node 1's part")
     tier.write_bytes(node_part_path("ckpt", gen, 1), b"{}")
     tier_events.clear()
-    assert remove_generation(tier, "ckpt", gen)
+    assert remove_generation(tier, "ckpt", gen, trust=MarkerTrust())
     deletions = [path for kind, path in tier_events if kind == "delete"]
     assert deletions == [parts_dir("ckpt", gen), generation_dir("ckpt", gen)], (
         "a promoter needs the part records to publish: they go first"
     )
 
     _save(config, "step_000001")  # a committed generation is never removed by cleanup
-    committed = read_manifest(tier, "step_000001").generation
-    assert not remove_generation(tier, "step_000001", committed)
-    assert read_manifest(tier, "step_000001").generation == committed
+    committed = read_manifest(tier, "step_000001", trust=MarkerTrust()).generation
+    assert not remove_generation(tier, "step_000001", committed, trust=MarkerTrust())
+    assert read_manifest(tier, "step_000001", trust=MarkerTrust()).generation == committed
     assert tier.exists(f"step_000001/{committed}/.metadata")

@@ -34,6 +34,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 
 FAULTS = ["refuse", "hang", "503"]
 
@@ -114,7 +115,7 @@ def assert_verified(config: Config, tier_name: str) -> None:
     """Every copy committed in the tier matches its marker byte for byte (CRC32C)."""
     tier = config.make_tier(tier_name, node=0)
     for checkpoint_id in committed(config, tier_name):
-        manifest = read_manifest(tier, checkpoint_id)
+        manifest = read_manifest(tier, checkpoint_id, trust=MarkerTrust())
         assert copy_problems(tier, manifest, verify=True) == [], checkpoint_id
 
 
@@ -159,7 +160,7 @@ def outage_scenario(
         save(config, later)
     newest = f"step_{step + 5:04d}"
     assert requests_to(proxy) == before, "a save into memory made a request to S3"
-    assert read_manifest(config.make_tier("ram", node=0), newest).seq is not None
+    assert read_manifest(config.make_tier("ram", node=0), newest, trust=MarkerTrust()).seq is not None
     # The promoter goes on with the disk tier and reports S3 away; the lag grows.
     promoter.run_once()
     assert away(promoter) == 1
@@ -199,7 +200,7 @@ def outage_scenario(
         assert 0 <= lag(promoter) < 60, "the lag is measured once something is durable"
     else:  # measured from the newest save now, no longer from the last one before the outage
         s3 = config.make_tier("s3", node=0)
-        started = read_manifest(s3, "step_0002").timings["started_at"]
+        started = read_manifest(s3, "step_0002", trust=MarkerTrust()).timings["started_at"]
         assert started is not None and lag(promoter) < time.time() - started
 
 

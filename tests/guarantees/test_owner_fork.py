@@ -34,7 +34,7 @@ def start_owner_with_a_forked_helper(tier: Tier) -> tuple[int, int]:
     if owner == 0:  # pragma: no cover - the child process
         try:
             os.close(read)
-            tier.own_directory(OWNED)
+            tier.local.own_directory(OWNED)
             helper = os.fork()
             if helper == 0:
                 time.sleep(120)
@@ -56,11 +56,11 @@ def test_a_sigkilled_owner_is_gone_even_while_a_child_it_forked_lives(
     tier = memory_tier(make_config, tmp_path / "mem")
     owner, helper = start_owner_with_a_forked_helper(tier)
     try:
-        assert tier.owner_alive(OWNED) is True, "the fork released the owner's lock"
+        assert tier.local.owner_alive(OWNED) is True, "the fork released the owner's lock"
         os.kill(owner, signal.SIGKILL)
         os.waitpid(owner, 0)
         os.kill(helper, 0)  # the helper the owner forked still runs
-        assert tier.owner_alive(OWNED) is False, (
+        assert tier.local.owner_alive(OWNED) is False, (
             "the owner was SIGKILLed, but its directory still looks owned while its child lives"
         )
     finally:
@@ -76,24 +76,24 @@ def test_a_child_that_exits_leaves_its_parents_lock_held(
     make_config: Callable[..., Config], tmp_path: Path
 ) -> None:
     tier = memory_tier(make_config, tmp_path / "mem")
-    owned = tier.own_directory("staging/mine")
+    owned = tier.local.own_directory("staging/mine")
     try:
         child = os.fork()
         if child == 0:  # pragma: no cover - the child process
-            os._exit(0 if tier.owner_alive("staging/mine") else 3)
+            os._exit(0 if tier.local.owner_alive("staging/mine") else 3)
         _, status = os.waitpid(child, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child saw no owner"
-        assert tier.owner_alive("staging/mine") is True, "the child's exit released our lock"
+        assert tier.local.owner_alive("staging/mine") is True, "the child's exit released our lock"
     finally:
         os.close(owned.lock)
-    assert tier.owner_alive("staging/mine") is False
+    assert tier.local.owner_alive("staging/mine") is False
 
 
 def test_a_forked_child_closes_only_lock_files_never_a_descriptor_a_closed_lock_left_to_reuse(
     make_config: Callable[..., Config], tmp_path: Path
 ) -> None:
     tier = memory_tier(make_config, tmp_path / "mem")
-    owned = tier.own_directory("staging/closed")
+    owned = tier.local.own_directory("staging/closed")
     os.close(owned.lock)  # this process is done with it: the number is free again
     other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -33,7 +33,7 @@ LANDED = "mirror/x/0/__1_0.distcp"
 def one_mapped_spare(root: Path, size: int) -> tuple[MemoryTier, Spares, int]:
     """Node 0's memory tier at ``root`` (``memory_root``, on a tmpfs) with one spare of ``size``
     reserved by a refill, checked to be mapped; the spare's inode."""
-    tier = MemoryTier("memory", str(root), mirror=None)
+    tier = MemoryTier("memory", str(root))
     spares = Spares(tier)
     spares.take(size)
     spares.refill()
@@ -125,12 +125,12 @@ def _recycled(tier: MemoryTier, size: int, claimed: int) -> tuple[Spares, str]:
 def test_a_recycled_file_is_mapped_only_at_the_size_it_was_claimed_with(shm: Path) -> None:
     """A mapping longer than its file would fault (SIGBUS) past the file's end: a recycled file
     whose size is not the one its marker claimed lands by copy."""
-    tier = MemoryTier("memory", str(shm / "a"), mirror=None)
+    tier = MemoryTier("memory", str(shm / "a"))
     spares, spare = _recycled(tier, 2 * MIB, 2 * MIB)
     mapped = spares.mapping(spare)
     assert mapped is not None and len(mapped) == 2 * MIB
     mapped.close()
-    tier = MemoryTier("memory", str(shm / "b"), mirror=None)
+    tier = MemoryTier("memory", str(shm / "b"))
     spares, spare = _recycled(tier, 2 * MIB, 3 * MIB)
     assert spares.mapping(spare) is None
     assert os.stat(spare).st_ino not in mapped_inodes()
@@ -141,7 +141,7 @@ def test_a_recycled_file_is_mapped_after_the_round_that_recycles_it(shm: Path) -
     (about 0.02 s per 256 MiB) would delay everyone waiting for the round. The refill after the
     round maps them; a round that takes one before (back to back) maps it as it takes it."""
     for back_to_back in (False, True):
-        tier = MemoryTier("memory", str(shm / f"recycled-{back_to_back}"), mirror=None)
+        tier = MemoryTier("memory", str(shm / f"recycled-{back_to_back}"))
         spares = Spares(tier)
         tier.write_bytes("mirror/y/0/__0_0.distcp", b"\x5a" * MIB)
         inode = os.stat(tier.local_path("mirror/y/0/__0_0.distcp")).st_ino
@@ -163,7 +163,7 @@ def test_spares_off_a_tmpfs_are_not_mapped(tmp_path: Path) -> None:
     filesystem may need blocks at the first write: a SIGBUS when it has none)."""
     if is_tmpfs(str(tmp_path)):
         pytest.skip("the temporary directory is a tmpfs here")
-    spares = Spares(MemoryTier("memory", str(tmp_path), mirror=None))
+    spares = Spares(MemoryTier("memory", str(tmp_path)))
     spares.take(MIB)
     spares.refill()
     (spare,) = (spares.take(MIB),)

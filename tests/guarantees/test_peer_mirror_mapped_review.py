@@ -51,7 +51,7 @@ def two_rounds_of_edge_sizes(rank: int, world: int, root: Path) -> None:
             dist.barrier()
             continue
         if round_ == 1:
-            tier = MemoryTier("memory", str(root), mirror=None)
+            tier = MemoryTier("memory", str(root))
             spares = Spares(tier)
             for size in SIZES:
                 spares.take(size)

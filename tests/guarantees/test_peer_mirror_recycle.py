@@ -102,7 +102,7 @@ def _mirror_file(tier: MemoryTier, size: int, byte: int = 0xAB) -> str:
 
 def test_a_dropped_mirror_leaves_its_marker_before_any_file_is_recycled(tmp_path: Path) -> None:
     """Marker first, then data: when a file leaves the mirror, no marker names it any more."""
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     path = _mirror_file(tier, MIB)
     seen: list[tuple[str, bool]] = []
 
@@ -116,7 +116,7 @@ def test_a_dropped_mirror_leaves_its_marker_before_any_file_is_recycled(tmp_path
 
 
 def test_a_recycled_file_leaves_the_mirror_and_is_the_next_spare_of_its_size(tmp_path: Path) -> None:
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     spares = Spares(tier)
     path = _mirror_file(tier, 2 * MIB)
     inode = os.stat(tier.local_path(path)).st_ino
@@ -129,7 +129,7 @@ def test_a_recycled_file_leaves_the_mirror_and_is_the_next_spare_of_its_size(tmp
 
 def test_a_landing_in_a_longer_stale_spare_holds_the_new_bytes_only(tmp_path: Path) -> None:
     """Old bytes past the new file's end never become part of it: the landing ends at its size."""
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     spare = tmp_path / "spare"
     spare.write_bytes(bytes([0xAB]) * (2 * MIB))
     landing = tier.open_landing("mirror/y/new.distcp", MIB, str(spare))
@@ -139,7 +139,7 @@ def test_a_landing_in_a_longer_stale_spare_holds_the_new_bytes_only(tmp_path: Pa
 
 
 def test_only_files_a_coming_round_can_use_are_recycled(tmp_path: Path) -> None:
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     spares = Spares(tier)
     path = _mirror_file(tier, MIB)
     spares.take(2 * MIB)  # this round wanted another size
@@ -164,18 +164,18 @@ def test_a_recycled_spare_never_takes_the_room_of_the_nodes_own_next_save(
 ) -> None:
     """On a real 32 MiB tmpfs: holding the dropped file as a spare would leave less free than the
     node's own next save needs, so it is not kept (its room goes back); with room, it is."""
-    tight = MemoryTier("memory", str(mount_tmpfs("32m")), mirror=None)
+    tight = MemoryTier("memory", str(mount_tmpfs("32m")))
     kept, free = recycle_against(tight, lambda free: free + 1)
     assert not kept
     assert free >= 8 * MIB
-    roomy = MemoryTier("memory", str(mount_tmpfs("32m")), mirror=None)
+    roomy = MemoryTier("memory", str(mount_tmpfs("32m")))
     kept, _ = recycle_against(roomy, lambda free: free - 4 * MIB)
     assert kept
 
 
 def test_a_file_with_another_name_is_never_recycled(tmp_path: Path) -> None:
     """Its bytes would change under the other name: it is left for the caller to delete."""
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     spares = Spares(tier)
     path = _mirror_file(tier, MIB)
     other = tmp_path / "other-name"
@@ -192,7 +192,7 @@ def test_a_landing_in_a_shorter_spare_on_a_full_tmpfs_is_refused_at_its_start(
     so a full tmpfs is an ENOSPC before any byte (never a late error or a SIGBUS), and the spare
     goes with the refusal."""
     root = mount_tmpfs("8m")
-    tier = MemoryTier("memory", str(root), mirror=None)
+    tier = MemoryTier("memory", str(root))
     spare = root / "spare"
     spare.write_bytes(bytes([0xAB]) * MIB)
     with pytest.raises(OSError) as refused:

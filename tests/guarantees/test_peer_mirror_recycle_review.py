@@ -38,6 +38,7 @@ from tierstore.records.activity import Activity, hold, live
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import MIRROR_MARKER_PREFIX, MirrorMarker, held_mirrors
 from tierstore.records.mirror_retention import prune_mirrors
+from tierstore.signing import MarkerTrust
 from tierstore.tiers.memory import MemoryTier
 
 MIB = 2**20
@@ -78,7 +79,7 @@ class _RetentionDuringTheLoad(DefaultLoadPlanner):
 def load_while_retention_recycles(rank: int, world: int, config: Config, root: Path) -> None:
     """Node 0, alone (world size 1): its own shard and node 1's from the mirror node 0 holds."""
     become(0)
-    tier = MemoryTier("memory", str(memory_root(root, 0)), mirror=None)
+    tier = MemoryTier("memory", str(memory_root(root, 0)))
     snapshot = [a for a in live(tier) if a.kind == "read"]  # taken before the restore began
     planner = _RetentionDuringTheLoad(tier, snapshot)
     target = blank_state([0, 1])
@@ -126,7 +127,7 @@ class _ReaderArrivesAsTheMarkerGoes(MemoryTier):
     retention's delete of that marker lands."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__("memory", str(root), mirror=None)
+        super().__init__("memory", str(root))
         self.arrived: list[Activity] = []
 
     def delete(self, path: str) -> None:
@@ -165,7 +166,7 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.mirror_retention import prune_mirrors
 from tierstore.tiers.memory import MemoryTier
 
-tier = MemoryTier("memory", sys.argv[1], mirror=None)
+tier = MemoryTier("memory", sys.argv[1])
 spares = Spares(tier)
 for _ in range(2):
     spares.take(2**20)  # the round received two files of this size
@@ -187,7 +188,7 @@ def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spar
     """kill -9 after the first of a dropped mirror's two files became a spare: no marker names a
     file of that mirror any more, the newer mirror is whole, and cleanup takes both the dead
     process's spare and the file left in the mirror directory (nothing held for good)."""
-    tier = MemoryTier("memory", str(tmp_path), mirror=None)
+    tier = MemoryTier("memory", str(tmp_path))
     _mirror_of(tier, "x", 1, files=2)
     newer = _mirror_of(tier, "y", 2)
     done = subprocess.run(
@@ -206,9 +207,9 @@ def test_a_holder_killed_between_two_recycled_files_leaves_no_mirror_and_no_spar
     assert [p.stat().st_size for p in spares] == [MIB], spares
     left = [info.path for info in tier.find(".tierstore/mirror/x")]
     assert len(left) == 1 and left[0].endswith(".distcp"), left
-    found = find_leftovers(tier, stale_after=0, activity_ttl=60)
+    found = find_leftovers(tier, stale_after=0, activity_ttl=60, trust=MarkerTrust())
     for cleanup in found:
-        remove(tier, cleanup)
+        remove(tier, cleanup, trust=MarkerTrust())
     assert list(tmp_path.glob(".tierstore/staging/*/mirror-spare-*")) == [], found
     assert tier.find(".tierstore/mirror/x") == [], found
     assert tier.read_bytes(newer) == bytes([0xAB]) * MIB, "cleanup took the newer mirror"
@@ -259,7 +260,7 @@ def test_two_ranks_a_node_overwrites_and_promoter_passes_keep_every_mirror_whole
     config = mirror_config(tmp_path, lower=(), keep=1)
     run_ranks(save_overwrite_and_prune, 4, tmp_path, config, tmp_path)
     for node in (0, 1):
-        tier = MemoryTier("memory", str(memory_root(tmp_path, node)), mirror=None)
+        tier = MemoryTier("memory", str(memory_root(tmp_path, node)))
         held = [m for i in ("step_1", "step_2", "step_3", "step_4") for m in held_mirrors(tier, i)]
         assert [m.checkpoint_id for m in held] == ["step_4"], held
         for entry in held[0].files:

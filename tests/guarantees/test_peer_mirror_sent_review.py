@@ -195,7 +195,7 @@ def test_a_child_forked_while_a_sent_file_is_being_mapped_holds_no_descriptor_of
     ctypes, which lets other threads run meanwhile. A trainer thread that forks a DataLoader worker
     then must not hand the child the descriptor, open for that moment (it would keep the file and
     its tmpfs pages for the worker's life, as a kept descriptor would)."""
-    tier = MemoryTier("memory", str(shm), mirror=None)
+    tier = MemoryTier("memory", str(shm))
     tier.write_bytes("step_1/g/r0.distcp", os.urandom(2**20))
     inode = os.stat(tier.local_path("step_1/g/r0.distcp")).st_ino
     stop = threading.Event()
@@ -225,7 +225,7 @@ def test_a_child_forked_while_a_spare_is_being_mapped_holds_no_descriptor_of_it(
     """The same for the spares: a refill (between rounds) or a take (a back-to-back round maps a
     recycled spare) holds the spare open, read-write, while its page tables fill (MAP_POPULATE: 0.03
     to 0.1 s for 256 MiB, the GIL released); a child forked then must not keep it."""
-    tier = MemoryTier("memory", str(shm), mirror=None)
+    tier = MemoryTier("memory", str(shm))
     spares = Spares(tier)
     stop = threading.Event()
 
@@ -268,7 +268,7 @@ def test_filling_a_messages_page_tables_is_best_effort_never_a_crash(shm: Path) 
     truncated meanwhile (the pages past its end would be a SIGBUS if touched), on the zeros sent
     for a vanished file, at an odd offset, on memory that is no mapping at all: never an error,
     never a signal (in a forked child, so that a SIGBUS fails the test, not the run)."""
-    tier = MemoryTier("memory", str(shm), mirror=None)
+    tier = MemoryTier("memory", str(shm))
     tier.write_bytes("step_1/g/r0.distcp", os.urandom(3 * 2**20 + 5))
 
     # Made here, not in the child: a torch op that runs on OpenMP's threads in a child forked

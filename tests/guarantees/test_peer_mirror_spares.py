@@ -107,7 +107,7 @@ def _free(directory: Path) -> int:
 def refill_together(rank: int, world: int, root: Path, keep_free: int, size: int) -> None:
     """Two processes of one node refill a spare of ``size`` each at the same moment, against the
     same ``keep_free``, several times over; rank 0 checks what they left free each time."""
-    spares = Spares(MemoryTier("memory", str(root), mirror=None))
+    spares = Spares(MemoryTier("memory", str(root)))
     spares.keep_free = keep_free
     for trial in range(5):
         spares.take(size)
@@ -168,7 +168,7 @@ def fail_a_receive_after_taking_a_spare(rank: int, world: int, root: Path) -> No
     if rank == 1:
         wait_all(post_send(data, 0, dist.group.WORLD, 1), 60)
         return
-    spares = Spares(MemoryTier("memory", str(root), mirror=None))
+    spares = Spares(MemoryTier("memory", str(root)))
     spares.take(MIB)
     spares.refill()
     assert sorted(spares_of(root.parent.parent, 0).values()) == [MIB]

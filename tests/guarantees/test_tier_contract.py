@@ -1,6 +1,6 @@
 """One contract, every tier type: what the Tier seam promises, checked on memory, local, shared, s3,
 and on ``dict``, a tier type the tests register without touching tierstore (tests/tiers/dict_tier.py).
-Capabilities a tier declares are checked too; a tier that lacks one skips that case explicitly."""
+Verbs of local files are checked through ``tier.local``; a tier without them skips those cases explicitly."""
 
 from __future__ import annotations
 
@@ -14,15 +14,24 @@ import pytest
 
 from tests.forked import in_forked_child
 from tests.process_files import mapped_inodes, open_inodes
-from tierstore.tiers import Tier, make_tier
+from tierstore.tiers import LocalFace, Tier, make_tier
 
 KINDS = ["memory", "local", "shared", "s3", "dict"]
+LOCAL_VERBS = ("map_file", "own_directory", "owner_alive", "directory_mtime", "open_landing", "adopt")
+LOCAL_VERBS += ("recycle", "remove_if_empty", "space")
 
 
 @pytest.fixture(params=KINDS)
 def tier(request: pytest.FixtureRequest, make_config: Callable[..., Any]) -> Tier:
     config = make_config(request.param, namespace="ns")
     return make_tier(config.tiers[0], namespace=config.namespace, node=0)
+
+
+def local_face(tier: Tier) -> LocalFace | None:
+    """``tier.local``; a tier without one offers none of its verbs (callers ask for the face)."""
+    if tier.local is None:
+        assert [v for v in LOCAL_VERBS if hasattr(tier, v)] == [], f"{tier.type}: verbs of local files"
+    return tier.local
 
 
 def test_round_trip_and_replace(tier: Tier) -> None:
@@ -57,10 +66,10 @@ def test_a_scattered_read_fills_its_buffers_in_order_from_one_range(tier: Tier) 
     payload = os.urandom(3 * 2**20 + 5)
     tier.write_bytes("r/scattered", payload)
     outs = [bytearray(7), bytearray(0), bytearray(2**20), bytearray(2**20 + 1)]
-    tier.read_scattered("r/scattered", 100, [memoryview(o) for o in outs])
+    tier.read_into("r/scattered", 100, [memoryview(o) for o in outs])
     assert b"".join(outs) == payload[100 : 100 + 2 * 2**20 + 8]
     with pytest.raises(EOFError):
-        tier.read_scattered("r/scattered", len(payload) - 4, [memoryview(bytearray(2))] * 3)
+        tier.read_into("r/scattered", len(payload) - 4, [memoryview(bytearray(2))] * 3)
 
 
 def test_read_into_past_the_end_or_of_a_missing_file_fails_cleanly(tier: Tier) -> None:
@@ -100,10 +109,10 @@ def test_find_after_lists_what_find_does_past_a_name(tier: Tier) -> None:
     names = [f"log/{n:04d}~x" for n in (1, 2, 10, 11)] + ["log/0002", "logs/0100~x", "lo/9999"]
     for name in names:
         tier.write_bytes(name, b"")
-    assert [f.path for f in tier.find_after("log", "log/0002")] == ["log/0002~x", "log/0010~x", "log/0011~x"]
-    assert [f.path for f in tier.find_after("log", "log/0011~x")] == []
-    assert tier.find_after("absent", "absent/0") == []
-    assert tier.find_after("log", "log/") == [f for f in tier.find("log")]
+    assert [f.path for f in tier.find("log", after="log/0002")] == ["log/0002~x", "log/0010~x", "log/0011~x"]
+    assert [f.path for f in tier.find("log", after="log/0011~x")] == []
+    assert tier.find("absent", after="absent/0") == []
+    assert tier.find("log", after="log/") == [f for f in tier.find("log")]
 
 
 def test_delete_and_delete_tree(tier: Tier) -> None:
@@ -167,7 +176,7 @@ def test_incomplete_writes_are_listed_and_discarded(tier: Tier) -> None:
     try:
         assert tier.incomplete_writes(idle_for=3600.0, now=0.0) == [], "young writes are kept"
         listed = tier.incomplete_writes(idle_for=0.0, now=math.inf)
-        if tier.capabilities.local_files or tier.capabilities.multipart:
+        if tier.local is not None or tier.type == "s3":
             assert listed, "an interrupted write leaves something, and the tier must list it"
         for write in listed:
             tier.discard_incomplete(write)
@@ -180,34 +189,32 @@ def test_incomplete_writes_are_listed_and_discarded(tier: Tier) -> None:
 
 def test_local_files_capability_maps_files_without_letting_writes_through(tier: Tier) -> None:
     """The peer mirror sends a stored file straight from its mapping (no copy, never the file
-    itself changed); a tier without local files refuses, and callers ask its capabilities first."""
-    if not tier.capabilities.local_files:
-        with pytest.raises(NotImplementedError, match=tier.name):
-            tier.map_file("l/file")
+    itself changed); a tier without local files has no face for them, and callers ask for it."""
+    if (local := local_face(tier)) is None:
         pytest.skip(f"{tier.type} declares no local files")
     payload = os.urandom(3 * 4096 + 5)
     tier.write_bytes("l/file", payload)
-    view = tier.map_file("l/file")
+    view = local.map_file("l/file")
     assert bytes(view) == payload
     view[0] ^= 0xFF  # a private mapping: the byte changes in the view only
     assert tier.read_bytes("l/file") == payload
     tier.write_bytes("l/empty", b"")
-    assert bytes(tier.map_file("l/empty")) == b""
+    assert bytes(local.map_file("l/empty")) == b""
     with pytest.raises(FileNotFoundError):
-        tier.map_file("l/missing")
+        local.map_file("l/missing")
     with pytest.raises(FileNotFoundError):
-        tier.map_file("l/file/through-a-file")
+        local.map_file("l/file/through-a-file")
 
 
 def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_child(tier: Tier) -> None:
     """A trainer forks DataLoader workers while the mirror sends its files: a child inheriting the
     mapping, or a descriptor of the file, would hold the file's pages (host memory) after retention
     removes it, for as long as the worker lives."""
-    if not tier.capabilities.local_files:
+    if (local := local_face(tier)) is None:
         pytest.skip(f"{tier.type} declares no local files")
     tier.write_bytes("l/file", os.urandom(5 * 4096))
     inode = os.stat(tier.local_path("l/file")).st_ino  # type: ignore[attr-defined]
-    view = tier.map_file("l/file")
+    view = local.map_file("l/file")
     assert inode in mapped_inodes(), "the view is a mapping of the file"
     assert inode not in open_inodes(), "the mapping keeps a descriptor of the file open"
     status = in_forked_child(lambda: 3 if inode in mapped_inodes() else 0, deadline=30)
@@ -219,58 +226,52 @@ def test_a_mapped_file_keeps_no_descriptor_and_is_not_inherited_by_a_forked_chil
 
 def test_own_directory_is_locked_for_its_process_and_holds_its_files(tier: Tier) -> None:
     """A writer's staging directory: a real directory of the tier's filesystem, owned (cleanup
-    sees its owner alive) until the lock is let go; a tier without local files refuses."""
-    if not tier.capabilities.local_files:
-        with pytest.raises(NotImplementedError, match=tier.name):
-            tier.own_directory("owned/a")
+    sees its owner alive) until the lock is let go; a tier without local files has none."""
+    if (local := local_face(tier)) is None:
         pytest.skip(f"{tier.type} declares no local files")
-    home = tier.own_directory("owned/a")
+    home = local.own_directory("owned/a")
     try:
         Path(home.path, "slab").write_bytes(b"staged")
         assert tier.read_bytes("owned/a/slab") == b"staged"
-        assert tier.owner_alive("owned/a") is True
+        assert local.owner_alive("owned/a") is True
         with pytest.raises(OSError):
-            tier.own_directory("owned/a")  # another owner of the same directory is refused
+            local.own_directory("owned/a")  # another owner of the same directory is refused
     finally:
         os.close(home.lock)
-    assert tier.owner_alive("owned/a") is False, "the lock's holder let go: gone"
+    assert local.owner_alive("owned/a") is False, "the lock's holder let go: gone"
 
 
 def test_adopt_capability_moves_a_file_in_and_recycle_one_out(tier: Tier, tmp_path: Path) -> None:
-    if not tier.capabilities.adopt:
-        with pytest.raises(NotImplementedError):
-            tier.adopt("a/file", str(tmp_path / "x"))
-        with pytest.raises(NotImplementedError):
-            tier.recycle("a/file", str(tmp_path / "x"))
+    if (local := local_face(tier)) is None:
         pytest.skip(f"{tier.type} cannot adopt files")
-    home = tier.own_directory("staging")
+    home = local.own_directory("staging")
     os.close(home.lock)  # only its directory is needed here
     staged = os.path.join(home.path, "file")
     Path(staged).write_bytes(b"staged")
-    tier.adopt("a/file", staged)
+    local.adopt("a/file", staged)
     assert tier.read_bytes("a/file") == b"staged" and not Path(staged).exists()
-    tier.recycle("a/file", staged)  # out again, for reuse (a mirror's next landing file)
+    local.recycle("a/file", staged)  # out again, for reuse (a mirror's next landing file)
     assert not tier.exists("a/file") and Path(staged).read_bytes() == b"staged"
-    tier.adopt("a/file", staged)
-    os.link(tier.local_path("a/file"), os.path.join(home.path, "second-name"))  # POSIX tiers
+    local.adopt("a/file", staged)
+    os.link(tier.local_path("a/file"), os.path.join(home.path, "second-name"))  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="one name"):  # its bytes would change under the other
-        tier.recycle("a/file", staged)
+        local.recycle("a/file", staged)
     assert tier.read_bytes("a/file") == b"staged"
 
 
 def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier) -> None:
     """A mirror's receive keeps its landing file open for the whole transfer: a DataLoader worker
     forked meanwhile must not keep the file (and its pages) after retention removes it."""
-    if not tier.capabilities.adopt:
+    if (local := local_face(tier)) is None:
         pytest.skip(f"{tier.type} cannot adopt files")
     for spare in (False, True):
         reserved = None
         if spare:
-            home = tier.own_directory("landing-spares")
+            home = local.own_directory("landing-spares")
             os.close(home.lock)
             reserved = os.path.join(home.path, "spare")
             Path(reserved).write_bytes(b"\0" * 8192)
-        landing = tier.open_landing(f"l/landed-{spare}", 8192, reserved)
+        landing = local.open_landing(f"l/landed-{spare}", 8192, reserved)
         inode = os.stat(landing.temp).st_ino
         assert inode in open_inodes(), "the landing is open while it receives"
         status = in_forked_child(lambda inode=inode: 3 if inode in open_inodes() else 0, deadline=30)
@@ -278,30 +279,32 @@ def test_a_child_forked_while_a_file_lands_holds_no_descriptor_of_it(tier: Tier)
             f"the forked child holds the landing file open (spare: {spare})"
         )
         landing.write_at(0, memoryview(b"x" * 8192))
-        tier.adopt(f"l/landed-{spare}", landing.seal())
+        local.adopt(f"l/landed-{spare}", landing.seal())
         assert tier.read_bytes(f"l/landed-{spare}") == b"x" * 8192
         assert inode not in open_inodes(), "the sealed landing left its descriptor open"
 
 
 def test_remove_if_empty_never_removes_content(tier: Tier) -> None:
+    local = local_face(tier)  # object stores have no empty directories: nothing to remove
     tier.write_bytes("e/full/file", b"x")
-    tier.remove_if_empty("e/full")
+    if local is not None:
+        local.remove_if_empty("e/full")
     assert tier.read_bytes("e/full/file") == b"x"
     tier.delete("e/full/file")
-    tier.remove_if_empty("e/full")
-    tier.remove_if_empty("e/missing")
+    if local is not None:
+        local.remove_if_empty("e/full")
+        local.remove_if_empty("e/missing")
     assert tier.list_dir("e") == []
 
 
 def test_space_is_the_filesystems_usage_or_none_where_a_tier_cannot_tell(tier: Tier) -> None:
-    space = tier.space()  # before the first write too: the root need not exist yet
-    if tier.capabilities.local_files:
-        assert space is not None and 0 < space.used <= space.total
-        assert 0 <= space.free <= space.total - space.used
-        tier.write_bytes("s/file", b"x")
-        assert tier.space() is not None
-    else:
-        assert space is None, f"{tier.type} has no filesystem whose space it could report"
+    if (local := local_face(tier)) is None:
+        return  # no filesystem whose space it could report
+    space = local.space()  # before the first write too: the root need not exist yet
+    assert space is not None and 0 < space.used <= space.total
+    assert 0 <= space.free <= space.total - space.used
+    tier.write_bytes("s/file", b"x")
+    assert local.space() is not None
 
 
 def test_an_empty_file_reads_as_empty(tier: Tier) -> None:
@@ -325,20 +328,16 @@ def test_a_missing_file_read_in_chunks_is_file_not_found(tier: Tier) -> None:
 
 def test_owner_locks_where_the_tier_has_local_files(tier: Tier) -> None:
     """Cleanup asks the tier whether a staging directory's owner runs (its lock is a local file)."""
-    if not tier.capabilities.local_files:
-        with pytest.raises(NotImplementedError):
-            tier.owner_alive("owners/a")
-        with pytest.raises(NotImplementedError):
-            tier.directory_mtime("owners/a")
+    if (local := local_face(tier)) is None:
         return
-    assert tier.directory_mtime("owners/a") is None
+    assert local.directory_mtime("owners/a") is None
     tier.write_bytes("owners/a/slab", b"x")
-    assert tier.owner_alive("owners/a") is None, "no lock file: the caller judges by age"
-    mtime = tier.directory_mtime("owners/a")
+    assert local.owner_alive("owners/a") is None, "no lock file: the caller judges by age"
+    mtime = local.directory_mtime("owners/a")
     assert mtime is not None and abs(mtime - tier.stat("owners/a/slab").mtime) < 1
-    home = tier.own_directory("owners/b")
+    home = local.own_directory("owners/b")
     try:
-        assert tier.owner_alive("owners/b") is True
+        assert local.owner_alive("owners/b") is True
     finally:
         os.close(home.lock)
-    assert tier.owner_alive("owners/b") is False, "the lock's holder let go: gone"
+    assert local.owner_alive("owners/b") is False, "the lock's holder let go: gone"

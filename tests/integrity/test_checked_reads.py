@@ -27,6 +27,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.dcp.layout import ItemLocation
 from tierstore.ids import checkpoint_file, is_metadata_file, marker_path
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 ID = "step_000001"
@@ -118,7 +119,7 @@ def test_each_saved_item_carries_the_crc32c_of_its_bytes(tmp_path: Path) -> None
 def _without_item_crcs(tier: Tier) -> None:
     """Make the committed copy look saved by an earlier release: ``.metadata`` without item CRCs,
     the marker's entry for it updated to match."""
-    manifest = read_manifest(tier, ID)
+    manifest = read_manifest(tier, ID, trust=MarkerTrust())
     entry = next(f for f in manifest.files if is_metadata_file(f.path))
     path = checkpoint_file(ID, entry.path)
     metadata = pickle.loads(tier.read_bytes(path))
@@ -165,7 +166,7 @@ def test_the_crc32c_of_a_tensor_saved_from_a_copy_is_of_its_bytes(tmp_path: Path
         source = torch._neg_view(torch.randn(2048, dtype=torch.complex64))
         dcp.save({"c": source}, storage_writer=TieredWriter(config), checkpoint_id=ID)
         tier = _tier(config)
-        for entry in read_manifest(tier, ID).files:
+        for entry in read_manifest(tier, ID, trust=MarkerTrust()).files:
             data = tier.read_bytes(checkpoint_file(ID, entry.path))
             assert crc32c(data) == entry.crc32c, f"save {attempt}: {entry.path}"
 
@@ -203,7 +204,9 @@ class TruncatingPlanner(DefaultLoadPlanner):
         self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False
     ) -> None:
         super().set_up_planner(state_dict, metadata, is_coordinator)
-        entry = next(f for f in read_manifest(self.tier, ID).files if f.path.endswith("-0.distcp"))
+        entry = next(
+            f for f in read_manifest(self.tier, ID, trust=MarkerTrust()).files if f.path.endswith("-0.distcp")
+        )
         self.cut = checkpoint_file(ID, entry.path)
         local = self.tier.local_path(self.cut)
         assert local is not None

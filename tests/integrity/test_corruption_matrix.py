@@ -50,6 +50,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import Manifest, copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 ID, OLDER = "step_000002", "step_000001"
@@ -143,7 +144,7 @@ def _build_world(root: Path, endpoint: str, *, into: str | None) -> World:
     if into is None:
         assert Promoter(config).run(once=True) == 0
     foreign = Foreign(_foreign_marker(specs), replaced, OLDER)
-    generation = read_manifest(saved_in, ID).generation
+    generation = read_manifest(saved_in, ID, trust=MarkerTrust()).generation
     world = World(specs, config_file, expected, generation, foreign, Snapshot([]))
     world.snapshot = Snapshot([world.tier(name) for name in TIERS])
     return world
@@ -275,7 +276,7 @@ def check_promotion(world: World, injected: Injected) -> None:
         tier = world.tier(name)
         assert tier.exists(marker_path(OLDER)), f"{injected}: {OLDER} not promoted to {name}"
         with contextlib.suppress(FileNotFoundError):
-            manifest = read_manifest(tier, ID)
+            manifest = read_manifest(tier, ID, trust=MarkerTrust())
             assert manifest.generation == world.generation, f"{injected}: {name}: {manifest}"
             assert copy_problems(tier, manifest, verify=True) == [], f"{injected}: {name}"
     if injected.kind in UNREADABLE_MARKER:  # not a committed copy: nothing to promote, no error

@@ -21,12 +21,13 @@ from tierstore.checksum import crc32c
 from tierstore.config import Config
 from tierstore.ids import checkpoint_file, is_metadata_file, marker_path
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def _craft(config: Config, change: Callable[[object], object]) -> None:
     """Rewrite x's ``.metadata`` with ``change`` applied to one item location; fix its marker entry."""
     (tier,) = config.make_tiers(node=0)
-    manifest = read_manifest(tier, "x")
+    manifest = read_manifest(tier, "x", trust=MarkerTrust())
     entry = next(f for f in manifest.files if is_metadata_file(f.path))
     metadata = pickle.loads(tier.read_bytes(checkpoint_file("x", entry.path)))
     index, location = next(iter(metadata.storage_data.items()))
@@ -54,7 +55,9 @@ def test_a_crafted_item_location_is_refused_before_any_data_is_read(
     dcp.save({"w": torch.zeros(64)}, storage_writer=TieredWriter(config), checkpoint_id="x")
     dcp.save({"w": torch.full((64,), 7.0)}, storage_writer=TieredWriter(config), checkpoint_id="y")
     (tier,) = config.make_tiers(node=0)
-    other = next(f.path for f in read_manifest(tier, "y").files if f.path.endswith(".distcp"))
+    other = next(
+        f.path for f in read_manifest(tier, "y", trust=MarkerTrust()).files if f.path.endswith(".distcp")
+    )
     _craft(config, lambda location: change(location, other))
     target = {"w": torch.ones(64)}
     with pytest.raises(BaseException, match=refusal):

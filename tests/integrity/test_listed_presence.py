@@ -18,6 +18,7 @@ from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.ids import marker_path
 from tierstore.records.marker import FileEntry, Manifest, copy_problems, stored_sizes
 from tierstore.records.protocol import claim, publish
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier, make_tier
 from tierstore.tiers.s3 import S3TierConfig
 from tierstore.tiers.s3.tier import S3Tier
@@ -54,7 +55,7 @@ def test_a_damaged_file_stops_the_marker(s3: Tier, damage: str) -> None:
         s3.write_bytes(victim, BLOB[:-1] if damage == "short" else BLOB + b"x")
     seq = claim(s3, manifest.checkpoint_id, manifest.generation)
     with pytest.raises(IntegrityError, match=victim.replace(".", r"\.")):
-        publish(s3, manifest.with_changes(seq=seq), replace=False, log=False)
+        publish(s3, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust())
     assert not s3.exists(marker_path(manifest.checkpoint_id)), "no marker over a damaged copy"
 
 
@@ -198,7 +199,7 @@ def test_a_file_removed_around_the_marker_withdraws_it_with_the_listing(
     tier.victim, tier.when = f"{manifest.checkpoint_id}/{manifest.files[2].path}", when
     seq = claim(tier, manifest.checkpoint_id, manifest.generation)
     with pytest.raises(IntegrityError, match="marker withdrawn"):
-        publish(tier, manifest.with_changes(seq=seq), replace=False, log=False)
+        publish(tier, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust())
     assert not tier.exists(marker_path(manifest.checkpoint_id))
 
 

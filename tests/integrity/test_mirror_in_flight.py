@@ -18,6 +18,7 @@ from tierstore.records.activity import held
 from tierstore.records.marker import FileEntry
 from tierstore.records.mirror import MirrorMarker
 from tierstore.records.protocol import land_mirror as publish_mirror
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 GEN = "g0000000000010000000"
@@ -41,7 +42,7 @@ def test_cleanup_leaves_a_mirror_being_received_alone(make_config: Callable[...,
     receive_part_of_a_mirror(tier)
 
     def mirrors() -> list[Cleanup]:
-        found = find_leftovers(tier, stale_after=1.0, activity_ttl=60.0)
+        found = find_leftovers(tier, stale_after=1.0, activity_ttl=60.0, trust=MarkerTrust())
         return [c for c in found if c.path.startswith(".tierstore/mirror/")]
 
     with held(tier, "write", "step_1", GEN):

@@ -30,6 +30,7 @@ from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 A, B = 100.0, 1.0
@@ -134,7 +135,7 @@ def test_a_part_whose_number_is_unconfirmed_is_never_judged_by_it(
         tmp_path, config, ("latest", "latest"), 20_000, lambda: [promoters[n].run_once() for n in (1, 0)]
     )
     ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
-    committed_last = read_manifest(ram0, "latest")
+    committed_last = read_manifest(ram0, "latest", trust=MarkerTrust())
     time.sleep(1.2)  # node 1's part of A is older than stale_after
     promoters[1].run_once()
     node1 = [f for f in committed_last.files if f.node == 1]
@@ -142,7 +143,7 @@ def test_a_part_whose_number_is_unconfirmed_is_never_judged_by_it(
     for node in (0, 1, 0, 1):
         promoters[node].run_once()
     shared = make_tier(config.tier("shared"), namespace=None, node=0)
-    assert read_manifest(shared, "latest").generation == committed_last.generation
+    assert read_manifest(shared, "latest", trust=MarkerTrust()).generation == committed_last.generation
 
 
 def test_retention_on_another_node_never_ranks_parts_by_their_planned_numbers(tmp_path: Path) -> None:
@@ -217,7 +218,7 @@ def test_a_part_of_a_save_in_flight_survives_another_save_of_its_id(
         Path(gate.release).touch()
         job.join()
     ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
-    committed_last = read_manifest(ram0, "latest")
+    committed_last = read_manifest(ram0, "latest", trust=MarkerTrust())
     node1 = [f for f in committed_last.files if f.node == 1]
     assert copy_problems(ram1, committed_last, verify=False, entries=node1) == []
 

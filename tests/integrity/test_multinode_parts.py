@@ -37,6 +37,7 @@ from tierstore.promote.cleanup import find_leftovers, remove
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -69,13 +70,13 @@ def test_a_stragglers_part_survives_its_nodes_gc_and_the_marker_never_covers_a_h
     try:
         wait_for(gate.reached)
         time.sleep(1.5)  # older than stale_after: only a record can say it is in flight
-        for leftover in find_leftovers(ram1, stale_after=1.0, activity_ttl=60.0):
-            remove(ram1, leftover)
+        for leftover in find_leftovers(ram1, stale_after=1.0, activity_ttl=60.0, trust=MarkerTrust()):
+            remove(ram1, leftover, trust=MarkerTrust())
     finally:
         Path(gate.release).touch()
         saving.join()
     ram0 = make_tier(config.tiers[0], namespace=None, node=0)
-    manifest = read_manifest(ram0, "step_0001")
+    manifest = read_manifest(ram0, "step_0001", trust=MarkerTrust())
     node1 = [f for f in manifest.files if f.node == 1]
     assert node1, "the save spans both nodes"
     assert copy_problems(ram1, manifest, verify=True, entries=node1) == []
@@ -167,7 +168,7 @@ def test_a_node_other_than_the_coordinators_drops_its_parts_of_replaced_generati
             promoter.run_once()
     promoters[1].run_once()
     shared = make_tier(config.tier("shared"), namespace=None, node=0)
-    newest = read_manifest(shared, "latest").generation
+    newest = read_manifest(shared, "latest", trust=MarkerTrust()).generation
     ram1 = make_tier(config.tiers[0], namespace=None, node=1)
     assert ram1.list_dir("latest") == [newest]
     assert sorted(foreign_parts(ram1)["latest"]) == [newest]
@@ -200,13 +201,13 @@ def test_a_multi_node_save_that_commits_last_is_the_newest_everywhere(
         a.join()
     ram0 = make_tier(config.tiers[0], namespace=None, node=0)
     shared = make_tier(config.tier("shared"), namespace=None, node=0)
-    b = read_manifest(shared, "latest")
-    committed_last = read_manifest(ram0, "latest")
+    b = read_manifest(shared, "latest", trust=MarkerTrust())
+    committed_last = read_manifest(ram0, "latest", trust=MarkerTrust())
     assert committed_last.generation != b.generation
     assert (committed_last.seq or 0) > (b.seq or 0), "the last commit ranks newest"
     for promoter in (promoters[0], promoters[1], promoters[0]):
         promoter.run_once()
-    assert read_manifest(shared, "latest").generation == committed_last.generation
+    assert read_manifest(shared, "latest", trust=MarkerTrust()).generation == committed_last.generation
 
 
 def veto_once(view: Any) -> str | None:
@@ -234,7 +235,7 @@ def test_the_coordinator_tells_the_other_node_what_became_of_its_saves(
     config = make_config("memory")
     run_ranks(overwrite_in_one_job, 2, tmp_path, config)
     ram0, ram1 = (make_tier(config.tiers[0], namespace=None, node=n) for n in (0, 1))
-    current = read_manifest(ram0, "latest").generation
+    current = read_manifest(ram0, "latest", trust=MarkerTrust()).generation
     held = foreign_parts(ram1)["latest"]
     # The last save's part, and the one it replaced (dropped at the next save's plan): no more.
     assert current in held and len(held) == 2, sorted(held)

@@ -114,7 +114,7 @@ def test_a_signed_marker_names_every_sha256_and_loads_bit_exact(
     config = make_config("local")
     _save(config)
     (tier,) = config.make_tiers(node=0)
-    manifest = read_manifest(tier, "x")
+    manifest = read_manifest(tier, "x", trust=config.marker_trust())
     assert manifest.signature is not None and manifest.signature.startswith("hmac-sha256:")
     assert {f.path.rsplit("/", 1)[1] for f in manifest.files} >= {".metadata"}
     for entry in manifest.files:
@@ -132,7 +132,7 @@ def test_a_malicious_metadata_never_runs_for_a_reader_with_the_key(
     config = make_config("local")
     _save(config)
     (tier,) = config.make_tiers(node=0)
-    manifest = read_manifest(tier, "x")
+    manifest = read_manifest(tier, "x", trust=config.marker_trust())
     path, index = _metadata_entry(manifest)
     sentinel = tmp_path / "payload-ran"
     payload = pickle.dumps(_Payload(sentinel))
@@ -166,8 +166,11 @@ def test_a_tampered_first_tier_gives_way_to_the_next_tier(
     _save(config)
     assert Promoter(config).run(once=True) == 0
     memory, local = config.make_tiers(node=0)
-    assert read_manifest(local, "x").signature == read_manifest(memory, "x").signature
-    path, _ = _metadata_entry(read_manifest(memory, "x"))
+    assert (
+        read_manifest(local, "x", trust=config.marker_trust()).signature
+        == read_manifest(memory, "x", trust=config.marker_trust()).signature
+    )
+    path, _ = _metadata_entry(read_manifest(memory, "x", trust=config.marker_trust()))
     sentinel = tmp_path / "payload-ran"
     memory.write_bytes(path, _forge(memory.read_bytes(path), pickle.dumps(_Payload(sentinel))))
     reader = TieredReader(config, collective=False)
@@ -186,7 +189,7 @@ def test_a_marker_signed_with_another_key_is_refused_and_an_older_accepted_one_i
     config = make_config("local")
     (tier,) = config.make_tiers(node=0)
     with pytest.raises(Exception, match="signature does not match the key in TIERSTORE_SIGNING_KEY"):
-        read_manifest(tier, "x")
+        read_manifest(tier, "x", trust=config.marker_trust())
     assert Catalog(config).listings() == []
     monkeypatch.setenv("TIERSTORE_OLD_KEY", OLD_KEY)
     rotated = make_config("local", signing={"verify_key_envs": ["TIERSTORE_OLD_KEY"]})

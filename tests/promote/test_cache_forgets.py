@@ -14,6 +14,7 @@ from tierstore import TieredWriter
 from tierstore.config import Config
 from tierstore.promote.discovery import MarkerCache, discover
 from tierstore.promote.retention import delete_copy
+from tierstore.signing import MarkerTrust
 
 
 def test_a_deleted_checkpoint_leaves_the_cache(make_config: Callable[..., Config]) -> None:
@@ -21,10 +22,10 @@ def test_a_deleted_checkpoint_leaves_the_cache(make_config: Callable[..., Config
     tier = config.make_tiers(node=0)[0]
     for checkpoint_id in ("a", "b"):
         dcp.save({"w": torch.zeros(4)}, storage_writer=TieredWriter(config), checkpoint_id=checkpoint_id)
-    cache = MarkerCache()
+    cache = MarkerCache(MarkerTrust())
     assert set(discover(tier, cache)) == {"a", "b"}
     assert {i for _t, i in cache.entries} == {"a", "b"}
-    delete_copy(tier, "a")
+    delete_copy(tier, "a", trust=MarkerTrust())
     assert set(discover(tier, cache)) == {"b"}
     assert {i for _t, i in cache.entries} == {"b"}
     assert {i for _t, i in cache.parts_read} <= {"b"}
@@ -34,7 +35,7 @@ def test_a_deleted_part_leaves_the_cache(make_config: Callable[..., Config]) -> 
     tier = make_config("memory").make_tiers(node=1)[0]
     _write_part(tier, GEN_A, 1, 3)
     _write_part(tier, GEN_A, 2, 3)
-    cache = MarkerCache()
+    cache = MarkerCache(MarkerTrust())
     assert set(discover(tier, cache)) == {"x"}
     assert {i for _t, i in cache.parts_read} == {"x"}
     tier.delete_tree("x")

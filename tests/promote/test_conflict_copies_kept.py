@@ -15,6 +15,7 @@ from tierstore.ids import marker_path
 from tierstore.promote.policy import retention
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def test_a_conflicting_content_promoted_to_a_middle_tier_is_not_overtaken_there() -> None:
@@ -37,11 +38,13 @@ def test_a_promoter_does_not_copy_one_side_of_a_conflict_again_each_pass(
         save(config_, "x", 2.0, tier="local", overwrite=True)
     finally:
         watched_tier.DOWN.discard(fast.root)
-    mine = read_manifest(fast, "x").generation
+    mine = read_manifest(fast, "x", trust=MarkerTrust()).generation
     stamps = []
     for _pass in range(3):
         Promoter(config_, node=0).run_once()
-        assert read_manifest(middle, "x").generation == mine, "one side of the conflict kept"
+        assert read_manifest(middle, "x", trust=MarkerTrust()).generation == mine, (
+            "one side of the conflict kept"
+        )
         stamps.append(middle.stat(marker_path("x")).mtime)
     assert stamps[0] == stamps[1] == stamps[2], f"copied again: {stamps}"
     new_process()

@@ -23,6 +23,7 @@ CHILD = textwrap.dedent(
     from tierstore.errors import TierUnavailableError
     from tierstore.promote.discovery import MarkerCache
     from tierstore.records.catalog import marker_times
+    from tierstore.signing import MarkerTrust
 
     bucket, direct, proxied = sys.argv[1:4]
     def tier(endpoint):
@@ -33,7 +34,7 @@ CHILD = textwrap.dedent(
     hung = tier(proxied)
     started = time.monotonic()
     try:
-        Prober(1.0).ask("s3", lambda: MarkerCache().read_all(hung, mtimes))
+        Prober(1.0).ask("s3", lambda: MarkerCache(MarkerTrust()).read_all(hung, mtimes))
     except TierUnavailableError:
         print(f"pass ended after {time.monotonic() - started:.1f} s", flush=True)
     """

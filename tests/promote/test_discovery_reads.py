@@ -12,6 +12,7 @@ from tests.simulated_job import manifest_for
 from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.promote.discovery import MarkerCache, discover
+from tierstore.signing import MarkerTrust
 
 
 def test_markers_read_many_at_a_time_give_the_copies_and_name_a_damaged_one(
@@ -24,7 +25,7 @@ def test_markers_read_many_at_a_time_give_the_copies_and_name_a_damaged_one(
         s3.write_bytes(marker_path(manifest.checkpoint_id), manifest.to_json())
     s3.write_bytes(marker_path("broken_1"), b"{not json")
     with caplog.at_level(logging.WARNING, logger="tierstore.promote.discovery"):
-        seen = discover(s3, MarkerCache())
+        seen = discover(s3, MarkerCache(MarkerTrust()))
     assert sorted(seen) == sorted(manifest_for(i, 2, "").checkpoint_id for i in range(1, 41))
     assert all(seen[c].copy.seq == int(c[5:]) // 100 for c in seen)
     assert "ignoring marker broken_1 in tier" in caplog.text

@@ -23,6 +23,7 @@ from tierstore.records.conflicts import Conflict, read_conflicts, record_conflic
 from tierstore.records.marker import FileEntry, Manifest
 from tierstore.records.parts import PartRecord, part_records
 from tierstore.records.protocol import publish, record_parts
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 
@@ -151,7 +152,7 @@ def commit(tier: Tier, checkpoint_id: str, n: int, *, seq: int | None = None, **
     """A committed copy of generation ``gen(n)`` (commit ``seq``, default ``n``) with one file."""
     tier.write_bytes(checkpoint_file(checkpoint_id, f"{gen(n)}/r0"), b"x" * 8)
     made = Manifest(checkpoint_id, gen(n), 1, (FileEntry(f"{gen(n)}/r0", 8, 0),), seq=seq or n, **marker)
-    assert publish(tier, made, replace=False) is None
+    assert publish(tier, made, replace=False, trust=MarkerTrust()) is None
     return made
 
 

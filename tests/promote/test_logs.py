@@ -21,6 +21,7 @@ from tierstore.config import Config
 from tierstore.promote.duties import promote
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
 
 
@@ -59,7 +60,7 @@ def test_promote_logs_every_action_at_info_by_default(
     save(config, "step_0002")
     leave_an_abandoned_save(config)
     memory = make_tier(config.tier("memory"), namespace=config.namespace, node=0)
-    size = read_manifest(memory, "step_0001").total_bytes
+    size = read_manifest(memory, "step_0001", trust=MarkerTrust()).total_bytes
 
     assert main(["--config", str(config_file), "promote", "--once"]) == 0
 
@@ -97,7 +98,9 @@ def test_quiet_leaves_only_warnings(
     save(config, "step_0001")
     assert main(["--config", str(config_file), "promote", "--once", "-q"]) == 0
     assert lines(caplog, logging.INFO) == []
-    assert read_manifest(make_tier(config.tier("local"), namespace=config.namespace, node=0), "step_0001")
+    assert read_manifest(
+        make_tier(config.tier("local"), namespace=config.namespace, node=0), "step_0001", trust=MarkerTrust()
+    )
 
 
 def test_verbose_adds_debug_detail(

@@ -13,6 +13,7 @@ from tierstore.config import Config
 from tierstore.ids import marker_path
 from tierstore.promote.discovery import MarkerCache
 from tierstore.records.catalog import marker_times
+from tierstore.signing import MarkerTrust
 
 
 def test_forgetting_a_tiers_ids_while_late_reads_of_another_tier_land(
@@ -23,7 +24,7 @@ def test_forgetting_a_tiers_ids_while_late_reads_of_another_tier_land(
         manifest = manifest_for(index, 1, "")
         slow.write_bytes(marker_path(manifest.checkpoint_id), manifest.to_json())
     mtimes = marker_times(slow)
-    cache = MarkerCache()
+    cache = MarkerCache(MarkerTrust())
     kept = {f"step_{i:08d}" for i in range(20_000)}  # a tier that keeps many: a long iteration
     first = next(iter(mtimes))
     cache.read(slow, first, mtimes[first])

@@ -15,12 +15,15 @@ from tierstore.promote.health import PromoterHealth
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def test_every_tier_reports_the_age_of_its_newest_checkpoint(make_config: Callable[..., Config]) -> None:
     config = make_config("memory", "local")
     dcp.save({"w": torch.randn(256)}, storage_writer=TieredWriter(config), checkpoint_id="step_1")
-    started = read_manifest(config.make_tier("memory", node=0), "step_1").timings["started_at"]
+    started = read_manifest(config.make_tier("memory", node=0), "step_1", trust=MarkerTrust()).timings[
+        "started_at"
+    ]
     promoter = Promoter(config, node=0)
     promoter.run_once()
     sample = promoter.metrics.registry.get_sample_value

@@ -15,6 +15,7 @@ from tierstore.promote.discovery import SETTLE, MarkerCache
 from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import confirm_part
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 GEN_A = "g0000000000010000000"
@@ -56,7 +57,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _settled(tier: Tier, later: Callable[[], None]) -> MarkerCache:
-    cache = MarkerCache()
+    cache = MarkerCache(MarkerTrust())
     cache.parts(tier, "x")
     later()
     cache.parts(tier, "x")  # read well after the directories' times were first seen
@@ -72,7 +73,7 @@ def test_unchanged_records_are_served_from_the_cache_once_settled(
 ) -> None:
     tier = make_config("memory").make_tiers(node=1)[0]
     _write_part(tier, GEN_A, 1, 3)
-    cache = MarkerCache()
+    cache = MarkerCache(MarkerTrust())
     assert _seqs(cache, tier) == {GEN_A: [3]}
     assert _seqs(cache, tier) == {GEN_A: [3]} and len(reads) == 2, "not settled yet: read again"
     later()

@@ -24,6 +24,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.ids import marker_path
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier, make_tier
 from tierstore.tiers.s3.tier import S3Tier
 
@@ -45,7 +46,7 @@ def committed(config: Config, name: str, node: int = 0) -> list[str]:
 
 def assert_complete(config: Config, name: str, checkpoint_id: str) -> None:
     t = tier(config, name)
-    manifest = read_manifest(t, checkpoint_id)
+    manifest = read_manifest(t, checkpoint_id, trust=MarkerTrust())
     assert copy_problems(t, manifest, verify=True) == []
 
 
@@ -62,13 +63,13 @@ def test_cascade_with_every_and_retention(make_config: Callable[..., Config]) ->
     assert committed(config, "memory") == ["step_0005"]  # 1-4 promoted where wanted, then deleted
     for checkpoint_id in committed(config, "s3"):
         assert_complete(config, "s3", checkpoint_id)
-    marker = read_manifest(tier(config, "s3"), "step_0004")
+    marker = read_manifest(tier(config, "s3"), "step_0004", trust=MarkerTrust())
     assert marker.provenance and marker.provenance["tier"] == "local"
     assert marker.timings["durable_lag_s"] is not None and marker.timings["durable_lag_s"] > 0
     assert {d.tier for d in report.deleted} == {"memory"}
     again = Promoter(config).run_once()  # a re-run after success changes nothing
     assert again.promoted == [] and again.deleted == [] and again.failed == []
-    assert read_manifest(tier(config, "s3"), "step_0004") == marker
+    assert read_manifest(tier(config, "s3"), "step_0004", trust=MarkerTrust()) == marker
 
 
 def test_promoted_copy_restores_bit_exact(make_config: Callable[..., Config]) -> None:
@@ -110,7 +111,7 @@ def test_source_failing_verification_is_not_promoted(make_config: Callable[..., 
     config = make_config("memory", "local")
     save(config, "step_0001")
     source = tier(config, "memory")
-    entry = next(f for f in read_manifest(source, "step_0001").files if f.rank == 0)
+    entry = next(f for f in read_manifest(source, "step_0001", trust=MarkerTrust()).files if f.rank == 0)
     path = Path(source.local_path(f"step_0001/{entry.path}"))
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 1
@@ -256,7 +257,7 @@ def test_sigterm_finishes_or_abandons_within_the_grace_period(tmp_path: Path, fa
     assert time.monotonic() - started < 1 + 8, "grace period (1 s) plus the parts in flight"
     s3, ram = tier(config, "s3"), tier(config, "ram")
     assert not s3.exists(marker_path("step_0001")), "abandoned: no marker"
-    big = max(read_manifest(ram, "step_0001").files, key=lambda f: f.size)
+    big = max(read_manifest(ram, "step_0001", trust=MarkerTrust()).files, key=lambda f: f.size)
     assert not s3.exists(f"step_0001/{big.path}"), "the file in flight was abandoned, not published"
     for info in s3.find("step_0001"):  # whatever did become visible is complete
         assert s3.read_bytes(info.path) == ram.read_bytes(info.path)
@@ -277,7 +278,7 @@ def test_two_promoters_racing_commit_once(make_config: Callable[..., Config], tm
     assert sum("promoted checkpoint=step_0001" in log for log in logs) >= 1
     assert_complete(config, "s3", "step_0001")
     source, target = tier(config, "memory"), tier(config, "s3")
-    for entry in read_manifest(source, "step_0001").files:
+    for entry in read_manifest(source, "step_0001", trust=MarkerTrust()).files:
         assert target.read_bytes(f"step_0001/{entry.path}") == source.read_bytes(f"step_0001/{entry.path}")
 
 
@@ -328,7 +329,7 @@ def test_retention_deletes_marker_before_data(
     monkeypatch.setattr(
         PosixTier, "delete_tree", lambda s, p: (events.append(f"tree {p}"), real_tree(s, p))[1]
     )
-    generation = read_manifest(local, "step_0001").generation
+    generation = read_manifest(local, "step_0001", trust=MarkerTrust()).generation
     Promoter(config).run_once()
     # The checkpoint's own records and data (the drop's activity record is released after them).
     mine = [e for e in events if "step_0001" in e and ".tierstore/activity/" not in e]

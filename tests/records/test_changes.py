@@ -17,6 +17,8 @@ from tierstore.config import config_from_dict
 from tierstore.ids import CHANGES_PATH
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.protocol import claim, drop, publish
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import RetryHook
 from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import config_model, register
 
@@ -42,7 +44,9 @@ if config_model("looked-at") is None:
 
         type: Literal["looked-at"]
 
-        def build(self, *, namespace: str | None, node: int) -> LookedAtTier:
+        def build(
+            self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None
+        ) -> LookedAtTier:
             return LookedAtTier(
                 self.name, "looked-at", join_namespace(self.path, namespace), node_local=False
             )
@@ -65,14 +69,17 @@ def test_a_promoter_looking_right_after_each_stamp_sees_every_change_at_its_next
         for entry in manifest.files:  # a save: its files, its number, its marker
             tier.write_bytes(f"{checkpoint_id}/{entry.path}", BLOB)
         seq = claim(tier, checkpoint_id, manifest.generation)
-        assert publish(tier, manifest.with_changes(seq=seq), replace=False, log=False) is None
+        assert (
+            publish(tier, manifest.with_changes(seq=seq), replace=False, log=False, trust=MarkerTrust())
+            is None
+        )
     finally:
         AFTER_STAMP.clear()
     assert checkpoint_id in promoter.catalog()["pfs"], "the commit"
     assert promoter.highest["pfs"] == seq, "the log entry"
     AFTER_STAMP.append(promoter.catalog)
     try:
-        drop(tier, checkpoint_id, manifest.generation)
+        drop(tier, checkpoint_id, manifest.generation, trust=MarkerTrust())
     finally:
         AFTER_STAMP.clear()
     assert checkpoint_id not in promoter.catalog()["pfs"], "the drop"

@@ -29,6 +29,7 @@ from tierstore.records.clock import tier_now
 from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
 from tierstore.records.sightings import Sighting, read_sightings, record_sighting, trusted
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 GEN = "g0000000000010000000"
@@ -50,7 +51,7 @@ def test_live_work_stays_live_whatever_this_host_clock_says(
         monkeypatch.setattr(time, "time", lambda: real() + skew)
         assert abs(tier_now(tier) - real()) < 5, "the tier's clock, not this process's"
         assert [r.checkpoint_id for r in live(tier)] == ["step_1"]
-        assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0) == []
+        assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0, trust=MarkerTrust()) == []
 
 
 def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(make_config: Callable[..., Config]) -> None:
@@ -59,11 +60,13 @@ def test_a_probe_leaves_nothing_and_a_left_one_is_cleaned_up(make_config: Callab
     assert tier.find(CLOCK_DIR) == []
     left = clock_probe_path("host~123~abc")  # a process that died between write and delete
     tier.write_bytes(left, b"")
-    assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0) == [], "it may be at work"
+    assert find_leftovers(tier, stale_after=600.0, activity_ttl=60.0, trust=MarkerTrust()) == [], (
+        "it may be at work"
+    )
     path = tier.local_path(left)
     assert path is not None
     os.utime(path, (time.time() - 61, time.time() - 61))
-    (cleanup,) = find_leftovers(tier, stale_after=600.0, activity_ttl=60.0)
+    (cleanup,) = find_leftovers(tier, stale_after=600.0, activity_ttl=60.0, trust=MarkerTrust())
     assert cleanup.path == left
 
 
@@ -92,7 +95,7 @@ def test_a_part_waiting_for_promotion_is_as_old_as_its_record_not_its_writer_clo
     tier.write_bytes(checkpoint_file("x", entry.path), b"12345678")
     record = PartRecord("x", GEN, 1, (1,), (entry,), seq=3, node_ranks=(1,), written_at=time.time() - 7200)
     tier.write_bytes(rank_part_path("x", GEN, 1), record.to_json())
-    (seen,) = discover(tier, MarkerCache()).values()
+    (seen,) = discover(tier, MarkerCache(MarkerTrust())).values()
     assert seen.copy.partial
     assert abs(seen.copy.committed_at - time.time()) < 5
 
@@ -105,11 +108,11 @@ def test_a_marker_is_trusted_from_the_cache_only_once_read_well_after_it_was_lis
     tier = memory_tier(make_config)
     reads: list[str] = []
     monkeypatch.setattr(
-        discovery, "read_manifest", lambda _tier, cid: reads.append(cid) or f"read {len(reads)}"
+        discovery, "read_manifest", lambda _tier, cid, trust: reads.append(cid) or f"read {len(reads)}"
     )
     real_time, real_monotonic = time.time, time.monotonic
     monkeypatch.setattr(time, "time", lambda: real_time() + 7200)
-    cache, mtime = MarkerCache(), real_time()  # the tier stamps the marker now
+    cache, mtime = MarkerCache(MarkerTrust()), real_time()  # the tier stamps the marker now
     assert cache.read(tier, "x", mtime) == "read 1"
     assert cache.read(tier, "x", mtime) == "read 2", "maybe replaced within the second: read again"
     monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + SETTLE + 1)

@@ -27,6 +27,7 @@ from tierstore.records import known
 from tierstore.records.conflicts import read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.protocol import Verdict, judge_promotion
+from tierstore.signing import MarkerTrust
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_a_save_blind_to_the_durable_tier_is_kept_beside_its_copy_there(
     _restart()
     FAULTS.down.add(_store(config, "durable"))  # the next job starts while S3 is away
     _save(config, "x", 2.0)  # it cannot know of x: the save commits in its own tier
-    assert read_manifest(fast, "x").unseen_tiers == ("durable",)
+    assert read_manifest(fast, "x", trust=MarkerTrust()).unseen_tiers == ("durable",)
     FAULTS.down.clear()  # the tier is back
 
     promoter = Promoter(config)
@@ -86,15 +87,15 @@ def test_a_save_blind_to_the_durable_tier_is_kept_beside_its_copy_there(
     _save(config, "y", 3.0)  # keep: 1 in fast would drop x: the conflict keeps it
     promoter.run_once()
     assert fast.exists("x/commit.json") and durable.exists("x/commit.json")
-    assert read_manifest(durable, "x").generation == conflict.target_generation
+    assert read_manifest(durable, "x", trust=MarkerTrust()).generation == conflict.target_generation
 
     # Settled by hand: the durable copy goes, the next passes promote the one above.
-    kept = read_manifest(fast, "x").generation
+    kept = read_manifest(fast, "x", trust=MarkerTrust()).generation
     assert main(["--config", _yaml(config, tmp_path), "drop", "x", "--tier", "durable"]) == 0
     promoter.run_once()
     promoter.run_once()
     assert read_conflicts(fast) == []
-    assert read_manifest(durable, "x").generation == kept
+    assert read_manifest(durable, "x", trust=MarkerTrust()).generation == kept
     _restart()
     assert _value(config, "x") == 2.0
 
@@ -116,7 +117,7 @@ def test_a_durable_save_blind_to_the_fast_tier_does_not_replace_its_copy(config:
 
 
 def _generation(tier: Any, checkpoint_id: str) -> str:
-    return read_manifest(tier, checkpoint_id).generation
+    return read_manifest(tier, checkpoint_id, trust=MarkerTrust()).generation
 
 
 def _yaml(config: Config, folder: Path) -> str:

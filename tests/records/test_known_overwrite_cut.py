@@ -19,6 +19,7 @@ from tests.records.test_known_unlogged import _config, _save
 from tierstore import TieredWriter, latest_committed
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 _PROMOTE = """
 import sys
@@ -49,13 +50,13 @@ def test_a_save_after_a_cut_between_an_overwrites_marker_and_log_entry_is_the_ne
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
     local = config.make_tiers(node=0)[1]
-    promoted = read_manifest(local, "step_1")
+    promoted = read_manifest(local, "step_1", trust=MarkerTrust())
     # the power cut: host memory is empty, a new process restarts from the local tier
     after = tmp_path / "after"
     shutil.copytree(before / "local", after / "local")
     restarted = _config(after)
     _save(restarted, "step_2", 2.0)
-    fresh = read_manifest(restarted.make_tiers(node=0)[0], "step_2")
+    fresh = read_manifest(restarted.make_tiers(node=0)[0], "step_2", trust=MarkerTrust())
     latest = latest_committed(restarted, collective=False)
     assert (fresh.seq or 0) > (promoted.seq or 0), (fresh.seq, promoted.seq)
     assert latest == "step_2"

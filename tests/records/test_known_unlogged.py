@@ -21,6 +21,7 @@ from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 
 def _config(root: Path) -> Config:
@@ -46,7 +47,7 @@ def test_a_save_after_a_cut_between_a_promotions_marker_and_log_entry_is_the_new
     _save(config, "step_1", 1.0)
     assert Promoter(config).run(once=True) == 0
     local = config.make_tiers(node=0)[1]
-    promoted = read_manifest(local, "step_1")
+    promoted = read_manifest(local, "step_1", trust=MarkerTrust())
     for entry in read_log(local):  # the power cut: the log entry was not durable yet
         local.delete(entry.path)
     # ... and host memory is empty; a new process (a new root: no start-up look made yet) restarts
@@ -54,6 +55,6 @@ def test_a_save_after_a_cut_between_a_promotions_marker_and_log_entry_is_the_new
     shutil.copytree(before / "local", after / "local")
     restarted = _config(after)
     _save(restarted, "step_2", 2.0)
-    fresh = read_manifest(restarted.make_tiers(node=0)[0], "step_2")
+    fresh = read_manifest(restarted.make_tiers(node=0)[0], "step_2", trust=MarkerTrust())
     assert (fresh.seq or 0) > (promoted.seq or 0), (fresh.seq, promoted.seq)
     assert latest_committed(restarted, collective=False) == "step_2"

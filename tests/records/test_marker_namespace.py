@@ -30,10 +30,10 @@ def test_a_marker_copied_from_another_namespace_is_refused(make_config: Callable
     run, other = make_config("local", namespace="run"), make_config("local", namespace="other")
     _save(other, "x")
     (mine,), (theirs,) = run.make_tiers(node=0), other.make_tiers(node=0)
-    assert read_manifest(theirs, "x").namespace == "other"
+    assert read_manifest(theirs, "x", trust=other.marker_trust()).namespace == "other"
     mine.publish(marker_path("x"), theirs.read_bytes(marker_path("x")), create_only=True)
     with pytest.raises(IntegrityError) as refused:
-        read_manifest(mine, "x")
+        read_manifest(mine, "x", trust=run.marker_trust())
     assert "x/commit.json: marker of namespace 'other' in a tier of namespace 'run'" in str(refused.value)
     assert Catalog(run).listings() == []
     assert latest_committed(run, collective=False) is None
@@ -46,7 +46,7 @@ def test_a_marker_without_a_namespace_is_read_anywhere(make_config: Callable[...
     body = json.loads(tier.read_bytes(marker_path("x")))
     del body["namespace"]  # a marker written before the field
     tier.publish(marker_path("x"), json.dumps(body).encode(), create_only=False)
-    assert read_manifest(tier, "x").namespace is None
+    assert read_manifest(tier, "x", trust=config.marker_trust()).namespace is None
     assert latest_committed(config, collective=False) == "x"
 
 

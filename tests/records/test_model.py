@@ -42,6 +42,7 @@ from tierstore.records import known
 from tierstore.records.activity import HEARTBEAT, held
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import Manifest, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 IDS = ("x", "y", "z")
@@ -111,7 +112,7 @@ class CommitProtocol(RuleBasedStateMachine):
         """Any generation of the id a marker names that the model has not seen is this save's."""
         for tier in self._up():
             try:
-                generation = read_manifest(tier, checkpoint_id).generation
+                generation = read_manifest(tier, checkpoint_id, trust=MarkerTrust()).generation
             except FileNotFoundError:
                 continue
             self.values.setdefault((checkpoint_id, generation), value)
@@ -226,7 +227,7 @@ class CommitProtocol(RuleBasedStateMachine):
         if not hasattr(self, "config"):
             return
         audits = [
-            audit_copy({0: tier}, checkpoint_id, 0)
+            audit_copy({0: tier}, checkpoint_id, 0, trust=MarkerTrust())
             for tier in self._up()
             for checkpoint_id in marker_times(tier)
         ]
@@ -371,9 +372,9 @@ def test_a_copy_kept_in_use_is_not_served_over_a_newer_commit_its_tier_has_sight
         state.promoter_pass()
         state.save_durable(checkpoint_id="x", overwrite=True)
         mid = state.tiers["mid"]
-        with held(mid, "read", "x", read_manifest(mid, "x").generation):
+        with held(mid, "read", "x", read_manifest(mid, "x", trust=MarkerTrust()).generation):
             state.promoter_pass()
-        assert read_manifest(mid, "x").seq == 1, "the older copy was in use: kept"
+        assert read_manifest(mid, "x", trust=MarkerTrust()).seq == 1, "the older copy was in use: kept"
         state.durable_tier_goes_away()
         state.host_memory_lost()
         state.every_committed_id_restores_its_newest_commit()

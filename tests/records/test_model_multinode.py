@@ -47,6 +47,7 @@ from tierstore.records import known
 from tierstore.records.activity import HEARTBEAT, activities
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import Manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 IDS = ("x", "y")
@@ -288,7 +289,9 @@ class MultiNodeProtocol(RuleBasedStateMachine):
             return
         for index, tier in enumerate(self.tiers[0]):
             holders = {n: self.tiers[n][index] for n in NODES} if tier.node_local else {0: tier}
-            bad = [a for i in marker_times(tier) if not (a := audit_copy(holders, i, 0)).ok]
+            bad = [
+                a for i in marker_times(tier) if not (a := audit_copy(holders, i, 0, trust=MarkerTrust())).ok
+            ]
             assert bad == [], bad
 
     @invariant()

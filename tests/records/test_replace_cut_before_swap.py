@@ -28,6 +28,7 @@ from tierstore import Catalog, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
+from tierstore.signing import MarkerTrust
 
 _PROMOTE = """
 import sys
@@ -88,9 +89,9 @@ def test_an_overwrite_cut_before_its_swap_does_not_place_the_older_copy_above_a_
     )
     _promote(before, "marker.files_checked@step_1:2")  # logged, killed before the swap
     local = config.make_tiers(node=0)[1]
-    kept = read_manifest(local, "step_1")
+    kept = read_manifest(local, "step_1", trust=MarkerTrust())
     assert kept.seq == 1, "local still holds step_1's first commit"
-    assert read_manifest(local, "step_2").seq == 2
+    assert read_manifest(local, "step_2", trust=MarkerTrust()).seq == 2
     restarted = _restarted_after_power_cut(before, tmp_path / "after")
     logged = {(e.checkpoint_id, e.seq) for e in read_log(restarted.make_tiers(node=0)[1])}
     assert ("step_1", 3) in logged, logged  # the swap's number, logged before it was killed
@@ -109,6 +110,6 @@ def test_an_overwrite_into_the_tier_killed_after_its_claim_does_not_place_the_ol
     restarted = _restarted_after_power_cut(before, tmp_path / "after")
     local = restarted.make_tiers(node=0)[1]
     assert [(e.checkpoint_id, e.seq) for e in read_log(local)] == [("step_2", 2), ("step_1", 3)]
-    assert read_manifest(local, "step_1").seq == 1
+    assert read_manifest(local, "step_1", trust=MarkerTrust()).seq == 1
     assert list(Catalog(restarted, node=0).candidates()) == ["step_2", "step_1"]
     assert latest_committed(restarted, collective=False) == "step_2"

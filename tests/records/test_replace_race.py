@@ -24,6 +24,7 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.log import read_log
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.protocol import Verdict
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.tiers.posix import PosixTier
 
@@ -35,7 +36,7 @@ def _save(config: Config, value: float, *, tier: str | None = None) -> None:
 
 def _copied(source: Tier, target: Tier) -> Manifest:
     """A promotion's copy of x's files from ``source``; returns the marker it would publish."""
-    manifest = read_manifest(source, "x")
+    manifest = read_manifest(source, "x", trust=MarkerTrust())
     for entry in manifest.files:
         path = checkpoint_file("x", entry.path)
         target.write_bytes(path, source.read_bytes(path))
@@ -69,14 +70,14 @@ def test_a_swap_does_not_put_an_older_commit_over_a_newer_one_swapped_in_meanwhi
     assert (older.seq, newer.seq) == (2, 3)
 
     def newer_promotion() -> None:
-        verdict, _existing = publish_committed(shared, newer, source_tier="memory")
+        verdict, _existing = publish_committed(shared, newer, source_tier="memory", trust=MarkerTrust())
         assert verdict is Verdict.REPLACE
 
     assert isinstance(shared, PosixTier)
     watched = _ActsOnFirstLogEntry(shared, newer_promotion)
-    verdict, existing = publish_committed(watched, older, source_tier="local")
+    verdict, existing = publish_committed(watched, older, source_tier="local", trust=MarkerTrust())
     assert watched.action is None, "the other promotion ran inside this one"
-    assert read_manifest(shared, "x").generation == newer.generation
+    assert read_manifest(shared, "x", trust=MarkerTrust()).generation == newer.generation
     assert verdict is Verdict.KEEP_NEWER and existing is not None
     assert existing.generation == newer.generation
     logged = {e.generation for e in read_log(shared) if e.checkpoint_id == "x"}

@@ -30,6 +30,7 @@ from tierstore.records import known
 from tierstore.records.conflicts import read_conflicts
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting, record_sighting
+from tierstore.signing import MarkerTrust
 
 
 def state(value: float) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def test_a_tier_overwrite_by_another_process_is_restored_once_the_promoter_has_s
     Promoter(config, node=0).run_once()
     new_process()
     save(config, "final", 2.0, tier="local", overwrite=True)
-    assert read_manifest(config.make_tier("local", node=0), "final").seq == 2
+    assert read_manifest(config.make_tier("local", node=0), "final", trust=MarkerTrust()).seq == 2
     Promoter(config, node=0).run_once()  # the sidecar's next pass
     new_process()
     assert restored(config, "final") == (2.0, "local")
@@ -143,7 +144,7 @@ def test_latest_goes_back_to_the_old_timeline_once_an_unreachable_tier_returns(
     watched_tier.DOWN.add(durable.root)
     assert latest_committed(config, collective=False) is None
     save(config, "new_1", 11.0)
-    assert read_manifest(memory, "new_1").unseen_tiers == ("watched",)
+    assert read_manifest(memory, "new_1", trust=MarkerTrust()).unseen_tiers == ("watched",)
     watched_tier.DOWN.clear()
     Promoter(config, node=0).run_once()
     new_process()
@@ -243,8 +244,8 @@ def test_an_id_saved_while_the_durable_tier_was_away_is_kept_beside_the_other_co
     save(config, "b", 3.0)
     save(config, "c", 4.0)
     Promoter(config, node=0).run_once()
-    gen_memory = read_manifest(memory, "a").generation
-    gen_durable = read_manifest(durable, "a").generation
+    gen_memory = read_manifest(memory, "a", trust=MarkerTrust()).generation
+    gen_durable = read_manifest(durable, "a", trust=MarkerTrust()).generation
     assert gen_memory != gen_durable
     assert restored(config, "c")[0] == 4.0
 

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any, Literal
 
 from tierstore.errors import TierUnavailableError
+from tierstore.tiers import RetryHook
 from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import config_model, register
 
@@ -68,5 +69,7 @@ if config_model("watched") is None:
 
         type: Literal["watched"]
 
-        def build(self, *, namespace: str | None, node: int) -> WatchedTier:
+        def build(
+            self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None
+        ) -> WatchedTier:
             return WatchedTier(self.name, "watched", join_namespace(self.path, namespace), node_local=False)

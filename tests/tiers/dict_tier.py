@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from tierstore.errors import TierUnavailableError
-from tierstore.tiers import FileInfo, Tier, TierConfig, register
+from tierstore.tiers import FileInfo, RetryHook, Tier, TierConfig, register
 
 _STORES: dict[str, dict[str, tuple[bytes, float]]] = {}
 _LOCK = threading.Lock()
@@ -123,11 +123,11 @@ class DictTier(Tier):
             keys = [k for k in self.objects if k.startswith(prefix)]
         return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys})
 
-    def find(self, path: str = "") -> list[FileInfo]:
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
         FAULTS.check(self.store)
         prefix = f"{path}/" if path else ""
         with _LOCK:
-            items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix)]
+            items = [(k, v) for k, v in self.objects.items() if k.startswith(prefix) and k > (after or "")]
         return sorted((FileInfo(k, len(v[0]), v[1]) for k, v in items), key=lambda f: f.path)
 
     def delete(self, path: str) -> None:
@@ -147,7 +147,7 @@ class DictTierConfig(TierConfig):
     type: Literal["dict"]
     store: str = Field("default", description="Tiers naming the same store share their objects.")
 
-    def build(self, *, namespace: str | None, node: int) -> DictTier:
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> DictTier:
         return DictTier(self.name, self.store, namespace)
 
 
@@ -160,7 +160,7 @@ class NodeDictTierConfig(TierConfig):
     store: str = Field("node{node}", description="Each node's store; {node} is its index.")
     node_local: ClassVar[bool] = True
 
-    def build(self, *, namespace: str | None, node: int) -> DictTier:
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> DictTier:
         tier = DictTier(self.name, self.store.replace("{node}", str(node)), namespace)
         tier.node_local = True
         return tier

@@ -14,7 +14,7 @@ from tests.training import Trainer, assert_same, fresh_target
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, load_config
 from tierstore.errors import ConfigError
-from tierstore.tiers import TierConfig, register, tier_types
+from tierstore.tiers import RetryHook, TierConfig, register, tier_types
 
 
 def test_the_registered_type_is_known_to_the_configuration(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_a_second_model_cannot_take_a_registered_name() -> None:
         register(Impostor)
 
     class Untyped(TierConfig):
-        def build(self, *, namespace: str | None, node: int) -> DictTier:
+        def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> DictTier:
             raise NotImplementedError
 
     with pytest.raises(ValueError, match="Literal"):

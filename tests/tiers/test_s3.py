@@ -18,15 +18,16 @@ import pytest
 from tests.conftest import open_uploads
 from tests.faults import FaultyS3
 from tierstore.errors import TierMisconfiguredError, TierUnavailableError
+from tierstore.tiers import RetryHook
 from tierstore.tiers.s3.config import S3TierConfig
 from tierstore.tiers.s3.tier import S3Tier
 
 
-def s3_tier(endpoint: str, bucket: str, **extra: object) -> S3Tier:
+def s3_tier(endpoint: str, bucket: str, on_retry: RetryHook | None = None, **extra: object) -> S3Tier:
     config = S3TierConfig(
         name="s3", type="s3", url=f"s3://{bucket}/p", endpoint_url=endpoint, part_size=5 * 2**20, **extra
     )  # type: ignore[arg-type]
-    return S3Tier(config, namespace=None)
+    return S3Tier(config, namespace=None, on_retry=on_retry)
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_access_denied_is_a_configuration_to_fix_not_an_outage(faulty: tuple[Fau
 def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier]) -> None:
     server, tier = faulty
     retried: list[BaseException] = []
-    tier.observe_retries(retried.append)
+    tier = s3_tier(server.endpoint, tier.bucket, lambda _name, error: retried.append(error), max_attempts=4)
     server.faults.fail(2, status=503, method="PUT")
     tier.write_bytes("a/object", b"payload")
     assert tier.read_bytes("a/object") == b"payload"
@@ -87,7 +88,7 @@ def test_a_ranged_read_cut_short_by_the_server_is_retried(faulty: tuple[FaultyS3
     payload = os.urandom(3 * 2**20)
     tier.write_bytes("a/object", payload)
     retried: list[BaseException] = []
-    tier.observe_retries(retried.append)
+    tier = s3_tier(server.endpoint, tier.bucket, lambda _name, error: retried.append(error), max_attempts=4)
     server.faults.cut(1, method="GET", path="a/object")
     out = bytearray(2**20 + 7)
     tier.read_into("a/object", 2**20, memoryview(out))
@@ -101,7 +102,7 @@ def test_threads_asking_at_once_share_one_client(s3_endpoint: str, s3_bucket: st
 
     def first_use(_: int) -> object:
         together.wait()
-        return tier.client
+        return tier.s3.client
 
     with ThreadPoolExecutor(8) as pool:
         clients = list(pool.map(first_use, range(8)))
@@ -113,8 +114,8 @@ def test_tiers_have_clients_of_their_own_from_one_parsed_service_model(
 ) -> None:
     """Parsing the S3 service model costs about 0.1 s of CPU: once per process, not per tier."""
     first, second = s3_tier(s3_endpoint, s3_bucket), s3_tier(s3_endpoint, s3_bucket)
-    assert first.client is not second.client
-    assert first.client._loader is second.client._loader
+    assert first.s3.client is not second.s3.client
+    assert first.s3.client._loader is second.s3.client._loader
 
 
 def test_a_forked_child_gets_clients_and_part_slots_of_its_own(s3_endpoint: str, s3_bucket: str) -> None:
@@ -124,17 +125,17 @@ def test_a_forked_child_gets_clients_and_part_slots_of_its_own(s3_endpoint: str,
     tier = s3_tier(s3_endpoint, s3_bucket, concurrency=2)
     tier.write_bytes("before-fork", b"parent")
     assert tier.list_dir("") == ["before-fork"]  # the parent's s3fs is running too
-    parents_client = tier.client
+    parents_client = tier.s3.client
     holding, release = threading.Event(), threading.Event()
 
     def in_flight() -> None:
-        with tier._client_lock:
-            for _ in range(tier.concurrency):
-                tier.part_slots.acquire()
+        with tier.s3._client_lock:
+            for _ in range(tier.s3.concurrency):
+                tier.s3.part_slots.acquire()
             holding.set()
             release.wait()
-        for _ in range(tier.concurrency):
-            tier.part_slots.release()
+        for _ in range(tier.s3.concurrency):
+            tier.s3.part_slots.release()
 
     holder = threading.Thread(target=in_flight)
     holder.start()
@@ -145,7 +146,7 @@ def test_a_forked_child_gets_clients_and_part_slots_of_its_own(s3_endpoint: str,
         try:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
             signal.alarm(30)  # a hang kills the child: the parent sees the signal
-            own = tier.client is not parents_client
+            own = tier.s3.client is not parents_client
             seen = tier.read_range("before-fork")
             with tier.open_write("from-child") as stream:  # two parts: both slots are needed
                 stream.write(b"c" * (6 * 2**20))
@@ -166,7 +167,7 @@ def test_a_forked_child_gets_clients_and_part_slots_of_its_own(s3_endpoint: str,
     assert os.WIFEXITED(status), f"the child hung on the parent's lock or part slots ({status})"
     assert json.loads(report) == [True, "parent", ["before-fork", "from-child"]]
     assert tier.read_range("from-child") == b"c" * (6 * 2**20)
-    assert tier.client is parents_client, "the parent keeps its own client"
+    assert tier.s3.client is parents_client, "the parent keeps its own client"
 
 
 def _signing_key(tier: S3Tier) -> str:
@@ -176,7 +177,7 @@ def _signing_key(tier: S3Tier) -> str:
     def seen(request: Any, **_: Any) -> None:
         keys.append(request.headers["Authorization"].decode().split("Credential=")[1].split("/")[0])
 
-    tier.client.meta.events.register("before-send.s3", seen)
+    tier.s3.client.meta.events.register("before-send.s3", seen)
     tier.write_bytes("signed", b"x")
     return keys[-1]
 
@@ -246,10 +247,14 @@ def test_a_retried_part_sends_its_whole_body_again(faulty: tuple[FaultyS3, S3Tie
     """botocore sends a part's bytes as a stream; our retry (botocore's own are off) must not
     resume where the failed attempt stopped reading (without checksums a short part would pass)."""
     server, tier = faulty
-    if checksum == "none":
-        tier = s3_tier(server.endpoint, tier.bucket, max_attempts=4, checksum="none")
     retried: list[BaseException] = []
-    tier.observe_retries(retried.append)
+    tier = s3_tier(
+        server.endpoint,
+        tier.bucket,
+        lambda _name, error: retried.append(error),
+        max_attempts=4,
+        checksum=checksum,
+    )
     server.faults.fail(1, status=503, method="PUT", path="partNumber=1")
     payload = os.urandom(11 * 2**20)
     tier.write_bytes("obj", payload)
@@ -315,5 +320,5 @@ def test_listing_pages_past_a_thousand_objects_without_building_s3fs(
     found = tier.find("many")
     assert [f.path for f in found] == [key.removeprefix("p/") for key in keys]
     assert {f.size for f in found} == {1} and all(f.mtime > 0 for f in found)
-    assert [f.path for f in tier.find_after("many", "many/01000")] == ["many/01001", "many/01002"]
-    assert tier._fs is None, "the listing went through s3fs"
+    assert [f.path for f in tier.find("many", after="many/01000")] == ["many/01001", "many/01002"]
+    assert tier.s3._fs is None, "the listing went through s3fs"

@@ -1,5 +1,5 @@
 """What the S3 tier sends with each body: its CRC32, and a SHA-256 signature only where nothing
-else checks it (see :meth:`tierstore.tiers.s3.tier.S3Tier._payload_signing`)."""
+else checks it (see :meth:`tierstore.tiers.s3.client.S3Client._payload_signing`)."""
 
 from __future__ import annotations
 

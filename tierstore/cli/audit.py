@@ -17,6 +17,7 @@ from tierstore.config import Config
 from tierstore.errors import IntegrityError, TierstoreError
 from tierstore.records.catalog import marker_times
 from tierstore.records.marker import FileEntry, Manifest, copy_problems, read_manifest
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 
@@ -39,13 +40,18 @@ class CopyAudit:
 
 
 def audit_copy(
-    tiers_by_node: dict[int, Tier], checkpoint_id: str, marker_node: int, *, show_progress: bool = False
+    tiers_by_node: dict[int, Tier],
+    checkpoint_id: str,
+    marker_node: int,
+    *,
+    trust: MarkerTrust,
+    show_progress: bool = False,
 ) -> CopyAudit:
-    """Audit the copy whose marker is in ``tiers_by_node[marker_node]``; each file on its node
-    (``show_progress``: a bar on a terminal while its bytes are read)."""
+    """Audit the copy whose marker (read with ``trust``) is in ``tiers_by_node[marker_node]``; each
+    file on its node (``show_progress``: a bar on a terminal while its bytes are read)."""
     tier = tiers_by_node[marker_node]
     try:
-        manifest = read_manifest(tier, checkpoint_id)
+        manifest = read_manifest(tier, checkpoint_id, trust=trust)
     except IntegrityError as exc:
         return CopyAudit(tier.name, checkpoint_id, None, 0, 0, 0, (str(exc),))
     problems: list[str] = []
@@ -85,12 +91,14 @@ def _files_by_node(manifest: Manifest, node_local: bool, marker_node: int) -> di
 def audit_all(config: Config, nodes: Iterable[int], *, show_progress: bool = False) -> list[CopyAudit]:
     """Every committed copy in every tier, as seen from ``nodes`` (see the module docstring);
     ``show_progress``: a bar per copy on a terminal."""
-    nodes = sorted(set(nodes))
+    nodes, trust = sorted(set(nodes)), config.marker_trust()
     audits: list[CopyAudit] = []
     for index, tier_config in enumerate(config.tiers):
         seen_from = nodes if tier_config.node_local else nodes[:1]
         tiers = {n: config.make_tiers(node=n)[index] for n in seen_from}
         for node, tier in tiers.items():
             for checkpoint_id in sorted(marker_times(tier)):
-                audits.append(audit_copy(tiers, checkpoint_id, node, show_progress=show_progress))
+                audits.append(
+                    audit_copy(tiers, checkpoint_id, node, trust=trust, show_progress=show_progress)
+                )
     return audits

@@ -137,7 +137,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     bad = 0
     for tier in catalog.tiers:
         try:
-            manifest = read_manifest(tier, checkpoint_id)
+            manifest = read_manifest(tier, checkpoint_id, trust=catalog.trust)
         except FileNotFoundError:
             continue
         except IntegrityError as exc:  # a damaged marker is a mismatch; an unreachable tier an error
@@ -340,11 +340,11 @@ def cmd_drop(config: Config, args: argparse.Namespace) -> int:
     first, then its log entries, part records and data; data a restore is reading stays until it is
     done). For settling a conflict, or removing a copy by hand; retention does the rest."""
     checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
-    tier = config.make_tier(args.tier, node=current_node(args.node))
+    tier, trust = config.make_tier(args.tier, node=current_node(args.node)), config.marker_trust()
     if args.generation:
         return _drop_part(config, tier, checkpoint_id, args.generation)
     try:
-        generation = read_manifest(tier, checkpoint_id).generation
+        generation = read_manifest(tier, checkpoint_id, trust=trust).generation
     except FileNotFoundError:
         parts = sorted(foreign_parts(tier).get(checkpoint_id, {}))
         held = (
@@ -357,7 +357,7 @@ def cmd_drop(config: Config, args: argparse.Namespace) -> int:
         raise CheckpointNotFoundError(
             f"checkpoint {checkpoint_id!r} is not committed in tier {tier.describe()}{held}"
         ) from None
-    data_gone = drop(tier, checkpoint_id, generation, ttl=config.promote.activity_ttl)
+    data_gone = drop(tier, checkpoint_id, generation, trust=trust, ttl=config.promote.activity_ttl)
     print(
         f"dropped {checkpoint_id} (generation {generation}) from {tier.name}"
         + ("" if data_gone else "; its data stays while a restore reads it")
@@ -374,7 +374,8 @@ def _drop_part(config: Config, tier: Tier, checkpoint_id: str, generation: str) 
             f"tier {tier.describe()} holds no part of {checkpoint_id!r} generation {generation}"
             " saved from another node's coordinator"
         )
-    if not drop(tier, checkpoint_id, generation, committed=False, ttl=config.promote.activity_ttl):
+    ttl, trust = config.promote.activity_ttl, config.marker_trust()
+    if not drop(tier, checkpoint_id, generation, trust=trust, committed=False, ttl=ttl):
         print(f"kept {checkpoint_id} (generation {generation}) in {tier.name}: work on it is live")
         return 1
     print(f"dropped this node's part of {checkpoint_id} (generation {generation}) from {tier.name}")

@@ -29,7 +29,8 @@ from tierstore.records.catalog import Catalog, Listing
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import MirrorStatus, read_status
 from tierstore.records.promoter_state import PromoterState, read_state
-from tierstore.tiers import Space, Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import Space, Tier, is_host_memory
 from tierstore.units import human_age, human_bytes
 
 
@@ -212,8 +213,9 @@ def gather_status(
                 now=report.at,
             )
             report.tiers.append(status)
-            if status.reachable and status.newest is not None and tier.mirror is not None:
-                report.mirrors.append(_mirror_state(tier, node, status.newest.checkpoint_id, prober))
+            if status.reachable and status.newest is not None and tier.name == config.mirrored:
+                state = _mirror_state(tier, node, status.newest.checkpoint_id, prober, catalog.trust)
+                report.mirrors.append(state)
         away = {t.name for t in report.tiers if not t.reachable}
         report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))
     report.newest = _newest([t.newest for t in report.tiers])
@@ -247,9 +249,9 @@ def _tier_status(
             float(started) if started is not None else first.committed_at,
         )
     try:
-        space = prober.ask(
-            tier.name, tier.space, what="measure its space", direct=tier.capabilities.staging_files
-        )
+        space = None
+        if (local := tier.local) is not None:
+            space = prober.ask(tier.name, local.space, what="measure its space", direct=local.staging)
     except (TierstoreError, OSError) as exc:
         return TierStatus(tier.name, tier.type, where, durable, error=str(exc), keep=keep)
     return TierStatus(
@@ -266,15 +268,15 @@ def _tier_status(
     )
 
 
-def _mirror_state(tier: Tier, node: int, checkpoint_id: str, prober: Prober) -> MirrorState:
+def _mirror_state(
+    tier: Tier, node: int, checkpoint_id: str, prober: Prober, trust: MarkerTrust
+) -> MirrorState:
     def question() -> MirrorStatus | None:
-        generation = read_manifest(tier, checkpoint_id).generation
+        generation = read_manifest(tier, checkpoint_id, trust=trust).generation
         return read_status(tier, checkpoint_id, generation, node)
 
     try:
-        status = prober.ask(
-            tier.name, question, what="read a mirror record", direct=tier.capabilities.staging_files
-        )
+        status = prober.ask(tier.name, question, what="read a mirror record", direct=is_host_memory(tier))
     except FileNotFoundError:  # deleted by retention since it was listed
         return MirrorState(tier.name, node, checkpoint_id, None, reason="gone since listed")
     except (TierstoreError, OSError) as exc:
@@ -298,7 +300,7 @@ def _promoter_view(tiers: list[Tier], node: int, now: float, prober: Prober, awa
                 tier.name,
                 functools.partial(read_state, tier, node),
                 what="read the promoter's record",
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except (TierstoreError, OSError) as exc:
             problems.append(str(exc))

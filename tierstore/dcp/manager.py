@@ -262,7 +262,8 @@ class CheckpointManager:
             durable.close()
         checkpoint = self.checkpoint_id(step)
         if self.group is None or dist.get_rank(self.group) == 0:
-            read_manifest(self.config.make_tier(last, node=self.writer.node), checkpoint)  # raises if absent
+            tier = self.config.make_tier(last, node=self.writer.node)
+            read_manifest(tier, checkpoint, trust=self.config.marker_trust())  # raises if absent
         logger.info("%s is durable in tier %s", checkpoint, last)
 
     # -- signals -------------------------------------------------------------------------------

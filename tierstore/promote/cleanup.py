@@ -37,7 +37,8 @@ from tierstore.records.clock import tier_now
 from tierstore.records.log import LogEntry, highest_in, read_log_and_voids
 from tierstore.records.mirror import EXCHANGE_ENDS_DIR, exchange_ends_dir
 from tierstore.records.protocol import drop, forget_entry, sweep
-from tierstore.tiers import FileInfo, IncompleteWrite, Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import FileInfo, IncompleteWrite, LocalFace, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Cleanup:
 def find_leftovers(
     tier: Tier,
     *,
+    trust: MarkerTrust,
     stale_after: float,
     activity_ttl: float,
     now: float | None = None,
@@ -83,7 +85,7 @@ def find_leftovers(
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
     at_work = [r for r in records if r.age < activity_ttl]
-    seen = discover(tier, MarkerCache(foreign=set() if warned is None else warned))  # fresh markers
+    seen = discover(tier, MarkerCache(trust, foreign=set() if warned is None else warned))  # fresh markers
     found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for write in incomplete:
         # Never a write of work in progress, however idle it looks (a slow part upload).
@@ -101,9 +103,8 @@ def find_leftovers(
                 write,
             )
         )
-    if tier.capabilities.staging_files:
-        found += _abandoned_staging(tier, stale_after=stale_after, now=now)
-        found += _abandoned_exchange_waits(tier, stale_after=stale_after, now=now)
+    if (local := tier.local) is not None and local.staging:  # a writer's lock is a local file
+        found += _gone_owners(tier, local, stale_after=stale_after, now=now)
     found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
     found += [
@@ -189,49 +190,26 @@ def _unfinished_mirrors(
     ]
 
 
-def _abandoned_staging(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
-    """Staging directories of writer processes that are gone (see :mod:`tierstore._platform.owners`)."""
+def _gone_owners(tier: Tier, local: LocalFace, *, stale_after: float, now: float) -> list[Cleanup]:
+    """Directories of processes that are gone, locked by their owners (:mod:`tierstore._platform.owners`):
+    writers' staging directories, and trainers' exchange-end record directories (PROCESS-mode mirror
+    waits, :mod:`tierstore.records.mirror`). One without a lock (a record that arrived after its
+    trainer closed) once untouched for ``stale_after``, a staging one only if its pid is gone too."""
     found: list[Cleanup] = []
-    if not tier.capabilities.local_files:
-        return found  # staging directories are local: a writer's lock is a local file
-    for owner in tier.list_dir(staging_dir()):
-        alive = tier.owner_alive(writer_staging_dir(owner))
+    owned: list[tuple[str, str | None, str]] = [
+        (writer_staging_dir(o), o, "staging buffers of a writer") for o in tier.list_dir(staging_dir())
+    ]
+    waits = tier.list_dir(EXCHANGE_ENDS_DIR)
+    owned += [(exchange_ends_dir(w), None, "exchange-end records of a trainer") for w in waits]
+    for directory, owner, what in owned:
+        alive = local.owner_alive(directory)
         if alive is None:  # a directory without a lock: judge by pid (this host only) and age
-            touched = tier.directory_mtime(writer_staging_dir(owner))
+            touched = local.directory_mtime(directory)
             if touched is None:
                 continue
-            alive = not (owner_is_gone(owner) and now - touched >= stale_after)
+            alive = not ((owner is None or owner_is_gone(owner)) and now - touched >= stale_after)
         if not alive:
-            found.append(
-                Cleanup(
-                    tier.name,
-                    "tree",
-                    writer_staging_dir(owner),
-                    "staging buffers of a writer process that is gone",
-                )
-            )
-    return found
-
-
-def _abandoned_exchange_waits(tier: Tier, *, stale_after: float, now: float) -> list[Cleanup]:
-    """Exchange-end record directories (PROCESS-mode mirror waits, :mod:`tierstore.records.mirror`)
-    of trainer processes that are gone: locked like staging directories; one without a lock (a
-    record that arrived after its trainer closed) once untouched for ``stale_after``."""
-    found: list[Cleanup] = []
-    if not tier.capabilities.local_files:
-        return found  # their lock, like a staging directory's, is a local file
-    for waiter in tier.list_dir(EXCHANGE_ENDS_DIR):
-        relative = exchange_ends_dir(waiter)
-        alive = tier.owner_alive(relative)
-        if alive is None:
-            touched = tier.directory_mtime(relative)
-            if touched is None:
-                continue
-            alive = now - touched < stale_after
-        if not alive:
-            found.append(
-                Cleanup(tier.name, "tree", relative, "exchange-end records of a trainer process that is gone")
-            )
+            found.append(Cleanup(tier.name, "tree", directory, f"{what} process that is gone"))
     return found
 
 
@@ -290,13 +268,13 @@ def _uncommitted_generations(
     return found
 
 
-def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) -> None:
+def remove(tier: Tier, cleanup: Cleanup, *, trust: MarkerTrust, activity_ttl: float = ACTIVITY_TTL) -> None:
     """Carry out one cleanup (an uncommitted generation: see :func:`remove_generation`). The
     tier's change stamp follows every removal (the protocol's own for generations and log
     entries: :mod:`tierstore.records.changes`)."""
     split = split_generation_path(f"{cleanup.path}/x")
     if cleanup.kind == "tree" and split is not None:
-        remove_generation(tier, split[0], split[1], activity_ttl=activity_ttl)
+        remove_generation(tier, split[0], split[1], trust=trust, activity_ttl=activity_ttl)
     elif cleanup.kind == "entry" and (parsed := parse_commit_entry(cleanup.path)) is not None:
         forget_entry(tier, LogEntry(*parsed), top=highest_in(tier))
     else:
@@ -305,7 +283,7 @@ def remove(tier: Tier, cleanup: Cleanup, *, activity_ttl: float = ACTIVITY_TTL) 
 
 
 def remove_generation(
-    tier: Tier, checkpoint_id: str, generation: str, *, activity_ttl: float = ACTIVITY_TTL
+    tier: Tier, checkpoint_id: str, generation: str, *, trust: MarkerTrust, activity_ttl: float = ACTIVITY_TTL
 ) -> bool:
     """Remove an uncommitted generation, unless someone commits it meanwhile; True if removed.
 
@@ -316,7 +294,7 @@ def remove_generation(
     for work in progress on it; only if there is neither does the data go. A promoter that starts
     later finds no records to publish from and copies its part again; one at work holds a record.
     """
-    return drop(tier, checkpoint_id, generation, committed=False, ttl=activity_ttl)
+    return drop(tier, checkpoint_id, generation, trust=trust, committed=False, ttl=activity_ttl)
 
 
 __all__ = ["Cleanup", "find_leftovers", "remove", "remove_generation"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config
@@ -91,18 +90,15 @@ class Context:
     def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
         self.config, self.node, self.metrics = config, node, metrics
         self.rules = rules_of(config)
-        self.tiers = tuple(config.make_tiers(node=node))
+        self.tiers = tuple(
+            config.make_tiers(node=node, on_retry=lambda name, _error: metrics.retries.labels(name).inc())
+        )
+        self.trust = config.marker_trust()
         self.by_name = {t.name: t for t in self.tiers}
         self.health = PromoterHealth(stall_bound(config.promote.interval))
         metrics.watch(self.health, config.metrics.directory_for(node), stale_after=config.metrics.stale_after)
         self.stopping, self.cancel = threading.Event(), threading.Event()
         self.prober = Prober(config.probe_timeout)
-        self.cache = MarkerCache()
+        self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
         metrics.start_at_zero(t.name for t in self.tiers)
-        for tier in self.tiers:
-            tier.observe_retries(_counter(metrics, tier.name))
-
-
-def _counter(metrics: PromoterMetrics, tier_name: str) -> Callable[[BaseException], None]:
-    return lambda _error: metrics.retries.labels(tier_name).inc()

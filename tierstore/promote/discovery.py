@@ -35,7 +35,8 @@ from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
-from tierstore.tiers import Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import LocalFace, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class MarkerCache:
     tier's: a promoter whose clock is off trusts nothing sooner.
     """
 
+    trust: MarkerTrust
+    """Which markers it reads (:func:`~tierstore.records.marker.read_manifest`)."""
     entries: dict[tuple[str, str], _Cached] = field(default_factory=dict)
     parts_read: dict[tuple[str, str], _CachedParts] = field(default_factory=dict)
     """Part records by (tier, id), valid while no directory they were listed from changed."""
@@ -117,7 +120,7 @@ class MarkerCache:
         if cached is not None and self._trusted(tier, checkpoint_id, mtime):
             return cached.manifest
         listed = cached.listed if cached is not None and same else time.monotonic()
-        manifest = read_manifest(tier, checkpoint_id)
+        manifest = read_manifest(tier, checkpoint_id, trust=self.trust)
         self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
         return manifest
 
@@ -134,7 +137,7 @@ class MarkerCache:
                 return exc
 
         unread = [i for i in mtimes if not self._trusted(tier, i, mtimes[i])]
-        if tier.capabilities.local_files or len(unread) < 2:
+        if tier.local is not None or len(unread) < 2:
             return {i: one(i) for i in mtimes}
         # Daemons, like the Prober's that bounds the pass: reads a hung store leaves pending after
         # the pass gave up must not hold the process's exit.
@@ -150,34 +153,34 @@ class MarkerCache:
         directory, its generations' and their parts directories keep their mtimes (a record is
         written by a rename into its directory, dropped by an unlink: either changes it). Trusted
         on the terms of :meth:`read` (:data:`SETTLE`). Read afresh in tiers without directories."""
-        if not tier.capabilities.local_files:
+        if (local := tier.local) is None:
             return part_records(tier, checkpoint_id)
         key = (tier.name, checkpoint_id)
         cached, same = self.parts_read.get(key), False
         if cached is not None:
-            times = _dir_times(tier, checkpoint_id, [g for g, _t, _p in cached.times[1]])
+            times = _dir_times(local, checkpoint_id, [g for g, _t, _p in cached.times[1]])
             same = times == cached.times
             if same and cached.read_at - cached.listed >= SETTLE:
                 return cached.records
         listed = cached.listed if cached is not None and same else time.monotonic()
         generations = [g for g in tier.list_dir(checkpoint_id) if is_generation(g)]
-        times = _dir_times(tier, checkpoint_id, generations)
+        times = _dir_times(local, checkpoint_id, generations)
         records = part_records(tier, checkpoint_id)
-        if _dir_times(tier, checkpoint_id, generations) != times:  # changed while read: not kept
+        if _dir_times(local, checkpoint_id, generations) != times:  # changed while read: not kept
             self.parts_read.pop(key, None)
             return records
         self.parts_read[key] = _CachedParts(times, records, listed, time.monotonic())
         return records
 
 
-def _dir_times(tier: Tier, checkpoint_id: str, generations: list[str]) -> _DirTimes:
+def _dir_times(local: LocalFace, checkpoint_id: str, generations: list[str]) -> _DirTimes:
     return (
-        tier.directory_mtime(checkpoint_id),
+        local.directory_mtime(checkpoint_id),
         tuple(
             (
                 generation,
-                tier.directory_mtime(generation_dir(checkpoint_id, generation)),
-                tier.directory_mtime(parts_dir(checkpoint_id, generation)),
+                local.directory_mtime(generation_dir(checkpoint_id, generation)),
+                local.directory_mtime(parts_dir(checkpoint_id, generation)),
             )
             for generation in generations
         ),

@@ -35,6 +35,7 @@ from tierstore.records.machine import part_path
 from tierstore.records.marker import FileEntry, Manifest, read_manifest
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import Verdict, drop, judge_promotion, publish, record_parts
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -67,9 +68,16 @@ def promoted_manifest(manifest: Manifest, source: Tier, *, durable: bool) -> Man
 
 
 def publish_committed(
-    target: Tier, manifest: Manifest, *, source_tier: str, node: int | None = None, ttl: float = ACTIVITY_TTL
+    target: Tier,
+    manifest: Manifest,
+    *,
+    trust: MarkerTrust,
+    source_tier: str,
+    node: int | None = None,
+    ttl: float = ACTIVITY_TTL,
 ) -> tuple[Verdict | None, Manifest | None]:
-    """Publish ``manifest`` as the target's marker (:func:`tierstore.records.protocol.publish`).
+    """Publish ``manifest`` as the target's marker (:func:`tierstore.records.protocol.publish`;
+    the standing one read with ``trust``).
 
     Returns ``(None, None)`` when this call committed it. When the target already holds a marker of
     the id, the protocol judges the two (:func:`~tierstore.records.protocol.judge_promotion`): the
@@ -77,7 +85,7 @@ def publish_committed(
     ``(REPLACE, None)``); otherwise nothing changes and the verdict comes back with the target's
     manifest (``SAME``: another promoter won; ``KEEP_NEWER``; ``CONFLICT``: both contents kept).
     """
-    existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
+    existing = publish(target, manifest, trust=trust, replace=False, node=node, ttl=ttl)
     for _attempt in range(_SWAP_ATTEMPTS):
         if existing is None:
             return None, None
@@ -85,9 +93,10 @@ def publish_committed(
         if verdict is not Verdict.REPLACE:
             return verdict, existing
         try:  # swapped only if the marker still names what was judged; else judged again
-            existing = publish(target, manifest, replace=True, node=node, ttl=ttl, expect=existing.generation)
+            expect = existing.generation
+            existing = publish(target, manifest, trust=trust, replace=True, node=node, ttl=ttl, expect=expect)
         except FileNotFoundError:  # the judged marker was dropped meanwhile: create-only again
-            existing = publish(target, manifest, replace=False, node=node, ttl=ttl)
+            existing = publish(target, manifest, trust=trust, replace=False, node=node, ttl=ttl)
             if existing is None:
                 return None, None
             continue
@@ -99,7 +108,7 @@ def publish_committed(
     )
 
 
-def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
+def try_complete(target: Tier, checkpoint_id: str, generation: str, trust: MarkerTrust) -> bool:
     """Publish the marker if the target holds the manifest and every node's part; True if it did."""
     try:
         blob = target.read_bytes(intent_path(checkpoint_id, generation))
@@ -115,7 +124,7 @@ def try_complete(target: Tier, checkpoint_id: str, generation: str) -> bool:
         timings["durable_lag_s"] = now - float(timings["started_at"] or now)
     source = str((manifest.provenance or {}).get("tier", ""))
     verdict, _existing = publish_committed(
-        target, manifest.with_changes(committed_at=now, timings=timings), source_tier=source
+        target, manifest.with_changes(committed_at=now, timings=timings), trust=trust, source_tier=source
     )
     return verdict in (None, Verdict.REPLACE)
 
@@ -134,6 +143,7 @@ class PromotionJob:
         workers: int,
         stopping: threading.Event,
         cancel: threading.Event,
+        trust: MarkerTrust,
         activity_ttl: float = ACTIVITY_TTL,
         heartbeat: Callable[[], None] | None = None,
     ) -> None:
@@ -142,7 +152,7 @@ class PromotionJob:
         """Called for every chunk copied: a long copy is progress, not a hung promoter."""
         self.node, self.durable, self.workers = node, durable, workers
         self.stopping, self.cancel = stopping, cancel
-        self.activity_ttl = activity_ttl
+        self.activity_ttl, self.trust = activity_ttl, trust
         self.checkpoint_id = found.copy.checkpoint_id
         self.generation = found.copy.generation
         self._damaged = False
@@ -173,14 +183,15 @@ class PromotionJob:
                 # The source is damaged: this will not get better by retrying. What was copied goes
                 # through the protocol's drop, once this job's own record is released: another
                 # promoter may be publishing this very generation's copies, which must stay.
-                drop(self.target, self.checkpoint_id, self.generation, committed=False, ttl=self.activity_ttl)
+                ckpt, gen, ttl = self.checkpoint_id, self.generation, self.activity_ttl
+                drop(self.target, ckpt, gen, trust=self.trust, committed=False, ttl=ttl)
             raise
 
     def _run(self) -> Outcome:
         entries, multi_node = self._entries()
         part = node_part_path(self.checkpoint_id, self.generation, self.node)
         if multi_node and not self.target.node_local and self.target.exists(part):
-            return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation))
+            return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation, self.trust))
         if (judged := self._judge_before_copying()) is not None:
             return judged  # the target's copy of the id stays: nothing to copy
         label = f"promote {self.checkpoint_id} {self.source.name}->{self.target.name}"
@@ -221,7 +232,7 @@ class PromotionJob:
             assert manifest is not None
             return self._publish(copied, manifest)
         self._record_part(entries, manifest)
-        return Outcome(copied, try_complete(self.target, self.checkpoint_id, self.generation))
+        return Outcome(copied, try_complete(self.target, self.checkpoint_id, self.generation, self.trust))
 
     def _judge_before_copying(self) -> Outcome | None:
         """Where the target already holds a marker of the id, the protocol's judgement, before a
@@ -231,7 +242,7 @@ class PromotionJob:
         if source is None:
             return None
         try:
-            existing = read_manifest(self.target, self.checkpoint_id)
+            existing = read_manifest(self.target, self.checkpoint_id, trust=self.trust)
         except (FileNotFoundError, NotADirectoryError):
             return None
         verdict, _why = judge_promotion(
@@ -243,6 +254,7 @@ class PromotionJob:
         verdict, existing = publish_committed(
             self.target,
             self._promoted(manifest),
+            trust=self.trust,
             source_tier=self.source.name,
             node=node,
             ttl=self.activity_ttl,

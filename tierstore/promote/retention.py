@@ -18,13 +18,19 @@ from tierstore.promote.policy import Deletion
 from tierstore.records.activity import ACTIVITY_TTL
 from tierstore.records.marker import read_manifest
 from tierstore.records.protocol import drop
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
 
 def delete_copy(
-    tier: Tier, checkpoint_id: str, generation: str | None = None, *, ttl: float = ACTIVITY_TTL
+    tier: Tier,
+    checkpoint_id: str,
+    generation: str | None = None,
+    *,
+    trust: MarkerTrust,
+    ttl: float = ACTIVITY_TTL,
 ) -> None:
     """Delete one copy through the protocol's drop: the marker first (only if it still names
     ``generation``: an overwrite committed since is left alone), then its log entries, part records
@@ -34,16 +40,17 @@ def delete_copy(
     """
     if not generation:
         try:
-            generation = read_manifest(tier, checkpoint_id).generation
+            generation = read_manifest(tier, checkpoint_id, trust=trust).generation
         except (FileNotFoundError, IntegrityError):
             return  # nothing committed, or a marker only cleanup may judge
-    drop(tier, checkpoint_id, generation, ttl=ttl)
+    drop(tier, checkpoint_id, generation, trust=trust, ttl=ttl)
 
 
 def delete_copies(
     tiers: Mapping[str, Tier],
     deletions: Iterable[Deletion],
     *,
+    trust: MarkerTrust,
     on_deleted: Callable[[Deletion], None] = lambda _d: None,
     ttl: float = ACTIVITY_TTL,
 ) -> list[Deletion]:
@@ -54,7 +61,8 @@ def delete_copies(
     done: list[Deletion] = []
     for deletion in deletions:
         try:
-            delete_copy(tiers[deletion.tier], deletion.checkpoint_id, deletion.generation or None, ttl=ttl)
+            tier, generation = tiers[deletion.tier], deletion.generation or None
+            delete_copy(tier, deletion.checkpoint_id, generation, trust=trust, ttl=ttl)
         except (TierstoreError, OSError) as exc:
             logger.error("deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc)
             continue

@@ -38,7 +38,7 @@ def _chunks(source: Tier, path: str, chunk: int) -> Iterator[bytes]:
 def _has_verified_copy(target: Tier, path: str, entry: FileEntry) -> bool:
     """A target file of the right size and CRC32C is complete: an atomic rename put it there. Only
     looked for where reading it back is cheap (local files): elsewhere it is copied again."""
-    if not target.capabilities.local_files:
+    if target.local is None:
         return False
     try:
         if target.stat(path).size != entry.size:

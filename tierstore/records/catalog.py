@@ -27,7 +27,8 @@ from tierstore.records.known import elsewhere_for
 from tierstore.records.log import LogEntry, read_log
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trust_period, trusted
-from tierstore.tiers import Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import Tier, is_host_memory
 from tierstore.topology import current_node
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def marker_times(tier: Tier) -> dict[str, float]:
     }
 
 
-def _committed_seq(tier: Tier, checkpoint_id: str, entries: list[LogEntry]) -> int | None:
+def _committed_seq(tier: Tier, checkpoint_id: str, entries: list[LogEntry], trust: MarkerTrust) -> int | None:
     """The logged sequence number of the generation ``tier``'s marker names.
 
     One entry is the commit itself. Several (an overwrite, or one that failed after claiming its
@@ -55,7 +56,7 @@ def _committed_seq(tier: Tier, checkpoint_id: str, entries: list[LogEntry]) -> i
     if len(entries) == 1:
         return entries[0].seq
     try:
-        generation = read_manifest(tier, checkpoint_id).generation
+        generation = read_manifest(tier, checkpoint_id, trust=trust).generation
     except Exception:  # noqa: BLE001 - an unreadable marker: the copy is not counted
         return None
     return max((e.seq for e in entries if e.generation == generation), default=None)
@@ -100,6 +101,7 @@ class Catalog:
         self.config = as_config(config)
         self.node = current_node(node)
         self.tiers = self.config.make_tiers(node=self.node) if tiers is None else tiers
+        self.trust = self.config.marker_trust()
         self.prober = Prober(self.config.probe_timeout)
         self.unreachable: dict[str, str] = {}
         """``{tier name: why}`` for each tier this catalog could not list (within
@@ -113,10 +115,7 @@ class Catalog:
         with one warning) when it does not answer."""
         try:
             return self.prober.ask(
-                tier.name,
-                functools.partial(question, tier),
-                what=what,
-                direct=tier.capabilities.staging_files,
+                tier.name, functools.partial(question, tier), what=what, direct=is_host_memory(tier)
             )
         except (TierstoreError, OSError) as exc:
             if tier.name not in self.unreachable:
@@ -157,7 +156,7 @@ class Catalog:
                 if tier_name in scanned.get(entry.checkpoint_id, {}):
                     per_id.setdefault(entry.checkpoint_id, []).append(entry)
             for checkpoint_id, entries in per_id.items():
-                seq = _committed_seq(by_name[tier_name], checkpoint_id, entries)
+                seq = _committed_seq(by_name[tier_name], checkpoint_id, entries, self.trust)
                 if seq is not None:
                     found[checkpoint_id] = max(found.get(checkpoint_id) or 0, seq)
         for checkpoint_id in scanned.keys() - found.keys():
@@ -166,7 +165,8 @@ class Catalog:
                 if tier_name in self.unreachable:  # its reads were not answered: not waited for
                     continue
                 try:
-                    found[checkpoint_id] = read_manifest(by_name[tier_name], checkpoint_id).seq
+                    manifest = read_manifest(by_name[tier_name], checkpoint_id, trust=self.trust)
+                    found[checkpoint_id] = manifest.seq
                     break
                 except Exception:  # noqa: BLE001, S112 - a bad marker: another tier may do
                     continue
@@ -209,8 +209,9 @@ class Catalog:
         )
         sighted = [t for t in self.tiers[1:] if t.name in sightings]
         listed = [first, *(t for t in self.tiers[1:] if t.name not in sightings)]
+        commits = functools.partial(_CommitOrder, trust=self.trust)
         orders: list[_CommitOrder | _Sighted] = [
-            order for _t, order in self._reachable(listed, _CommitOrder, "list its commits")
+            order for _t, order in self._reachable(listed, commits, "list its commits")
         ]
         if not orders:  # nothing could be listed: "nothing committed" would be a guess
             reasons = "; ".join(f"{n}: {why}" for n, why in sorted(self.unreachable.items()))
@@ -282,9 +283,9 @@ class Catalog:
         try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
             return self.prober.ask(
                 name,
-                functools.partial(read_manifest, tier, checkpoint_id),
+                functools.partial(read_manifest, tier, checkpoint_id, trust=self.trust),
                 what=f"read the marker of {checkpoint_id}",
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except TierUnavailableError as exc:
             if name not in self.unreachable:
@@ -354,8 +355,8 @@ class _CommitOrder:
     generation)`` (generation None: placed by its marker, already read), and every marker read so
     far (each at most once)."""
 
-    def __init__(self, tier: Tier) -> None:
-        self.tier = tier
+    def __init__(self, tier: Tier, *, trust: MarkerTrust) -> None:
+        self.tier, self.trust = tier, trust
         self.entries: dict[str, list[LogEntry]] = {}
         for entry in read_log(tier):
             self.entries.setdefault(entry.checkpoint_id, []).append(entry)
@@ -383,7 +384,7 @@ class _CommitOrder:
 
     def _read(self, checkpoint_id: str) -> Manifest | None:
         try:
-            return read_manifest(self.tier, checkpoint_id)
+            return read_manifest(self.tier, checkpoint_id, trust=self.trust)
         except (FileNotFoundError, NotADirectoryError):  # a stray file named like an id
             return None
         except Exception as exc:  # noqa: BLE001 - a bad marker is skipped, with a warning

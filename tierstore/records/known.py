@@ -31,6 +31,7 @@ from tierstore.ids import MARKER_NAME, is_checkpoint_id
 from tierstore.records.log import read_log_and_voids
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -58,10 +59,10 @@ class Held:
     """When it was learnt (the look, or the commit): a sighting taken later supersedes it."""
 
 
-def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
+def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, dict[str, int | None]]:
     """``(highest commit number, {id: its newest number})`` of the ids committed in ``tier``:
     two listings (the commit log, the top-level markers), and a marker read only for an id the log
-    does not know.
+    does not know (with ``trust``).
 
     A promotion logs its number after publishing the marker: a crash or power cut between the two
     leaves a marker the log does not know. Its number still counts towards the highest, or the next
@@ -71,15 +72,15 @@ def list_commits(tier: Tier) -> tuple[int, dict[str, int | None]]:
     for entry in log:
         logged[entry.checkpoint_id] = max(logged.get(entry.checkpoint_id, 0), entry.seq)
     committed = [c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)]
-    seqs = {c: logged[c] if c in logged else _marker_seq(tier, c) for c in committed}
+    seqs = {c: logged[c] if c in logged else _marker_seq(tier, c, trust) for c in committed}
     highest = max([log[-1].seq if log else 0, *voids])
     return max([highest, *(s for s in seqs.values() if s is not None)]), seqs
 
 
-def _marker_seq(tier: Tier, checkpoint_id: str) -> int | None:
+def _marker_seq(tier: Tier, checkpoint_id: str, trust: MarkerTrust) -> int | None:
     """The commit number in the id's marker; None if it is gone or unreadable (not a copy)."""
     try:
-        return read_manifest(tier, checkpoint_id).seq
+        return read_manifest(tier, checkpoint_id, trust=trust).seq
     except (FileNotFoundError, IntegrityError):
         return None
 
@@ -108,8 +109,9 @@ class Elsewhere:
         """``{(id, generation): tier}`` of this process's saves that failed to commit, or whose
         commit an overwrite replaced and dropped (the latest ``4 * OUTCOMES``)."""
 
-    def look(self, tiers: Iterable[Tier], prober: Prober) -> None:
-        """List the given tiers not looked at yet (in parallel, each within the prober's deadline).
+    def look(self, tiers: Iterable[Tier], prober: Prober, trust: MarkerTrust) -> None:
+        """List the given tiers not looked at yet (in parallel, each within the prober's deadline;
+        markers read with ``trust``).
 
         No lock is held while asking (a fork meanwhile must not inherit a held lock); two threads
         asking at once both ask, and both answers are merged.
@@ -120,7 +122,7 @@ class Elsewhere:
             return
         at = time.time()
         with ThreadPoolExecutor(len(todo)) as pool:
-            answers = list(pool.map(lambda t: self._ask(t, prober), todo))
+            answers = list(pool.map(lambda t: self._ask(t, prober, trust), todo))
         with self._lock:
             for tier, answer in zip(todo, answers, strict=True):
                 self.looked_at[tier.name] = at
@@ -142,9 +144,9 @@ class Elsewhere:
                 )
 
     @staticmethod
-    def _ask(tier: Tier, prober: Prober) -> tuple[int, dict[str, int | None]] | str:
+    def _ask(tier: Tier, prober: Prober, trust: MarkerTrust) -> tuple[int, dict[str, int | None]] | str:
         try:
-            return prober.ask(tier.name, lambda: list_commits(tier), what="list its commits")
+            return prober.ask(tier.name, lambda: list_commits(tier, trust), what="list its commits")
         except Exception as exc:  # noqa: BLE001 - an unreachable tier is what this records
             return f"{type(exc).__name__}: {exc}"
 

@@ -62,15 +62,11 @@ def read_log_and_voids(tier: Tier, *, above: int = 0) -> tuple[list[LogEntry], l
     commit that stands: see :func:`tierstore.ids.void_entry_path`), both in sequence order.
 
     ``above``: only the entries numbered higher (the numbers are zero-padded, so they sort as
-    names: a store that lists in key order starts there, :meth:`~tierstore.tiers.Tier.find_after`).
+    names: a store that lists in key order starts there: :meth:`~tierstore.tiers.Tier.find`'s ``after``).
     """
     entries, voids = [], []
-    listed = (
-        tier.find(COMMITS_DIR)
-        if above <= 0 or above + 1 >= _LONGER_SORT_LOWER
-        else tier.find_after(COMMITS_DIR, commit_entry_prefix(above + 1))
-    )
-    for info in listed:
+    whole = above <= 0 or above + 1 >= _LONGER_SORT_LOWER
+    for info in tier.find(COMMITS_DIR, after=None if whole else commit_entry_prefix(above + 1)):
         parsed = parse_commit_entry(info.path)
         if parsed is not None:
             entries.append(LogEntry(*parsed))

@@ -8,7 +8,8 @@ and every file it names is present at the named size (and, when verifying, has t
 When the job signs (:mod:`tierstore.signing`), every file entry also carries the file's SHA-256, and
 the marker carries an HMAC over its *signed body* (:func:`signed_body`): the fields that say what the
 content is, none that promotion changes, so the signature travels unchanged to every tier. A tier
-with the job's keys reads only markers whose signature one of them makes (:func:`parse_marker`).
+with the job's keys reads only markers whose signature one of them makes (:func:`parse_marker`, given the
+reader's :class:`~tierstore.signing.MarkerTrust`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import checked_file_path, checkpoint_file, is_generation, marker_path, step_of
-from tierstore.signing import SigningKeys
+from tierstore.signing import MarkerTrust, SigningKeys
 from tierstore.tiers.base import Tier
 from tierstore.version import __version__
 
@@ -235,33 +236,36 @@ def _non_negative(value: object) -> int:
     return number
 
 
-def read_manifest(tier: Tier, checkpoint_id: str) -> Manifest:
-    """The marker of ``checkpoint_id`` in ``tier``.
+def read_manifest(tier: Tier, checkpoint_id: str, *, trust: MarkerTrust) -> Manifest:
+    """The marker of ``checkpoint_id`` in ``tier``, if ``trust`` accepts it.
 
     Raises ``FileNotFoundError`` when there is no marker (not committed there) and
-    :class:`IntegrityError` when the marker is malformed, names another checkpoint or was
-    committed by a run of another namespace (copied here: its files and number are not this run's).
+    :class:`IntegrityError` when the marker is malformed, names another checkpoint, was committed
+    by a run of another namespace (copied here: its files and number are not this run's) or is not
+    signed by the reader's keys.
     """
     where = f"tier {tier.name}: {marker_path(checkpoint_id)}"
-    return parse_marker(
-        tier, tier.read_bytes(marker_path(checkpoint_id)), where=where, checkpoint_id=checkpoint_id
-    )
+    data = tier.read_bytes(marker_path(checkpoint_id))
+    return parse_marker(data, where=where, trust=trust, checkpoint_id=checkpoint_id)
 
 
-def parse_marker(tier: Tier, data: bytes, *, where: str, checkpoint_id: str | None = None) -> Manifest:
-    """A marker's bytes read from ``tier`` (its own file, or a copy held in a peer's mirror), with
-    the checks of :func:`read_manifest`: :class:`IntegrityError` naming ``where`` when malformed,
-    of another checkpoint than ``checkpoint_id`` (when given), or of another namespace."""
+def parse_marker(
+    data: bytes, *, where: str, trust: MarkerTrust, checkpoint_id: str | None = None
+) -> Manifest:
+    """A marker's bytes (its own file, or a copy held in a peer's mirror), with the checks of
+    :func:`read_manifest`: :class:`IntegrityError` naming ``where`` when malformed, of another
+    checkpoint than ``checkpoint_id`` (when given), of another namespace than ``trust``'s, or not
+    signed by its keys."""
     manifest = Manifest.from_json(data, where=where)
     if checkpoint_id is not None and manifest.checkpoint_id != checkpoint_id:
         raise IntegrityError(f"{where}: marker names checkpoint {manifest.checkpoint_id!r}")
-    if None not in (manifest.namespace, tier.namespace) and manifest.namespace != tier.namespace:
+    if None not in (manifest.namespace, trust.namespace) and manifest.namespace != trust.namespace:
         raise IntegrityError(
             f"{where}: marker of namespace {manifest.namespace!r} in a tier of namespace"
-            f" {tier.namespace!r}: copied from another run, not a copy of this one (move it back"
+            f" {trust.namespace!r}: copied from another run, not a copy of this one (move it back"
             " to its own namespace, or delete it)"
         )
-    if tier.signing is not None and (problem := signature_problem(manifest, tier.signing)):
+    if trust.keys is not None and (problem := signature_problem(manifest, trust.keys)):
         raise IntegrityError(f"{where}: {problem}; refused (nothing it names is read)")
     return manifest
 

@@ -48,6 +48,7 @@ from tierstore.records.machine import Verdict, judge_promotion
 from tierstore.records.marker import Manifest, copy_problems, read_manifest, size_problem
 from tierstore.records.mirror import MirrorMarker, Recycle, held_mirrors
 from tierstore.records.parts import PartRecord, generation_parts
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import IncompleteWrite, Tier
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ _NAMED_KILL_POINTS: dict[str, Callable[[str], None]] = {
 }
 
 
-def run(tier: Tier, op: m.Op, *, recycle: Recycle | None = None) -> Any:
+def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recycle | None = None) -> Any:
     """Carry out ``op`` in ``tier``: its result, or what it raises (a tier's own error as raised).
+    ``trust``: the markers it reads (an operation that reads one without it fails: TypeError).
     ``recycle``: offered each file of a dropped mirror first (:func:`drop_mirror`)."""
     view, event = m.start(op, tier.describe())
     subject = op.checkpoint_id
@@ -80,7 +82,7 @@ def run(tier: Tier, op: m.Op, *, recycle: Recycle | None = None) -> Any:
                     continue
                 kill_point("protocol.effect", f"{type(effect).__name__}/{subject}")
                 changed = changed or effect.changes
-                outcome = _perform(tier, effect, recycle, held)
+                outcome = _perform(tier, effect, trust, recycle, held)
                 if effect.asks:
                     assert outcome is not None, effect
                     event = outcome
@@ -105,7 +107,9 @@ def _quietly(quiet: bool) -> Iterator[None]:
         yield
 
 
-def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[Activity]) -> m.Event | None:
+def _perform(
+    tier: Tier, effect: m.Effect, trust: MarkerTrust | None, recycle: Recycle | None, held: list[Activity]
+) -> m.Event | None:
     """One effect, with tier verbs; the event an asking effect is answered with. ``held``: the
     activity records the operation announced, released when it ends."""
     if isinstance(effect, m.ListLog):
@@ -130,7 +134,9 @@ def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[A
         found = (size_problem(tier, path, entry) for path, entry in effect.files)
         return m.FilesChecked(tuple(p for p in found if p is not None), effect.purpose)
     elif isinstance(effect, m.ReadMarker):
-        return m.MarkerRead(_read_marker(tier, effect.checkpoint_id, effect.tolerate), effect.purpose)
+        if trust is None:
+            raise TypeError(f"{effect!r} needs the reader's MarkerTrust: run(..., trust=)")
+        return m.MarkerRead(_read_marker(tier, effect.checkpoint_id, effect.tolerate, trust), effect.purpose)
     elif isinstance(effect, m.PutMarker):
         return _put_marker(tier, effect.manifest, create_only=effect.create_only)
     elif isinstance(effect, m.DeleteMarker):
@@ -146,7 +152,8 @@ def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[A
         held.append(hold(tier, effect.kind, effect.checkpoint_id, effect.generation, ttl=effect.ttl))
     elif isinstance(effect, m.DeleteData):
         tier.delete_tree(generation_dir(effect.checkpoint_id, effect.generation))
-        tier.remove_if_empty(effect.checkpoint_id)  # unless another generation (an overwrite) is there
+        if (local := tier.local) is not None:  # unless another generation (an overwrite) is there
+            local.remove_if_empty(effect.checkpoint_id)
     elif isinstance(effect, m.ListParts):
         return m.PartsListed(tuple(generation_parts(tier, effect.checkpoint_id, effect.generation)))
     elif isinstance(effect, m.PutBytes):
@@ -164,7 +171,8 @@ def _perform(tier: Tier, effect: m.Effect, recycle: Recycle | None, held: list[A
         tier.discard_incomplete(effect.write)
     elif isinstance(effect, m.RemoveIfEmpty):
         with _quietly(effect.quiet):
-            tier.remove_if_empty(effect.path)
+            if (local := tier.local) is not None:
+                local.remove_if_empty(effect.path)
     elif isinstance(effect, m.MirrorInUse):
         return _mirror_in_use(tier, effect)
     elif isinstance(effect, m.DropMirrorFiles):
@@ -179,9 +187,9 @@ def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[st
     return copy_problems(tier, manifest, verify=False, entries=here)
 
 
-def _read_marker(tier: Tier, checkpoint_id: str, tolerate: m.Tolerate) -> m.Seen:
+def _read_marker(tier: Tier, checkpoint_id: str, tolerate: m.Tolerate, trust: MarkerTrust) -> m.Seen:
     try:
-        manifest = read_manifest(tier, checkpoint_id)
+        manifest = read_manifest(tier, checkpoint_id, trust=trust)
     except FileNotFoundError:
         if tolerate is m.Tolerate.NOTHING:
             raise
@@ -234,7 +242,8 @@ def _drop_mirror_files(tier: Tier, checkpoint_id: str, generation: str, recycle:
             if not info.path.rsplit("/", 1)[-1].startswith(MIRROR_MARKER_PREFIX):
                 recycle(info.path, info.size)
     tier.delete_tree(directory)
-    tier.remove_if_empty(mirror_id_dir(checkpoint_id))
+    if (local := tier.local) is not None:
+        local.remove_if_empty(mirror_id_dir(checkpoint_id))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -263,6 +272,7 @@ def publish(
     tier: Tier,
     manifest: Manifest,
     *,
+    trust: MarkerTrust,
     replace: bool,
     node: int | None = None,
     log: bool = True,
@@ -278,28 +288,34 @@ def publish(
     tier, only that node's files are checked. ``log=False`` when the number was claimed in this tier
     already (a save). ``expect`` (with ``replace``): the generation the caller judged the marker to
     name; if another publisher swapped it since, nothing is published and the standing marker is
-    returned (``FileNotFoundError`` when it was dropped). Raises :class:`IntegrityError` naming the
-    missing files."""
-    standing: Manifest | None = run(tier, m.Publish(manifest, replace, node, log, ttl, expect))
+    returned (``FileNotFoundError`` when it was dropped). ``trust``: the standing markers read.
+    Raises :class:`IntegrityError` naming the missing files."""
+    standing: Manifest | None = run(tier, m.Publish(manifest, replace, node, log, ttl, expect), trust=trust)
     return standing
 
 
-def withdraw(tier: Tier, checkpoint_id: str, generation: str) -> bool:
-    """Delete the id's marker if it names ``generation``; True if it did."""
-    done: bool = run(tier, m.Withdraw(checkpoint_id, generation))
+def withdraw(tier: Tier, checkpoint_id: str, generation: str, *, trust: MarkerTrust) -> bool:
+    """Delete the id's marker if it names ``generation`` (read with ``trust``); True if it did."""
+    done: bool = run(tier, m.Withdraw(checkpoint_id, generation), trust=trust)
     return done
 
 
 def drop(
-    tier: Tier, checkpoint_id: str, generation: str, *, committed: bool = True, ttl: float = ACTIVITY_TTL
+    tier: Tier,
+    checkpoint_id: str,
+    generation: str,
+    *,
+    trust: MarkerTrust,
+    committed: bool = True,
+    ttl: float = ACTIVITY_TTL,
 ) -> bool:
     """Drop one generation of ``checkpoint_id`` (the order: :mod:`tierstore.records.machine`).
 
     ``committed=False`` drops only an uncommitted generation (cleanup, a failed save): a marker naming
-    it, or one that cannot be read, keeps everything. True when its data went; False when a marker
-    naming it or live work on it kept the data, which cleanup removes once that is over. Only this
-    generation: another one of the id may be an overwrite in flight."""
-    gone: bool = run(tier, m.Drop(checkpoint_id, generation, committed, ttl))
+    it, or one that cannot be read (or ``trust`` refuses), keeps everything. True when its data went;
+    False when a marker naming it or live work on it kept the data, which cleanup removes once that is
+    over. Only this generation: another one of the id may be an overwrite in flight."""
+    gone: bool = run(tier, m.Drop(checkpoint_id, generation, committed, ttl), trust=trust)
     return gone
 
 
@@ -389,6 +405,7 @@ def settle_parts(
     *,
     current: tuple[str, str, int | None] | None = None,
     ttl: float,
+    trust: MarkerTrust,
 ) -> None:
     """What a node other than the coordinator's learns at a save's plan (it never sees the marker):
 
@@ -406,7 +423,7 @@ def settle_parts(
         if generation not in held[checkpoint_id]:
             continue
         if seq is None:
-            drop(tier, checkpoint_id, generation, committed=False, ttl=ttl)
+            drop(tier, checkpoint_id, generation, trust=trust, committed=False, ttl=ttl)
         else:
             confirm_part(tier, checkpoint_id, generation, seq)
     if current is not None and current[1]:

@@ -10,10 +10,13 @@ from tierstore.tiers.base import (
     Capabilities,
     FileInfo,
     IncompleteWrite,
+    LocalFace,
     OwnedDirectory,
+    RetryHook,
     Space,
     Tier,
     TierConfig,
+    is_host_memory,
 )
 from tierstore.tiers.landing import Landing
 from tierstore.tiers.registry import make_tier, register, tier_types
@@ -27,10 +30,13 @@ __all__ = [
     "FileInfo",
     "IncompleteWrite",
     "Landing",
+    "LocalFace",
     "OwnedDirectory",
+    "RetryHook",
     "Space",
     "Tier",
     "TierConfig",
+    "is_host_memory",
     "make_tier",
     "register",
     "tier_types",

@@ -1,7 +1,8 @@
 """The ``Tier`` seam: the verbs every storage tier offers, what each guarantees, what a tier can do.
 
-Callers outside ``tierstore/tiers/`` see only this module: they ask a tier's :attr:`Tier.capabilities`
-which fast paths apply and call its verbs; they never test for an adapter class. A tier *type* is one
+Callers outside ``tierstore/tiers/`` see only this module: they call a tier's verbs, pick transfer sizes
+by its :attr:`Tier.capabilities`, and reach files of this host through :attr:`Tier.local` (None where
+a tier has none); they never test for an adapter class. A tier *type* is one
 module that defines a :class:`TierConfig` subclass (its YAML fields and a ``build`` factory) and a
 :class:`Tier` subclass, and registers the config model (:func:`tierstore.tiers.registry.register`).
 
@@ -32,12 +33,13 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, field_validator
 
-from tierstore.placement import MirrorConfig
-from tierstore.signing import SigningKeys
 from tierstore.tiers.landing import Landing
 from tierstore.units import StrictModel
 
 TIER_NAME_PATTERN = r"[A-Za-z0-9_-]+"
+
+RetryHook = Callable[[str, BaseException], None]
+"""Told a tier's name and each transient error it retries (metrics), in the process that built it."""
 
 
 @dataclass(frozen=True)
@@ -85,19 +87,9 @@ class IncompleteWrite:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a tier can do beyond the common verbs; callers pick fast paths by these, never by class.
+    """How a tier's transfers are best made; callers size their reads, copies and checks by these.
 
     Attributes:
-        local_files: the tier's files are files of this host's filesystem: it maps them
-            (:meth:`Tier.map_file`), gives this process directories of its own in it
-            (:meth:`Tier.own_directory`), and tells whether their owners still run
-            (:meth:`Tier.owner_alive`).
-        adopt: :meth:`Tier.adopt` moves a file from this filesystem into the tier without copying.
-        staging_files: writers may stage a save in files inside the tier, which then become the
-            checkpoint's data files (host-memory tiers).
-        create_only_publish: :meth:`Tier.publish` with ``create_only`` is enforced by the store
-            itself (``link``; ``If-None-Match: *``), not by a check-then-write.
-        multipart: large objects are uploaded in parts assembled by the server.
         transfer_chunk: the size in which copies into the tier are best made (and out of it,
             unless ``read_chunk`` says otherwise).
         transfer_streams: how many chunks are best moved at once (an object store's requests in
@@ -109,11 +101,6 @@ class Capabilities:
             HEAD per key); 0 where it is not (files of a filesystem: a ``stat`` each).
     """
 
-    local_files: bool = False
-    adopt: bool = False
-    staging_files: bool = False
-    create_only_publish: bool = False
-    multipart: bool = False
     transfer_chunk: int = 8 * 2**20
     transfer_streams: int = 4
     read_chunk: int = 0
@@ -136,7 +123,60 @@ class WriteStream(Protocol):
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         """Append ``data``; return the number of bytes taken (all of them)."""
-        ...
+
+
+class LocalFace(Protocol):
+    """The verbs of a tier whose files are files of this host (memory, local, shared):
+    :attr:`Tier.local`. Paths are tier-relative; a real path leaves ``tiers/`` only as an
+    :class:`OwnedDirectory` or a :class:`Landing`."""
+
+    staging: bool
+    """Writers may stage a save in files inside the tier, which become its data files (host memory)."""
+
+    def map_file(self, path: str) -> memoryview:
+        """The bytes of the file ``path``, mapped without a copy (a private mapping: a write through
+        the view never reaches the file), for as long as the view lives. ``FileNotFoundError``."""
+
+    def own_directory(self, path: str) -> OwnedDirectory:
+        """Create the directory ``path`` and lock it as this process's own (a writer's staging
+        buffers, a mirror's spares): :meth:`owner_alive` answers True until the process exits or
+        closes the lock. The caller keeps its files in it by real path and removes them.
+        ``OSError`` if it cannot be created or is locked already."""
+
+    def owner_alive(self, path: str) -> bool | None:
+        """Whether the process that locked the directory ``path`` still runs; None when it holds
+        no lock file (:mod:`tierstore._platform.owners`)."""
+
+    def directory_mtime(self, path: str) -> float | None:
+        """When the directory ``path`` was last touched (epoch s), None if it is missing."""
+
+    def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
+        """A file of ``size`` bytes, its pages reserved, that becomes ``path`` through
+        :meth:`adopt` once its bytes are checked (``spare``: a file of that size reserved earlier
+        in this filesystem). ``OSError`` (ENOSPC) when there is no room."""
+
+    def adopt(self, path: str, source_file: str) -> None:
+        """Move ``source_file`` (durable, on this filesystem) to ``path`` without copying."""
+
+    def recycle(self, path: str, into: str) -> None:
+        """Move the file ``path`` out of the tier, without copying, to ``into`` (in a directory of
+        :meth:`own_directory`): its pages are reused instead of freed. When this returns, ``path``
+        no longer names it (both directories fsynced). ``ValueError`` unless it is a regular file
+        with one name, ``FileNotFoundError`` if it is absent."""
+
+    def remove_if_empty(self, path: str) -> None:
+        """Remove the directory ``path`` if, at that instant, nothing is in it (atomic: a file
+        created concurrently keeps it)."""
+
+    def space(self) -> Space:
+        """How full the filesystem holding the tier is. May block as long as a listing: ask it
+        within ``probe_timeout``."""
+
+
+def is_host_memory(tier: Tier) -> bool:
+    """True for a tier in this host's memory (writers stage in it): it cannot hang, so it is asked
+    without a deadline."""
+    return (local := tier.local) is not None and local.staging
 
 
 class Tier(abc.ABC):
@@ -151,15 +191,12 @@ class Tier(abc.ABC):
     root: str
     """Human-readable location of the tier root (directory or ``s3://`` URL)."""
     capabilities: Capabilities = Capabilities()
-    """What this tier can do (see :class:`Capabilities`)."""
-    mirror: MirrorConfig | None = None
-    """Peer mirroring of a node-local tier into a partner node's host memory (memory tiers)."""
-    namespace: str | None = None
-    """The namespace its root holds (``""``: none), set by :func:`~tierstore.tiers.make_tier`;
-    None for a tier made otherwise (unknown: markers are not checked against it)."""
-    signing: SigningKeys | None = None
-    """The job's signing keys, set by :func:`~tierstore.tiers.make_tier` when signing is on:
-    markers read from this tier must carry a valid signature (:mod:`tierstore.signing`)."""
+    """How its transfers are best made (see :class:`Capabilities`)."""
+
+    @property
+    def local(self) -> LocalFace | None:
+        """The verbs of files of this host (:class:`LocalFace`); None for a tier without them."""
+        return None
 
     def describe(self) -> str:
         """``name (type, root)`` for messages."""
@@ -184,25 +221,9 @@ class Tier(abc.ABC):
         """Durably publish a small file (a commit marker) in one atomic step.
 
         With ``create_only`` the publish fails with ``FileExistsError`` if ``path`` exists, so two
-        writers racing on one name cannot both succeed.
+        writers racing on one name cannot both succeed (the store enforces it where it can:
+        ``link``, ``If-None-Match: *``).
         """
-
-    def adopt(self, path: str, source_file: str) -> None:
-        """Move ``source_file`` (durable, on this tier's filesystem) to ``path`` without copying.
-
-        Only where ``capabilities.adopt``; elsewhere ``NotImplementedError``.
-        """
-        raise NotImplementedError(f"tier {self.describe()} cannot adopt files")
-
-    def recycle(self, path: str, into: str) -> None:
-        """Move the file ``path`` out of the tier, without copying, to ``into`` (a path in a
-        directory of this process's own, :meth:`own_directory`, on this tier's filesystem): its
-        pages are reused (a mirror's next landing file) instead of freed and allocated anew. When
-        this returns, ``path`` no longer names the file (both directories fsynced). Only a regular
-        file with no other name is moved: ``ValueError`` otherwise, ``FileNotFoundError`` if it
-        is absent. Only where ``capabilities.adopt``; elsewhere ``NotImplementedError`` (callers
-        then delete)."""
-        raise NotImplementedError(f"tier {self.describe()} cannot recycle files")
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -214,19 +235,15 @@ class Tier(abc.ABC):
         """Read the whole file."""
         return self.read_range(path, 0, None)
 
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` with ``len(out)`` bytes from ``offset``; ``EOFError`` if the file is shorter."""
-        data = self.read_range(path, offset, len(out))
-        if len(data) != len(out):
-            raise EOFError(f"{self.name}: {path}: expected {len(out)} bytes at {offset}")
-        out[:] = data
-
-    def read_scattered(self, path: str, offset: int, outs: Sequence[memoryview]) -> None:
-        """Fill ``outs`` in order with the bytes from ``offset`` on (one contiguous range);
-        ``EOFError`` if the file is shorter. Object stores override it with one request."""
-        for out in outs:
-            self.read_into(path, offset, out)
-            offset += len(out)
+    def read_into(self, path: str, offset: int, out: memoryview | Sequence[memoryview]) -> None:
+        """Fill ``out`` (one buffer, or several in order: one contiguous range) with the bytes from
+        ``offset`` on; ``EOFError`` if the file is shorter. Object stores make it one request."""
+        for view in [out] if isinstance(out, memoryview) else out:
+            data = self.read_range(path, offset, len(view))
+            if len(data) != len(view):
+                raise EOFError(f"{self.name}: {path}: expected {len(view)} bytes at {offset}")
+            view[:] = data
+            offset += len(view)
 
     def iter_chunks(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         """Yield the file in chunks (for checksums and copies)."""
@@ -234,39 +251,6 @@ class Tier(abc.ABC):
         size = self.stat(path).size
         for offset in range(0, size, chunk):
             yield self.read_range(path, offset, min(chunk, size - offset))
-
-    def map_file(self, path: str) -> memoryview:
-        """The bytes of the file ``path``, mapped into memory without a copy (a private mapping:
-        a write through the view never reaches the file); the mapping lasts as long as the view.
-        ``FileNotFoundError`` if absent. Only where ``capabilities.local_files``; elsewhere
-        ``NotImplementedError``."""
-        raise NotImplementedError(f"tier {self.describe()} has no local files to map ({path})")
-
-    def own_directory(self, path: str) -> OwnedDirectory:
-        """Create the directory ``path`` and lock it as this process's own (a writer's staging
-        buffers, a mirror's spare landing files): :meth:`owner_alive` answers True until the
-        process exits or closes the returned lock. The caller keeps its own files in it, by real
-        path, and removes them. ``OSError`` if it cannot be created or is locked already. Only
-        where ``capabilities.local_files``; elsewhere ``NotImplementedError``."""
-        raise NotImplementedError(f"tier {self.describe()} has no local directories ({path})")
-
-    def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
-        """A file of ``size`` bytes, its pages reserved, that becomes ``path`` through
-        :meth:`adopt` once its bytes are checked (``spare``: a file of that size reserved earlier
-        in this tier's filesystem). ``OSError`` (ENOSPC) when there is no room. Only where
-        ``capabilities.adopt``; elsewhere ``NotImplementedError``."""
-        raise NotImplementedError(f"tier {self.name} cannot land files to adopt")
-
-    def owner_alive(self, path: str) -> bool | None:
-        """Whether the process that locked the directory ``path`` (a writer's staging directory,
-        see :mod:`tierstore._platform.owners`) still runs: None when it holds no lock file. Only where
-        ``capabilities.local_files`` (a lock is a local file); elsewhere ``NotImplementedError``."""
-        raise NotImplementedError(f"tier {self.name} has no local files to lock")
-
-    def directory_mtime(self, path: str) -> float | None:
-        """When the directory ``path`` was last touched (epoch s), None if it is missing. Only where
-        ``capabilities.local_files``; elsewhere ``NotImplementedError``."""
-        raise NotImplementedError(f"tier {self.name} has no directories")
 
     # -- listing ---------------------------------------------------------------------------------
 
@@ -287,14 +271,10 @@ class Tier(abc.ABC):
         """Names of the direct children (files and directories) of ``path``; [] if it is absent."""
 
     @abc.abstractmethod
-    def find(self, path: str = "") -> list[FileInfo]:
-        """Every file below ``path``, recursively; [] if it is absent. Temporary files are hidden."""
-
-    def find_after(self, path: str, after: str) -> list[FileInfo]:
-        """The files below ``path`` (as :meth:`find`) whose tier-relative path sorts after
-        ``after``. Stores that list in key order start there (S3's ``StartAfter``); the others
-        list ``path`` and keep the rest."""
-        return [info for info in self.find(path) if info.path > after]
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
+        """Every file below ``path``, recursively, sorted by path; [] if it is absent. Temporary
+        files are hidden. ``after``: only those whose tier-relative path sorts after it (stores
+        that list in key order start there: S3's ``StartAfter``)."""
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """``{child: info}`` for every direct child directory of the root holding a file ``name``.
@@ -318,11 +298,6 @@ class Tier(abc.ABC):
     def delete_tree(self, path: str) -> None:
         """Delete ``path`` and everything below it; a missing tree is not an error."""
 
-    def remove_if_empty(self, path: str) -> None:
-        """Remove the directory ``path`` if, at that instant, nothing is in it (atomic: a file
-        created concurrently keeps it). Object stores have no empty directories: nothing to do."""
-        return None
-
     def incomplete_writes(self, *, idle_for: float, now: float) -> list[IncompleteWrite]:
         """Writes that never published and saw no byte for ``idle_for`` seconds (for cleanup).
 
@@ -334,17 +309,6 @@ class Tier(abc.ABC):
     def discard_incomplete(self, write: IncompleteWrite) -> None:
         """Remove one write listed by :meth:`incomplete_writes` (gone already is fine)."""
         self.delete(write.path)
-
-    def space(self) -> Space | None:
-        """How full the storage holding this tier is (for ``tierstore status``), or None when the
-        tier cannot tell (an object store has no capacity to report). May block as long as a
-        listing: ask it within ``probe_timeout``."""
-        return None
-
-    def observe_retries(self, callback: Callable[[BaseException], None] | None) -> None:
-        """Have ``callback`` told of each transient error retried (metrics); tiers that never
-        retry ignore it."""
-        return None
 
 
 class TierConfig(StrictModel):
@@ -382,5 +346,6 @@ class TierConfig(StrictModel):
         return None
 
     @abc.abstractmethod
-    def build(self, *, namespace: str | None, node: int) -> Tier:
-        """The tier, rooted at its location plus ``namespace``, as seen from ``node``."""
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> Tier:
+        """The tier, rooted at its location plus ``namespace``, as seen from ``node``; a tier that
+        retries tells ``on_retry`` of each transient error."""

@@ -1,6 +1,6 @@
 """Where a received mirror file lands: a hidden temp file beside its target, or a spare reserved ahead.
 
-A tier with local files hands one out (:meth:`Tier.open_landing`) to the peer mirror's receiver.
+A tier with local files hands one out (:meth:`LocalFace.open_landing`) to the peer mirror's receiver.
 Its pages are reserved before the first byte arrives (``posix_fallocate``; a spare's were reserved
 between rounds, :mod:`tierstore.dcp.mirror.spares`): a tier without room refuses the file at once
 with ENOSPC, and the writes that follow only fill pages that exist (a spare on a tmpfs is written

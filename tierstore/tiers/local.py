@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.posix import PosixTierConfig
 from tierstore.tiers.registry import register
 
 
@@ -14,8 +14,3 @@ class LocalTierConfig(PosixTierConfig):
 
     type: Literal["local"]
     node_local: ClassVar[bool] = True
-
-    def build(self, *, namespace: str | None, node: int) -> PosixTier:
-        """The tier on ``node``."""
-        directory = join_namespace(self.path_for(node), namespace)
-        return PosixTier(self.name, "local", directory, node_local=True)

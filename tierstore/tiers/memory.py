@@ -11,19 +11,18 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from tierstore.placement import MirrorConfig
-from tierstore.tiers.base import Capabilities
-from tierstore.tiers.posix import POSIX_CAPABILITIES, PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.base import RetryHook
+from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
 from tierstore.tiers.registry import register
 
 
 class MemoryTier(PosixTier):
     """Host memory (tmpfs), node-local; writers stage saves in files here."""
 
-    capabilities = Capabilities(**{**POSIX_CAPABILITIES.__dict__, "staging_files": True})
+    staging = True
 
-    def __init__(self, name: str, directory: str, *, mirror: MirrorConfig | None) -> None:
+    def __init__(self, name: str, directory: str) -> None:
         super().__init__(name, "memory", directory, node_local=True)
-        self.mirror = mirror
 
 
 @register
@@ -44,7 +43,7 @@ class MemoryTierConfig(PosixTierConfig):
     def _mirror_shorthand(cls, value: Any) -> Any:
         return MirrorConfig.from_yaml(value)
 
-    def build(self, *, namespace: str | None, node: int) -> MemoryTier:
-        """The tier on ``node``."""
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> MemoryTier:
+        """The tier on ``node`` (host memory never retries: no ``on_retry``)."""
         directory = join_namespace(self.path_for(node), namespace)
-        return MemoryTier(self.name, directory, mirror=self.mirror)
+        return MemoryTier(self.name, directory)

@@ -13,7 +13,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,11 @@ from tierstore._platform.mapping import map_private
 from tierstore._platform.owners import hold_owner_lock, owner_is_alive
 from tierstore.errors import TierUnavailableError
 from tierstore.tiers.base import (
-    Capabilities,
     FileInfo,
     IncompleteWrite,
+    LocalFace,
     OwnedDirectory,
+    RetryHook,
     Space,
     Tier,
     TierConfig,
@@ -57,7 +58,6 @@ _ADVICE = {
     errno.ENOENT: "check that the tier's directory exists",
 }
 """What to do about each error that makes a directory tier unusable (said in its message)."""
-POSIX_CAPABILITIES = Capabilities(local_files=True, adopt=True, create_only_publish=True)
 
 
 def join_namespace(path: str, namespace: str | None) -> str:
@@ -81,6 +81,11 @@ class PosixTierConfig(TierConfig):
             return {**data, "path": str(base / data["path"])}
         return data
 
+    def build(self, *, namespace: str | None, node: int, on_retry: RetryHook | None = None) -> PosixTier:
+        """The tier on ``node`` (a directory never retries: no ``on_retry``)."""
+        directory = join_namespace(self.path_for(node), namespace)
+        return PosixTier(self.name, self.type, directory, node_local=self.node_local)
+
     def check_usable(self, *, node: int, namespace: str | None) -> tuple[str, str] | None:
         """Create the directory if needed and prove it writable."""
         directory = Path(join_namespace(self.path_for(node), namespace))
@@ -95,9 +100,9 @@ class PosixTierConfig(TierConfig):
 
 
 class PosixTier(Tier):
-    """A tier that is a directory: ``<path>/<namespace>``."""
+    """A tier that is a directory: ``<path>/<namespace>``; its own :class:`LocalFace`."""
 
-    capabilities = POSIX_CAPABILITIES
+    staging = False
 
     def __init__(self, name: str, type_: str, directory: str, *, node_local: bool) -> None:
         self.name = name
@@ -106,17 +111,21 @@ class PosixTier(Tier):
         self.base = Path(directory)
         self.root = str(self.base)
 
+    @property
+    def local(self) -> LocalFace:
+        """This tier: its files are files of this host."""
+        return self
+
     def _path(self, path: str) -> Path:
         return self.base / path if path else self.base
 
     def local_path(self, path: str) -> str:
         """The real path of ``path`` in this tier: the adapters' own, and the tests' (to damage a
-        file on purpose). Not part of the :class:`Tier` seam: callers elsewhere use its verbs
-        (:meth:`map_file`, :meth:`own_directory`, :meth:`open_landing`)."""
+        file on purpose). Not part of the :class:`Tier` seam: callers elsewhere use :attr:`local`."""
         return str(self._path(path))
 
     def map_file(self, path: str) -> memoryview:
-        """See :meth:`Tier.map_file` (:func:`~tierstore._platform.mapping.map_private`: pages are
+        """See :meth:`LocalFace.map_file` (:func:`~tierstore._platform.mapping.map_private`: pages are
         shared with the page cache until written, a write never reaches the file, the page tables
         are filled at once, and a forked child inherits neither the mapping nor a descriptor)."""
         real = str(self._path(path))
@@ -136,21 +145,21 @@ class PosixTier(Tier):
                 close_unshared(fd)
 
     def own_directory(self, path: str) -> OwnedDirectory:
-        """See :meth:`Tier.own_directory` (an exclusive ``flock`` on its lock file,
+        """See :meth:`LocalFace.own_directory` (an exclusive ``flock`` on its lock file,
         :mod:`tierstore._platform.owners`)."""
         directory = str(self._path(path))
         return OwnedDirectory(directory, hold_owner_lock(directory))
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
-        """See :meth:`Tier.open_landing`."""
+        """See :meth:`LocalFace.open_landing`."""
         return Landing(str(self._path(path)), size, spare)
 
     def owner_alive(self, path: str) -> bool | None:
-        """See :meth:`Tier.owner_alive`."""
+        """See :meth:`LocalFace.owner_alive`."""
         return owner_is_alive(str(self._path(path)))
 
     def directory_mtime(self, path: str) -> float | None:
-        """See :meth:`Tier.directory_mtime`."""
+        """See :meth:`LocalFace.directory_mtime`."""
         try:  # a string, not a Path: a promoter's pass asks this for every generation it keeps
             return os.stat(f"{self.root}/{path}" if path else self.root).st_mtime
         except (FileNotFoundError, NotADirectoryError):
@@ -277,7 +286,7 @@ class PosixTier(Tier):
         fsync_dir(Path(source_file).parent)
 
     def recycle(self, path: str, into: str) -> None:
-        """See :meth:`Tier.recycle` (``rename``; fsync both directories)."""
+        """See :meth:`LocalFace.recycle` (``rename``; fsync both directories)."""
         source = self._path(path)
         info = os.lstat(source)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
@@ -303,17 +312,18 @@ class PosixTier(Tier):
             f.seek(offset)
             return f.read() if length is None else _read_exact(f, length)
 
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+    def read_into(self, path: str, offset: int, out: memoryview | Sequence[memoryview]) -> None:
         """``preadv`` straight into ``out`` (e.g. a tensor's memory): no intermediate copy."""
         with self._reading(path):
             fd = os.open(self._path(path), os.O_RDONLY)
             try:
-                view = out.cast("B")
-                while view:
-                    got = os.preadv(fd, [view], offset)
-                    if got == 0:
-                        raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
-                    view, offset = view[got:], offset + got
+                for buffer in [out] if isinstance(out, memoryview) else out:
+                    view = buffer.cast("B")
+                    while view:
+                        got = os.preadv(fd, [view], offset)
+                        if got == 0:
+                            raise EOFError(f"{self.name}: {path}: file ends before byte {offset}")
+                        view, offset = view[got:], offset + got
             finally:
                 os.close(fd)
 
@@ -346,8 +356,8 @@ class PosixTier(Tier):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def find(self, path: str = "") -> list[FileInfo]:
-        """All files below ``path`` (temp files hidden)."""
+    def find(self, path: str = "", *, after: str | None = None) -> list[FileInfo]:
+        """All files below ``path`` (temp files hidden), past ``after`` if given."""
         start = self._path(path)
         found: list[FileInfo] = []
         for directory, _dirs, files in os.walk(start):
@@ -363,7 +373,7 @@ class PosixTier(Tier):
                 except FileNotFoundError:
                     continue  # deleted while we walked
                 found.append(FileInfo(prefix + name, result.st_size, result.st_mtime))
-        return sorted(found, key=lambda f: f.path)
+        return sorted((f for f in found if after is None or f.path > after), key=lambda f: f.path)
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """One ``scandir`` of the root, one ``stat`` per child: no walk of the data files."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import typing
 
-from tierstore.signing import SigningKeys
-from tierstore.tiers.base import Tier, TierConfig
+from tierstore.tiers.base import RetryHook, Tier, TierConfig
 
 _TYPES: dict[str, type[TierConfig]] = {}
 
@@ -42,11 +41,7 @@ def config_model(type_name: str) -> type[TierConfig] | None:
 
 
 def make_tier(
-    config: TierConfig, *, namespace: str | None, node: int, signing: SigningKeys | None = None
+    config: TierConfig, *, namespace: str | None, node: int, on_retry: RetryHook | None = None
 ) -> Tier:
-    """Build the adapter for one configured tier, as seen from ``node`` (markers read from it are
-    checked with ``signing``, when given)."""
-    tier = config.build(namespace=namespace, node=node)
-    tier.namespace = namespace or ""
-    tier.signing = signing
-    return tier
+    """Build the adapter for one configured tier, as seen from ``node`` (see :meth:`TierConfig.build`)."""
+    return config.build(namespace=namespace, node=node, on_retry=on_retry)

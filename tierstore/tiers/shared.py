@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from tierstore.tiers.posix import PosixTier, PosixTierConfig, join_namespace
+from tierstore.tiers.posix import PosixTierConfig
 from tierstore.tiers.registry import register
 
 
@@ -25,7 +25,3 @@ class SharedTierConfig(PosixTierConfig):
         if "{node}" in value:
             raise ValueError("'{node}' is only for node-local tiers (memory, local)")
         return value
-
-    def build(self, *, namespace: str | None, node: int) -> PosixTier:
-        """The tier (the same on every node)."""
-        return PosixTier(self.name, "shared", join_namespace(self.path, namespace), node_local=False)

@@ -20,6 +20,7 @@ from tierstore.placement import place
 from tierstore.records.marker import FileEntry, Manifest, entry_problem, file_digests, read_manifest
 from tierstore.records.mirror import held_mirrors, mirrored_commits
 from tierstore.records.parts import part_records
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.topology import current_host
 
@@ -56,21 +57,23 @@ class NodeProbe:
     host: str = ""
 
 
-def probe_node(tier: Tier, checkpoint_id: str, node_local: Iterable[Tier] = ()) -> NodeProbe:
+def probe_node(
+    tier: Tier, checkpoint_id: str, trust: MarkerTrust, node_local: Iterable[Tier] = ()
+) -> NodeProbe:
     """See :class:`NodeProbe`; ``node_local``: the node's node-local tiers to gather evidence from
-    (the mirrored ``tier`` is always one)."""
+    (the mirrored ``tier`` is always one); their markers read with ``trust``."""
     found: list[bytes] = []
     with contextlib.suppress(FileNotFoundError):
         found.append(tier.read_bytes(marker_path(checkpoint_id)))
     probe = NodeProbe(found + mirrored_commits(tier, checkpoint_id), host=current_host())
     for local in {t.name: t for t in [tier, *node_local]}.values():
-        _gather_evidence(local, checkpoint_id, probe)
+        _gather_evidence(local, checkpoint_id, probe, trust)
     return probe
 
 
-def _gather_evidence(tier: Tier, checkpoint_id: str, probe: NodeProbe) -> None:
+def _gather_evidence(tier: Tier, checkpoint_id: str, probe: NodeProbe, trust: MarkerTrust) -> None:
     with contextlib.suppress(FileNotFoundError, IntegrityError):  # a bad marker proves nothing
-        marker = read_manifest(tier, checkpoint_id)
+        marker = read_manifest(tier, checkpoint_id, trust=trust)
         probe.own[tier.name] = (marker.generation, marker.seq)
     for generation, records in part_records(tier, checkpoint_id).items():
         if records and records[0].seq is not None:

@@ -328,7 +328,7 @@ class ExchangeWaits:
         self._count = 0
         # handover() runs on DCP's thread that pickles the writer, wait() on the trainer's.
         self._lock = threading.Lock()
-        lock = tier.own_directory(self._directory).lock if tier.capabilities.local_files else None
+        lock = local.own_directory(self._directory).lock if (local := tier.local) else None
         # At exit (however the trainer leaves: no close()), the directory goes with its lock.
         self._finalizer = finalize(self, _remove_waits, tier, self._directory, lock)
 

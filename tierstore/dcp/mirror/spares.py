@@ -42,10 +42,19 @@ from tierstore._platform.forks import close_unshared, open_unshared
 from tierstore._platform.mapping import Mapping, is_tmpfs, map_shared
 from tierstore._platform.owners import owner_dir_name
 from tierstore._platform.runtime import finalize
+from tierstore.errors import TierstoreError
 from tierstore.ids import writer_staging_dir
-from tierstore.tiers import Tier
+from tierstore.tiers import LocalFace, Tier
 
 logger = logging.getLogger(__name__)
+
+
+def files_of(tier: Tier) -> LocalFace:
+    """The local files of the tier a peer mirror lives in (host memory); :class:`TierstoreError`
+    for a tier without them."""
+    if (local := tier.local) is None:
+        raise TierstoreError(f"tier {tier.describe()} has no local files to mirror")
+    return local
 
 
 class Spares:
@@ -111,15 +120,16 @@ class Spares:
         left where it is, for the caller to delete) otherwise. It is mapped (on a tmpfs) between
         rounds, by :meth:`refill`, or when :meth:`take` hands it out: not here, within the round
         that recycles it, before its end (256 MiB of page tables take about 0.02 s to fill)."""
-        if not size or len(self._files[size]) >= self._wanted[size]:
+        local = self.tier.local
+        if not size or len(self._files[size]) >= self._wanted[size] or local is None:
             return False
         try:
             into = os.path.join(self._home(), f"mirror-spare-{uuid.uuid4().hex[:12]}")
             with _node_lock(os.path.dirname(self._home())):  # as refill: the ranks in turn
                 if _free(self._home()) < self.keep_free:
                     return False
-                self.tier.recycle(path, into)
-        except (OSError, ValueError, NotImplementedError) as exc:
+                local.recycle(path, into)
+        except (OSError, ValueError) as exc:
             logger.info("peer mirror: %s not recycled (%s): deleted", path, exc)
             return False
         self._files[size].append(into)
@@ -205,7 +215,7 @@ class Spares:
 
     def _home(self) -> str:
         if self._directory is None:
-            home = self.tier.own_directory(writer_staging_dir(owner_dir_name()))
+            home = files_of(self.tier).own_directory(writer_staging_dir(owner_dir_name()))
             finalize(self, _remove_home, home.path, home.lock)
             self._directory = home.path
         return self._directory

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from tierstore._platform.mapping import Mapping, populate_for_reading
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
-from tierstore.dcp.mirror.spares import Spares
-from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
+from tierstore.dcp.mirror.spares import Spares, files_of
+from tierstore.errors import IntegrityError, TierUnavailableError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers import Landing, Tier
 
@@ -47,11 +47,11 @@ def bytes_of(tensor: torch.Tensor) -> memoryview:
 
 def map_file(tier: Tier, path: str, size: int) -> torch.Tensor:
     """The first ``size`` bytes of the file ``path`` of ``tier`` as a uint8 tensor, mapped
-    (:meth:`~tierstore.tiers.Tier.map_file`: nothing is copied, and nothing written to the tensor
+    (:meth:`~tierstore.tiers.LocalFace.map_file`: nothing is copied, and nothing written to the tensor
     reaches the file). :class:`~tierstore.errors.IntegrityError` if the file is shorter."""
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
-    view = tier.map_file(path)
+    view = files_of(tier).map_file(path)
     if len(view) < size:
         raise IntegrityError(f"tier {tier.name}: {path}: {len(view)} bytes, the marker says {size}")
     return torch.frombuffer(view, dtype=torch.uint8, count=size)  # the tensor keeps the mapping
@@ -136,7 +136,7 @@ def receive_file(
     Chunks arrive in rotating buffers kept warm from file to file (``spares``' own, else fresh
     ones), :data:`AHEAD` receives always posted, so the next chunks travel while one is summed
     (CRC32C) and written. The file's pages are reserved before the first chunk
-    (:meth:`~tierstore.tiers.Tier.open_landing`; a spare of its size reserved between rounds
+    (:meth:`~tierstore.tiers.LocalFace.open_landing`; a spare of its size reserved between rounds
     saves even that): a full tier is a clean ENOSPC (:class:`~tierstore.errors.TierUnavailableError`)
     naming the tier and path. A spare that ``spares`` mapped (a tmpfs) is received into
     directly: gloo writes the bytes into the file's pages and only their CRC32C is taken here, and
@@ -180,7 +180,7 @@ def receive_file(
             )
         incoming.mapped = None
         mapped.close(unmap=True)  # every receive done; before the name: no committed file mapped
-        tier.adopt(path, landing.seal())
+        files_of(tier).adopt(path, landing.seal())
     finally:
         if incoming is not None:
             incoming.drain()
@@ -197,7 +197,7 @@ def receive_file(
 
 def _open_landing(tier: Tier, path: str, size: int, spare: str | None) -> Landing:
     try:
-        return tier.open_landing(path, size, spare)
+        return files_of(tier).open_landing(path, size, spare)
     except OSError as exc:
         raise TierUnavailableError(
             f"tier {tier.describe()}: cannot take the peer mirror {path!r}"
@@ -312,10 +312,7 @@ def check_room(tier: Tier, directory: str, needed: int) -> None:
     margin) do not fit in the tier's filesystem (``directory`` is where they would go)."""
     if not needed:
         return
-    space = tier.space()
-    if space is None:
-        raise TierstoreError(f"tier {tier.describe()} has no local files to mirror")
-    free = space.free
+    free = files_of(tier).space().free
     if free < needed + SPACE_MARGIN:
         raise TierUnavailableError(
             f"tier {tier.describe()}: {directory}: a peer mirror needs {needed} bytes"

@@ -33,7 +33,8 @@ from tierstore.ids import is_newer_commit, marker_path
 from tierstore.records.known import elsewhere_for
 from tierstore.records.marker import Manifest, copy_problems, parse_marker, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trusted
-from tierstore.tiers import Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger(__name__)
 NO_MARKER = "no commit marker"
@@ -55,6 +56,7 @@ def _check_share(
     tiers: list[Tier],
     manifests: dict[int, Manifest],
     *,
+    mirrored: str | None,
     rank: int,
     world: int,
     rank_nodes: list[int],
@@ -65,7 +67,7 @@ def _check_share(
     held: dict[int, dict[str, str]] = {}
     for index, manifest in manifests.items():
         tier = tiers[index]
-        if tier.mirror is not None:
+        if tier.name == mirrored:
             share = inventory.node_share(manifest, rank, rank_nodes)
             try:
                 held[index] = inventory.held_here(tier, manifest, share, verify=verify)
@@ -97,7 +99,7 @@ def _check_share(
 
 
 def _probe_mirrored(
-    tiers: list[Tier], checkpoint_id: str, indexes: list[int]
+    tiers: list[Tier], checkpoint_id: str, indexes: list[int], mirrored: str | None, trust: MarkerTrust
 ) -> dict[int, inventory.NodeProbe]:
     """Every rank: what its node holds for each mirrored tier among ``indexes`` (markers, own and
     mirrored; parts)."""
@@ -105,16 +107,16 @@ def _probe_mirrored(
     node_local = [t for t in tiers if t.node_local]  # evidence of newer saves: every one of them
     for index in indexes:
         tier = tiers[index]
-        if tier.mirror is not None:
+        if tier.name == mirrored:
             try:
-                found[index] = inventory.probe_node(tier, checkpoint_id, node_local)
+                found[index] = inventory.probe_node(tier, checkpoint_id, trust, node_local)
             except Exception as exc:  # noqa: BLE001 - a node that cannot be read holds nothing
                 logger.warning("restore of %s: cannot probe %s: %s", checkpoint_id, tier.name, exc)
     return found
 
 
 def _newest_marker(
-    tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe]
+    tier: Tier, blobs: list[bytes], reasons: list[str], probes: list[inventory.NodeProbe], trust: MarkerTrust
 ) -> tuple[bytes | None, str | None, tuple[int, str] | None]:
     """The newest commit among markers found on any node (own or mirrored copies); none when live
     nodes hold evidence of a newer save of the id (see :func:`inventory.newer_saves`), whose
@@ -122,7 +124,7 @@ def _newest_marker(
     best: Manifest | None = None
     for blob in set(blobs):
         try:
-            manifest = parse_marker(tier, blob, where=f"tier {tier.name}")
+            manifest = parse_marker(blob, where=f"tier {tier.name}", trust=trust)
         except Exception as exc:  # noqa: BLE001 - one bad copy; others may do
             reasons.append(str(exc))
             continue
@@ -209,10 +211,7 @@ def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sigh
     """The sightings in ``tier`` (none when they cannot be read: then the tiers are asked)."""
     try:
         found: dict[str, Sighting] = prober.ask(
-            tier.name,
-            lambda: read_sightings(tier),
-            what="read sightings",
-            direct=tier.capabilities.staging_files,
+            tier.name, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
         logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tier.name, exc)
@@ -224,10 +223,11 @@ def _probe_window(
     tiers: list[Tier],
     checkpoint_id: str,
     start: int,
+    trust: MarkerTrust,
     *,
     known: Known,
     prober: Prober,
-    before_probe: Callable[[int], None],
+    before: Callable[[int], None],
 ) -> list[tuple[int, bytes | None, str | None]]:
     """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
     commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
@@ -238,13 +238,13 @@ def _probe_window(
     window: list[tuple[int, bytes | None, str | None]] = []
     for index in range(start, len(tiers)):
         tier = tiers[index]
-        before_probe(index)
+        before(index)
         try:
             manifest = prober.ask(
                 tier.name,
-                functools.partial(read_manifest, tier, checkpoint_id),
+                functools.partial(read_manifest, tier, checkpoint_id, trust=trust),
                 what=f"read the marker of {checkpoint_id}",
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except FileNotFoundError:
             window.append((index, None, NO_MARKER))
@@ -281,7 +281,7 @@ def _with_unanswered(
 
 
 def _with_window(
-    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]]
+    known: Known, tiers: list[Tier], window: list[tuple[int, bytes | None, str | None]], trust: MarkerTrust
 ) -> Known:
     """``known`` and the commits whose markers a window read (usable or not)."""
     commits = dict(known.commits)
@@ -289,7 +289,7 @@ def _with_window(
         if blob is None:
             continue
         try:
-            manifest = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
+            manifest = parse_marker(blob, where=f"tier {tiers[index].name}", trust=trust)
         except Exception as exc:  # noqa: BLE001 - a marker that does not parse says nothing
             logger.debug("ignoring the marker of tier %s: %s", tiers[index].name, exc)
             continue
@@ -331,6 +331,8 @@ def choose_copy(
     tiers: list[Tier],
     checkpoint_id: str,
     *,
+    trust: MarkerTrust,
+    mirrored: str | None,
     node: int,
     verify: bool,
     group: dist.ProcessGroup | None = None,
@@ -345,12 +347,14 @@ def choose_copy(
     Tiers are looked at fastest first, in windows: the coordinator reads markers until one holds
     the newest known commit of the id (see :func:`_probe_window`), every rank checks its share of
     the window's copies, and only if none is usable is the next window looked at. So a restore
-    served by host memory asks nothing of S3. ``before_probe(index)`` runs on every rank before it
-    looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps tier indexes
-    already found unusable (and why) to skip; ``prober`` bounds each marker read (default: 10 s);
-    a sighting older than ``sighting_trust`` seconds is not trusted (the promoter is not running).
-    With ``collective=False`` this process decides alone, as a job of one rank would. Raises
-    :class:`CheckpointNotFoundError` listing every tier looked at and why it was skipped.
+    served by host memory asks nothing of S3. ``trust`` reads the markers; ``mirrored`` names the
+    mirrored tier (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every
+    rank before it looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps
+    tier indexes already found unusable (and why) to skip; ``prober`` bounds each marker read
+    (default: 10 s); a sighting older than ``sighting_trust`` seconds is not trusted (the promoter
+    is not running). With ``collective=False`` this process decides alone, as a job of one rank
+    would. Raises :class:`CheckpointNotFoundError` listing every tier looked at and why it was
+    skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
     prober = prober or Prober(10.0)
@@ -361,7 +365,7 @@ def choose_copy(
     start = 0
     while start < len(tiers):
         window = (
-            _probe_window(tiers, checkpoint_id, start, known=known, prober=prober, before_probe=before_probe)
+            _probe_window(tiers, checkpoint_id, start, trust, known=known, prober=prober, before=before_probe)
             if rank == 0
             else []
         )
@@ -378,6 +382,8 @@ def choose_copy(
             window,
             known,
             reasons,
+            trust=trust,
+            mirrored=mirrored,
             node=node,
             verify=verify,
             group=group,
@@ -390,7 +396,7 @@ def choose_copy(
             return choice
         # A later window's copies count only if they hold the newest commit the earlier windows
         # showed (their unusable copies included: a newer commit spread over nodes, say).
-        known = _with_window(known, tiers, window)
+        known = _with_window(known, tiers, window, trust)
         start = window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
     lines.append(
@@ -409,6 +415,8 @@ def _choose_in_window(
     known: Known,
     reasons: dict[int, list[str]],
     *,
+    trust: MarkerTrust,
+    mirrored: str | None,
     node: int,
     verify: bool,
     group: dist.ProcessGroup | None,
@@ -422,17 +430,17 @@ def _choose_in_window(
     commits the window's mirrored tiers showed (the same on every rank)."""
     indexes = [index for index, _blob, _reason in window]
     found: dict[int, tuple[bytes | None, str | None]] = {i: (b, r) for i, b, r in window}
-    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes))
+    mine = (node, _probe_mirrored(tiers, checkpoint_id, indexes, mirrored, trust))
     everyone = all_gather_object(mine, group) if collective else [mine]
     rank_nodes = [n for n, _ in everyone]
     for index in indexes:
-        if tiers[index].mirror is not None:
+        if tiers[index].name == mirrored:
             blob, reason = found[index]
             blobs = [blob] if blob is not None else []
             probes = [p[index] for _, p in everyone if index in p]
             blobs += [b for probe in probes for b in probe.markers]
             other = [] if reason in (None, NO_MARKER) else [f"node of rank 0: {reason}"]
-            blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes)
+            blob, reason, evidence = _newest_marker(tiers[index], blobs, other, probes, trust)
             found[index] = (blob, reason)
             if evidence is not None:  # a newer commit than any marker held: it decides "newest"
                 commits = {**known.commits, tiers[index].name: evidence}
@@ -442,7 +450,7 @@ def _choose_in_window(
         if blob is None:
             reasons[index] = [reason or NO_MARKER]
         else:
-            manifests[index] = parse_marker(tiers[index], blob, where=f"tier {tiers[index].name}")
+            manifests[index] = parse_marker(blob, where=f"tier {tiers[index].name}", trust=trust)
     _keep_only_the_newest_commit(tiers, manifests, reasons, known)
     for index, reason in excluded.items():
         if index in manifests or index in found:
@@ -450,7 +458,9 @@ def _choose_in_window(
             reasons[index] = [reason]
     local: tuple[dict[int, list[str]], dict[int, dict[str, str]]] | Exception
     try:
-        local = _check_share(tiers, manifests, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify)
+        local = _check_share(
+            tiers, manifests, mirrored=mirrored, rank=rank, world=world, rank_nodes=rank_nodes, verify=verify
+        )
     except Exception as exc:  # noqa: BLE001 - carried to every rank, raised after the collective
         local = exc
     gathered: list[Any] = all_gather_object(local, group) if collective else [local]
@@ -460,7 +470,7 @@ def _choose_in_window(
     findings: list[dict[int, list[str]]] = [problems for problems, _ in gathered]
     holdings: dict[int, inventory.Holdings] = {}
     for index, manifest in manifests.items():
-        if tiers[index].mirror is not None:
+        if tiers[index].name == mirrored:
             holdings[index] = inventory.by_node([h.get(index, {}) for _, h in gathered], rank_nodes)
             findings.append({index: inventory.unheld(manifest, holdings[index])})
     for index, manifest in manifests.items():

@@ -42,7 +42,7 @@ def read_data(session: RestoreSession, plan: LoadPlan, planner: LoadPlanner) -> 
     )
     try:
         requests = _serve_from_peers(session, requests, planner)
-        if session.signing:  # byte items are unpickled: only from bytes checked as they are read
+        if session.trust.keys is not None:  # byte items are unpickled: only from bytes checked on read
             _read_whole_files(
                 session, [r for r in requests if r[0].type == LoadItemType.BYTE_IO], planner, signed=True
             )
@@ -50,7 +50,7 @@ def read_data(session: RestoreSession, plan: LoadPlan, planner: LoadPlanner) -> 
         # Saved before items carried a CRC32C: their files are read whole and checked.
         _read_whole_files(session, [r for r in requests if r[1].crc is None], planner)
         requests = [r for r in requests if r[1].crc is not None]
-        if tier.capabilities.local_files:
+        if tier.local is not None:
             _read_local(session, requests, planner)
         else:
             _read_objects(session, requests, planner)
@@ -125,11 +125,12 @@ def _serve_from_peers(
     """Mirrored memory tier: receive the files this node lacks from peers (a collective every
     rank joins), load their items from memory; returns the requests left to read locally."""
     choice, tier = session.choice, session.tier
-    if choice is None or choice.holdings is None or tier is None or tier.mirror is None:
+    mirror = None if tier is None else session.config.mirror_of(tier.name)
+    if choice is None or choice.holdings is None or tier is None or mirror is None:
         return requests
     if not session.collective:
         return requests  # alone: no peer sends anything
-    groups = job_groups(tier.mirror.timeout)
+    groups = job_groups(mirror.timeout)
     if groups is None:
         return requests
     received = fetch_missing(
@@ -139,7 +140,7 @@ def _serve_from_peers(
         choice.rank_nodes,
         {location.path for _, location in requests},
         group=groups.restore,
-        timeout_s=tier.mirror.timeout,
+        timeout_s=mirror.timeout,
     )
     for item, location in requests:
         if location.path in received:

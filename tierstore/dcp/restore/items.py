@@ -156,7 +156,7 @@ def read_item(
 ) -> None:
     """Read an item into ``out`` from the chosen ``tier``, checked against its CRC32C."""
     # POSIX: chunked reads, each summed while cache-hot; an object store: one request.
-    chunk = CHUNK if tier.capabilities.local_files else max(1, len(out))
+    chunk = CHUNK if tier.local is not None else max(1, len(out))
     fill = functools.partial(tier.read_into, full)
     read_checked(fill, location, out, tier=tier.name, full=full, attempts=attempts, chunk=chunk)
 
@@ -211,7 +211,7 @@ def _read_in_place(
     """``preadv`` straight into the destination when it is exactly the stored chunk."""
     tier = session.tier
     assert tier is not None
-    if not tier.capabilities.local_files:
+    if tier.local is None:
         return False
     target = in_place_target(item, location, planner)
     if target is None:

@@ -37,7 +37,7 @@ from tierstore.tiers import Tier
 def read_metadata(session: RestoreSession) -> Metadata:
     """Choose the tier (collectively) and return DCP's metadata from it; on failure every
     ``read`` record is released."""
-    mirrored = [t.mirror for t in session.tiers if t.mirror is not None]
+    mirrored = [m for t in session.tiers if (m := session.config.mirror_of(t.name)) is not None]
     if mirrored and session.collective:  # every rank reads metadata; created once per job
         job_groups(mirrored[0].timeout)
     try:
@@ -54,6 +54,8 @@ def _choose_and_read(session: RestoreSession) -> Metadata:
         choice = choose_copy(
             tiers,
             checkpoint_id,
+            trust=session.trust,
+            mirrored=session.config.mirrored,
             node=session.node,
             verify=session.verify,
             group=session.process_group,

@@ -93,7 +93,7 @@ def read_object(
         read_items(session, requests, planner)
         return
     with ThreadPoolExecutor(max(1, tier.capabilities.read_count), thread_name_prefix="tierstore-get") as pool:
-        list(pool.map(lambda p: tier.read_scattered(full, p.offset, p.outs), cut))
+        list(pool.map(lambda p: tier.read_into(full, p.offset, p.outs), cut))
     session.count(sum(length for _, length in same))
     for location, data in checks:  # S3 sends no checksum for a range: ours, before use
         if not is_intact(location, data):

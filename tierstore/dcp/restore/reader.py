@@ -74,10 +74,11 @@ class TieredReader(StorageReader):
         super().__init__()
         self.config = as_config(config)
         self.node = current_node(node)
-        self.signing = self.config.signing.keys() is not None
+        self.trust = self.config.marker_trust()
         # With the job's key, every file is checked against its signed SHA-256 before the tier is
         # chosen: a tier writer could otherwise swap a data file whose byte items DCP unpickles.
-        self.verify = (self.config.verify_on_load if verify is None else verify) or self.signing
+        signing = self.trust.keys is not None
+        self.verify = (self.config.verify_on_load if verify is None else verify) or signing
         self.collective = collective
         self.process_group = process_group if collective else ALONE
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
@@ -136,7 +137,7 @@ class TieredReader(StorageReader):
             tiers=self.tiers(),
             node=self.node,
             verify=self.verify,
-            signing=self.signing,
+            trust=self.trust,
             collective=self.collective,
             process_group=self.process_group,
             prober=self._prober,

@@ -21,7 +21,8 @@ from tierstore.dcp.mirror import stored_path
 from tierstore.dcp.restore.choice import Choice
 from tierstore.ids import checkpoint_file
 from tierstore.records.activity import Activity, hold
-from tierstore.tiers import Tier
+from tierstore.signing import MarkerTrust
+from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger("tierstore.dcp.reader")
 """The restore's logger, every step's: the name users configure (see examples/quickstart.py)."""
@@ -35,7 +36,7 @@ class RestoreSession:
     tiers: list[Tier]
     node: int
     verify: bool
-    signing: bool
+    trust: MarkerTrust  # the markers it reads: the job's namespace, signed by its keys
     collective: bool
     process_group: Any  # the group passed to dcp.load, None (the default one) or collectives.ALONE
     prober: Prober  # the reader's: a tier found hung is skipped by its later loads
@@ -71,7 +72,7 @@ class RestoreSession:
                 announce,
                 what="announce the restore",
                 on_late=Activity.release,
-                direct=tier.capabilities.staging_files,
+                direct=is_host_memory(tier),
             )
         except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
             logger.warning(

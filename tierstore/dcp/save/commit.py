@@ -27,6 +27,7 @@ from tierstore.records.known import Elsewhere
 from tierstore.records.marker import FileEntry, Manifest, read_manifest, signed
 from tierstore.records.protocol import drop, publish, renumber
 from tierstore.records.sightings import Sighting, read_sightings
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def finish(session: SaveSession, metadata: Metadata, results: list[list[WriteRes
     try:
         manifest = _commit(session, gen, metadata, results)
     except BaseException as exc:
-        landed = published(session.tier, ckpt, gen)
+        landed = published(session.tier, ckpt, gen, session.trust)
         session.stop_writing(committed=landed is not None)
         if mirror is not None:
             tell_mirror(mirror, landed, exc)
@@ -85,7 +86,7 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
     meta_rel = metadata_file(gen)
     tier.write_bytes(checkpoint_file(ckpt, meta_rel), blob)
     kill_point("writer.metadata_written")
-    keys = tier.signing
+    keys = session.trust.keys
     digest = sha256_hex(blob) if keys is not None else None
     files.append(FileEntry(meta_rel, len(blob), crc32c(blob), None, session.node, digest))
     sightings = read_sightings(tier)
@@ -103,12 +104,14 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
         namespace=session.config.namespace or "",
     )
     manifest = signed(manifest, keys)  # last: the signature covers every field above
-    ttl = session.config.promote.activity_ttl
+    ttl, trust, replace = session.config.promote.activity_ttl, session.trust, session.overwrite
     try:
-        if not session.overwrite:  # one id, one content: again, just before
+        if not replace:  # one id, one content: again, just before
             refuse_committed_id(tier, elsewhere, ckpt, sightings)
-        replaced = marker(tier, ckpt) if session.overwrite else None
-        existing = publish(tier, manifest, replace=session.overwrite, node=session.node, log=False, ttl=ttl)
+        replaced = marker(tier, ckpt, trust) if replace else None
+        existing = publish(
+            tier, manifest, trust=trust, replace=replace, node=session.node, log=False, ttl=ttl
+        )
         if existing is not None:
             raise CheckpointExistsError(
                 f"checkpoint {ckpt!r} was committed in tier {tier.describe()} by another"
@@ -117,7 +120,7 @@ def _commit(session: SaveSession, gen: str, metadata: Metadata, results: list[li
     except CheckpointExistsError:
         session.stop_writing()  # this save's own record would keep its files
         try:  # gc removes what is left
-            drop(tier, ckpt, gen, committed=False, ttl=ttl)
+            drop(tier, ckpt, gen, trust=trust, committed=False, ttl=ttl)
         except Exception as cleanup:  # noqa: BLE001 - best effort
             logger.warning("cleanup failed: %s", cleanup)
         raise
@@ -144,10 +147,10 @@ def _seq_at_commit(session: SaveSession, gen: str, known: int) -> int:
 
 def _topology(session: SaveSession) -> dict[str, Any] | None:
     """The saving job's nodes and hosts, recorded when the tier mirrors (placement input)."""
-    if session.tier.mirror is None:
+    if (mirror := session.mirror) is None:
         return None
     hosts = {str(r.node): r.host for r in session.reports}
-    return {"hosts": hosts, "mirror_stride": session.tier.mirror.stride}
+    return {"hosts": hosts, "mirror_stride": mirror.stride}
 
 
 def _timings(session: SaveSession, committed_at: float) -> dict[str, float | None]:
@@ -183,22 +186,22 @@ def refuse_committed_id(
         )
 
 
-def marker(tier: Tier, checkpoint_id: str) -> Manifest | None:
+def marker(tier: Tier, checkpoint_id: str, trust: MarkerTrust) -> Manifest | None:
     """The id's marker in the target now; None when there is none (or none readable)."""
     try:
-        return read_manifest(tier, checkpoint_id)
+        return read_manifest(tier, checkpoint_id, trust=trust)
     except Exception:  # noqa: BLE001 - no marker, or none readable: no commit to speak of
         return None
 
 
-def current_commit(tier: Tier, checkpoint_id: str) -> tuple[str, str, int | None]:
+def current_commit(tier: Tier, checkpoint_id: str, trust: MarkerTrust) -> tuple[str, str, int | None]:
     """``(id, generation, seq)`` of the id's marker in the target ('' and None: none)."""
-    found = marker(tier, checkpoint_id)
+    found = marker(tier, checkpoint_id, trust)
     return (checkpoint_id, "", None) if found is None else (checkpoint_id, found.generation, found.seq)
 
 
-def published(tier: Tier, checkpoint_id: str, generation: str) -> Manifest | None:
+def published(tier: Tier, checkpoint_id: str, generation: str, trust: MarkerTrust) -> Manifest | None:
     """The marker naming this save's generation, if its publish happened after all (a publish
     can fail after its rename); None: the save did not commit."""
-    found = marker(tier, checkpoint_id)
+    found = marker(tier, checkpoint_id, trust)
     return found if found is not None and found.generation == generation else None

@@ -47,7 +47,7 @@ def set_up(session: SaveSession) -> None:
     Raises:
         CheckpointExistsError: the id is committed in some tier and the writer does not overwrite.
     """
-    open_groups(session.tier)
+    open_groups(session.mirror)
     elsewhere = session.look_elsewhere(session.is_coordinator)
     if session.is_coordinator and not session.overwrite:
         refuse_committed_id(session.tier, elsewhere, session.checkpoint_id, read_sightings(session.tier))
@@ -69,7 +69,7 @@ def _node_highest(session: SaveSession) -> int:
     sightings = read_sightings(tier)
     known = session.look_elsewhere(False).highest_known(tier.name, sightings)
     found = [highest_in(tier, above=known)]
-    if tier.mirror is not None:
+    if session.mirror is not None:
         found += [seq or 0 for seq in mirrored_ids(tier).values()]
     return max(found)
 
@@ -90,7 +90,7 @@ def global_plan(session: SaveSession, plans: list[SavePlan]) -> list[SavePlan]:
     multi_node = len({r.node for r in reports}) > 1
     nodes = [r.node for r in reports]
     settled = tuple(session.look_elsewhere(True).outcomes(tier.name)) if multi_node else ()
-    current = current_commit(tier, ckpt) if multi_node else None
+    current = current_commit(tier, ckpt, session.trust) if multi_node else None
     return [
         dataclasses.replace(
             plan,

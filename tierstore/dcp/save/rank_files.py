@@ -99,11 +99,12 @@ class RankFileWriter:
         node: int,
         slab: SlabInfo | None,
         check_finite: bool,
+        sha256: bool,
     ) -> None:
         self.tier, self.checkpoint_id, self.generation = tier, checkpoint_id, generation
         self.rank, self.node, self.slab, self.check_finite = rank, node, slab, check_finite
         self.out = RankOutput(gate=GateView(checkpoint_id, rank))
-        self.sha256 = tier.signing is not None
+        self.sha256 = sha256
         """Signed markers name each file's SHA-256 too: computed beside the CRC, in this pass."""
 
     @staticmethod
@@ -151,7 +152,7 @@ class RankFileWriter:
             if not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
                 raise
             try:
-                space = self.tier.space()
+                space = local.space() if (local := self.tier.local) else None
             except TierUnavailableError:
                 space = None
             free = "" if space is None else f", {space.total - space.used} are free"
@@ -268,7 +269,7 @@ class RankFileWriter:
         pages out, like a tier that cannot adopt (one copy), instead of failing on a missing path.
         """
         assert self.slab is not None
-        if self.slab.path is None or not self.tier.capabilities.adopt:
+        if self.slab.path is None or self.tier.local is None:
             return False
         if os.path.exists(self.slab.path):
             return True
@@ -292,8 +293,10 @@ class RankFileWriter:
             os.fsync(fd)
         finally:
             os.close(fd)
+        local = self.tier.local
+        assert local is not None  # see _adoptable
         try:
-            self.tier.adopt(full, slab_path)
+            local.adopt(full, slab_path)
         except FileNotFoundError:
             if os.path.exists(slab_path):
                 raise  # something other than the slab is missing: a real failure

@@ -45,7 +45,7 @@ def write_data(session: SaveSession, plan: SavePlan, planner: SavePlanner) -> Fu
         metrics.failed(session.rank, session.tier_name, save_s=time.time() - session.started_at)
         raise
     finally:
-        if mirrors(session.tier):  # every rank hands over a round, even one whose write failed
+        if mirrors(session.mirror):  # every rank hands over a round, even one whose write failed
             planned = isinstance(assignment, RankAssignment)
             hand_to_mirror(
                 session, assignment.generation if planned else "", assignment.seq if planned else -1, wrote
@@ -69,8 +69,9 @@ def _write_rank(
         raise TierstoreError("the global plan carries no tierstore assignment (plan caching?)")
     tier = session.tier
     ckpt, gen, rank = session.checkpoint_id, assignment.generation, assignment.rank
+    signed, finite = session.trust.keys is not None, session.check_finite
     files = RankFileWriter(
-        tier, ckpt, gen, rank, node=session.node, slab=session.slab, check_finite=session.check_finite
+        tier, ckpt, gen, rank, node=session.node, slab=session.slab, check_finite=finite, sha256=signed
     )
     # A rank on another node than the coordinator's announces its part in its own node's tier
     # until the part record is durable: that node's cleanup never sees the coordinator's
@@ -82,6 +83,7 @@ def _write_rank(
             list(assignment.settled),
             current=assignment.current,
             ttl=session.config.promote.activity_ttl,
+            trust=session.trust,
         )
     try:
         out = files.write(plan.items, planner)

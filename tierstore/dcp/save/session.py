@@ -21,9 +21,11 @@ from tierstore.config import Config
 from tierstore.dcp.mirror import Round
 from tierstore.dcp.save.gate import CommitGate
 from tierstore.dcp.staging import SlabInfo
+from tierstore.placement import MirrorConfig
 from tierstore.records.activity import Activity, hold
 from tierstore.records.known import Elsewhere
 from tierstore.records.marker import FileEntry
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 
 FILES_KEY = "__tierstore_files__"
@@ -78,6 +80,8 @@ class SaveSession:
     config: Config
     tier: Tier  # the target, as the process that saves sees it
     tier_name: str
+    trust: MarkerTrust  # the markers it reads: the job's namespace, signed by its keys
+    mirror: MirrorConfig | None  # how the target is mirrored into a partner node's memory
     node: int
     overwrite: bool
     check_finite: bool

@@ -86,9 +86,9 @@ def stager_for_this_process(tier: Tier, tier_name: str) -> Stager:
     """The stager this process keeps for the tier (a forked child has its own)."""
 
     def directory() -> OwnedDirectory | None:
-        if not tier.capabilities.staging_files:
+        if (local := tier.local) is None or not local.staging:
             return None  # anonymous shared memory, reused save after save
-        return tier.own_directory(writer_staging_dir(owner_dir_name()))
+        return local.own_directory(writer_staging_dir(owner_dir_name()))
 
     return STAGERS.get().get(_stager_key(tier, tier_name), directory)
 

@@ -102,10 +102,12 @@ class TieredWriter(StorageWriter, AsyncStager):
         self.check_finite = self.config.check_finite if check_finite is None else check_finite
         self.overlap = self.config.staging.overlap if overlap is None else overlap
         self._checkpoint_id = None if checkpoint_id is None else validate_checkpoint_id(checkpoint_id)
+        self.trust = self.config.marker_trust()
+        """Which markers it reads: its namespace's, signed by the job's keys (read once)."""
         self._tier: Tier | None = None
         self._elsewhere: Elsewhere | None = None
         self._staged = StageHandoff(self.node, self.tier_name)
-        self._waits = MirrorWaits()
+        self._waits = MirrorWaits(self.config.mirror_of(self.tier_name))
         self._handover: str | None = None  # in DCP's checkpoint process: the record the trainer awaits
         self._save_metrics = SaveRecorder(self.config.metrics.directory_for(self.node))
         self._session: SaveSession | None = None  # the save in progress, or the last one
@@ -140,7 +142,7 @@ class TieredWriter(StorageWriter, AsyncStager):
             # The coordinator every tier, the target too (a later save into another tier must not ask
             # the first one's target again), the other ranks their node's node-local ones.
             wanted = tiers if coordinator else [t for t in tiers if t.node_local]
-            self._elsewhere.look(wanted, Prober(self.config.probe_timeout))
+            self._elsewhere.look(wanted, Prober(self.config.probe_timeout), self.trust)
         return self._elsewhere
 
     def _current(self) -> SaveSession:
@@ -152,7 +154,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state = self.__dict__.copy()
         state["_tier"] = None  # rebuilt where it is used (DCP's checkpoint process)
         state["_elsewhere"] = state["_session"] = None  # the process that saves has its own
-        state["_waits"] = MirrorWaits()  # the trainer's alone
+        state["_waits"] = MirrorWaits(self._waits.mirror)  # the trainer's alone
         state["_handover"] = self._waits.hand_over(self.tier)
         # The slab and stage report go with this copy (a snapshot, taken before the two lines
         # below change the trainer's), the staging buffers and the pending save stay.
@@ -244,6 +246,8 @@ class TieredWriter(StorageWriter, AsyncStager):
             config=self.config,
             tier=self.tier,
             tier_name=self.tier_name,
+            trust=self.trust,
+            mirror=self.config.mirror_of(self.tier_name),
             node=self.node,
             overwrite=self.overwrite,
             check_finite=self.check_finite,

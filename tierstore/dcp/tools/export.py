@@ -164,6 +164,7 @@ def export_checkpoint(
     )
     try:
         source, (files, size, items) = _export_from_first_usable(
+            config,
             tiers,
             checkpoint_id,
             destination,
@@ -197,6 +198,7 @@ def export_checkpoint(
 
 
 def _export_from_first_usable(
+    config: Config,
     tiers: list[Tier],
     checkpoint_id: str,
     destination: Path,
@@ -220,6 +222,8 @@ def _export_from_first_usable(
             choice = choose_copy(
                 tiers,
                 checkpoint_id,
+                trust=config.marker_trust(),
+                mirrored=config.mirrored,
                 node=node,
                 verify=False,  # sizes only here: the conversion verifies every byte it reads
                 excluded=excluded,

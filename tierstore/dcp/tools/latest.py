@@ -27,6 +27,7 @@ from tierstore.records.catalog import Catalog, marker_times
 from tierstore.records.marker import read_manifest
 from tierstore.records.mirror import mirrored_ids
 from tierstore.records.sightings import trust_period
+from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
 from tierstore.topology import current_node, is_distributed
 
@@ -62,7 +63,7 @@ def latest_committed(
     tiers = config.make_tiers(node=this_node)
     prober = Prober(config.probe_timeout)
     skipped: list[str] = []
-    mirrored = [t for t in tiers if t.mirror is not None]
+    mirrored = [t for t in tiers if t.name == config.mirrored]
     catalog = Catalog(config, node=this_node, tiers=tiers)
     if mirrored:  # also alone: a surviving node's mirrors may hold the newest checkpoint
         candidates = _with_peer_candidates(catalog, mirrored, group, rank, distributed)
@@ -87,6 +88,8 @@ def latest_committed(
                 choice = choose_copy(
                     tiers,
                     checkpoint_id,
+                    trust=catalog.trust,
+                    mirrored=config.mirrored,
                     node=this_node,
                     verify=False,
                     group=group,
@@ -139,14 +142,14 @@ def _log_none(tiers: list[Tier], unreachable: dict[str, str], skipped: list[str]
     )
 
 
-def _node_ids(tiers: list[Tier]) -> dict[str, int | None]:
+def _node_ids(tiers: list[Tier], trust: MarkerTrust) -> dict[str, int | None]:
     """``{id: commit sequence}`` of what this node's mirrored tiers hold: own markers, mirrors."""
     found: dict[str, int | None] = {}
     for tier in tiers:
         held = mirrored_ids(tier)
         for checkpoint_id in marker_times(tier):
             try:
-                held[checkpoint_id] = read_manifest(tier, checkpoint_id).seq
+                held[checkpoint_id] = read_manifest(tier, checkpoint_id, trust=trust).seq
             except Exception:  # noqa: BLE001, S112 - a bad marker is judged by the restore check
                 continue
         for checkpoint_id, seq in held.items():
@@ -161,7 +164,7 @@ def _with_peer_candidates(
     """Rank 0's candidates merged with what every node holds in mirrored memory tiers: the
     coordinator's node (and with it the only own marker) may be the one that was lost."""
     try:
-        local: dict[str, int | None] | str = _node_ids(mirrored)
+        local: dict[str, int | None] | str = _node_ids(mirrored, catalog.trust)
     except Exception as exc:  # noqa: BLE001 - every rank must reach the collective
         local = f"{type(exc).__name__}: {exc}"
     gathered = all_gather_object(local, group) if collective else [local]

@@ -24,14 +24,16 @@ def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
             continue
         try:
             stale = ctx.config.promote.stale_after
-            leftovers = find_leftovers(tier, stale_after=stale, activity_ttl=ttl, warned=ctx.cache.foreign)
+            leftovers = find_leftovers(
+                tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, warned=ctx.cache.foreign
+            )
         except (TierstoreError, OSError) as exc:
             logger.warning("gc of %s skipped: %s", tier.name, exc)
             continue
         for cleanup in leftovers:
             if not dry_run:
                 try:
-                    remove(tier, cleanup, activity_ttl=ttl)
+                    remove(tier, cleanup, trust=ctx.trust, activity_ttl=ttl)
                 except (TierstoreError, OSError) as exc:
                     logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
                     continue

@@ -17,7 +17,7 @@ def prune(view: View, ctx: Context) -> Outcome:
     retention, in every tier with a mirror, whether the view lists it or not."""
     ttl = ctx.config.promote.activity_ttl
     for tier in ctx.tiers:
-        if tier.mirror is None:
+        if ctx.config.mirror_of(tier.name) is None:
             continue
         try:
             readers = [a for a in live(tier, ttl=ttl) if a.kind == "read"]
@@ -33,7 +33,7 @@ def status(view: View, ctx: Context) -> Outcome:
     checkpoint has a mirror (the save's own record)."""
     for tier in ctx.tiers:
         seen = [s.copy for s in view.found.get(tier.name, {}).values()]
-        if tier.mirror is None or not seen:
+        if ctx.config.mirror_of(tier.name) is None or not seen:
             continue
         newest = max(seen, key=lambda c: (c.seq or 0, c.generation))
         try:

@@ -70,6 +70,7 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         workers=ctx.config.promote.workers,
         stopping=ctx.stopping,
         cancel=ctx.cancel,
+        trust=ctx.trust,
         activity_ttl=ctx.config.promote.activity_ttl,
         heartbeat=ctx.health.beat,  # looked up now: whoever beats for the loop
     )

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 from tierstore.checksum import crc32c
+from tierstore.tiers.s3.client import S3Client
 
 logger = logging.getLogger(__name__)
 
@@ -35,23 +35,12 @@ def checksum_args(data: bytes | bytearray | memoryview, algorithm: str = "CRC32"
     return {f"Checksum{algorithm}": base64.b64encode(value.to_bytes(4, "big")).decode()}
 
 
-class _Caller(Protocol):
-    part_size: int
-    concurrency: int
-    part_slots: threading.BoundedSemaphore
-    send_checksums: bool
-    part_checksum: str | None
-    """The algorithm of each part's checksum (``CRC32``, ``CRC32C``), None for none."""
-
-    def call(self, method: str, what: str, **kwargs: Any) -> Any: ...
-
-
 class ObjectUpload:
-    """An upload to ``bucket/key`` fed with parts in order; :meth:`finish` or :meth:`abort` it."""
+    """An upload to ``key`` (in the caller's bucket) fed with parts in order; :meth:`finish` or
+    :meth:`abort` it."""
 
-    def __init__(self, caller: _Caller, bucket: str, key: str) -> None:
+    def __init__(self, caller: S3Client, key: str) -> None:
         self._caller = caller
-        self._bucket = bucket
         self._key = key
         self._upload_id: str | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -75,11 +64,7 @@ class ObjectUpload:
             part_checksum = self._caller.part_checksum
             algorithm = {"ChecksumAlgorithm": part_checksum} if part_checksum else {}
             answer = self._caller.call(
-                "create_multipart_upload",
-                f"start upload {self._key}",
-                Bucket=self._bucket,
-                Key=self._key,
-                **algorithm,
+                "create_multipart_upload", f"start upload {self._key}", Key=self._key, **algorithm
             )
             self._upload_id = answer["UploadId"]
             self._pool = ThreadPoolExecutor(self._caller.concurrency, thread_name_prefix="s3-part")
@@ -105,7 +90,6 @@ class ObjectUpload:
         answer = self._caller.call(
             "upload_part",
             f"part {number} of {self._key}",
-            Bucket=self._bucket,
             Key=self._key,
             UploadId=self._upload_id,
             PartNumber=number,
@@ -120,7 +104,6 @@ class ObjectUpload:
         self._caller.call(
             "put_object",
             f"put {self._key}",
-            Bucket=self._bucket,
             Key=self._key,
             Body=data,
             **(checksum_args(data) if self._caller.send_checksums else {}),
@@ -134,7 +117,6 @@ class ObjectUpload:
         self._caller.call(
             "complete_multipart_upload",
             f"complete {self._key}",
-            Bucket=self._bucket,
             Key=self._key,
             UploadId=self._upload_id,
             MultipartUpload={"Parts": parts},
@@ -148,11 +130,7 @@ class ObjectUpload:
         if self._upload_id is not None:
             try:
                 self._caller.call(
-                    "abort_multipart_upload",
-                    f"abort {self._key}",
-                    Bucket=self._bucket,
-                    Key=self._key,
-                    UploadId=self._upload_id,
+                    "abort_multipart_upload", f"abort {self._key}", Key=self._key, UploadId=self._upload_id
                 )
             except Exception as exc:  # noqa: BLE001 - stale uploads are also removed by gc
                 logger.warning("could not abort upload of %s (gc will): %s", self._key, exc)
