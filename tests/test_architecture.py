@@ -451,3 +451,26 @@ def test_one_fork_hook_in_the_package() -> None:
         for _ in range(path.read_text().count("register_at_fork("))
     ]
     assert hooks == ["tierstore/_platform/runtime.py"]
+
+
+_CONTAINERS = {"dict", "set", "list", "defaultdict", "OrderedDict", "WeakSet", "WeakValueDictionary"}
+FILLED_AT_IMPORT = {"tierstore.tiers.registry._TYPES"}
+"""Module-level containers filled while the package is imported: the same in every process."""
+
+
+def test_every_registry_is_one_value_per_process() -> None:
+    """A module-level container filled at run time (a registry) is a ``ProcessLocal``: a forked
+    child starts with its own, never its parent's commits, groups or buffers. The runtime and the
+    fork hook themselves (``_platform/``) keep the process's bookkeeping."""
+    found = []
+    for name, tree in modules():
+        if name.startswith("tierstore._platform"):
+            continue
+        for node in tree.body:
+            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            empty_literal = isinstance(value, ast.Dict | ast.List | ast.Set) and not ast.unparse(value)[1:-1]
+            made = isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in _CONTAINERS
+            if empty_literal or made:
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target  # type: ignore[union-attr]
+                found.append(f"{name}.{ast.unparse(target)}")
+    assert sorted(set(found) - FILLED_AT_IMPORT) == []

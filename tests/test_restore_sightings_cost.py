@@ -42,7 +42,7 @@ def test_a_restore_from_memory_lists_nothing_in_s3_without_a_promoter(tmp_path: 
             }
         )
         dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config), checkpoint_id="x")
-        known._KNOWN.clear()  # a new process: nothing known of the S3 tiers
+        known._KNOWN.get().clear()  # a new process: nothing known of the S3 tiers
         target = {"w": torch.zeros(8)}
         reader = TieredReader(config)
         with s3.counting() as seen:

@@ -58,7 +58,7 @@ def _value(config: Config, checkpoint_id: str) -> float:
 
 def _restart() -> None:
     """A new process: nothing learnt at start-up, and no commits of its own."""
-    known._KNOWN.clear()
+    known._KNOWN.get().clear()
 
 
 def _store(config: Config, name: str) -> str:

@@ -126,7 +126,7 @@ class CommitProtocol(RuleBasedStateMachine):
             activity.released = True
             HEARTBEAT.get().forget(activity)
         if trainer:
-            known._KNOWN.clear()
+            known._KNOWN.get().clear()
             self.window |= self.unsighted
             self.unsighted = set()
 

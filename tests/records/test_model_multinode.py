@@ -164,7 +164,7 @@ class MultiNodeProtocol(RuleBasedStateMachine):
             activity.released = True
             HEARTBEAT.get().forget(activity)
         self.last_kill = time.monotonic()
-        known._KNOWN.clear()
+        known._KNOWN.get().clear()
         self.window |= self.unsighted
         self.unsighted = set()
         self.pending_outlived_a_process = self.pending is not None

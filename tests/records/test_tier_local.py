@@ -51,7 +51,7 @@ def restored(config: Config, checkpoint_id: str) -> tuple[float, str | None]:
 
 def new_process() -> None:
     """What a process started now knows of the other tiers: nothing yet."""
-    known._KNOWN.clear()
+    known._KNOWN.get().clear()
 
 
 @pytest.fixture(autouse=True)

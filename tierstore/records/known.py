@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tierstore._platform.bounded import Prober
+from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
 from tierstore.records.log import read_log_and_voids
@@ -232,7 +233,9 @@ class Elsewhere:
             return sorted(n for n in self.unreachable if n != target and n not in sightings)
 
 
-_KNOWN: dict[tuple[str, ...], Elsewhere] = {}
+_KNOWN: ProcessLocal[dict[tuple[str, ...], Elsewhere]] = ProcessLocal(dict)
+"""This process's knowledge per set of tiers; a forked child starts knowing nothing (its parent's
+commits are not its own)."""
 _KNOWN_LOCK = threading.Lock()
 
 
@@ -240,4 +243,4 @@ def elsewhere_for(tiers: list[Tier]) -> Elsewhere:
     """This process's :class:`Elsewhere` for the namespace these tiers (as configured) hold."""
     key = tuple(f"{t.name}={t.root}" for t in tiers)
     with _KNOWN_LOCK:
-        return _KNOWN.setdefault(key, Elsewhere())
+        return _KNOWN.get().setdefault(key, Elsewhere())

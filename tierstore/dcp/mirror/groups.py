@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from tierstore._platform.runtime import ProcessLocal
 from tierstore.topology import is_distributed
 
 
@@ -28,7 +29,7 @@ class JobGroups:
 
 
 _lock = threading.Lock()
-_groups: dict[int, tuple[object, JobGroups]] = {}
+_groups: ProcessLocal[dict[int, tuple[object, JobGroups]]] = ProcessLocal(dict)
 """Keyed by the default group's id; the value keeps that group alive so its id is never reused."""
 
 
@@ -40,10 +41,11 @@ def job_groups(timeout_s: float) -> JobGroups | None:
     world = dist.group.WORLD
     key = id(world)
     with _lock:
-        if key not in _groups:
+        groups = _groups.get()
+        if key not in groups:
             timeout = datetime.timedelta(seconds=max(1.0, timeout_s))
             mirror = dist.new_group(backend="gloo", timeout=timeout)
             restore = dist.new_group(backend="gloo", timeout=timeout)
             assert mirror is not None and restore is not None
-            _groups[key] = (world, JobGroups(mirror, restore))
-        return _groups[key][1]
+            groups[key] = (world, JobGroups(mirror, restore))
+        return groups[key][1]

@@ -758,13 +758,13 @@ def _remove_failed_save(round_: Round) -> None:
     discard(tier, ckpt, paths, dirs=(parts_dir(ckpt, gen), generation_dir(ckpt, gen)))
 
 
-_warned: set[str] = set()
+_warned: ProcessLocal[set[str]] = ProcessLocal(set)
 
 
 def _warn_once(message: str) -> None:
     """A condition of the job's shape (one node; partners on one host): said once per process."""
-    if message not in _warned:
-        _warned.add(message)
+    if message not in _warned.get():
+        _warned.get().add(message)
         logger.warning("%s", message)
 
 
