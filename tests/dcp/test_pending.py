@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -448,3 +449,34 @@ def test_a_retry_on_another_thread_is_written_whole_before_the_next_stage_copies
     loaded = {"a": torch.zeros(16), "w": torch.zeros(8 << 20)}
     dcp.load(loaded, storage_reader=TieredReader(config), checkpoint_id="step_2")
     assert {k: v.unique().tolist() for k, v in loaded.items()} == {"a": [2.0], "w": [2.0]}
+
+
+def test_the_owner_of_the_future_ends_the_wait_while_the_carrier_lives_on() -> None:
+    """The explicit signal (``TieredWriter.over_when``, used by the CheckpointManager): a save whose
+    future is done is over at once, though its carrier thread lives on and no event says so."""
+    release = threading.Event()
+    carrier = threading.Thread(target=release.wait, daemon=True)
+    carrier.start()
+    pending = Pending([torch.zeros(1)])
+    pending.register(carrier, in_process=False)
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(pending.wait()), daemon=True)
+    waiter.start()
+    time.sleep(0.3)
+    assert not result
+    pending.finish()
+    waiter.join(2)
+    assert result == [True] and carrier.is_alive()
+    release.set()
+
+
+def test_the_manager_frees_the_staging_buffers_from_its_future(make_config: Callable[..., Config]) -> None:
+    """A writer whose last save's future is done does not infer: its last staged save is finished."""
+    writer = TieredWriter(make_config("memory"))
+    future = dcp.async_save(model_state(1), storage_writer=writer, checkpoint_id="step_1")
+    assert isinstance(future, Future)
+    writer.over_when(future)
+    future.result()
+    last = writer._staged.last
+    assert last is not None and last._over.is_set()
+    writer.close()

@@ -244,6 +244,7 @@ class CheckpointManager:
             )
             assert isinstance(started_save, Future)  # no async_stager: a plain future
             future = started_save
+            self.writer.over_when(future)  # back-pressure from the future, not inferred
         self._pending = (checkpoint, future)
         self._stalls.append(time.perf_counter() - started)
         self._last_save = self.clock()

@@ -31,6 +31,7 @@ class StageHandoff:
     report: RankReport | None = None
     pending: Pending | None = None  # the staged save's, until its thread reports in
     carried: Pending | None = None  # the staged save this writer carries now
+    last: Pending | None = None  # the last staged save's, for its owner to finish (over_when)
 
     def stage(
         self, stager: Callable[[], Stager], state: dict[str, Any], overlap: bool
@@ -51,7 +52,7 @@ class StageHandoff:
         """Record a finished copy for the save that carries it; returns the staged state."""
         started_wall, started_at = started
         self.slab = staged.slab
-        self.pending = staged.pending  # the save's thread reports in through this
+        self.pending = self.last = staged.pending  # the save's thread reports in through this
         waited = staged.waited
         # With overlap, the time until staging_completion: the most the trainer can have waited.
         stall = time.perf_counter() - started_at

@@ -27,6 +27,7 @@ one commits; the old generation is deleted only after that.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -179,6 +180,14 @@ class TieredWriter(StorageWriter, AsyncStager):
         of the response's futures.
         """
         return self._staged.stage(self._stager_for_this_process, state_dict, self.overlap)
+
+    def over_when(self, future: concurrent.futures.Future[Any]) -> None:
+        """The save this writer staged last is over when ``future`` (its ``dcp.async_save``'s) is
+        done: the next :meth:`stage` waits for that, not for what the carrier thread implies. For
+        callers that own the future (:class:`~tierstore.dcp.manager.CheckpointManager`)."""
+        last = self._staged.last
+        if last is not None:
+            future.add_done_callback(lambda _done: last.finish())
 
     def prepare(self, state_dict: dict[str, Any]) -> None:
         """Optionally, once after building the model: allocate staging buffers in the background.

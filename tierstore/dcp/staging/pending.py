@@ -1,7 +1,11 @@
 """When is a staged save over? The back-pressure rule between one save and the next.
 
 A save that staged into a stager's buffers (see :mod:`tierstore.dcp.staging`) is over, and its
-buffers and writer free for the next save, when one of these holds:
+buffers and writer free for the next save, when **its owner says so**: whoever holds the save's
+future (the :class:`~tierstore.dcp.manager.CheckpointManager`, through
+``TieredWriter.over_when(future)``) calls :meth:`Pending.finish` when it is done. A bare
+``dcp.async_save`` has no such owner in tierstore, and the save is inferred to be over when one of
+these holds:
 
 * **the thread carrying it has ended**: DCP's executor thread, in THREAD mode, or the thread that
   handed the writer to DCP's checkpoint process and waits for it, in PROCESS mode;
@@ -80,6 +84,12 @@ class Pending:
         self._on_handover: list[Callable[[], None]] = []
         self._staged = [weakref.ref(tensor) for tensor in staged]
         self._collected = False
+        self._over = threading.Event()
+
+    def finish(self) -> None:
+        """The save is over (committed or failed), in the word of the owner of its future: the
+        explicit signal, before any of the inferences below."""
+        self._over.set()
 
     def register(self, carrier: threading.Thread, *, in_process: bool) -> None:
         """Record the thread carrying the save (the first call wins) and run the handover jobs.
@@ -122,11 +132,15 @@ class Pending:
         if not self._wait_for_registration(started):
             return False
         carrier = self._carrier
-        if carrier is None or carrier is threading.current_thread():
+        if self._over.is_set() or carrier is None or carrier is threading.current_thread():
             return True
         returned = self._returned or self._settled
         warned = time.monotonic()
-        while carrier.is_alive() and not (returned is not None and returned.is_set()):
+        while (
+            carrier.is_alive()
+            and not self._over.is_set()
+            and not (returned is not None and returned.is_set())
+        ):
             if self._settled is not None and self._staged and self._all_freed():
                 break  # no event will come; the save failed, and nothing can retry it
             if returned is not None:
@@ -148,7 +162,7 @@ class Pending:
 
     def _wait_for_registration(self, started: float) -> bool:
         """True once the save reported in, or once nothing can read its staged tensors."""
-        while not self._registered.is_set():
+        while not self._registered.is_set() and not self._over.is_set():
             if self._abandoned(started):
                 logger.info("the previous save failed before it was handed over")
                 return True
