@@ -49,10 +49,6 @@ class Placement:
     refused: Mapping[int, str] = field(default_factory=dict)
     """Owner node -> why it has no mirror (a lone node; a partner on the same host)."""
 
-    def owners_held_by(self, holder: int) -> list[int]:
-        """The nodes whose mirror ``holder`` keeps."""
-        return sorted(owner for owner, node in self.holder_of.items() if node == holder)
-
 
 def _pairing_order(nodes: list[int], stride: int) -> list[int]:
     """Nodes in the order they are paired: with a stride, column by column (0, s, 2s, ..., 1, ...)."""

@@ -176,10 +176,6 @@ class Catalog:
         """The scanned ids, newest first (see the module docstring)."""
         return newest_first(self.sequences(scanned).items())
 
-    def latest(self) -> str | None:
-        """The newest id with a valid marker in any tier, or None."""
-        return next(self.candidates(), None)
-
     def candidates(self, also: Mapping[str, int | None] | None = None) -> Iterator[str]:
         """Ids with a valid marker in some tier, newest first, in the order :meth:`newest_first`
         gives them; without listing any data file (a whole-namespace listing costs a request per

@@ -270,12 +270,6 @@ def parse_marker(
     return manifest
 
 
-def file_crc32c(tier: Tier, path: str, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-    """``(size, crc32c)`` of a stored file, read in chunks (each one's size told to ``progress``)."""
-    size, crc, _sha = file_digests(tier, path, progress, sha256=False)
-    return size, crc
-
-
 def file_digests(
     tier: Tier, path: str, progress: Callable[[int], None] | None = None, *, sha256: bool
 ) -> tuple[int, int, str | None]:

@@ -143,8 +143,3 @@ def record_sighting(
         return False
     tier.write_bytes(sighting_path(sighting.tier), sighting.to_json())
     return True
-
-
-def forget_sighting(tier: Tier, tier_name: str) -> None:
-    """Remove the sighting of a tier that is no longer configured."""
-    tier.delete(sighting_path(tier_name))
