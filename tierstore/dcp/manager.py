@@ -34,13 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import LoadPlanner
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from tierstore.config import Config, as_config
 from tierstore.dcp.restore import TieredReader
@@ -242,7 +243,12 @@ class CheckpointManager:
                 process_group=self.group,
                 async_checkpointer_type=process if self.async_mode == "process" else thread,
             )
-            assert isinstance(started_save, Future)  # no async_stager: a plain future
+            if isinstance(started_save, AsyncSaveResponse):
+                # An overlapped writer copies the state in the background; the trainer modifies it
+                # once maybe_save returns, so the copy must be done by then (a failed copy fails
+                # the upload too: raised, or told, by wait()).
+                wait_for([started_save.staging_completion])
+                started_save = started_save.upload_completion
             future = started_save
         self._pending = (checkpoint, future)
         self._stalls.append(time.perf_counter() - started)
