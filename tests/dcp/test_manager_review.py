@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from tierstore import CheckpointManager
 from tierstore.config import Config
+from tierstore.errors import ConfigError
 
 
 def state(value: float) -> dict[str, Any]:
@@ -33,3 +35,27 @@ def test_an_overlapped_writer_saves_what_the_state_was_when_maybe_save_returned(
     assert again.restore() == 1
     assert torch.equal(fresh["model"]["w"], torch.full((256,), 1.0))
     again.close()
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        {"every_steps": -3},  # saved at every multiple of 3, as if 3
+        {"every_steps": 0, "every_seconds": 60.0},  # ignored beside every_seconds
+        {"every_steps": 2.5},  # a save at steps 5, 10, ...
+        {"every_steps": True},
+        {"every_steps": 5, "every_seconds": 0},  # a save at every step
+        {"every_steps": 5, "every_seconds": -1.0},
+        {"every_seconds": float("nan")},  # never a save
+        {"mtbf": -3600.0},
+        {"every_steps": 5, "mtbf": 0},
+        {"every_steps": 5, "checkpoint_id": "step"},  # a TypeError at the first save
+        {"every_steps": 5, "async_mode": "process"},  # needs torch.distributed: fails at the first save
+    ],
+)
+def test_bad_arguments_are_refused_when_the_manager_is_made(
+    make_config: Callable[..., Config], when: dict[str, Any]
+) -> None:
+    """Each was accepted silently and meant something else (or failed only at the first save)."""
+    with pytest.raises(ConfigError, match="CheckpointManager"):
+        CheckpointManager(make_config("memory"), state(0.0), **when)

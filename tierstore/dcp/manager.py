@@ -28,6 +28,7 @@ pre-empted run whose grace period is too short for the slow tier: the fastest re
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import statistics
 import threading
@@ -86,11 +87,26 @@ class CheckpointManager:
         clock: Callable[[], float] = time.monotonic,
         **writer_options: Any,
     ) -> None:
-        if not (every_steps or every_seconds or mtbf):
+        if every_steps is None and every_seconds is None and mtbf is None:
             raise ConfigError("CheckpointManager: give every_steps, every_seconds or mtbf (when to save)")
+        if every_steps is not None and (type(every_steps) is not int or every_steps < 1):
+            raise ConfigError(f"CheckpointManager: every_steps {every_steps!r}: expected an int >= 1")
+        for name, seconds in (("every_seconds", every_seconds), ("mtbf", mtbf)):
+            if seconds is not None and not (
+                isinstance(seconds, int | float) and not isinstance(seconds, bool) and 0 < seconds < math.inf
+            ):
+                raise ConfigError(f"CheckpointManager: {name} {seconds!r}: expected seconds > 0")
+        if not callable(checkpoint_id):
+            raise ConfigError(f"CheckpointManager: checkpoint_id {checkpoint_id!r}: expected step -> id")
         if async_mode not in ("thread", "process", None):
             raise ConfigError(
                 f"CheckpointManager: async_mode {async_mode!r}: expected 'thread', 'process' or None"
+            )
+        distributed = dist.is_available() and dist.is_initialized()
+        if async_mode == "process" and not distributed:
+            raise ConfigError(
+                "CheckpointManager: async_mode 'process' needs torch.distributed initialised "
+                "(DCP's checkpoint process joins the job's ranks); use 'thread' in a single process"
             )
         self.config, self.state = as_config(config), state
         self.every_steps, self.every_seconds, self.mtbf = every_steps, every_seconds, mtbf
@@ -98,7 +114,6 @@ class CheckpointManager:
         self.load_planner, self.clock, self.on_saved = load_planner, clock, on_saved
         self.writer = TieredWriter(self.config, **writer_options)
         self._options = writer_options
-        distributed = dist.is_available() and dist.is_initialized()
         # The save's collectives run off the training group: on it they would interleave with the
         # training's own (DDP's all-reduces) from another thread. The agreement runs on a group of
         # its own, for the same reason: an async save's collectives are still running on ``group``.
