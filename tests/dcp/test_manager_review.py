@@ -11,7 +11,7 @@ import torch
 
 from tierstore import CheckpointManager
 from tierstore.config import Config
-from tierstore.errors import ConfigError
+from tierstore.errors import ConfigError, InvalidCheckpointIdError
 
 
 def state(value: float) -> dict[str, Any]:
@@ -59,3 +59,24 @@ def test_bad_arguments_are_refused_when_the_manager_is_made(
     """Each was accepted silently and meant something else (or failed only at the first save)."""
     with pytest.raises(ConfigError, match="CheckpointManager"):
         CheckpointManager(make_config("memory"), state(0.0), **when)
+
+
+@pytest.mark.parametrize("async_mode", ["thread", None])
+def test_an_invalid_id_from_checkpoint_id_is_raised_at_the_save_not_told_as_a_failed_save(
+    make_config: Callable[..., Config], async_mode: str | None
+) -> None:
+    """An id the function yields that no tier accepts is the caller's bug, the same at every save:
+    it went to ``on_saved`` as a failed save (logged, and the run went on without a checkpoint)."""
+    told: list[tuple[str, BaseException | None]] = []
+    manager = CheckpointManager(
+        make_config("memory"),
+        state(0.0),
+        every_steps=1,
+        async_mode=async_mode,
+        checkpoint_id=lambda step: f"../step{step}",
+        on_saved=lambda checkpoint, error: told.append((checkpoint, error)),
+    )
+    with pytest.raises(InvalidCheckpointIdError, match="step1"):
+        manager.maybe_save(1)
+    manager.close()
+    assert told == []

@@ -49,6 +49,7 @@ from tierstore.dcp.restore import TieredReader
 from tierstore.dcp.save import TieredWriter
 from tierstore.dcp.tools import latest_committed
 from tierstore.errors import ConfigError
+from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import daly
 from tierstore.records.marker import read_manifest
 
@@ -234,7 +235,8 @@ class CheckpointManager:
 
     def _save(self, step: int, *, synchronous: bool, writer: TieredWriter | None = None) -> None:
         self.wait()  # one save in flight: its failure surfaces before the next begins
-        checkpoint = self.checkpoint_id(step)
+        # An id no tier accepts is the caller's bug, on every rank alike: raised, never told.
+        checkpoint = validate_checkpoint_id(self.checkpoint_id(step))
         state = {**self.state, STEP_KEY: {"step": step}}
         started = time.perf_counter()
         future: Future[Any] = Future()
