@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -80,3 +81,16 @@ def test_an_invalid_id_from_checkpoint_id_is_raised_at_the_save_not_told_as_a_fa
         manager.maybe_save(1)
     manager.close()
     assert told == []
+
+
+def test_stop_signals_that_cannot_all_be_watched_leave_no_handler_behind(
+    make_config: Callable[..., Config],
+) -> None:
+    """SIGKILL cannot be caught: the manager was refused, and SIGUSR1, installed before it, stayed
+    on the refused manager's handler (a pre-emption notice then went to an object nobody asks)."""
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(OSError):
+        CheckpointManager(
+            make_config("memory"), state(0.0), every_steps=1, stop_signals=(signal.SIGUSR1, signal.SIGKILL)
+        )
+    assert signal.getsignal(signal.SIGUSR1) is before

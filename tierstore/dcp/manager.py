@@ -297,7 +297,15 @@ class CheckpointManager:
             if signals:
                 logger.warning("CheckpointManager made off the main thread: stop signals are not watched")
             return
-        self._previous = {number: signal.signal(number, self._on_signal) for number in signals}
+        previous: dict[int, Any] = {}
+        try:
+            for number in signals:
+                previous[number] = signal.signal(number, self._on_signal)
+        except BaseException:  # one that cannot be caught (SIGKILL): none of them stays installed
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            raise
+        self._previous = previous
 
     def _uninstall(self) -> None:
         for number, handler in self._previous.items():
