@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
+from tests.workers import run_ranks
 from tierstore import CheckpointManager
 from tierstore.config import Config
 from tierstore.errors import ConfigError, InvalidCheckpointIdError
@@ -94,3 +98,21 @@ def test_stop_signals_that_cannot_all_be_watched_leave_no_handler_behind(
             make_config("memory"), state(0.0), every_steps=1, stop_signals=(signal.SIGUSR1, signal.SIGKILL)
         )
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def managers_in_turn(rank: int, world: int, config: Config) -> None:
+    groups = len(c10d._world.pg_map)
+    for step in (1, 2, 3):
+        manager = CheckpointManager(config, {"w": torch.full((16,), float(rank))}, every_steps=1)
+        manager.maybe_save(step)
+        manager.close()
+    assert len(c10d._world.pg_map) == groups, (groups, len(c10d._world.pg_map))
+    dist.barrier()
+
+
+def test_close_destroys_the_process_groups_the_manager_made(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """Each manager makes two gloo groups (sockets and threads on every rank); close() kept them,
+    so a job (or a test suite, or an evaluation loop) that makes a manager per phase leaked two a time."""
+    run_ranks(managers_in_turn, 2, tmp_path, make_config("memory"))

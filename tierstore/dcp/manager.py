@@ -130,7 +130,11 @@ class CheckpointManager:
         self.restored_from: tuple[str, str] | None = None
         """``(checkpoint id, tier)`` of the last :meth:`restore`."""
         self._stop_requested = stop_requested or (lambda: bool(self._received))
-        self._install(() if stop_requested else stop_signals)
+        try:
+            self._install(() if stop_requested else stop_signals)
+        except BaseException:
+            self._destroy_groups()
+            raise
 
     # -- resuming ------------------------------------------------------------------------------
 
@@ -206,7 +210,8 @@ class CheckpointManager:
     def close(self, step: int | None = None, *, durable: bool = True) -> None:
         """Wait for the save in flight; with ``step``, save the state as of ``step`` unless its save
         has committed (synchronously; ``durable``: straight into the last tier, see
-        :meth:`save_durable`, even when a faster tier holds it). Ends the writer and the handlers."""
+        :meth:`save_durable`, even when a faster tier holds it). Ends the writer, the handlers and
+        the manager's two process groups."""
         try:
             self.wait()
             if step is not None and durable:
@@ -216,6 +221,14 @@ class CheckpointManager:
         finally:
             self.writer.close()
             self._uninstall()
+            self._destroy_groups()
+
+    def _destroy_groups(self) -> None:
+        """The two gloo groups the manager made (their sockets and threads, on every rank)."""
+        groups, self.group, self._agreement = (self.group, self._agreement), None, None
+        for group in groups:
+            if group is not None and dist.is_initialized():  # not after the job destroyed them all
+                dist.destroy_process_group(group)
 
     def _due(self, step: int) -> bool:
         if self.every_steps and step % self.every_steps == 0:
