@@ -16,7 +16,7 @@ import torch.distributed.distributed_c10d as c10d
 from tests.workers import run_ranks
 from tierstore import CheckpointManager
 from tierstore.config import Config
-from tierstore.errors import ConfigError, InvalidCheckpointIdError
+from tierstore.errors import ConfigError, InvalidCheckpointIdError, TierstoreError
 
 
 def state(value: float) -> dict[str, Any]:
@@ -116,3 +116,25 @@ def test_close_destroys_the_process_groups_the_manager_made(
     """Each manager makes two gloo groups (sockets and threads on every rank); close() kept them,
     so a job (or a test suite, or an evaluation loop) that makes a manager per phase leaked two a time."""
     run_ranks(managers_in_turn, 2, tmp_path, make_config("memory"))
+
+
+def test_a_closed_manager_refuses_to_save_and_closing_again_does_nothing(
+    make_config: Callable[..., Config],
+) -> None:
+    """After close() a maybe_save saved anyway: through the writer whose staging buffers close()
+    had released (allocated again, never released), with no stop signal watched and, across
+    ranks, with no agreement (its groups are gone)."""
+    config = make_config("memory")
+    manager = CheckpointManager(config, state(1.0), every_steps=1)
+    manager.maybe_save(1)
+    manager.close()
+    manager.close()  # twice: nothing more to do
+    with pytest.raises(TierstoreError, match="closed"):
+        manager.maybe_save(2)
+    with pytest.raises(TierstoreError, match="closed"):
+        manager.save_durable(2)
+    with pytest.raises(TierstoreError, match="closed"):
+        manager.close(2)  # a last save asked for: not silently skipped
+    assert sorted(i for i in config.make_tier("memory", node=0).list_dir() if i.startswith("step_")) == [
+        "step_00000001"
+    ]

@@ -48,7 +48,7 @@ from tierstore.config import Config, as_config
 from tierstore.dcp.restore import TieredReader
 from tierstore.dcp.save import TieredWriter
 from tierstore.dcp.tools import latest_committed
-from tierstore.errors import ConfigError
+from tierstore.errors import ConfigError, TierstoreError
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import daly
 from tierstore.records.marker import read_manifest
@@ -121,6 +121,7 @@ class CheckpointManager:
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._agreement = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[str, Future[Any]] | None = None
+        self._closed = False
         self._last_save = clock()
         self._stalls: list[float] = []
         self._received: list[int] = []
@@ -141,6 +142,7 @@ class CheckpointManager:
     def restore(self, checkpoint_id: str | None = None) -> int | None:
         """Load ``checkpoint_id`` (default: the newest this job can restore) into the state, on
         every rank; the step it was saved at, or None when there is nothing to restore."""
+        self._check_open("restore")
         chosen = checkpoint_id or latest_committed(self.config)
         if chosen is None:
             return None
@@ -178,6 +180,7 @@ class CheckpointManager:
     def maybe_save(self, step: int, *, force: bool = False) -> bool:
         """Save at ``step`` if due (see the module docstring) or ``force``; True if a save began. On
         every rank, at every step (the ranks agree here)."""
+        self._check_open("maybe_save")
         due = force or self._due(step)
         stop = self._stop_requested()
         due, stop = self._agree(due, stop)
@@ -211,7 +214,10 @@ class CheckpointManager:
         """Wait for the save in flight; with ``step``, save the state as of ``step`` unless its save
         has committed (synchronously; ``durable``: straight into the last tier, see
         :meth:`save_durable`, even when a faster tier holds it). Ends the writer, the handlers and
-        the manager's two process groups."""
+        the manager's two process groups. Again, without ``step``: nothing to do."""
+        if self._closed and step is None:
+            return
+        self._check_open("close(step)")
         try:
             self.wait()
             if step is not None and durable:
@@ -219,6 +225,7 @@ class CheckpointManager:
             elif step is not None and self.last_saved != self.checkpoint_id(step):
                 self._save(step, synchronous=True)
         finally:
+            self._closed = True
             self.writer.close()
             self._uninstall()
             self._destroy_groups()
@@ -229,6 +236,10 @@ class CheckpointManager:
         for group in groups:
             if group is not None and dist.is_initialized():  # not after the job destroyed them all
                 dist.destroy_process_group(group)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise TierstoreError(f"CheckpointManager: {what} after close(): the manager is closed")
 
     def _due(self, step: int) -> bool:
         if self.every_steps and step % self.every_steps == 0:
@@ -289,6 +300,7 @@ class CheckpointManager:
     def save_durable(self, step: int) -> None:
         """Save the state as of ``step`` straight into the last tier (replacing a copy of that id
         elsewhere: it becomes the newest commit) and confirm its marker there; synchronous."""
+        self._check_open("save_durable")
         last = self.config.tiers[-1].name
         options = {**self._options, "overwrite": True, "overlap": False}
         durable = TieredWriter(self.config, tier=last, **options)
