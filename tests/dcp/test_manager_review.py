@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from tests.workers import run_ranks
-from tierstore import CheckpointManager
+from tierstore import CheckpointManager, latest_committed
 from tierstore.config import Config
+from tierstore.dcp.manager import default_id
 from tierstore.errors import ConfigError, InvalidCheckpointIdError, TierstoreError
 
 
@@ -138,3 +140,33 @@ def test_a_closed_manager_refuses_to_save_and_closing_again_does_nothing(
     assert sorted(i for i in config.make_tier("memory", node=0).list_dir() if i.startswith("step_")) == [
         "step_00000001"
     ]
+
+
+def test_a_failed_save_does_not_cost_the_durable_last_state_at_close(
+    make_config: Callable[..., Config],
+) -> None:
+    """A periodic save failed (NaN at step 2, refused by check_finite); the run ended at step 3 with a
+    finite state: close(3) raised step 2's failure first and never saved step 3 (nothing committed)."""
+    config = make_config("memory", "local", promote={"every": 1000})
+    trained = state(float("nan"))
+    manager = CheckpointManager(config, trained, every_steps=2, check_finite=True)
+    manager.maybe_save(2)
+    trained["model"]["w"].fill_(3.0)
+    with pytest.raises(BaseException, match=r"(?i)finite"):  # step 2's failure is still raised
+        manager.close(3)
+    assert latest_committed(config) == default_id(3)
+
+
+def test_a_failed_save_does_not_cost_the_stop_save(make_config: Callable[..., Config]) -> None:
+    """The same at a pre-emption: the stop save at step 3 was never made."""
+    config = make_config("memory")
+    trained = state(float("nan"))
+    manager = CheckpointManager(config, trained, every_steps=2, check_finite=True)
+    manager.maybe_save(2)
+    trained["model"]["w"].fill_(3.0)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    with pytest.raises(BaseException, match=r"(?i)finite"):
+        manager.maybe_save(3)
+    assert manager.should_stop
+    assert latest_committed(config) == default_id(3)
+    manager.close()

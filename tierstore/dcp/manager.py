@@ -187,7 +187,7 @@ class CheckpointManager:
         if stop and not self.should_stop:
             logger.warning("stop signal received: saving step %d, then stopping", step)
             self.should_stop = True
-            self._save(step, synchronous=True)
+            self._after_the_save_in_flight(lambda: self._save(step, synchronous=True))
             return True
         if due:
             self._save(step, synchronous=self.async_mode is None)
@@ -218,17 +218,39 @@ class CheckpointManager:
         if self._closed and step is None:
             return
         self._check_open("close(step)")
-        try:
-            self.wait()
+
+        def last_save() -> None:
             if step is not None and durable:
                 self.save_durable(step)
             elif step is not None and self.last_saved != self.checkpoint_id(step):
                 self._save(step, synchronous=True)
+
+        try:
+            self._after_the_save_in_flight(last_save)
         finally:
             self._closed = True
             self.writer.close()
             self._uninstall()
             self._destroy_groups()
+
+    def _after_the_save_in_flight(self, last_save: Callable[[], None]) -> None:
+        """Wait for the save in flight, then make ``last_save`` (the stop save, close's) even if the
+        one in flight failed: that failure is raised after it, not instead of it."""
+        earlier: BaseException | None = None
+        try:
+            self.wait()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the last state is saved
+            earlier = exc
+        try:
+            last_save()
+        except BaseException as exc:
+            if earlier is not None:
+                raise exc from earlier
+            raise
+        if earlier is not None:
+            raise earlier
 
     def _destroy_groups(self) -> None:
         """The two gloo groups the manager made (their sockets and threads, on every rank)."""
