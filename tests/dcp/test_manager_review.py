@@ -170,3 +170,29 @@ def test_a_failed_save_does_not_cost_the_stop_save(make_config: Callable[..., Co
     assert manager.should_stop
     assert latest_committed(config) == default_id(3)
     manager.close()
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_with_mtbf_the_first_save_measures_at_once_and_every_seconds_still_bounds_the_interval(
+    make_config: Callable[..., Config],
+) -> None:
+    """ "Whichever comes first": beside a measured Daly interval (hours, with a long mtbf) the
+    ``every_seconds`` bound was dropped, and the first save, "due at once to measure", waited for
+    ``every_seconds``."""
+    clock = Clock()
+    manager = CheckpointManager(make_config("memory"), state(1.0), every_seconds=10.0, mtbf=1e9, clock=clock)
+    assert manager.maybe_save(1) is True, "the first save measures the stall"
+    manager.wait()
+    assert manager.interval == 10.0
+    clock.now += 11.0
+    assert manager.maybe_save(2) is True, "every_seconds passed: due, whatever Daly says"
+    manager.close()

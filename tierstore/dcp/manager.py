@@ -172,10 +172,12 @@ class CheckpointManager:
 
     @property
     def interval(self) -> float | None:
-        """Seconds between saves from the measured stalls (Daly), with ``mtbf``; else ``every_seconds``."""
+        """Seconds between saves: Daly's from the measured stalls (with ``mtbf``) or ``every_seconds``,
+        the shorter of the two given."""
         if self.mtbf is None or not self._stalls:
             return self.every_seconds
-        return daly(max(statistics.median(self._stalls[-8:]), 1e-6), self.mtbf)
+        measured = daly(max(statistics.median(self._stalls[-8:]), 1e-6), self.mtbf)
+        return measured if self.every_seconds is None else min(measured, self.every_seconds)
 
     def maybe_save(self, step: int, *, force: bool = False) -> bool:
         """Save at ``step`` if due (see the module docstring) or ``force``; True if a save began. On
@@ -266,9 +268,9 @@ class CheckpointManager:
     def _due(self, step: int) -> bool:
         if self.every_steps and step % self.every_steps == 0:
             return True
-        interval = self.interval
-        if self.mtbf is not None and not self._stalls and interval is None:
+        if self.mtbf is not None and not self._stalls:
             return True  # nothing measured yet: the first save measures the stall
+        interval = self.interval
         return interval is not None and self.clock() - self._last_save >= interval
 
     def _agree(self, due: bool, stop: bool) -> tuple[bool, bool]:
