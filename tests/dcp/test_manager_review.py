@@ -196,3 +196,17 @@ def test_with_mtbf_the_first_save_measures_at_once_and_every_seconds_still_bound
     clock.now += 11.0
     assert manager.maybe_save(2) is True, "every_seconds passed: due, whatever Daly says"
     manager.close()
+
+
+def test_the_interval_measures_the_periodic_saves_only(make_config: Callable[..., Config]) -> None:
+    """save_durable (a synchronous write into the slowest tier, after a rollback in train_gpt) went
+    into the median of the stalls as if a periodic async save had cost the trainer that long."""
+    clock = Clock()
+    config = make_config("memory", "local", promote={"every": 1000})
+    manager = CheckpointManager(config, state(1.0), mtbf=3600.0, clock=clock)
+    manager.maybe_save(1)
+    manager.wait()
+    interval = manager.interval
+    manager.save_durable(2)
+    assert manager.interval == interval
+    manager.close()

@@ -176,7 +176,7 @@ class CheckpointManager:
         the shorter of the two given."""
         if self.mtbf is None or not self._stalls:
             return self.every_seconds
-        measured = daly(max(statistics.median(self._stalls[-8:]), 1e-6), self.mtbf)
+        measured = daly(max(statistics.median(self._stalls), 1e-6), self.mtbf)
         return measured if self.every_seconds is None else min(measured, self.every_seconds)
 
     def maybe_save(self, step: int, *, force: bool = False) -> bool:
@@ -316,7 +316,9 @@ class CheckpointManager:
                 started_save = started_save.upload_completion
             future = started_save
         self._pending = (checkpoint, future)
-        self._stalls.append(time.perf_counter() - started)
+        if writer is None and synchronous == (self.async_mode is None):  # a save as the periodic ones
+            self._stalls.append(time.perf_counter() - started)
+            del self._stalls[:-8]  # the median of the last few
         self._last_save = self.clock()
         if synchronous:
             self.wait()
