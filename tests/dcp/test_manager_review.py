@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.distributed.distributed_c10d as c10d
 
 from tests.workers import run_ranks
-from tierstore import CheckpointManager, latest_committed
+from tierstore import CheckpointManager, TieredWriter, latest_committed
 from tierstore.config import Config
 from tierstore.dcp.manager import default_id
 from tierstore.errors import ConfigError, InvalidCheckpointIdError, TierstoreError
@@ -209,4 +210,20 @@ def test_the_interval_measures_the_periodic_saves_only(make_config: Callable[...
     interval = manager.interval
     manager.save_durable(2)
     assert manager.interval == interval
+    manager.close()
+
+
+def test_restoring_a_checkpoint_without_the_managers_step_never_returns_a_made_up_step(
+    make_config: Callable[..., Config],
+) -> None:
+    """A checkpoint saved by plain ``dcp.save`` + TieredWriter holds no step. With a load planner
+    that allows a partial load (a caller's own, as train_gpt passes one) restore() returned -1, its
+    placeholder: ``manager.restore() or 0`` then resumed the loop at step 0 minus one."""
+    config = make_config("memory")
+    dcp.save(state(3.0), storage_writer=TieredWriter(config), checkpoint_id=default_id(3))
+    manager = CheckpointManager(
+        config, state(0.0), every_steps=1, load_planner=dcp.DefaultLoadPlanner(allow_partial_load=True)
+    )
+    with pytest.raises(TierstoreError, match="no step"):
+        manager.restore()
     manager.close()

@@ -146,7 +146,7 @@ class CheckpointManager:
         chosen = checkpoint_id or latest_committed(self.config)
         if chosen is None:
             return None
-        step = {"step": -1}
+        step: dict[str, Any] = {"step": None}  # None until loaded: a checkpoint may hold no step
         started = time.monotonic()
         reader = TieredReader(self.config)
         dcp.load(
@@ -156,6 +156,11 @@ class CheckpointManager:
             planner=self.load_planner,
             process_group=self.group,
         )
+        if type(step["step"]) is not int:  # a planner allowing a partial load left it unset
+            raise TierstoreError(
+                f"{chosen} holds no step ({STEP_KEY}): not saved by CheckpointManager; its state was "
+                "loaded, its step is not known (load it with dcp.load and TieredReader instead)"
+            )
         if self.group is None or dist.get_rank(self.group) == 0:
             took = time.monotonic() - started
             logger.info(
@@ -166,7 +171,7 @@ class CheckpointManager:
                 took,
             )
         self.last_saved, self.restored_from = chosen, (chosen, reader.chosen_tier or "-")
-        return int(step["step"])
+        return step["step"]
 
     # -- saving --------------------------------------------------------------------------------
 
