@@ -227,3 +227,29 @@ def test_restoring_a_checkpoint_without_the_managers_step_never_returns_a_made_u
     with pytest.raises(TierstoreError, match="no step"):
         manager.restore()
     manager.close()
+
+
+def durable_end_refused(rank: int, world: int, config: Config) -> None:
+    told: list[str] = []
+    trained = {"w": torch.full((16,), float("nan"))}  # refused by check_finite at the durable save
+    manager = CheckpointManager(
+        config, trained, every_steps=100, check_finite=True, on_saved=lambda c, e: told.append(c)
+    )
+    try:
+        manager.close(2)
+        raised = False
+    except TierstoreError:
+        raised = True
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, raised)
+    assert everyone == [True] * world, everyone
+    assert told == [default_id(2)], told
+
+
+def test_a_durable_save_that_failed_is_raised_on_every_rank(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """With ``on_saved`` a failed durable save is told on every rank, and then rank 0 alone found no
+    marker and raised while the others returned as if the state were durable (a barrier after close
+    hung them, or they exited 0 while rank 0 failed)."""
+    run_ranks(durable_end_refused, 2, tmp_path, make_config("memory", "local", promote={"every": 1000}))

@@ -340,9 +340,20 @@ class CheckpointManager:
         finally:
             durable.close()
         checkpoint = self.checkpoint_id(step)
+        # A failure told to on_saved returned here: the marker decides, and every rank hears it.
+        problem: BaseException | None = None
         if self.group is None or dist.get_rank(self.group) == 0:
             tier = self.config.make_tier(last, node=self.writer.node)
-            read_manifest(tier, checkpoint, trust=self.config.marker_trust())  # raises if absent
+            try:
+                read_manifest(tier, checkpoint, trust=self.config.marker_trust())  # raises if absent
+            except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+                problem = exc
+        _, absent = self._agree(False, problem is not None)
+        if absent:
+            why = f"{type(problem).__name__}: {problem}" if problem is not None else "rank 0 found none"
+            raise TierstoreError(
+                f"{checkpoint} is not durable: no valid commit marker in tier {last} ({why})"
+            ) from problem
         logger.info("%s is durable in tier %s", checkpoint, last)
 
     # -- signals -------------------------------------------------------------------------------
