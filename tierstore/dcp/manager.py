@@ -28,25 +28,28 @@ pre-empted run whose grace period is too short for the slow tier: the fastest re
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import LoadPlanner
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from tierstore.config import Config, as_config
 from tierstore.dcp.restore import TieredReader
 from tierstore.dcp.save import TieredWriter
 from tierstore.dcp.tools import latest_committed
-from tierstore.errors import ConfigError
+from tierstore.errors import ConfigError, TierstoreError
+from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import daly
 from tierstore.records.marker import read_manifest
 
@@ -85,11 +88,26 @@ class CheckpointManager:
         clock: Callable[[], float] = time.monotonic,
         **writer_options: Any,
     ) -> None:
-        if not (every_steps or every_seconds or mtbf):
+        if every_steps is None and every_seconds is None and mtbf is None:
             raise ConfigError("CheckpointManager: give every_steps, every_seconds or mtbf (when to save)")
+        if every_steps is not None and (type(every_steps) is not int or every_steps < 1):
+            raise ConfigError(f"CheckpointManager: every_steps {every_steps!r}: expected an int >= 1")
+        for name, seconds in (("every_seconds", every_seconds), ("mtbf", mtbf)):
+            if seconds is not None and not (
+                isinstance(seconds, int | float) and not isinstance(seconds, bool) and 0 < seconds < math.inf
+            ):
+                raise ConfigError(f"CheckpointManager: {name} {seconds!r}: expected seconds > 0")
+        if not callable(checkpoint_id):
+            raise ConfigError(f"CheckpointManager: checkpoint_id {checkpoint_id!r}: expected step -> id")
         if async_mode not in ("thread", "process", None):
             raise ConfigError(
                 f"CheckpointManager: async_mode {async_mode!r}: expected 'thread', 'process' or None"
+            )
+        distributed = dist.is_available() and dist.is_initialized()
+        if async_mode == "process" and not distributed:
+            raise ConfigError(
+                "CheckpointManager: async_mode 'process' needs torch.distributed initialised "
+                "(DCP's checkpoint process joins the job's ranks); use 'thread' in a single process"
             )
         self.config, self.state = as_config(config), state
         self.every_steps, self.every_seconds, self.mtbf = every_steps, every_seconds, mtbf
@@ -97,13 +115,13 @@ class CheckpointManager:
         self.load_planner, self.clock, self.on_saved = load_planner, clock, on_saved
         self.writer = TieredWriter(self.config, **writer_options)
         self._options = writer_options
-        distributed = dist.is_available() and dist.is_initialized()
         # The save's collectives run off the training group: on it they would interleave with the
         # training's own (DDP's all-reduces) from another thread. The agreement runs on a group of
         # its own, for the same reason: an async save's collectives are still running on ``group``.
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._agreement = dist.new_group(backend="gloo") if distributed else None
         self._pending: tuple[str, Future[Any]] | None = None
+        self._closed = False
         self._last_save = clock()
         self._stalls: list[float] = []
         self._received: list[int] = []
@@ -113,17 +131,22 @@ class CheckpointManager:
         self.restored_from: tuple[str, str] | None = None
         """``(checkpoint id, tier)`` of the last :meth:`restore`."""
         self._stop_requested = stop_requested or (lambda: bool(self._received))
-        self._install(() if stop_requested else stop_signals)
+        try:
+            self._install(() if stop_requested else stop_signals)
+        except BaseException:
+            self._destroy_groups()
+            raise
 
     # -- resuming ------------------------------------------------------------------------------
 
     def restore(self, checkpoint_id: str | None = None) -> int | None:
         """Load ``checkpoint_id`` (default: the newest this job can restore) into the state, on
         every rank; the step it was saved at, or None when there is nothing to restore."""
+        self._check_open("restore")
         chosen = checkpoint_id or latest_committed(self.config)
         if chosen is None:
             return None
-        step = {"step": -1}
+        step: dict[str, Any] = {"step": None}  # None until loaded: a checkpoint may hold no step
         started = time.monotonic()
         reader = TieredReader(self.config)
         dcp.load(
@@ -133,6 +156,11 @@ class CheckpointManager:
             planner=self.load_planner,
             process_group=self.group,
         )
+        if type(step["step"]) is not int:  # a planner allowing a partial load left it unset
+            raise TierstoreError(
+                f"{chosen} holds no step ({STEP_KEY}): not saved by CheckpointManager; its state was "
+                "loaded, its step is not known (load it with dcp.load and TieredReader instead)"
+            )
         if self.group is None or dist.get_rank(self.group) == 0:
             took = time.monotonic() - started
             logger.info(
@@ -143,27 +171,30 @@ class CheckpointManager:
                 took,
             )
         self.last_saved, self.restored_from = chosen, (chosen, reader.chosen_tier or "-")
-        return int(step["step"])
+        return step["step"]
 
     # -- saving --------------------------------------------------------------------------------
 
     @property
     def interval(self) -> float | None:
-        """Seconds between saves from the measured stalls (Daly), with ``mtbf``; else ``every_seconds``."""
+        """Seconds between saves: Daly's from the measured stalls (with ``mtbf``) or ``every_seconds``,
+        the shorter of the two given."""
         if self.mtbf is None or not self._stalls:
             return self.every_seconds
-        return daly(max(statistics.median(self._stalls[-8:]), 1e-6), self.mtbf)
+        measured = daly(max(statistics.median(self._stalls), 1e-6), self.mtbf)
+        return measured if self.every_seconds is None else min(measured, self.every_seconds)
 
     def maybe_save(self, step: int, *, force: bool = False) -> bool:
         """Save at ``step`` if due (see the module docstring) or ``force``; True if a save began. On
         every rank, at every step (the ranks agree here)."""
+        self._check_open("maybe_save")
         due = force or self._due(step)
         stop = self._stop_requested()
         due, stop = self._agree(due, stop)
         if stop and not self.should_stop:
             logger.warning("stop signal received: saving step %d, then stopping", step)
             self.should_stop = True
-            self._save(step, synchronous=True)
+            self._after_the_save_in_flight(lambda: self._save(step, synchronous=True))
             return True
         if due:
             self._save(step, synchronous=self.async_mode is None)
@@ -189,23 +220,62 @@ class CheckpointManager:
     def close(self, step: int | None = None, *, durable: bool = True) -> None:
         """Wait for the save in flight; with ``step``, save the state as of ``step`` unless its save
         has committed (synchronously; ``durable``: straight into the last tier, see
-        :meth:`save_durable`, even when a faster tier holds it). Ends the writer and the handlers."""
-        try:
-            self.wait()
+        :meth:`save_durable`, even when a faster tier holds it). Ends the writer, the handlers and
+        the manager's two process groups. Again, without ``step``: nothing to do."""
+        if self._closed and step is None:
+            return
+        self._check_open("close(step)")
+
+        def last_save() -> None:
             if step is not None and durable:
                 self.save_durable(step)
             elif step is not None and self.last_saved != self.checkpoint_id(step):
                 self._save(step, synchronous=True)
+
+        try:
+            self._after_the_save_in_flight(last_save)
         finally:
+            self._closed = True
             self.writer.close()
             self._uninstall()
+            self._destroy_groups()
+
+    def _after_the_save_in_flight(self, last_save: Callable[[], None]) -> None:
+        """Wait for the save in flight, then make ``last_save`` (the stop save, close's) even if the
+        one in flight failed: that failure is raised after it, not instead of it."""
+        earlier: BaseException | None = None
+        try:
+            self.wait()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the last state is saved
+            earlier = exc
+        try:
+            last_save()
+        except BaseException as exc:
+            if earlier is not None:
+                raise exc from earlier
+            raise
+        if earlier is not None:
+            raise earlier
+
+    def _destroy_groups(self) -> None:
+        """The two gloo groups the manager made (their sockets and threads, on every rank)."""
+        groups, self.group, self._agreement = (self.group, self._agreement), None, None
+        for group in groups:
+            if group is not None and dist.is_initialized():  # not after the job destroyed them all
+                dist.destroy_process_group(group)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise TierstoreError(f"CheckpointManager: {what} after close(): the manager is closed")
 
     def _due(self, step: int) -> bool:
         if self.every_steps and step % self.every_steps == 0:
             return True
-        interval = self.interval
-        if self.mtbf is not None and not self._stalls and interval is None:
+        if self.mtbf is not None and not self._stalls:
             return True  # nothing measured yet: the first save measures the stall
+        interval = self.interval
         return interval is not None and self.clock() - self._last_save >= interval
 
     def _agree(self, due: bool, stop: bool) -> tuple[bool, bool]:
@@ -218,7 +288,8 @@ class CheckpointManager:
 
     def _save(self, step: int, *, synchronous: bool, writer: TieredWriter | None = None) -> None:
         self.wait()  # one save in flight: its failure surfaces before the next begins
-        checkpoint = self.checkpoint_id(step)
+        # An id no tier accepts is the caller's bug, on every rank alike: raised, never told.
+        checkpoint = validate_checkpoint_id(self.checkpoint_id(step))
         state = {**self.state, STEP_KEY: {"step": step}}
         started = time.perf_counter()
         future: Future[Any] = Future()
@@ -242,11 +313,18 @@ class CheckpointManager:
                 process_group=self.group,
                 async_checkpointer_type=process if self.async_mode == "process" else thread,
             )
-            assert isinstance(started_save, Future)  # no async_stager: a plain future
+            if isinstance(started_save, AsyncSaveResponse):
+                # An overlapped writer copies the state in the background; the trainer modifies it
+                # once maybe_save returns, so the copy must be done by then (a failed copy fails
+                # the upload too: raised, or told, by wait()).
+                wait_for([started_save.staging_completion])
+                started_save = started_save.upload_completion
             future = started_save
             self.writer.over_when(future)  # back-pressure from the future, not inferred
         self._pending = (checkpoint, future)
-        self._stalls.append(time.perf_counter() - started)
+        if writer is None and synchronous == (self.async_mode is None):  # a save as the periodic ones
+            self._stalls.append(time.perf_counter() - started)
+            del self._stalls[:-8]  # the median of the last few
         self._last_save = self.clock()
         if synchronous:
             self.wait()
@@ -254,6 +332,7 @@ class CheckpointManager:
     def save_durable(self, step: int) -> None:
         """Save the state as of ``step`` straight into the last tier (replacing a copy of that id
         elsewhere: it becomes the newest commit) and confirm its marker there; synchronous."""
+        self._check_open("save_durable")
         last = self.config.tiers[-1].name
         options = {**self._options, "overwrite": True, "overlap": False}
         durable = TieredWriter(self.config, tier=last, **options)
@@ -262,9 +341,20 @@ class CheckpointManager:
         finally:
             durable.close()
         checkpoint = self.checkpoint_id(step)
+        # A failure told to on_saved returned here: the marker decides, and every rank hears it.
+        problem: BaseException | None = None
         if self.group is None or dist.get_rank(self.group) == 0:
             tier = self.config.make_tier(last, node=self.writer.node)
-            read_manifest(tier, checkpoint, trust=self.config.marker_trust())  # raises if absent
+            try:
+                read_manifest(tier, checkpoint, trust=self.config.marker_trust())  # raises if absent
+            except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+                problem = exc
+        _, absent = self._agree(False, problem is not None)
+        if absent:
+            why = f"{type(problem).__name__}: {problem}" if problem is not None else "rank 0 found none"
+            raise TierstoreError(
+                f"{checkpoint} is not durable: no valid commit marker in tier {last} ({why})"
+            ) from problem
         logger.info("%s is durable in tier %s", checkpoint, last)
 
     # -- signals -------------------------------------------------------------------------------
@@ -275,7 +365,15 @@ class CheckpointManager:
             if signals:
                 logger.warning("CheckpointManager made off the main thread: stop signals are not watched")
             return
-        self._previous = {number: signal.signal(number, self._on_signal) for number in signals}
+        previous: dict[int, Any] = {}
+        try:
+            for number in signals:
+                previous[number] = signal.signal(number, self._on_signal)
+        except BaseException:  # one that cannot be caught (SIGKILL): none of them stays installed
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            raise
+        self._previous = previous
 
     def _uninstall(self) -> None:
         for number, handler in self._previous.items():
