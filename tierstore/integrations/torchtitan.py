@@ -212,13 +212,13 @@ class TieredCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if self.async_mode == "disabled":
             dcp.save(states, storage_writer=writer, checkpoint_id=ident, process_group=self.pg)
             return
-        kind = AsyncCheckpointerType.PROCESS if self.async_mode == "async_with_pinned_mem" else None
+        pinned = self.async_mode == "async_with_pinned_mem"
         result = dcp.async_save(
             states,
             storage_writer=writer,
             checkpoint_id=ident,
             process_group=self.pg,
-            async_checkpointer_type=kind or AsyncCheckpointerType.THREAD,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS if pinned else AsyncCheckpointerType.THREAD,
         )
         if isinstance(result, AsyncSaveResponse):  # overlapped staging
             self.staging_future, self.save_future = result.staging_completion, result.upload_completion
