@@ -213,3 +213,28 @@ def test_config_refuses_what_tierstore_cannot_store() -> None:
         TieredCheckpointManager.Config(last_save_in_hf=True)
     with pytest.raises(ValueError, match="async_mode"):
         TieredCheckpointManager.Config(async_mode="sometimes")  # type: ignore[arg-type]
+
+
+def test_torchtitans_command_line_reaches_the_new_field() -> None:
+    """torchtitan parses its command line with tyro over the config its registry returns: with
+    ``TieredCheckpointManager.Config`` there, ``--checkpoint.tierstore-config`` and the usual fields work."""
+    import dataclasses
+
+    import tyro
+    from torchtitan.components.checkpointer import BaseCheckpointManager
+
+    from tierstore.integrations.torchtitan import TieredCheckpointManager
+
+    # the shape of torchtitan's Trainer.Config's checkpoint field (made here: tyro resolves its type)
+    trainer_config = dataclasses.make_dataclass(
+        "TrainerConfig", [("checkpoint", BaseCheckpointManager.Config)], kw_only=True
+    )
+    default = trainer_config(checkpoint=TieredCheckpointManager.Config(interval=7))
+    args = ["--checkpoint.tierstore-config", "/etc/tierstore.yaml", "--checkpoint.async-mode", "async"]
+    parsed = tyro.cli(trainer_config, args=args, default=default).checkpoint
+    assert isinstance(parsed, TieredCheckpointManager.Config)
+    assert (parsed.tierstore_config, parsed.interval, parsed.async_mode) == (
+        "/etc/tierstore.yaml",
+        7,
+        "async",
+    )
