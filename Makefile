@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TOOLS  := $(VENV)/.system-tools
 
-.PHONY: help demo test quick lint typecheck unit procs s3server faults soak bench standalone goodput costs costs-large clean
+.PHONY: help demo test quick lint typecheck unit titan procs s3server faults soak bench standalone goodput costs costs-large clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
@@ -14,6 +14,7 @@ TOOLS  := $(VENV)/.system-tools
 #   make s3server  only the tests against the real S3 server (SeaweedFS)
 #   make faults    the long randomised fault sweeps (FAULT_SEEDS seeds each; make test runs a few)
 #   make soak      the long run of the commit protocol's models and its mutation kit (many examples)
+#   make titan     the torchtitan integration against torchtitan itself, in its own venv (.venv-titan)
 QUICK := not procs and not s3server and not slow and not faults
 FAULT_SEEDS ?= 20
 
@@ -27,6 +28,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
+
+# The torchtitan lane's own venv, built like the main one: torchtitan's dependency set (datasets) pins
+# fsspec below s3fs's, so torchtitan is installed --no-deps beside the `titan` extra (what its
+# checkpointer, optimizer and config modules import), never into .venv.
+TITAN_VENV  := .venv-titan
+TITAN_STAMP := $(TITAN_VENV)/.installed
+
+$(TITAN_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_VENV)/bin/pip install --quiet --upgrade pip
+	$(TITAN_VENV)/bin/pip install --quiet torch==2.13.0
+	$(TITAN_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev,titan]'
+	$(TITAN_VENV)/bin/pip install --quiet -c constraints.txt --no-deps torchtitan==0.3.0
+	touch $(TITAN_STAMP)
 
 # The system commands the tests run (faketime, fiu-run, promtool, ...): installed once as root where
 # missing, or the run stops before any test, naming them (tests/system-tools.txt lists them).
@@ -61,10 +76,13 @@ s3server: $(STAMP) $(TOOLS)
 faults: $(STAMP) $(TOOLS)
 	TIERSTORE_FAULT_SEEDS=$(FAULT_SEEDS) $(BIN)/pytest -q -m faults -s --durations=10
 
+titan: $(TITAN_STAMP) $(TOOLS)
+	TIERSTORE_TITAN_LANE=1 $(TITAN_VENV)/bin/pytest -q --durations=10 tests/integrations
+
 soak: $(STAMP) $(TOOLS)
 	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py tests/records/test_machine_model.py
 
-test: $(TOOLS) lint typecheck unit
+test: $(TOOLS) lint typecheck unit titan
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
@@ -93,4 +111,4 @@ goodput: $(STAMP)
 	$(BIN)/python benchmarks/goodput.py $(GOODPUT_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

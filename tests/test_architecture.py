@@ -1,4 +1,5 @@
-"""The package's shape, enforced: a sealed tier seam, torch only in ``dcp/``, dependencies one way, no
+"""The package's shape, enforced: a sealed tier seam, torch only in ``dcp/`` (and the framework adapters
+in ``integrations/``, which sit on it), dependencies one way, no
 import circle, and a writer's or reader's private state touched by its own class only."""
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ LAYERS = {
     "tierstore.dcp": 5,
     "tierstore.promote": 5,
     "tierstore.cli": 6,
+    "tierstore.integrations": 6,
     "tierstore": 6,
 }
-"""_platform and the vocabulary -> tiers -> config -> records -> {dcp, promote} -> cli."""
+"""_platform and the vocabulary -> tiers -> config -> records -> {dcp, promote} -> {cli, integrations}."""
 
 
 def module_name(path: Path) -> str:
@@ -119,12 +121,15 @@ def test_nothing_outside_tiers_reaches_around_the_seam_to_a_tiers_files() -> Non
 
 
 def test_only_dcp_imports_torch_at_module_level_and_promote_never() -> None:
+    """``integrations/`` adapts torch frameworks (torchtitan's checkpointer is a torch object) on top of
+    the DCP face; nothing imports it, so the CLI and the promoter still never load torch."""
     offenders = []
     for name, tree in modules():
         for module, _names, top in imports(tree):
             if module.split(".")[0] != "torch":
                 continue
-            if name.startswith("tierstore.promote") or (top and not name.startswith("tierstore.dcp")):
+            torch_side = name.startswith(("tierstore.dcp", "tierstore.integrations"))
+            if name.startswith("tierstore.promote") or (top and not torch_side):
                 offenders.append(f"{name} imports {module}")
     assert offenders == []
 
@@ -332,6 +337,13 @@ def test_the_private_state_check_sees_each_reach() -> None:
 )
 def test_the_cli_and_the_promoter_run_without_loading_torch(modules_to_import: str) -> None:
     code = f"import sys, {modules_to_import}; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_importing_tierstore_loads_no_training_framework() -> None:
+    """The adapters are imported by name: ``import tierstore`` never pulls in torchtitan."""
+    code = "import sys, tierstore, tierstore.integrations; print('torchtitan' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

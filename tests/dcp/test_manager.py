@@ -188,3 +188,20 @@ def test_the_agreement_does_not_share_a_group_with_the_save_in_flight(
     config = make_config("memory", promote={"every": 1000})
     run_ranks(overlapping_rank, 2, tmp_path, config)
     assert ids(config, "memory")[-1] == default_id(6)
+
+
+def process_mode_saves(rank: int, world: int, config: Config) -> None:
+    trained = {"model": {"w": torch.full((64,), 0.0)}}
+    manager = CheckpointManager(config, trained, every_steps=1, async_mode="process")
+    for step in (1, 2, 3):
+        trained["model"]["w"].fill_(float(step))
+        manager.maybe_save(step)
+    manager.close()
+
+
+def test_process_mode_saves_one_after_another(tmp_path: Path, make_config: Callable[..., Config]) -> None:
+    """DCP's PROCESS checkpointer pickles the writer: the future's owner's record of the last staged
+    save (over_when's) holds locks, and stays with the trainer (its pickling failed every save)."""
+    config = make_config("memory", promote={"every": 1000})
+    run_ranks(process_mode_saves, 1, tmp_path, config)
+    assert ids(config, "memory") == [default_id(1), default_id(2), default_id(3)]

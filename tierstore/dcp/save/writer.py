@@ -159,7 +159,7 @@ class TieredWriter(StorageWriter, AsyncStager):
         state["_handover"] = self._waits.hand_over(self.tier)
         # The slab and stage report go with this copy (a snapshot, taken before the two lines
         # below change the trainer's), the staging buffers and the pending save stay.
-        state["_staged"] = dataclasses.replace(self._staged, pending=None, carried=None)
+        state["_staged"] = dataclasses.replace(self._staged, pending=None, carried=None, last=None)
         # PROCESS mode pickles the writer on the thread that then waits for DCP's checkpoint
         # process: that thread carries this save, and the next stage() waits for it.
         self._staged.register_thread(in_process=False)
