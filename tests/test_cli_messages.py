@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -245,3 +246,44 @@ def test_a_reader_closing_the_pipe_ends_the_listing_quietly(config_file: Path) -
     _out, err = listing.communicate(timeout=120)
     assert listing.returncode == 128 + signal.SIGPIPE
     assert "Broken pipe" not in err and "error" not in err, err
+
+
+# -- the promoter's metrics address ----------------------------------------------------------------
+
+
+def promote_on(config_file: Path, port: int, addr: str) -> subprocess.CompletedProcess[str]:
+    argv = ["--config", str(config_file), "promote", "--once", "--metrics-port", str(port)]
+    return subprocess.run(
+        [sys.executable, "-m", "tierstore", *argv, "--metrics-addr", addr],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("addr", "message"),
+    [
+        ("127.0.0.1:9400", "malformed address '127.0.0.1:9400' (the port goes to --metrics-port)"),
+        ("local host", "malformed address 'local host'"),
+        ("no-such-host.invalid", "--metrics-addr no-such-host.invalid: not resolvable"),
+    ],
+)
+def test_a_bad_metrics_address_is_told_what_is_wrong_with_it(
+    config_file: Path, addr: str, message: str
+) -> None:
+    done = promote_on(config_file, 0, addr)
+    assert done.returncode == EXIT_ERROR
+    assert message in done.stderr and "free port" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_metrics_port_in_use_is_told_to_choose_a_free_one(config_file: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = promote_on(config_file, port, "127.0.0.1")
+    assert done.returncode == EXIT_ERROR
+    assert "Address already in use (choose a free port with --metrics-port" in done.stderr, done.stderr

@@ -19,10 +19,14 @@ the other commands never load it.
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -289,12 +293,8 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         try:
             port = promoter.serve(args.metrics_port, args.metrics_addr)
-        except OSError as exc:  # a port another job holds: say which, and which flag sets it
-            raise TierstoreError(
-                f"--metrics-port {args.metrics_port}: cannot listen on"
-                f" {args.metrics_addr}:{args.metrics_port}: {exc.strerror or exc}"
-                " (choose a free port with --metrics-port, or 0 for any free port)"
-            ) from exc
+        except OSError as exc:  # say what is wrong, and which flag to change
+            raise TierstoreError(_bind_error(args.metrics_addr, args.metrics_port, exc)) from exc
         logging.getLogger(__name__).info(
             "metrics on http://%s:%d/metrics, probes at /healthz and /readyz", args.metrics_addr, port
         )
@@ -315,6 +315,22 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     status = promoter.run(once=args.once)
     event("promoter_stopped", node=promoter.node, status=status)
     return status
+
+
+def _bind_error(addr: str, port: int, exc: OSError) -> str:
+    """Why the promoter cannot serve on ``addr:port``: a name that does not resolve, an address
+    that is not this host's, a privileged port, or a port another process holds."""
+    where = f"cannot listen on {addr}:{port}: {exc.strerror or exc}"
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"--metrics-addr {addr}: not resolvable ({exc.strerror or exc}): give an IP address of"
+            " this host (127.0.0.1, or 0.0.0.0 for every interface) or a name that resolves to one"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"--metrics-addr {addr}: {where} (not an address of this host: 127.0.0.1, or 0.0.0.0)"
+    if exc.errno == errno.EACCES:
+        return f"--metrics-port {port}: {where} (ports below 1024 need privileges: choose a higher one)"
+    return f"--metrics-port {port}: {where} (choose a free port with --metrics-port, or 0 for any free port)"
 
 
 def cmd_gc(config: Config, args: argparse.Namespace) -> int:
@@ -447,6 +463,23 @@ def _port(text: str) -> int:
     if not text.strip().isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0: any free port), got {text!r}")
     return int(text)
+
+
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _address(text: str) -> str:
+    """An IP address or a host name, without a port (which is ``--metrics-port``'s)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(text) or len(text) > 253:
+            port_too = " (the port goes to --metrics-port)" if ":" in text else ""
+            raise argparse.ArgumentTypeError(
+                f"malformed address {text!r}{port_too}: expected an IP address such as 127.0.0.1,"
+                " 0.0.0.0 or ::, or a host name"
+            ) from None
+    return text
 
 
 def _node_list(text: str) -> list[int]:
@@ -595,7 +628,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics and the /healthz, /readyz probes",
     )
     promote.add_argument(
-        "--metrics-addr", default="127.0.0.1", help="address to serve on (0.0.0.0: other hosts too)"
+        "--metrics-addr",
+        type=_address,
+        default="127.0.0.1",
+        help="address to serve on (0.0.0.0: other hosts too)",
     )
     promote.set_defaults(run=cmd_promote)
     gc = commands.add_parser("gc", help="apply retention and remove uncommitted leftovers")
