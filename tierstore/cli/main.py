@@ -40,6 +40,7 @@ from tierstore._platform.progress import ByteProgress
 from tierstore.cli.audit import audit_all
 from tierstore.cli.status import gather_status, render
 from tierstore.config import Config, load_config
+from tierstore.dcp.arguments import check_drill_arguments, check_export_destination
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
@@ -186,6 +187,10 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
+    validate_checkpoint_id(args.checkpoint_id)  # arguments first: importing torch takes seconds
+    if args.tier is not None:
+        config.tier(args.tier)
+    check_export_destination(Path(os.path.abspath(args.to)))
     from tierstore.dcp.tools import export_checkpoint  # loads torch: only for this command
 
     # A stopped export (timeout, job kill) must clean up its temporary directory like any failure.
@@ -234,6 +239,17 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
+    check_drill_arguments(  # before torch, whose import takes seconds
+        config,
+        entry=args.entry,
+        loss_log=args.loss_log,
+        world_size=args.world_size,
+        steps=args.steps,
+        tier=args.tier,
+        checkpoint_id=args.checkpoint,
+        tolerance=args.tolerance,
+        timeout_s=args.timeout,
+    )
     from tierstore.dcp.tools import run_drill  # loads torch: only for this command
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
@@ -519,7 +535,7 @@ def add_drill_parser(commands: Any) -> None:
     drill.add_argument(
         "--checkpoint", default=None, metavar="ID", help="this checkpoint (default: the newest in the tier)"
     )
-    drill.add_argument("--world-size", type=int, default=1, help="processes in the drill job")
+    drill.add_argument("--world-size", type=_positive_count, default=1, help="processes in the drill job")
     drill.add_argument(
         "--steps",
         type=int,
