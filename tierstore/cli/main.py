@@ -44,6 +44,7 @@ from tierstore.dcp.arguments import check_drill_arguments, check_export_destinat
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
+from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing
@@ -357,11 +358,28 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     for deletion in deletions:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{verb} {deletion.checkpoint_id} from {deletion.tier}: {deletion.reason}")
-    for cleanup in promoter.collect_garbage(dry_run=args.dry_run):
+    cleanups = promoter.collect_garbage(dry_run=args.dry_run)
+    for cleanup in cleanups:
         verb = "would remove" if args.dry_run else "removed"
         print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")
     if not deletions:
         print("retention: nothing to delete")
+    later: list[Cleanup] = []
+    if args.dry_run:  # leftovers not yet left alone long enough: what a later gc removes
+        due = {(c.tier, c.path) for c in cleanups}
+        later = [
+            c
+            for c in promoter.collect_garbage(dry_run=True, stale_after=0.0)
+            if (c.tier, c.path) not in due and c.reason != VOID_BELOW_TOP
+        ]
+        wait = human_age(config.promote.stale_after)
+        for cleanup in later:
+            print(
+                f"would remove later {cleanup.path} from {cleanup.tier}: {cleanup.reason}"
+                f" (once left alone for promote.stale_after, {wait})"
+            )
+    if not cleanups and not later:
+        print("cleanup: nothing to remove")
     for name, why in sorted(promoter.unreachable.items()):  # what could be reached was done
         print(f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr)
     return EXIT_MISMATCH if promoter.unreachable else 0
