@@ -41,7 +41,8 @@ from gpt.model import CharGPT, ModelShape, next_char_loss
 from gpt.state import ResumePlanner, TrainState, seed_everything
 from torch.nn.parallel import DistributedDataParallel
 
-from tierstore import CheckpointManager, LossBandGate, TieredReader
+from tierstore import CheckpointManager, LossBandGate, TieredReader, TierstoreError, load_config
+from tierstore.errors import one_line
 
 logger = logging.getLogger("train_gpt")
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
@@ -272,9 +273,19 @@ def drill_entry(ctx: Any) -> Iterator[tuple[int, float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the flags and train."""
+    """Parse the flags, read the configuration, and train. A configuration that does not load is
+    one line from rank 0 and exit status 2 on every rank, before any process group or model."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return train(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    try:
+        args.config = load_config(args.config)
+    except (TierstoreError, OSError, ValueError) as exc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train_gpt.py: error: {one_line(str(exc))}", file=sys.stderr)
+        else:  # torchrun stops the other ranks when one exits: let rank 0 say why first
+            time.sleep(2)
+        return 2
+    return train(args)
 
 
 if __name__ == "__main__":

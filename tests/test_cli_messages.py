@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -245,3 +246,84 @@ def test_a_reader_closing_the_pipe_ends_the_listing_quietly(config_file: Path) -
     _out, err = listing.communicate(timeout=120)
     assert listing.returncode == 128 + signal.SIGPIPE
     assert "Broken pipe" not in err and "error" not in err, err
+
+
+# -- the promoter's metrics address ----------------------------------------------------------------
+
+
+def promote_on(config_file: Path, port: int, addr: str) -> subprocess.CompletedProcess[str]:
+    argv = ["--config", str(config_file), "promote", "--once", "--metrics-port", str(port)]
+    return subprocess.run(
+        [sys.executable, "-m", "tierstore", *argv, "--metrics-addr", addr],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("addr", "message"),
+    [
+        ("127.0.0.1:9400", "malformed address '127.0.0.1:9400' (the port goes to --metrics-port)"),
+        ("local host", "malformed address 'local host'"),
+        ("no-such-host.invalid", "--metrics-addr no-such-host.invalid: not resolvable"),
+    ],
+)
+def test_a_bad_metrics_address_is_told_what_is_wrong_with_it(
+    config_file: Path, addr: str, message: str
+) -> None:
+    done = promote_on(config_file, 0, addr)
+    assert done.returncode == EXIT_ERROR
+    assert message in done.stderr and "free port" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_metrics_port_in_use_is_told_to_choose_a_free_one(config_file: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = promote_on(config_file, port, "127.0.0.1")
+    assert done.returncode == EXIT_ERROR
+    assert "Address already in use (choose a free port with --metrics-port" in done.stderr, done.stderr
+
+
+# -- restore and drill check their arguments before importing torch --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["restore", "../x", "--to", "{out}"], "../x"),
+        (["restore", "step_1", "--to", "{full}"], "exists and is not empty"),
+        (["restore", "step_1", "--to", "{out}", "--tier", "tape"], "no tier named 'tape'"),
+        (["drill", "--entry", "nocolon", "--loss-log", "{log}"], "expected module:function"),
+        (
+            ["drill", "--entry", "m:f", "--loss-log", "{log}", "--steps", "2"],
+            "--steps 2: expected at least 3",
+        ),
+        (["drill", "--entry", "m:f", "--loss-log", "{log}", "--tier", "tape"], "no tier named 'tape'"),
+        (["drill", "--entry", "m:f", "--loss-log", "{out}/none.jsonl"], "none.jsonl"),
+    ],
+)
+def test_restore_and_drill_refuse_bad_arguments_without_loading_torch(
+    config_file: Path, tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """Importing torch takes seconds: a typo is told before it, in one line."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept").write_text("x")
+    (tmp_path / "loss.jsonl").write_text("")
+    where = {
+        "out": str(tmp_path / "out"),
+        "full": str(tmp_path / "full"),
+        "log": str(tmp_path / "loss.jsonl"),
+    }
+    args = ["--config", str(config_file), *[a.format(**where) for a in argv]]
+    code = f"import sys; from tierstore.cli import main; c = main({args!r}); print(c, 'torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.stdout.split() == [str(EXIT_ERROR), "False"], done.stdout + done.stderr
+    assert done.stderr.startswith("tierstore: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr

@@ -365,3 +365,39 @@ def test_gc_cleans_what_it_can_reach_and_exits_1_naming_a_tier_it_could_not(
     assert main(["--config", str(path), "gc"]) == 1
     err = capsys.readouterr().err
     assert "tierstore: tier s3 is unreachable, not cleaned:" in err
+
+
+def test_a_finished_runs_last_checkpoint_not_in_the_durable_tier_is_a_problem(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]
+) -> None:
+    """``promote.every: 5`` copies only commits 5, 10, ... to the durable tier: a run that ends at
+    commit 6 leaves its last state in host memory. While it saves at its pace that is normal; once
+    nothing was committed for the run's usual gaps (and ten promoter intervals), it is a problem,
+    until the last state is saved durably (what CheckpointManager.close() does)."""
+    from tierstore import CheckpointManager
+
+    path = tmp_path / "tierstore.yaml"
+    settings = {"namespace": "run", "tiers": tier_specs("memory", "local"), "promote": {"every": 5}}
+    path.write_text(yaml.safe_dump(settings))
+    state = {"w": torch.zeros(8)}
+    manager = CheckpointManager(str(path), state, every_steps=1, async_mode=None)
+    for step in range(1, 7):
+        state["w"] += 1
+        manager.maybe_save(step)
+    config = load_config(path)
+    assert Promoter(config).run(once=True) == 0
+    now = time.time()
+    running = gather_status(config, [0], now=now)
+    assert running.durable is not None and running.newest is not None
+    assert (running.durable.checkpoint_id, running.newest.checkpoint_id) == ("step_00000005", "step_00000006")
+    assert running.ok, running.problems()
+    later = gather_status(config, [0], now=now + 3600)
+    stranded = [p for p in later.problems() if "not in the durable tier" in p]
+    assert stranded and stranded[0].startswith(
+        "the newest checkpoint step_00000006 is not in the durable tier local"
+    )
+    assert "its last state is not durable" in stranded[0]
+    manager.close(6)
+    closed = gather_status(config, [0], now=now + 3600)
+    assert closed.durable is not None and closed.durable.checkpoint_id == "step_00000006"
+    assert not [p for p in closed.problems() if "not in the durable tier" in p]

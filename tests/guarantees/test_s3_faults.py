@@ -254,7 +254,7 @@ def test_a_flipped_byte_is_caught_and_fetched_or_sent_again(
     proxy, bucket = flaky_s3
     job, _restart = configs(tmp_path, proxy, bucket, attempts=8)
     s3 = job.make_tier("s3", node=0)
-    caplog.set_level(logging.WARNING, logger="tierstore.tiers.s3.retry")
+    caplog.set_level(logging.DEBUG, logger="tierstore.tiers.s3.retry")
     body = bytes(range(256)) * 40
     if fault == "flip_request":
         proxy.configure(rate=0.5, faults=[fault], seed=1)

@@ -141,3 +141,31 @@ def test_a_promotion_the_target_already_holds_says_so(
         "promotion_skipped checkpoint=step_0001 source=memory target=local"
         ' reason="the target already holds this commit"'
     ], info
+
+
+def test_a_corrupt_source_is_logged_once_not_on_every_pass(
+    config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A source that fails verification fails every pass the same way: one ERROR line says so;
+    the retries are DEBUG, and a different failure of it is an ERROR again."""
+    save(config, "step_0001")
+    memory = make_tier(config.tier("memory"), namespace=config.namespace, node=0)
+    manifest = read_manifest(memory, "step_0001", trust=MarkerTrust())
+    data = next(f.path for f in manifest.files if f.path.endswith(".distcp"))
+    with open(memory.local_path(f"step_0001/{data}"), "r+b") as handle:
+        handle.seek(64)
+        byte = handle.read(1)
+        handle.seek(64)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    caplog.set_level(logging.DEBUG, logger="tierstore.promote.sidecar")
+    promoter = Promoter(config)
+    for _ in range(3):
+        assert promoter.run(once=True) == 1
+
+    def failed(level: int) -> list[str]:
+        return [line for line in lines(caplog, level) if "step_0001" in line and "fail" in line]
+
+    assert len(failed(logging.ERROR)) == 1, failed(logging.ERROR)
+    assert failed(logging.ERROR)[0].startswith("promotion_failed checkpoint=step_0001 source=memory")
+    assert failed(logging.INFO) == [], "not twice (INFO and ERROR)"
+    assert len(failed(logging.DEBUG)) == 2, "each later pass's failure is detail"

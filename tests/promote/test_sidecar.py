@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -310,6 +311,29 @@ def test_gc_dry_run_then_gc(make_config: Callable[..., Config], capsys: pytest.C
     assert cmd_gc(config, Args()) == 0  # type: ignore[arg-type]
     assert committed(config, "local") == ["step_0002"]
     assert not leftover.exists() and not temp.exists()
+
+
+def test_gc_dry_run_lists_young_leftovers_and_says_when_there_are_none(
+    tmp_path: Path, tier_specs: Callable[..., list[dict[str, Any]]]
+) -> None:
+    """A leftover not yet left alone for stale_after is named as one a later gc removes; with
+    none at all, the dry run says so instead of nothing."""
+    path = tmp_path / "tierstore.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tier_specs("local"), "promote": {"stale_after": "1h"}}))
+    config = config_from_dict(yaml.safe_load(path.read_text()))
+    save(config, "step_0001")
+
+    def dry_run() -> str:
+        done = subprocess.run(cli(path, "gc", "--dry-run"), capture_output=True, text=True, check=True)
+        return done.stdout
+
+    assert "cleanup: nothing to remove" in dry_run()
+    tier(config, "local").write_bytes("step_0002/g00000000001/r00000-0.distcp", b"a save that failed")
+    out = dry_run()
+    later = r"would remove later step_0002/g00000000001 from local: no commit marker; untouched for \d+s"
+    assert re.search(later + r" \(once left alone for promote.stale_after, 1h00m\)", out), out
+    assert "cleanup: nothing to remove" not in out
+    assert tier(config, "local").exists("step_0002/g00000000001/r00000-0.distcp"), "a dry run"
 
 
 def test_retention_deletes_marker_before_data(

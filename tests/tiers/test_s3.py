@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -81,6 +82,27 @@ def test_transient_errors_are_retried_and_counted(faulty: tuple[FaultyS3, S3Tier
     tier.write_bytes("a/object", b"payload")
     assert tier.read_bytes("a/object") == b"payload"
     assert len(retried) == 2
+
+
+def test_an_outage_is_logged_once_not_once_per_attempt(
+    faulty: tuple[FaultyS3, S3Tier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hundreds of attempts in a long outage are one WARNING; the rest are DEBUG detail, and the
+    request that succeeds again says how many failed."""
+    server, tier = faulty
+    tier.write_bytes("a/object", b"payload")
+    caplog.set_level(logging.DEBUG, logger="tierstore.tiers.s3.retry")
+    server.faults.fail(1000, status=503, method="GET")
+    for _ in range(3):
+        with pytest.raises(TierUnavailableError):
+            tier.read_bytes("a/object")
+    server.faults.rules.clear()
+    assert tier.read_bytes("a/object") == b"payload"
+    retries = [r for r in caplog.records if r.getMessage().startswith("retrying ")]
+    assert len(retries) == 3 * 3, "every attempt but each request's last is retried"
+    assert [r.levelno for r in retries].count(logging.WARNING) == 1, "one warning for the outage"
+    ended = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert ended and "succeeded after 9 failed attempts" in ended[-1]
 
 
 def test_a_ranged_read_cut_short_by_the_server_is_retried(faulty: tuple[FaultyS3, S3Tier]) -> None:

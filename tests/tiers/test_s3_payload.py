@@ -141,7 +141,7 @@ def test_an_unsigned_part_damaged_on_the_way_is_refused_and_sent_again(
     (BadDigest), the part is sent again, and the object read back is the bytes written."""
     endpoint = urlparse(seaweed.endpoint)
     assert endpoint.hostname is not None and endpoint.port is not None
-    caplog.set_level(logging.WARNING, logger="tierstore.tiers.s3.retry")
+    caplog.set_level(logging.DEBUG, logger="tierstore.tiers.s3.retry")
     with HttpFaultProxy(endpoint.hostname, endpoint.port) as proxy:
         tier = tier_on(proxy.endpoint, seaweed_bucket, max_attempts=8)
         payload = os.urandom(16 * 2**20)  # four parts

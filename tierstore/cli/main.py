@@ -19,10 +19,14 @@ the other commands never load it.
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -36,9 +40,11 @@ from tierstore._platform.progress import ByteProgress
 from tierstore.cli.audit import audit_all
 from tierstore.cli.status import gather_status, render
 from tierstore.config import Config, load_config
+from tierstore.dcp.arguments import check_drill_arguments, check_export_destination
 from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
+from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing
@@ -182,6 +188,10 @@ def _verify_all(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_restore(config: Config, args: argparse.Namespace) -> int:
     """Export a committed checkpoint to a plain DCP directory (exit 1 if a source file is corrupt)."""
+    validate_checkpoint_id(args.checkpoint_id)  # arguments first: importing torch takes seconds
+    if args.tier is not None:
+        config.tier(args.tier)
+    check_export_destination(Path(os.path.abspath(args.to)))
     from tierstore.dcp.tools import export_checkpoint  # loads torch: only for this command
 
     # A stopped export (timeout, job kill) must clean up its temporary directory like any failure.
@@ -230,6 +240,17 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
+    check_drill_arguments(  # before torch, whose import takes seconds
+        config,
+        entry=args.entry,
+        loss_log=args.loss_log,
+        world_size=args.world_size,
+        steps=args.steps,
+        tier=args.tier,
+        checkpoint_id=args.checkpoint,
+        tolerance=args.tolerance,
+        timeout_s=args.timeout,
+    )
     from tierstore.dcp.tools import run_drill  # loads torch: only for this command
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
@@ -289,12 +310,8 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         try:
             port = promoter.serve(args.metrics_port, args.metrics_addr)
-        except OSError as exc:  # a port another job holds: say which, and which flag sets it
-            raise TierstoreError(
-                f"--metrics-port {args.metrics_port}: cannot listen on"
-                f" {args.metrics_addr}:{args.metrics_port}: {exc.strerror or exc}"
-                " (choose a free port with --metrics-port, or 0 for any free port)"
-            ) from exc
+        except OSError as exc:  # say what is wrong, and which flag to change
+            raise TierstoreError(_bind_error(args.metrics_addr, args.metrics_port, exc)) from exc
         logging.getLogger(__name__).info(
             "metrics on http://%s:%d/metrics, probes at /healthz and /readyz", args.metrics_addr, port
         )
@@ -317,6 +334,22 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     return status
 
 
+def _bind_error(addr: str, port: int, exc: OSError) -> str:
+    """Why the promoter cannot serve on ``addr:port``: a name that does not resolve, an address
+    that is not this host's, a privileged port, or a port another process holds."""
+    where = f"cannot listen on {addr}:{port}: {exc.strerror or exc}"
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"--metrics-addr {addr}: not resolvable ({exc.strerror or exc}): give an IP address of"
+            " this host (127.0.0.1, or 0.0.0.0 for every interface) or a name that resolves to one"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"--metrics-addr {addr}: {where} (not an address of this host: 127.0.0.1, or 0.0.0.0)"
+    if exc.errno == errno.EACCES:
+        return f"--metrics-port {port}: {where} (ports below 1024 need privileges: choose a higher one)"
+    return f"--metrics-port {port}: {where} (choose a free port with --metrics-port, or 0 for any free port)"
+
+
 def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     """Retention and leftover cleanup, once; ``--dry-run`` only prints."""
     promoter = Promoter(config, node=args.node)
@@ -325,11 +358,28 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
     for deletion in deletions:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{verb} {deletion.checkpoint_id} from {deletion.tier}: {deletion.reason}")
-    for cleanup in promoter.collect_garbage(dry_run=args.dry_run):
+    cleanups = promoter.collect_garbage(dry_run=args.dry_run)
+    for cleanup in cleanups:
         verb = "would remove" if args.dry_run else "removed"
         print(f"{verb} {cleanup.path} from {cleanup.tier}: {cleanup.reason}")
     if not deletions:
         print("retention: nothing to delete")
+    later: list[Cleanup] = []
+    if args.dry_run:  # leftovers not yet left alone long enough: what a later gc removes
+        due = {(c.tier, c.path) for c in cleanups}
+        later = [
+            c
+            for c in promoter.collect_garbage(dry_run=True, stale_after=0.0)
+            if (c.tier, c.path) not in due and c.reason != VOID_BELOW_TOP
+        ]
+        wait = human_age(config.promote.stale_after)
+        for cleanup in later:
+            print(
+                f"would remove later {cleanup.path} from {cleanup.tier}: {cleanup.reason}"
+                f" (once left alone for promote.stale_after, {wait})"
+            )
+    if not cleanups and not later:
+        print("cleanup: nothing to remove")
     for name, why in sorted(promoter.unreachable.items()):  # what could be reached was done
         print(f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr)
     return EXIT_MISMATCH if promoter.unreachable else 0
@@ -449,6 +499,23 @@ def _port(text: str) -> int:
     return int(text)
 
 
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _address(text: str) -> str:
+    """An IP address or a host name, without a port (which is ``--metrics-port``'s)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(text) or len(text) > 253:
+            port_too = " (the port goes to --metrics-port)" if ":" in text else ""
+            raise argparse.ArgumentTypeError(
+                f"malformed address {text!r}{port_too}: expected an IP address such as 127.0.0.1,"
+                " 0.0.0.0 or ::, or a host name"
+            ) from None
+    return text
+
+
 def _node_list(text: str) -> list[int]:
     try:
         nodes = [int(part) for part in text.split(",") if part.strip()]
@@ -486,7 +553,7 @@ def add_drill_parser(commands: Any) -> None:
     drill.add_argument(
         "--checkpoint", default=None, metavar="ID", help="this checkpoint (default: the newest in the tier)"
     )
-    drill.add_argument("--world-size", type=int, default=1, help="processes in the drill job")
+    drill.add_argument("--world-size", type=_positive_count, default=1, help="processes in the drill job")
     drill.add_argument(
         "--steps",
         type=int,
@@ -595,7 +662,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics and the /healthz, /readyz probes",
     )
     promote.add_argument(
-        "--metrics-addr", default="127.0.0.1", help="address to serve on (0.0.0.0: other hosts too)"
+        "--metrics-addr",
+        type=_address,
+        default="127.0.0.1",
+        help="address to serve on (0.0.0.0: other hosts too)",
     )
     promote.set_defaults(run=cmd_promote)
     gc = commands.add_parser("gc", help="apply retention and remove uncommitted leftovers")

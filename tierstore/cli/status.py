@@ -7,6 +7,11 @@ Then the recovery point (the newest durable checkpoint, the last tier's newest, 
 mirror of each node's part of the newest checkpoint in each mirrored tier, and each node's promoter
 (from the record it leaves at every pass, :mod:`tierstore.records.promoter_state`).
 
+A finished run's last checkpoint that never reached the durable tier is a problem too: with
+``promote.every: k`` only every k-th commit is copied there, so a run ending between two leaves its
+last state in the fast tiers only. The run counts as ended (see :func:`idle_bound`) once nothing was
+committed for three times its usual gap between saves, and for at least ten promoter intervals.
+
 Node-local tiers are shown for each node asked for (``--nodes``; by default this node's): where one
 node cannot see another's memory or disk, ask on that node. Job-wide tiers are listed once.
 
@@ -18,6 +23,8 @@ for.
 from __future__ import annotations
 
 import functools
+import itertools
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -108,6 +115,8 @@ class StatusReport:
     at: float = field(default_factory=time.time)
     max_lag: float | None = None
     """A recovery point older than this many seconds is a problem (``--max-lag``)."""
+    idle_bound: float | None = None
+    """Seconds without a commit after which the run looks ended (:func:`idle_bound`); None: no rule."""
 
     @property
     def durable_reachable(self) -> bool:
@@ -132,6 +141,8 @@ class StatusReport:
             and any(t.durable and t.reachable for t in self.tiers)
         ):
             found.append("no checkpoint is in the durable tier yet")
+        if (stranded := self._stranded()) is not None:
+            found.append(stranded)
         lag = self.recovery_point_lag_s
         if self.max_lag is not None and lag is not None and lag > self.max_lag:
             found.append(
@@ -150,6 +161,23 @@ class StatusReport:
                 found += [f"promoter of node {promoter.node}: {p}" for p in promoter.state.troubles()]
         return found
 
+    def _stranded(self) -> str | None:
+        """The problem of a newest checkpoint not in the durable tier once the run looks ended."""
+        newest, durable, bound = self.newest, self.durable, self.idle_bound
+        if newest is None or durable is None or bound is None or not self.durable_reachable:
+            return None
+        idle = self.at - newest.committed_at
+        if newest.checkpoint_id == durable.checkpoint_id or idle <= bound:
+            return None
+        last = ", ".join(sorted({t.name for t in self.tiers if t.durable}))
+        return (
+            f"the newest checkpoint {newest.checkpoint_id} is not in the durable tier {last}, and"
+            f" nothing was committed for {human_age(idle)} (the run looks ended after"
+            f" {human_age(bound)}): its last state is not durable. promote.every copies only every"
+            " k-th commit there; end runs with CheckpointManager.close(), which saves the last"
+            " state into it"
+        )
+
     @property
     def ok(self) -> bool:
         """True when :meth:`problems` finds nothing."""
@@ -164,6 +192,7 @@ class StatusReport:
             "newest": None if self.newest is None else asdict(self.newest),
             "durable": None if self.durable is None else asdict(self.durable),
             "recovery_point_lag_s": self.recovery_point_lag_s,
+            "idle_bound_s": self.idle_bound,
             "durable_reachable": self.durable_reachable,
             "tiers": [
                 {**asdict(t), "reachable": t.reachable, "space": _space_dict(t.space)} for t in self.tiers
@@ -190,6 +219,7 @@ def gather_status(
     report = StatusReport(at=time.time() if now is None else now, max_lag=max_lag)
     last = config.tiers[-1].name
     prober = Prober(config.probe_timeout)
+    commits: dict[str, float] = {}
     for index, node in enumerate(nodes):
         tiers = config.make_tiers(node=node)
         shown = tiers if index == 0 else [t for t in tiers if t.node_local]
@@ -200,6 +230,7 @@ def gather_status(
             listings = catalog.listings()
         except TierstoreError:  # nothing could be listed: every tier is in catalog.unreachable
             listings = []
+        commits.update((entry.checkpoint_id, entry.committed_at) for entry in listings)
         keeps = {c.name: config.policy(c.name).keep for c in config.tiers}
         for tier in shown:
             status = _tier_status(
@@ -220,7 +251,27 @@ def gather_status(
         report.promoters.append(_promoter_view(tiers, node, report.at, prober, away))
     report.newest = _newest([t.newest for t in report.tiers])
     report.durable = _newest([t.newest for t in report.tiers if t.durable])
+    report.idle_bound = idle_bound(list(commits.values()), float(config.promote.interval))
     return report
+
+
+IDLE_GAPS = 3
+"""A run looks ended after this many of its usual gaps between saves without a commit."""
+IDLE_INTERVALS = 10
+"""... and after at least this many promoter intervals (the promoter's own liveness bound)."""
+GAPS_MEASURED = 10
+"""The usual gap is the median over the newest this many commits."""
+
+
+def idle_bound(committed_at: Sequence[float], interval: float) -> float:
+    """Seconds without a new commit after which a run looks ended: :data:`IDLE_GAPS` times the
+    median gap between its newest :data:`GAPS_MEASURED` commits, and at least
+    :data:`IDLE_INTERVALS` promoter intervals (``interval``). Retention thinning the older commits
+    only widens the gaps: the rule then waits longer, never shorter."""
+    newest = sorted(committed_at, reverse=True)[:GAPS_MEASURED]
+    gaps = [a - b for a, b in itertools.pairwise(newest)]
+    usual = statistics.median(gaps) if gaps else 0.0
+    return max(IDLE_GAPS * usual, IDLE_INTERVALS * interval)
 
 
 def _tier_status(

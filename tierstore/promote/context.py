@@ -17,9 +17,9 @@ logger = logging.getLogger("tierstore.promote.sidecar")
 """The promoter's log, every duty's: one name for operators to raise to INFO for its events."""
 
 
-def event(name: str, **fields: object) -> None:
-    """One structured log line: ``name key=value ...`` (logfmt)."""
-    logger.info(" ".join([name, *(f"{k}={_fmt(v)}" for k, v in fields.items())]))
+def event(name: str, level: int = logging.INFO, /, **fields: object) -> None:
+    """One structured log line: ``name key=value ...`` (logfmt), at INFO unless ``level``."""
+    logger.log(level, " ".join([name, *(f"{k}={_fmt(v)}" for k, v in fields.items())]))
 
 
 def _fmt(value: object) -> str:
@@ -101,4 +101,7 @@ class Context:
         self.prober = Prober(config.probe_timeout)
         self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
+        self.failing: dict[tuple[str, str, str, str], str] = {}
+        """``{(id, generation, source, target): error class}``: promotions whose last try failed,
+        told at ERROR once; each pass's retry failing alike is DEBUG (a corrupt source fails for good)."""
         metrics.start_at_zero(t.name for t in self.tiers)

@@ -194,7 +194,9 @@ class Promoter:
             found.update((name, dict(seen)) for name, seen in view.found.items())
         return list(outcome.deleted)
 
-    def collect_garbage(self, *, dry_run: bool) -> list[Cleanup]:
+    def collect_garbage(self, *, dry_run: bool, stale_after: float | None = None) -> list[Cleanup]:
         """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node looks
-        after (:mod:`tierstore.promote.duties.collect`)."""
-        return list(collect.run(self.view, self.context, dry_run=dry_run).cleaned)
+        after, left alone for ``stale_after`` (default: ``promote.stale_after``;
+        :mod:`tierstore.promote.duties.collect`)."""
+        outcome = collect.run(self.view, self.context, dry_run=dry_run, stale_after=stale_after)
+        return list(outcome.cleaned)

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
 from tierstore.config import Config
+from tierstore.dcp.arguments import MIN_STEPS, check_drill_arguments  # noqa: F401 - MIN_STEPS: named here
 from tierstore.dcp.restore import TieredReader
 from tierstore.dcp.tools.drill_cause import Tee, WatchedReader, exit_cause, failure_cause, set_up_rank_logging
 from tierstore.errors import CheckpointNotFoundError, TierstoreError
@@ -59,9 +60,6 @@ from tierstore.records.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 DrillEntry = Callable[["DrillContext"], Iterable[tuple[int, float]]]
-MIN_STEPS = 3
-"""The fewest steps a drill runs: the third step's loss is the first that shows the restored LR
-schedule (see the module docstring)."""
 
 
 @dataclass
@@ -292,19 +290,17 @@ def run_drill(
     """Run one drill (see the module docstring) and return its report; never raises for a failure
     of the checkpoint or of the step function, only for bad arguments (``steps`` below
     :data:`MIN_STEPS` among them). ``verbose``: the ranks log at INFO, with tracebacks."""
-    if world_size < 1:
-        raise TierstoreError(f"drill: --world-size {world_size}: expected at least 1")
-    if steps < MIN_STEPS:
-        raise TierstoreError(
-            f"drill: --steps {steps}: expected at least {MIN_STEPS}. The first step's loss comes"
-            " before any update, the second after one update at the learning rate the optimizer"
-            " restored; only the third shows the restored LR schedule, so fewer steps pass a wrong"
-            " schedule"
-        )
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise TierstoreError(f"drill: --tolerance {tolerance}: expected a finite number >= 0")
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise TierstoreError(f"drill: --timeout {timeout_s}: expected a number of seconds > 0")
+    check_drill_arguments(
+        config,
+        entry=entry,
+        loss_log=loss_log,
+        world_size=world_size,
+        steps=steps,
+        tier=tier,
+        checkpoint_id=checkpoint_id,
+        tolerance=tolerance,
+        timeout_s=timeout_s,
+    )
     tier_name = config.tier(tier).name if tier else config.tiers[-1].name
     logged = read_loss_log(loss_log)
     resolve_entry(entry)  # a typo fails here, not in every rank

@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from tierstore._platform.progress import ByteProgress
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.config import Config, as_config
+from tierstore.dcp.arguments import check_export_destination
 from tierstore.dcp.layout import ItemLocation, decode_tensor
 from tierstore.dcp.mirror import OWN, stored_path
 from tierstore.dcp.restore import Choice, choose_copy, load_metadata
@@ -149,7 +150,7 @@ def export_checkpoint(
     config = as_config(config)
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
     destination = Path(os.path.abspath(dest))
-    _check_destination(destination)
+    check_export_destination(destination)
     node = current_node(node)
     if tier is not None:
         config.tier(tier)  # ConfigError naming the known tiers
@@ -252,19 +253,6 @@ def _export_from_first_usable(
                 "export of %s: tier %s: %s; trying the next tier", checkpoint_id, source.tier.name, reason
             )
             excluded[choice.tier_index] = reason
-
-
-def _check_destination(destination: Path) -> None:
-    if destination.is_symlink():
-        raise FileExistsError(f"{destination}: is a symbolic link; name a new directory")
-    if destination.exists():
-        if not destination.is_dir():
-            raise FileExistsError(f"{destination}: exists and is not a directory")
-        if any(destination.iterdir()):
-            raise FileExistsError(
-                f"{destination}: exists and is not empty; export writes only a new or empty"
-                " directory (remove it, or choose another)"
-            )
 
 
 def _announce(tiers: list[Tier], checkpoint_id: str, ttl: float) -> dict[str, Activity]:

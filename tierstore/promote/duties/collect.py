@@ -15,15 +15,16 @@ from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.view import View
 
 
-def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
-    """Remove (or with ``dry_run`` only list) the leftovers, as ``cleaned``."""
+def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float | None = None) -> Outcome:
+    """Remove (or with ``dry_run`` only list) the leftovers, as ``cleaned``: those left alone for
+    ``stale_after`` (default ``promote.stale_after``; 0 with ``dry_run``: every one, however young)."""
     ttl = ctx.config.promote.activity_ttl
+    stale = ctx.config.promote.stale_after if stale_after is None else stale_after
     cleanups: list[Cleanup] = []
     for tier in ctx.tiers:
         if not view.owns(tier.name) or tier.name in view.unreachable:
             continue
         try:
-            stale = ctx.config.promote.stale_after
             leftovers = find_leftovers(
                 tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, warned=ctx.cache.foreign
             )

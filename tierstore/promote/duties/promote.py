@@ -8,6 +8,7 @@ checkpoint moves as many tiers as there are in one pass.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from tierstore._platform.killpoints import kill_point
@@ -86,10 +87,13 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
             ctx.availability.set_unavailable(target.name, str(exc))
             if isinstance(exc, TierMisconfiguredError):
                 ctx.availability.set_misconfigured(target.name, "write", str(exc))
-        event("promotion_failed", **named, error=str(exc).replace("\n", "; "))
-        logger.error("promotion of %s to %s failed: %s", promotion.checkpoint_id, target.name, exc)
+        again = ctx.failing.get(what) == type(exc).__name__
+        ctx.failing[what] = type(exc).__name__
+        level = logging.DEBUG if again else logging.ERROR  # once per episode, not every pass
+        event("promotion_failed", level, **named, error=str(exc).replace("\n", "; "))
         return Outcome(forget=frozenset({source.name, target.name}), failed=((promotion, str(exc)),))
     kill_point("promote.committed", promotion.checkpoint_id)
+    ctx.failing.pop(what, None)
     seconds = time.monotonic() - started
     ctx.availability.set_unavailable(target.name, None)
     ctx.availability.set_misconfigured(target.name, "write", None)

@@ -19,7 +19,13 @@ from tierstore._platform.runtime import keep_inherited, track
 from tierstore.errors import TierMisconfiguredError, TierUnavailableError
 from tierstore.tiers.base import RetryHook
 from tierstore.tiers.s3.fields import S3Fields
-from tierstore.tiers.s3.retry import RetriesExhausted, RetryPolicy, is_connection_failure, s3_error
+from tierstore.tiers.s3.retry import (
+    RetriesExhausted,
+    RetryEpisode,
+    RetryPolicy,
+    is_connection_failure,
+    s3_error,
+)
 
 T = TypeVar("T")
 
@@ -62,11 +68,13 @@ class S3Client:
         self._new_process_state()
 
     def _new_process_state(self) -> None:
-        """Clients (made on first use), their lock and the part slots: never shared by processes."""
+        """Clients (made on first use), their lock, the part slots and the retry episode: never shared
+        by processes."""
         self._fs: Any = None
         self._client: Any = None
         self._client_lock = threading.Lock()
         self.part_slots = threading.BoundedSemaphore(self.concurrency)
+        self.episode = RetryEpisode()
         track(self)
 
     def _forget_in_child(self) -> None:
@@ -80,7 +88,7 @@ class S3Client:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["on_retry"] = None
-        for name in ("_fs", "_client", "_client_lock", "part_slots"):
+        for name in ("_fs", "_client", "_client_lock", "part_slots", "episode"):
             del state[name]  # per process (see _new_process_state)
         return state
 
@@ -183,6 +191,7 @@ class S3Client:
                 operation,
                 what=f"{self.name}: {what}",
                 on_retry=None if on_retry is None else lambda error: on_retry(self.name, error),
+                episode=self.episode,
             )
         except (FileExistsError, EOFError):
             raise

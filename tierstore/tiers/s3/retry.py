@@ -6,13 +6,15 @@ match, botocore's checksum error for a response): the bytes we hold are good, so
 them again is the cure. The decision reads the structured error (HTTP status, S3 error code) that
 botocore attaches, never the message text. Waits are jittered exponential; the total is bounded in
 attempts and time, and a call that runs out raises :class:`RetriesExhausted`, which says how many
-attempts it made and for how long.
+attempts it made and for how long. A :class:`RetryEpisode` logs the failed attempts of a store's
+requests once per outage, not once per attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,6 +106,44 @@ class RetriesExhausted(Exception):  # noqa: N818 - reads as what happened, like 
         return f"{self.attempts} attempts in {self.elapsed:.1f} s"
 
 
+class RetryEpisode:
+    """The failed attempts of one store's requests since one last succeeded: an outage, as its log
+    tells it. The first retry of an episode is a WARNING, the others DEBUG (an outage of minutes
+    retries hundreds of times, and says so once), and the success that ends it one INFO line with
+    their count. Thread-safe; one per store and process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failed = 0
+        self._since = 0.0
+
+    def retrying(self, what: str, attempt: int, error: BaseException | None) -> None:
+        """Log that ``what`` is retried after its ``attempt``-th attempt failed with ``error``."""
+        with self._lock:
+            first = self._failed == 0
+            self._failed += 1
+            if first:
+                self._since = time.monotonic()
+        if first:
+            logger.warning(
+                "retrying %s after attempt %d failed: %s (further retries are logged at DEBUG until"
+                " a request succeeds)",
+                what,
+                attempt,
+                error,
+            )
+        else:
+            logger.debug("retrying %s after attempt %d failed: %s", what, attempt, error)
+
+    def succeeded(self, what: str) -> None:
+        """``what`` succeeded: an episode in progress ends, with one line saying how long it lasted."""
+        with self._lock:
+            failed, self._failed = self._failed, 0
+        if failed:
+            elapsed = time.monotonic() - self._since
+            logger.info("%s succeeded after %d failed attempts in %.1f s", what, failed, elapsed)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Jittered exponential backoff for idempotent calls, bounded by attempts and total time.
@@ -122,13 +162,16 @@ class RetryPolicy:
         *,
         what: str,
         on_retry: Callable[[BaseException], None] | None = None,
+        episode: RetryEpisode | None = None,
     ) -> T:
-        """Run ``operation`` (which must be idempotent), retrying transient failures.
+        """Run ``operation`` (which must be idempotent), retrying transient failures, logged through
+        ``episode`` (the store's; by default one of this call's own).
 
         Raises the operation's own error when it is not transient, :class:`RetriesExhausted` (from
         the last error) when a transient one lasted past ``max_attempts`` or ``max_time``.
         """
         attempts = 0
+        log = RetryEpisode() if episode is None else episode
 
         def attempt() -> T:
             nonlocal attempts
@@ -137,7 +180,7 @@ class RetryPolicy:
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            logger.warning("retrying %s after attempt %d failed: %s", what, state.attempt_number, error)
+            log.retrying(what, state.attempt_number, error)
             if on_retry is not None and error is not None:
                 on_retry(error)
 
@@ -150,8 +193,10 @@ class RetryPolicy:
         )
         started = time.monotonic()
         try:
-            return retrying(attempt)
+            result = retrying(attempt)
         except Exception as exc:
             if not is_transient(exc):
                 raise
             raise RetriesExhausted(what, attempts, time.monotonic() - started, exc) from exc
+        log.succeeded(what)
+        return result
