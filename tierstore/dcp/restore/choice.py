@@ -211,7 +211,7 @@ def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sigh
     """The sightings in ``tier`` (none when they cannot be read: then the tiers are asked)."""
     try:
         found: dict[str, Sighting] = prober.ask(
-            tier.name, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
+            tier, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
         logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tier.name, exc)
@@ -241,7 +241,7 @@ def _probe_window(
         before(index)
         try:
             manifest = prober.ask(
-                tier.name,
+                tier,
                 functools.partial(read_manifest, tier, checkpoint_id, trust=trust),
                 what=f"read the marker of {checkpoint_id}",
                 direct=is_host_memory(tier),
