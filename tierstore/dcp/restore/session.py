@@ -1,8 +1,8 @@
 """One load by one rank, from ``read_metadata`` to the end of ``read_data`` (the reader keeps only
-what outlives a load). Its ``read`` records, one in each tier the choice looks at (fastest first, only
-as far as needed) until the data is in memory, keep cleanup and retention off the checkpoint; every
-rank holds its own: ranks finish at different times, and DCP tells a rank nothing after its own
-``read_data``."""
+what outlives a load). Its ``read`` records, one in each tier whose copy the choice may take
+(fastest first, only as far as needed; not in a slower tier it only asks for a newer commit), keep
+cleanup and retention off the checkpoint until the data is in memory; every rank holds its own:
+ranks finish at different times, and DCP tells a rank nothing after its own ``read_data``."""
 
 from __future__ import annotations
 
