@@ -44,11 +44,15 @@ class StaleStagedStateError(TierstoreError):
 
 class TierUnavailableError(TierstoreError):
     """A tier cannot be reached or used: unreachable endpoint, missing bucket, unwritable path,
-    disk full. ``tier`` is the name of the tier that refused (None when unknown)."""
+    disk full. ``tier`` is the name of the tier that refused (None when unknown). ``outage``: the
+    tier did not answer at all (connection refused, no answer within a deadline, 5xx past the
+    retries), which opens its breaker in this process (:mod:`tierstore._platform.health`); a full
+    disk or a refused credential is not an outage."""
 
-    def __init__(self, message: str, *, tier: str | None = None) -> None:
+    def __init__(self, message: str, *, tier: str | None = None, outage: bool = False) -> None:
         super().__init__(message)
         self.tier = tier
+        self.outage = outage
 
 
 class TierMisconfiguredError(TierUnavailableError):

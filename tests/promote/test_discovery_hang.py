@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(
     hung = tier(proxied)
     started = time.monotonic()
     try:
-        Prober(1.0).ask("s3", lambda: MarkerCache(MarkerTrust()).read_all(hung, mtimes))
+        Prober(1.0).ask(hung, lambda: MarkerCache(MarkerTrust()).read_all(hung, mtimes))
     except TierUnavailableError:
         print(f"pass ended after {time.monotonic() - started:.1f} s", flush=True)
     """

@@ -1,13 +1,14 @@
-"""Asking a tier something with a deadline: a slow or hung tier costs the asker at most the deadline.
+"""Asking a tier something with a deadline: a slow or hung tier costs the process the deadline once.
 
 A tier that refuses connections fails fast by itself; one that accepts and never answers (a hung
 filesystem, an S3 endpoint behind a broken proxy) would hold the caller for as long as its client's
-own timeouts and retries allow (minutes). Fast paths (a restore from host memory, the start-up look
-at the other tiers, the promoter's listing pass) cannot pay that, so they ask through a
-:class:`Prober`: the question runs on a daemon thread; after the deadline the caller gets
+own timeouts and retries allow (minutes). So questions to tiers go through a :class:`Prober`: the
+question runs on a daemon thread; after the deadline the caller gets
 :class:`~tierstore.errors.TierUnavailableError` naming the tier and the deadline, and the thread is left
-to end when the client gives up. While it has not, the same tier is not asked again: the next question
-fails at once, so a hung tier never accumulates threads.
+to end when the client gives up. Every prober of the process shares one view of the tiers' health
+(:mod:`tierstore._platform.health`): a tier that did not answer, or whose client reported an outage,
+is skipped at once by every later question of the process, whichever operation asks, until a
+background probe finds it back. A hung tier never accumulates threads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from tierstore._platform import health
+from tierstore._platform.health import Probed
 from tierstore.errors import TierUnavailableError
 
 T = TypeVar("T")
@@ -28,43 +31,30 @@ class Prober:
     def __init__(self, timeout: float) -> None:
         """``timeout``: seconds a question may take (the YAML's ``probe_timeout``)."""
         self.timeout = timeout
-        self._lock = threading.Lock()
-        self._hung: dict[str, Future[object]] = {}
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"timeout": self.timeout}  # a copy in another process has nothing in flight
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(float(state["timeout"]))  # type: ignore[misc, arg-type]
 
     def ask(
         self,
-        tier_name: str,
+        tier: Probed,
         question: Callable[[], T],
         *,
         what: str = "",
         on_late: Callable[[T], object] | None = None,
         direct: bool = False,
     ) -> T:
-        """``question()``, or :class:`TierUnavailableError` if it does not answer in time.
+        """``question()``, or :class:`TierUnavailableError` if it does not answer in time, or at
+        once if this process found ``tier`` unreachable (see :mod:`tierstore._platform.health`).
 
-        Errors ``question`` raises are raised as they are. ``what`` describes the question for the
-        message (``"list the commit log"``). ``on_late`` is called with the answer if it comes
-        after the deadline (to undo what the asker gave up on: a record it no longer holds).
-        ``direct``: ask on this thread, without a deadline (host memory: it cannot hang, and a
-        thread per question costs more than the answer).
+        Errors ``question`` raises are raised as they are (an outage also opens the tier's
+        breaker). ``what`` describes the question for the message (``"list the commit log"``).
+        ``on_late`` is called with the answer if it comes after the deadline (to undo what the
+        asker gave up on: a record it no longer holds). ``direct``: ask on this thread, without a
+        deadline nor the health view (host memory: it cannot hang, and a thread per question costs
+        more than the answer).
         """
         if direct:
             return question()
-        with self._lock:
-            pending = self._hung.get(tier_name)
-            if pending is not None and not pending.done():
-                raise TierUnavailableError(
-                    f"tier {tier_name}: still no answer to an earlier request after more than"
-                    f" {self.timeout:g}s (probe_timeout); not asked again until it answers",
-                    tier=tier_name,
-                )
-            self._hung.pop(tier_name, None)
+        view = health.view()
+        view.check(tier, self.timeout)
         future: Future[object] = Future()
 
         def run() -> None:
@@ -73,12 +63,14 @@ class Prober:
             except BaseException as exc:  # noqa: BLE001 - handed to the asker
                 future.set_exception(exc)
 
-        threading.Thread(target=run, name=f"tierstore-probe-{tier_name}", daemon=True).start()
+        threading.Thread(target=run, name=f"tierstore-probe-{tier.name}", daemon=True).start()
         try:
             return future.result(self.timeout)  # type: ignore[return-value]
+        except TierUnavailableError as exc:
+            if exc.outage:
+                view.failed(tier, exc)
+            raise
         except TimeoutError:
-            with self._lock:
-                self._hung[tier_name] = future
             if on_late is not None:
                 late = on_late
 
@@ -88,8 +80,11 @@ class Prober:
 
                 future.add_done_callback(undo)
             doing = f" to {what}" if what else ""
-            raise TierUnavailableError(
-                f"tier {tier_name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
+            error = TierUnavailableError(
+                f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
                 " treated as unreachable",
-                tier=tier_name,
-            ) from None
+                tier=tier.name,
+                outage=True,
+            )
+            view.failed(tier, error)
+            raise error from None

@@ -302,7 +302,7 @@ def _tier_status(
     try:
         space = None
         if (local := tier.local) is not None:
-            space = prober.ask(tier.name, local.space, what="measure its space", direct=local.staging)
+            space = prober.ask(tier, local.space, what="measure its space", direct=local.staging)
     except (TierstoreError, OSError) as exc:
         return TierStatus(tier.name, tier.type, where, durable, error=str(exc), keep=keep)
     return TierStatus(
@@ -327,7 +327,7 @@ def _mirror_state(
         return read_status(tier, checkpoint_id, generation, node)
 
     try:
-        status = prober.ask(tier.name, question, what="read a mirror record", direct=is_host_memory(tier))
+        status = prober.ask(tier, question, what="read a mirror record", direct=is_host_memory(tier))
     except FileNotFoundError:  # deleted by retention since it was listed
         return MirrorState(tier.name, node, checkpoint_id, None, reason="gone since listed")
     except (TierstoreError, OSError) as exc:
@@ -348,7 +348,7 @@ def _promoter_view(tiers: list[Tier], node: int, now: float, prober: Prober, awa
             continue
         try:
             state = prober.ask(
-                tier.name,
+                tier,
                 functools.partial(read_state, tier, node),
                 what="read the promoter's record",
                 direct=is_host_memory(tier),

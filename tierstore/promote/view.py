@@ -109,7 +109,7 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             return TierView(token, started, seen, top, tuple(records), mine), False
 
         try:
-            listed, was_kept = ctx.prober.ask(tier.name, listing, what="list its checkpoints")
+            listed, was_kept = ctx.prober.ask(tier, listing, what="list its checkpoints")
         except (TierstoreError, OSError) as exc:
             views.forget(tier.name)
             ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")

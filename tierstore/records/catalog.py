@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tierstore._platform.bounded import Prober
+from tierstore._platform.health import said_once
 from tierstore.config import Config, as_config
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
@@ -115,11 +116,11 @@ class Catalog:
         with one warning) when it does not answer."""
         try:
             return self.prober.ask(
-                tier.name, functools.partial(question, tier), what=what, direct=is_host_memory(tier)
+                tier, functools.partial(question, tier), what=what, direct=is_host_memory(tier)
             )
         except (TierstoreError, OSError) as exc:
             if tier.name not in self.unreachable:
-                logger.warning("tier %s is unreachable, left out: %s", tier.name, exc)
+                logger.log(said_once(tier), "tier %s is unreachable, left out: %s", tier.name, exc)
             self.unreachable[tier.name] = str(exc)
             if isinstance(exc, TierMisconfiguredError):
                 self.refused.add(tier.name)
@@ -278,14 +279,14 @@ class Catalog:
             return None
         try:  # a hung read (a storage target down, GETs that never answer) costs one deadline
             return self.prober.ask(
-                name,
+                tier,
                 functools.partial(read_manifest, tier, checkpoint_id, trust=self.trust),
                 what=f"read the marker of {checkpoint_id}",
                 direct=is_host_memory(tier),
             )
         except TierUnavailableError as exc:
             if name not in self.unreachable:
-                logger.warning("tier %s is unreachable, left out: %s", name, exc)
+                logger.log(said_once(tier), "tier %s is unreachable, left out: %s", name, exc)
             self.unreachable[name] = str(exc)
             return None
         except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls

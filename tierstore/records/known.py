@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tierstore._platform.bounded import Prober
+from tierstore._platform.health import said_once
 from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
@@ -136,7 +137,8 @@ class Elsewhere:
                     self.ids.setdefault(checkpoint_id, Held(tier.name, seq, at=at))
         for tier, answer in zip(todo, answers, strict=True):
             if isinstance(answer, str):
-                logger.warning(
+                logger.log(
+                    said_once(tier),
                     "tier %s is unreachable at start-up (%s): saves into other tiers go on; ids"
                     " that exist only there are unknown to them until the promoter sees that tier"
                     " again",
@@ -147,7 +149,7 @@ class Elsewhere:
     @staticmethod
     def _ask(tier: Tier, prober: Prober, trust: MarkerTrust) -> tuple[int, dict[str, int | None]] | str:
         try:
-            return prober.ask(tier.name, lambda: list_commits(tier, trust), what="list its commits")
+            return prober.ask(tier, lambda: list_commits(tier, trust), what="list its commits")
         except Exception as exc:  # noqa: BLE001 - an unreachable tier is what this records
             return f"{type(exc).__name__}: {exc}"
 

@@ -202,6 +202,12 @@ class Tier(abc.ABC):
         """``name (type, root)`` for messages."""
         return f"{self.name} ({self.type}, {self.root})"
 
+    @property
+    def health_key(self) -> str:
+        """What tells this tier's store apart from any other in the process, for its health
+        (:mod:`tierstore._platform.health`): two configurations may give one name to two stores."""
+        return f"{self.type} {self.root}"
+
     # -- writing ---------------------------------------------------------------------------------
 
     @abc.abstractmethod

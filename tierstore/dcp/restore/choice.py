@@ -211,7 +211,7 @@ def _sightings(tier: Tier, checkpoint_id: str, prober: Prober) -> dict[str, Sigh
     """The sightings in ``tier`` (none when they cannot be read: then the tiers are asked)."""
     try:
         found: dict[str, Sighting] = prober.ask(
-            tier.name, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
+            tier, lambda: read_sightings(tier), what="read sightings", direct=is_host_memory(tier)
         )
     except Exception as exc:  # noqa: BLE001 - then every tier is asked, as before sightings
         logger.warning("restore of %s: no sightings in %s: %s", checkpoint_id, tier.name, exc)
@@ -232,16 +232,19 @@ def _probe_window(
     """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
     commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
     answers. A tier never sighted is asked too (its commits are not known otherwise), each within
-    ``probe_timeout``; an unreachable one is a reason, not an error."""
+    ``probe_timeout``; an unreachable one is a reason, not an error. ``before(index)`` (the read
+    record) runs only for the tiers up to the first marker found: those read after it are asked
+    only whether they hold a newer commit (see :func:`_announced`)."""
     newest = known.newest()
     best = None if newest is None else (newest[0], newest[1])
     window: list[tuple[int, bytes | None, str | None]] = []
     for index in range(start, len(tiers)):
         tier = tiers[index]
-        before(index)
+        if all(blob is None for _i, blob, _r in window):
+            before(index)
         try:
             manifest = prober.ask(
-                tier.name,
+                tier,
                 functools.partial(read_manifest, tier, checkpoint_id, trust=trust),
                 what=f"read the marker of {checkpoint_id}",
                 direct=is_host_memory(tier),
@@ -259,6 +262,18 @@ def _probe_window(
         if manifest.generation == best[1] and not unsighted_below:
             break  # the newest known commit, and nothing below holds one this does not know of
     return window
+
+
+def _announced(window: list[tuple[int, bytes | None, str | None]]) -> int:
+    """How many of the window's tiers were announced in (see :func:`_probe_window`): those up to
+    and including the first with a marker. Only their copies may be chosen in this window. A copy
+    further down was read without a read record, so retention may be deleting it: it counts as a
+    commit of the id (a newer one shadows the faster copy), and it is chosen only in a later window
+    that announces the restore there first and reads its marker again."""
+    for position, (_index, blob, _reason) in enumerate(window):
+        if blob is not None:
+            return position + 1
+    return len(window)
 
 
 def _with_unanswered(
@@ -349,7 +364,8 @@ def choose_copy(
     the window's copies, and only if none is usable is the next window looked at. So a restore
     served by host memory asks nothing of S3. ``trust`` reads the markers; ``mirrored`` names the
     mirrored tier (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every
-    rank before it looks at ``tiers[index]`` (the reader announces its read there). ``excluded`` maps
+    rank before a copy in ``tiers[index]`` may be chosen (the reader announces its read there; a
+    slower tier asked only whether it holds a newer commit is not: :func:`_announced`). ``excluded`` maps
     tier indexes already found unusable (and why) to skip; ``prober`` bounds each marker read
     (default: 10 s); a sighting older than ``sighting_trust`` seconds is not trusted (the promoter
     is not running). With ``collective=False`` this process decides alone, as a job of one rank
@@ -373,14 +389,15 @@ def choose_copy(
             below = functools.partial(_evidence_below, tiers, checkpoint_id, prober)
             known = _with_unanswered(known, tiers, window, below)
         window, known = broadcast_object((window, known), group) if collective else (window, known)
+        head, rest = window[: _announced(window)], window[_announced(window) :]
         if rank != 0:
-            for index, _blob, _reason in window:
+            for index, _blob, _reason in head:
                 before_probe(index)
         choice, known = _choose_in_window(
             tiers,
             checkpoint_id,
-            window,
-            known,
+            head,
+            _with_window(known, tiers, rest, trust),
             reasons,
             trust=trust,
             mirrored=mirrored,
@@ -396,8 +413,8 @@ def choose_copy(
             return choice
         # A later window's copies count only if they hold the newest commit the earlier windows
         # showed (their unusable copies included: a newer commit spread over nodes, say).
-        known = _with_window(known, tiers, window, trust)
-        start = window[-1][0] + 1 if window else len(tiers)
+        known = _with_window(known, tiers, head, trust)
+        start = rest[0][0] if rest else window[-1][0] + 1 if window else len(tiers)
     lines = [f"  {t.describe()}: {'; '.join(reasons.get(i, ['?']))}" for i, t in enumerate(tiers)]
     lines.append(
         f"`tierstore verify {checkpoint_id}` checks every copy; `tierstore ls` lists the"

@@ -1,8 +1,8 @@
 """One load by one rank, from ``read_metadata`` to the end of ``read_data`` (the reader keeps only
-what outlives a load). Its ``read`` records, one in each tier the choice looks at (fastest first, only
-as far as needed) until the data is in memory, keep cleanup and retention off the checkpoint; every
-rank holds its own: ranks finish at different times, and DCP tells a rank nothing after its own
-``read_data``."""
+what outlives a load). Its ``read`` records, one in each tier whose copy the choice may take
+(fastest first, only as far as needed; not in a slower tier it only asks for a newer commit), keep
+cleanup and retention off the checkpoint until the data is in memory; every rank holds its own:
+ranks finish at different times, and DCP tells a rank nothing after its own ``read_data``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from tierstore._platform.bounded import Prober
+from tierstore._platform.health import said_once
 from tierstore.config import Config
 from tierstore.dcp.collectives import rank_and_world
 from tierstore.dcp.layout import ItemLocation
@@ -68,15 +69,19 @@ class RestoreSession:
         )
         try:  # within probe_timeout: a hung tier must not hold the restore (a late one is undone)
             self.reading[tier.name] = self.prober.ask(
-                tier.name,
+                tier,
                 announce,
                 what="announce the restore",
                 on_late=Activity.release,
                 direct=is_host_memory(tier),
             )
         except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
-            logger.warning(
-                "could not announce the restore of %s in %s: %s", self.checkpoint_id, tier.name, exc
+            logger.log(
+                said_once(tier),
+                "could not announce the restore of %s in %s: %s",
+                self.checkpoint_id,
+                tier.name,
+                exc,
             )
 
     def stop_reading(self, keep: str | None = None) -> None:

@@ -77,9 +77,7 @@ class ConfirmNumbers:
         path = intent_path(part.checkpoint_id, part.generation)
         for tier in wide:
             try:
-                blob = ctx.prober.ask(
-                    tier.name, functools.partial(tier.read_bytes, path), what=f"read {path}"
-                )
+                blob = ctx.prober.ask(tier, functools.partial(tier.read_bytes, path), what=f"read {path}")
                 self._final[key] = Manifest.from_json(blob, where=f"tier {tier.name}: {path}").seq
                 return self._final[key]
             except FileNotFoundError:

@@ -57,7 +57,7 @@ class Sightings:
             if tier.name in self._stamped or tier.name not in view.found:
                 continue
             try:
-                ctx.prober.ask(tier.name, functools.partial(restamp, tier), what="stamp it")
+                ctx.prober.ask(tier, functools.partial(restamp, tier), what="stamp it")
             except (TierstoreError, OSError) as exc:
                 logger.warning("cannot stamp tier %s: %s", tier.name, exc)
                 continue

@@ -224,7 +224,9 @@ class S3Client:
                 raise
             if tries:
                 reason += "; check the endpoint, or raise the tier's max_attempts / max_retry_time"
-            raise TierUnavailableError(f"tier {self.label}: {what}: {reason}", tier=self.name) from exc
+            raise TierUnavailableError(
+                f"tier {self.label}: {what}: {reason}", tier=self.name, outage=True
+            ) from exc
 
     def _misconfigured(self, what: str, reason: str) -> TierMisconfiguredError:
         return TierMisconfiguredError(f"tier {self.label}: {what}: {reason}", tier=self.name)

@@ -50,6 +50,11 @@ class S3Tier(Tier):
             listing_page=1000,  # ListObjectsV2's most keys per page
         )
 
+    @property
+    def health_key(self) -> str:
+        """The endpoint too: one bucket may be reached through several (a proxy, a region)."""
+        return f"s3 {self.config.endpoint_url or 'aws'} {self.root}"
+
     def _key(self, path: str) -> str:
         return "/".join(p for p in (self.prefix, path) if p)
 
