@@ -44,7 +44,9 @@ def test_the_recovery_point_lag_grows_between_passes_and_counts_before_anything_
     durable tier yet it runs from the oldest checkpoint seen, not 0 (which hid a job at risk)."""
     config = make_config("memory", "local", tiers={"local": {"every": 1000}})
     dcp.save({"w": torch.randn(256)}, storage_writer=TieredWriter(config), checkpoint_id="step_1")
-    started = read_manifest(config.make_tier("memory", node=0), "step_1").timings["started_at"]
+    started = read_manifest(config.make_tier("memory", node=0), "step_1", trust=MarkerTrust()).timings[
+        "started_at"
+    ]
     promoter = Promoter(config, node=0)
     promoter.run_once()
     sample = promoter.metrics.registry.get_sample_value

@@ -214,7 +214,7 @@ class S3Client:
                 reason = f"cannot reach {endpoint}{tries}: {last}"
             elif answer is not None and (answer[1] in REFUSALS or answer[0] == 403):
                 why = REFUSALS.get(answer[1], REFUSALS["AccessDenied"])  # a HEAD's 403 has no body
-                refused = f"S3 answered {answer[1] or 'AccessDenied'}"
+                refused = f"S3 answered {answer[1] if answer[1] in REFUSALS else 'AccessDenied'}"
                 raise self._misconfigured(what, f"{refused} (HTTP {answer[0]}): {why}") from exc
             elif answer is not None:
                 reason = f"S3 answered {answer[1] or 'an error'} (HTTP {answer[0]}){tries}"
