@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
 from collections.abc import Iterator
@@ -37,3 +38,33 @@ def refusing_s3_tier(name: str = "s3") -> dict[str, Any]:
         "max_attempts": 2,
         "endpoint_url": f"http://127.0.0.1:{closed}",
     }
+
+
+def hung_mount_unavailable() -> str | None:
+    """Why this machine cannot mount a filesystem that never answers (None: it can)."""
+    if os.geteuid() != 0:
+        return "mounting a FUSE filesystem needs root"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    return None
+
+
+@contextlib.contextmanager
+def hung_mount(directory: Path) -> Iterator[None]:
+    """``directory`` becomes the mount point of a FUSE filesystem whose daemon never answers, not
+    even its INIT: every ``stat``, ``open`` or ``mkdir`` under it blocks in the kernel, as on a
+    Lustre or NFS hard mount whose server went away. At the end the connection is aborted (the
+    blocked calls fail with ENOTCONN) and the mount detached."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
+    if libc.mount(b"tierstore-hung", str(directory).encode(), b"fuse.tierstore-hung", 0, options) != 0:
+        error = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(error, f"mount {directory}: {os.strerror(error)}")
+    try:
+        yield
+    finally:
+        os.close(fd)
+        libc.umount2(str(directory).encode(), 2)  # MNT_DETACH

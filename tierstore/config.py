@@ -19,6 +19,7 @@ which also carries that type's load-time checks; its retention and promotion key
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -41,12 +42,13 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
-from tierstore.errors import ConfigError
+from tierstore._platform.bounded import Prober
+from tierstore.errors import ConfigError, TierUnavailableError
 from tierstore.ids import ID_PATTERN
 from tierstore.placement import MirrorConfig
 from tierstore.policy_config import TierPolicy, entry_order, merge_entry, split_entry
 from tierstore.signing import DEFAULT_KEY_ENV, MarkerTrust, SigningKeys, keys_from_env
-from tierstore.tiers import RetryHook, Tier, TierConfig, make_tier, tier_types
+from tierstore.tiers import RetryHook, Tier, TierConfig, is_host_memory, make_tier, tier_types
 from tierstore.tiers.registry import config_model
 from tierstore.topology import current_node
 from tierstore.units import Duration, StrictModel
@@ -472,24 +474,46 @@ def config_from_dict(
         raise ConfigError(f"{source}: {exc}") from None
     if check_paths:
         this_node = current_node(node)
-        for index, tier in enumerate(config.tiers):
-            if problem := tier.check_usable(node=this_node, namespace=config.namespace):
-                key, expected = problem
-                raise ConfigError(f"{source}: tiers[{index}].{key}: {expected}")
-        _check_separate_roots(config, source, this_node)
-        _check_metrics_directory(config, source, this_node)
+        tiers = config.make_tiers(node=this_node)
+        answered = _check_tiers(config, tiers, source, this_node)
+        roots = [(t, _root_key(t.root, resolve=t.name in answered)) for t in tiers]
+        _check_separate_roots(roots, source)
+        _check_metrics_directory(config, roots, source, this_node)
     return config
 
 
-def _root_key(root: str) -> str:
-    """A tier root as a comparable location: URLs as written, paths resolved (symlinks, ``..``)."""
-    return root.rstrip("/") if "://" in root else os.path.realpath(root)
+def _check_tiers(config: Config, tiers: list[Tier], source: str, node: int) -> set[str]:
+    """Each tier's own check (a POSIX path created and proved writable), each within
+    ``probe_timeout``: a tier on a hung mount is left to the process's health view (one WARNING,
+    and every later question of the process skips it) instead of holding the process at start-up,
+    and the other tiers go on without it. The names of the tiers that answered."""
+    prober, answered = Prober(config.probe_timeout), set()
+    for index, (settings, tier) in enumerate(zip(config.tiers, tiers, strict=True)):
+        check = functools.partial(settings.check_usable, node=node, namespace=config.namespace)
+        try:
+            problem = prober.ask(
+                tier, check, what="check its path", direct=not tier.local or is_host_memory(tier)
+            )
+        except TierUnavailableError:
+            continue
+        if problem:
+            key, expected = problem
+            raise ConfigError(f"{source}: tiers[{index}].{key}: {expected}")
+        answered.add(tier.name)
+    return answered
 
 
-def _check_separate_roots(config: Config, source: str, node: int) -> None:
+def _root_key(root: str, *, resolve: bool = True) -> str:
+    """A tier root as a comparable location: URLs as written, paths resolved (symlinks, ``..``),
+    or, for a tier that did not answer (resolving would hang too), made absolute as written."""
+    if "://" in root:
+        return root.rstrip("/")
+    return os.path.realpath(root) if resolve else os.path.abspath(root)
+
+
+def _check_separate_roots(roots: list[tuple[Tier, str]], source: str) -> None:
     """Two tiers on one directory (or one inside the other's) would see each other's checkpoints as
     their own: retention of one deletes the other's copies. Refused, naming both."""
-    roots = [(t, _root_key(t.root)) for t in config.make_tiers(node=node)]
     for later, (tier, root) in enumerate(roots):
         for other, other_root in roots[:later]:
             inside = (root + "/").startswith(other_root + "/") or ((other_root + "/").startswith(root + "/"))
@@ -502,7 +526,7 @@ def _check_separate_roots(config: Config, source: str, node: int) -> None:
                 )
 
 
-def _check_metrics_directory(config: Config, source: str, node: int) -> None:
+def _check_metrics_directory(config: Config, roots: list[tuple[Tier, str]], source: str, node: int) -> None:
     """The metrics directory is created, must be writable, and must stay out of every tier's
     directory: a tier takes what is in its directory for its own (cleanup removes leftovers)."""
     wanted = config.metrics.directory_for(node)
@@ -510,8 +534,7 @@ def _check_metrics_directory(config: Config, source: str, node: int) -> None:
         return
     where = f"{source}: metrics.directory"
     directory = _root_key(wanted)
-    for tier in config.make_tiers(node=node):
-        root = _root_key(tier.root)
+    for tier, root in roots:
         if "://" not in root and (
             (directory + "/").startswith(root + "/") or (root + "/").startswith(directory + "/")
         ):

@@ -107,7 +107,7 @@ def test_a_restore_from_memory_asks_nothing_of_a_healthy_s3(tmp_path: Path) -> N
         boto3.client("s3", endpoint_url=s3.endpoint).create_bucket(Bucket=bucket)
         config = load_config(write_config(tmp_path, s3.endpoint, bucket))
         dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config), checkpoint_id="x")
-        known._KNOWN.clear()  # a new process: nothing known of S3
+        known._KNOWN.get().clear()  # a new process: nothing known of S3
         target = {"w": torch.zeros(8)}
         reader = TieredReader(config)
         with s3.counting() as seen:
@@ -128,7 +128,7 @@ def test_a_newer_commit_only_in_s3_is_restored_from_s3_announced_there(tmp_path:
         dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config), checkpoint_id="x")
         newer = TieredWriter(config, tier="s3", overwrite=True)
         dcp.save({"w": torch.full((8,), 2.0)}, storage_writer=newer, checkpoint_id="x")
-        known._KNOWN.clear()  # a new process: nothing known of S3
+        known._KNOWN.get().clear()  # a new process: nothing known of S3
         target = {"w": torch.zeros(8)}
         reader = TieredReader(config)
         with s3.counting() as seen:

@@ -14,8 +14,9 @@ background probe finds it back. A hung tier never accumulates threads.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import TypeVar
 
 from tierstore._platform import health
@@ -88,3 +89,40 @@ class Prober:
             )
             view.failed(tier, error)
             raise error from None
+
+    def watch(self, tier: Probed, work: Callable[[Callable[[int], None]], T], *, what: str) -> T:
+        """``work(progress)`` on a daemon thread for as long as it makes progress: it calls
+        ``progress(n)`` as it goes, and ``timeout`` seconds without a call (or before the first)
+        is a hung tier: :class:`TierUnavailableError`, and the health view's verdict. For work whose
+        length has no deadline of its own (a verification reading a large copy)."""
+        view = health.view()
+        view.check(tier, self.timeout)
+        future: Future[object] = Future()
+        beat = [time.monotonic()]
+
+        def progress(_count: int) -> None:
+            beat[0] = time.monotonic()
+
+        def run() -> None:
+            try:
+                future.set_result(work(progress))
+            except BaseException as exc:  # noqa: BLE001 - handed to the asker
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"tierstore-watch-{tier.name}", daemon=True).start()
+        while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
+            if time.monotonic() - beat[0] >= self.timeout:
+                error = TierUnavailableError(
+                    f"tier {tier.name}: no progress to {what} for {self.timeout:g}s (probe_timeout);"
+                    " treated as unreachable",
+                    tier=tier.name,
+                    outage=True,
+                )
+                view.failed(tier, error)
+                raise error
+        try:
+            return future.result()  # type: ignore[return-value]
+        except TierUnavailableError as exc:
+            if exc.outage:
+                view.failed(tier, exc)
+            raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import ipaddress
 import json
 import logging
@@ -36,19 +37,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tierstore._platform.bounded import Prober
 from tierstore._platform.progress import ByteProgress
 from tierstore.cli.audit import audit_all
 from tierstore.cli.status import gather_status, render
 from tierstore.config import Config, load_config
 from tierstore.dcp.arguments import check_drill_arguments, check_export_destination
-from tierstore.errors import CheckpointNotFoundError, IntegrityError, TierstoreError, one_line
+from tierstore.errors import (
+    CheckpointNotFoundError,
+    IntegrityError,
+    TierstoreError,
+    TierUnavailableError,
+    one_line,
+)
 from tierstore.ids import validate_checkpoint_id
 from tierstore.interval import advise
 from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup
 from tierstore.promote.discovery import foreign_parts
 from tierstore.promote.sidecar import Promoter, event
 from tierstore.records.catalog import Catalog, Listing
-from tierstore.records.marker import copy_problems, read_manifest
+from tierstore.records.marker import Manifest, copy_problems, read_manifest
 from tierstore.records.protocol import drop
 from tierstore.tiers import Tier
 from tierstore.topology import current_node
@@ -139,51 +147,87 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         raise TierstoreError("verify: name a checkpoint ID, or pass --all")
     checkpoint_id = validate_checkpoint_id(args.checkpoint_id)
     catalog = Catalog(config, node=args.node)
-    holders = 0
-    bad = 0
+    prober = Prober(config.probe_timeout)  # a hung tier is named and left, after one deadline
+    holders, bad, away = 0, 0, []
     for tier in catalog.tiers:
+        check = functools.partial(_verify_copy, tier, checkpoint_id, catalog)
         try:
-            manifest = read_manifest(tier, checkpoint_id, trust=catalog.trust)
-        except FileNotFoundError:
-            continue
+            held = prober.watch(tier, check, what=f"verify {checkpoint_id}")
         except IntegrityError as exc:  # a damaged marker is a mismatch; an unreachable tier an error
             print(f"{tier.name}: MISMATCH {exc}")
             bad += 1
             continue
+        except TierUnavailableError as exc:
+            print(f"{tier.name}: UNREACHABLE {one_line(str(exc))}")
+            away.append(tier.name)
+            continue
+        if held is None:
+            continue
         holders += 1
-        here = [f for f in manifest.files if not tier.node_local or f.node == catalog.node]
-        label = f"verify {checkpoint_id} in {tier.name}"
-        with ByteProgress(label, sum(f.size for f in here)) as bar:
-            problems = copy_problems(tier, manifest, verify=True, entries=here, progress=bar.update)
-        skipped = len(manifest.files) - len(here)
+        manifest, checked, problems = held
+        skipped = len(manifest.files) - checked
         note = f" ({skipped} files on other nodes not checked)" if skipped else ""
-        if problems:
-            bad += 1
-            for problem in problems:
-                print(f"{tier.name}: MISMATCH {problem}")
-        else:
-            print(f"{tier.name}: ok, {len(here)} files, {human_bytes(manifest.total_bytes)}{note}")
-    if holders == 0 and bad == 0:
+        bad += bool(problems)
+        for problem in problems:
+            print(f"{tier.name}: MISMATCH {problem}")
+        if not problems:
+            print(f"{tier.name}: ok, {checked} files, {human_bytes(manifest.total_bytes)}{note}")
+    if bad:
+        return EXIT_MISMATCH
+    if away:
+        raise TierUnavailableError(
+            f"verify {checkpoint_id}: tiers {', '.join(away)} did not answer", tier=away[0]
+        )
+    if holders == 0:
         raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not committed in any tier")
-    return EXIT_MISMATCH if bad else 0
+    return 0
+
+
+def _verify_copy(
+    tier: Tier, checkpoint_id: str, catalog: Catalog, progress: Callable[[int], None]
+) -> tuple[Manifest, int, list[str]] | None:
+    """The marker of ``checkpoint_id`` in ``tier``, the files checked (this node's) and the problems
+    found in them; None where the tier does not hold it. ``progress`` is told of each chunk read."""
+    try:
+        manifest = read_manifest(tier, checkpoint_id, trust=catalog.trust)
+    except FileNotFoundError:
+        return None
+    progress(0)
+    here = [f for f in manifest.files if not tier.node_local or f.node == catalog.node]
+
+    def told(count: int) -> None:
+        bar.update(count)
+        progress(count)
+
+    with ByteProgress(f"verify {checkpoint_id} in {tier.name}", sum(f.size for f in here)) as bar:
+        problems = copy_problems(tier, manifest, verify=True, entries=here, progress=told)
+    return manifest, len(here), problems
 
 
 def _verify_all(config: Config, args: argparse.Namespace) -> int:
     nodes = args.nodes or [current_node(args.node)]
-    audits = audit_all(config, nodes, show_progress=True)
+    audits = audit_all(config, nodes, show_progress=True, prober=Prober(config.probe_timeout))
+    away = sorted({a.tier for a in audits if a.unreachable})
     if args.json:
         print(json.dumps([{**asdict(a), "ok": a.ok} for a in audits], indent=1))
     else:
         for audit in audits:
-            where = f"{audit.tier}: {audit.checkpoint_id}"
-            if audit.ok:
+            where = f"{audit.tier}: {audit.checkpoint_id}" if audit.checkpoint_id else audit.tier
+            if audit.unreachable:
+                print(f"{where}: UNREACHABLE {audit.unreachable}")
+            elif audit.ok:
                 note = f", {audit.not_checked} on other nodes not checked" if audit.not_checked else ""
                 print(f"{where}: ok, {audit.checked} files, {human_bytes(audit.total_bytes)}{note}")
             for problem in audit.problems:
                 print(f"{where}: MISMATCH {problem}")
-        bad = sum(not a.ok for a in audits)
-        print(f"{len(audits)} committed copies, {bad} with a marker over missing or wrong data")
-    return EXIT_MISMATCH if any(not a.ok for a in audits) else 0
+        copies = [a for a in audits if a.checkpoint_id and not a.unreachable]
+        bad = sum(not a.ok for a in copies)
+        print(f"{len(copies)} committed copies, {bad} with a marker over missing or wrong data")
+    if any(not a.ok for a in audits):
+        return EXIT_MISMATCH
+    if away:
+        raise TierUnavailableError(f"verify --all: tiers {', '.join(away)} did not answer", tier=away[0])
+    return 0
 
 
 def cmd_restore(config: Config, args: argparse.Namespace) -> int:
