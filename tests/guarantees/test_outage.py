@@ -30,8 +30,10 @@ import torch.distributed.checkpoint as dcp
 from tests.fault_proxy import FaultProxy
 from tests.s3server import SeaweedServer
 from tierstore import TieredReader, TieredWriter, latest_committed
+from tierstore._platform import health
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
+from tierstore.records import known
 from tierstore.records.catalog import Catalog
 from tierstore.records.marker import copy_problems, read_manifest
 from tierstore.signing import MarkerTrust
@@ -174,6 +176,8 @@ def outage_scenario(
     ram = committed(config, "ram")
     assert newest in ram and len(ram) <= 2
     # A restart (a new process's view: no knowledge carried over) resumes from what it can reach.
+    health.view()._forget()
+    known._KNOWN.get().clear()
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert latest_committed(config, collective=False) == newest
