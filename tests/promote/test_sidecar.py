@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 import yaml
 
 from tests.conftest import open_uploads
+from tests.fault_proxy import FaultProxy
 from tests.faults import FaultyS3
 from tierstore import TieredReader, TieredWriter, latest_committed
 from tierstore.config import Config, config_from_dict
@@ -422,3 +424,28 @@ def test_an_unreachable_tier_is_reported_and_the_others_go_on(tmp_path: Path) ->
     away = promoter.metrics.registry.get_sample_value("tierstore_tier_unavailable", {"tier": "s3"})
     assert away == 1
     assert promoter.run(once=True) == 1, "a drain that could not reach a tier says so"
+
+
+def test_a_sigterm_during_the_first_look_stops_the_promoter_cleanly(
+    tmp_path: Path, s3_endpoint: str, s3_bucket: str
+) -> None:
+    """S3 accepts and never answers, so the promoter's first look waits its probe_timeout; a
+    SIGTERM then (Kubernetes deleting the pod at start-up) ends it with 0, not by the signal's
+    default action (-15: the handlers were installed only after the look)."""
+    upstream = urlparse(s3_endpoint)
+    assert upstream.hostname is not None and upstream.port is not None
+    with FaultProxy(upstream.hostname, upstream.port) as proxy:
+        proxy.set_mode("hang")
+        tiers = [
+            {"name": "ram", "type": "memory", "path": str(tmp_path / "ram")},
+            {"name": "s3", "type": "s3", "url": f"s3://{s3_bucket}/run", "endpoint_url": proxy.endpoint},
+        ]
+        path = tmp_path / "tierstore.yaml"
+        path.write_text(yaml.safe_dump({"tiers": tiers, "probe_timeout": "5s"}))
+        argv = [sys.executable, "-m", "tierstore.cli", "--config", str(path), "promote"]
+        promoter = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while sum(proxy.accepted.values()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the first look asks S3
+        promoter.send_signal(signal.SIGTERM)
+        assert promoter.wait(timeout=60) == 0

@@ -351,6 +351,10 @@ def write_text_atomically(path: str, text: str) -> None:
 def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     """Run the promoter until SIGTERM (or one pass with --once)."""
     promoter = Promoter(config, node=args.node)
+    # Before anything that asks a tier: a SIGTERM during the first look (a slow S3) stops the
+    # promoter cleanly (exit 0) instead of killing it by the signal's default action.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: promoter.request_stop())
     if args.metrics_port is not None:
         try:
             port = promoter.serve(args.metrics_port, args.metrics_addr)
@@ -363,8 +367,6 @@ def cmd_promote(config: Config, args: argparse.Namespace) -> int:
     if refused := promoter.context.availability.misconfigured:
         (tier, _doing), why = next(iter(sorted(refused.items())))
         raise TierstoreError(f"promote: tier {tier} refuses, and waiting will not change it: {why}")
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: promoter.request_stop())
     # The first and last lines of its log: a promoter with nothing to do still shows it runs.
     event(
         "promoter_started",
