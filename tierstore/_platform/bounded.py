@@ -65,30 +65,32 @@ class Prober:
                 future.set_exception(exc)
 
         threading.Thread(target=run, name=f"tierstore-probe-{tier.name}", daemon=True).start()
-        try:
-            return future.result(self.timeout)  # type: ignore[return-value]
-        except TierUnavailableError as exc:
-            if exc.outage:
-                view.failed(tier, exc)
-            raise
-        except TimeoutError:
-            if on_late is not None:
-                late = on_late
+        # Waited for apart from its outcome: a TimeoutError the question raises itself (ETIMEDOUT
+        # of a soft mount) is its own error, raised as it is, not this deadline.
+        if wait([future], timeout=self.timeout).done:
+            try:
+                return future.result()  # type: ignore[return-value]
+            except TierUnavailableError as exc:
+                if exc.outage:
+                    view.failed(tier, exc)
+                raise
+        if on_late is not None:
+            late = on_late
 
-                def undo(done: Future[object]) -> None:
-                    if done.exception() is None:
-                        late(done.result())  # type: ignore[arg-type]
+            def undo(done: Future[object]) -> None:
+                if done.exception() is None:
+                    late(done.result())  # type: ignore[arg-type]
 
-                future.add_done_callback(undo)
-            doing = f" to {what}" if what else ""
-            error = TierUnavailableError(
-                f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
-                " treated as unreachable",
-                tier=tier.name,
-                outage=True,
-            )
-            view.failed(tier, error)
-            raise error from None
+            future.add_done_callback(undo)
+        doing = f" to {what}" if what else ""
+        error = TierUnavailableError(
+            f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
+            " treated as unreachable",
+            tier=tier.name,
+            outage=True,
+        )
+        view.failed(tier, error)
+        raise error from None
 
     def watch(self, tier: Probed, work: Callable[[Callable[[int], None]], T], *, what: str) -> T:
         """``work(progress)`` on a daemon thread for as long as it makes progress: it calls
