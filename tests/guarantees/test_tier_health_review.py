@@ -10,11 +10,39 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
+import torch
+import torch.distributed.checkpoint as dcp
+
+from tests.fault_proxy import FaultProxy
 from tests.guarantees.test_tier_health import PROBE_TIMEOUT, write_config
-from tierstore import load_config
+from tierstore import TieredReader, TieredWriter, latest_committed, load_config
 from tierstore._platform import health
 from tierstore._platform.bounded import Prober
+
+
+def test_a_restore_once_s3_is_back_reads_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
+    """S3 refused a question (its breaker opens), then came back. A restore long after, of an id
+    only S3 holds, is served by S3: the old code read it; with the view its first question started
+    the probe and was itself answered "skipped", so the restore failed ("no tier holds a usable
+    committed copy") although S3 answered."""
+    upstream = urlparse(s3_endpoint)
+    assert upstream.hostname is not None and upstream.port is not None
+    with FaultProxy(upstream.hostname, upstream.port) as proxy:
+        config = load_config(write_config(tmp_path, proxy.endpoint, s3_bucket))
+        dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config, tier="s3"), checkpoint_id="x")
+        proxy.set_mode("refuse")
+        latest_committed(config)  # S3 refused: the view holds it unreachable
+        s3 = config.make_tier("s3", node=0)
+        assert health.view().is_open(s3)
+        proxy.set_mode("pass")
+        time.sleep(PROBE_TIMEOUT + 0.5)  # a probe is due
+        target = {"w": torch.zeros(8)}
+        reader = TieredReader(config)
+        dcp.load(target, storage_reader=reader, checkpoint_id="x")
+    assert reader.chosen_tier == "s3" and torch.equal(target["w"], torch.ones(8))
+    assert not health.view().is_open(s3)
 
 
 def test_a_question_that_raises_timeout_error_itself_is_not_a_missed_deadline(tmp_path: Path) -> None:
