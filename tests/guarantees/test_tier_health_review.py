@@ -12,14 +12,19 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
+import boto3
 import torch
 import torch.distributed.checkpoint as dcp
 
 from tests.fault_proxy import FaultProxy
 from tests.guarantees.test_tier_health import PROBE_TIMEOUT, write_config
+from tests.request_counter import CountingS3
+from tests.workers import run_ranks
 from tierstore import TieredReader, TieredWriter, latest_committed, load_config
 from tierstore._platform import health
 from tierstore._platform.bounded import Prober
+from tierstore.config import Config
+from tierstore.errors import TierUnavailableError
 
 
 def test_a_restore_once_s3_is_back_reads_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
@@ -82,3 +87,33 @@ def test_watch_raises_a_works_own_timeout_error_as_it_is(tmp_path: Path) -> None
         raised: BaseException = exc
     assert type(raised) is TimeoutError and raised.args == (110, "Connection timed out"), raised
     assert not health.view().is_open(tier)
+
+
+def load_with_s3_held_unreachable_on_rank_1(rank: int, world: int, config: Config) -> None:
+    """Both ranks restore ``x``; rank 1's own view holds S3 unreachable (its earlier question was
+    refused, a moment ago: no probe due yet), rank 0's does not."""
+    if rank == 1:
+        s3 = config.make_tier("s3", node=0)
+        refused = TierUnavailableError("tier s3: connection refused", tier="s3", outage=True)
+        health.view().failed(s3, refused)
+    target = {"w": torch.zeros(8)}
+    reader = TieredReader(config)
+    dcp.load(target, storage_reader=reader, checkpoint_id="x")
+    assert reader.chosen_tier == "s3" and torch.equal(target["w"], torch.ones(8))
+
+
+def test_every_rank_reading_a_copy_announces_its_read_there(tmp_path: Path) -> None:
+    """Rank 0 chooses S3's copy; rank 1, whose view holds S3 unreachable, reads it too (its data
+    reads do not ask the view). Every rank reading a copy holds its own read record there (ranks
+    finish at different times: rank 0's record goes with its own read_data), or retention may
+    delete the copy under rank 1. Rank 1's announcement was answered "skipped" by its view, and it
+    read S3's files without a record: one PUT of a read record for two readers."""
+    with CountingS3() as counted:
+        bucket = f"ts-{uuid.uuid4().hex[:16]}"
+        boto3.client("s3", endpoint_url=counted.endpoint).create_bucket(Bucket=bucket)
+        config = load_config(write_config(tmp_path, counted.endpoint, bucket))
+        dcp.save({"w": torch.ones(8)}, storage_writer=TieredWriter(config, tier="s3"), checkpoint_id="x")
+        with counted.counting() as seen:
+            run_ranks(load_with_s3_held_unreachable_on_rank_1, 2, tmp_path, config)
+    print(dict(seen.by_operation))
+    assert seen.by_operation["PUT object"] == 2, seen.by_operation  # a read record per rank

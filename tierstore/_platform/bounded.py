@@ -41,6 +41,7 @@ class Prober:
         what: str = "",
         on_late: Callable[[T], object] | None = None,
         direct: bool = False,
+        anyway: bool = False,
     ) -> T:
         """``question()``, or :class:`TierUnavailableError` if it does not answer in time, or at
         once if this process found ``tier`` unreachable (see :mod:`tierstore._platform.health`).
@@ -50,12 +51,15 @@ class Prober:
         ``on_late`` is called with the answer if it comes after the deadline (to undo what the
         asker gave up on: a record it no longer holds). ``direct``: ask on this thread, without a
         deadline nor the health view (host memory: it cannot hang, and a thread per question costs
-        more than the answer).
+        more than the answer). ``anyway``: ask within the deadline even while the view holds
+        ``tier`` unreachable (a question whose skipping is unsafe: the read record of a copy that
+        another process of the job read the marker of, and that this one reads).
         """
         if direct:
             return question()
         view = health.view()
-        view.check(tier, self.timeout)
+        if not anyway:
+            view.check(tier, self.timeout)
         future: Future[object] = Future()
 
         def run() -> None:
