@@ -70,8 +70,8 @@ class TierHealth:
         self._open: dict[str, _Open] = {}
 
     def check(self, tier: Probed, timeout: float) -> None:
-        """Return if ``tier`` may be asked; else raise :class:`TierUnavailableError` at once
-        (starting a background probe when one is due)."""
+        """Return if ``tier`` may be asked; else raise :class:`TierUnavailableError` at once, or,
+        when a probe is due, once the probe it starts has not answered within ``timeout``."""
         key = tier.health_key
         with self._lock:
             state = self._open.get(key)
@@ -94,11 +94,14 @@ class TierHealth:
             # back since must serve it, or a process asking rarely (a restore after a blip) would
             # fail each time. A hung tier's probe stays in flight: no later question waits.
             wait([started], timeout=timeout)
-            with self._lock:
-                if started.done() and started.exception() is None and self._open.get(key) is state:
-                    del self._open[key]
+            if started.done() and started.exception() is None:
+                with self._lock:
+                    closed = self._open.get(key) is state
+                    if closed:  # else another question closed it meanwhile (or it failed again)
+                        del self._open[key]
+                if closed:
                     logger.info("tier %s answers again: this process asks it again", tier.name)
-                    return
+                return
         raise TierUnavailableError(
             f"tier {tier.name}: skipped, unreachable for {away:.0f}s ({state.reason}); this process"
             " asks it again once a background probe finds it back",
