@@ -41,6 +41,7 @@ class Prober:
         what: str = "",
         on_late: Callable[[T], object] | None = None,
         direct: bool = False,
+        anyway: bool = False,
     ) -> T:
         """``question()``, or :class:`TierUnavailableError` if it does not answer in time, or at
         once if this process found ``tier`` unreachable (see :mod:`tierstore._platform.health`).
@@ -50,12 +51,15 @@ class Prober:
         ``on_late`` is called with the answer if it comes after the deadline (to undo what the
         asker gave up on: a record it no longer holds). ``direct``: ask on this thread, without a
         deadline nor the health view (host memory: it cannot hang, and a thread per question costs
-        more than the answer).
+        more than the answer). ``anyway``: ask within the deadline even while the view holds
+        ``tier`` unreachable (a question whose skipping is unsafe: the read record of a copy that
+        another process of the job read the marker of, and that this one reads).
         """
         if direct:
             return question()
         view = health.view()
-        view.check(tier, self.timeout)
+        if not anyway:
+            view.check(tier, self.timeout)
         future: Future[object] = Future()
 
         def run() -> None:
@@ -65,30 +69,32 @@ class Prober:
                 future.set_exception(exc)
 
         threading.Thread(target=run, name=f"tierstore-probe-{tier.name}", daemon=True).start()
-        try:
-            return future.result(self.timeout)  # type: ignore[return-value]
-        except TierUnavailableError as exc:
-            if exc.outage:
-                view.failed(tier, exc)
-            raise
-        except TimeoutError:
-            if on_late is not None:
-                late = on_late
+        # Waited for apart from its outcome: a TimeoutError the question raises itself (ETIMEDOUT
+        # of a soft mount) is its own error, raised as it is, not this deadline.
+        if wait([future], timeout=self.timeout).done:
+            try:
+                return future.result()  # type: ignore[return-value]
+            except TierUnavailableError as exc:
+                if exc.outage:
+                    view.failed(tier, exc)
+                raise
+        if on_late is not None:
+            late = on_late
 
-                def undo(done: Future[object]) -> None:
-                    if done.exception() is None:
-                        late(done.result())  # type: ignore[arg-type]
+            def undo(done: Future[object]) -> None:
+                if done.exception() is None:
+                    late(done.result())  # type: ignore[arg-type]
 
-                future.add_done_callback(undo)
-            doing = f" to {what}" if what else ""
-            error = TierUnavailableError(
-                f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
-                " treated as unreachable",
-                tier=tier.name,
-                outage=True,
-            )
-            view.failed(tier, error)
-            raise error from None
+            future.add_done_callback(undo)
+        doing = f" to {what}" if what else ""
+        error = TierUnavailableError(
+            f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
+            " treated as unreachable",
+            tier=tier.name,
+            outage=True,
+        )
+        view.failed(tier, error)
+        raise error from None
 
     def watch(self, tier: Probed, work: Callable[[Callable[[int], None]], T], *, what: str) -> T:
         """``work(progress)`` on a daemon thread for as long as it makes progress: it calls

@@ -11,10 +11,12 @@ log line, not one per operation.
 
 The way back is a background probe: a question to an open tier, once ``probe_timeout`` (at least
 :data:`RETRY_AFTER`) has passed since its last probe, starts one on a daemon thread (a cheap read:
-``tier.exists("")``, never a write) and is itself answered at once; when the probe answers, the
-tier is closed again and the next question reaches it. Probes run only when someone asks: a
-process that asks nothing of a sick tier (a save into host memory) sends it nothing, and never more
-than one probe is in flight per tier, so a hung tier never accumulates threads.
+``tier.exists("")``, never a write) and waits for its answer, within ``probe_timeout``: when the
+probe answers, the tier is closed again and that question reaches it (a restore long after a blip
+is served); other questions are answered at once. Probes run only when someone asks: a process
+that asks nothing of a sick tier (a save into host memory) sends it nothing, and never more than
+one probe is in flight per tier, so a hung tier never accumulates threads (nor makes a later
+question wait: its probe stays in flight).
 
 Tiers are told apart by :attr:`Probed.health_key` (type, root and endpoint), not by name: two
 configurations in one process may call different stores ``s3``. A forked child starts with a
@@ -26,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,8 +70,8 @@ class TierHealth:
         self._open: dict[str, _Open] = {}
 
     def check(self, tier: Probed, timeout: float) -> None:
-        """Return if ``tier`` may be asked; else raise :class:`TierUnavailableError` at once
-        (starting a background probe when one is due)."""
+        """Return if ``tier`` may be asked; else raise :class:`TierUnavailableError` at once, or,
+        when a probe is due, once the probe it starts has not answered within ``timeout``."""
         key = tier.health_key
         with self._lock:
             state = self._open.get(key)
@@ -82,10 +84,24 @@ class TierHealth:
                     return
                 state.probe = None
             now = time.monotonic()
+            started = None
             if state.probe is None and now - state.probed_at >= max(timeout, RETRY_AFTER):
                 state.probed_at = now
-                state.probe = _probe(tier)
+                state.probe = started = _probe(tier)
             away = now - state.since
+        if started is not None:
+            # The question that starts a probe waits for its answer (within the deadline): a tier
+            # back since must serve it, or a process asking rarely (a restore after a blip) would
+            # fail each time. A hung tier's probe stays in flight: no later question waits.
+            wait([started], timeout=timeout)
+            if started.done() and started.exception() is None:
+                with self._lock:
+                    closed = self._open.get(key) is state
+                    if closed:  # else another question closed it meanwhile (or it failed again)
+                        del self._open[key]
+                if closed:
+                    logger.info("tier %s answers again: this process asks it again", tier.name)
+                return
         raise TierUnavailableError(
             f"tier {tier.name}: skipped, unreachable for {away:.0f}s ({state.reason}); this process"
             " asks it again once a background probe finds it back",

@@ -227,12 +227,12 @@ def _probe_window(
     *,
     known: Known,
     prober: Prober,
-    before: Callable[[int], None],
+    before: Callable[[int, bool], None],
 ) -> list[tuple[int, bytes | None, str | None]]:
     """Coordinator: the markers of ``tiers[start:]``, fastest first, until one holds the newest
     commit of the id that is known, sighted or probed: a slower tier is not asked when a faster one
     answers. A tier never sighted is asked too (its commits are not known otherwise), each within
-    ``probe_timeout``; an unreachable one is a reason, not an error. ``before(index)`` (the read
+    ``probe_timeout``; an unreachable one is a reason, not an error. ``before(index, False)`` (the read
     record) runs only for the tiers up to the first marker found: those read after it are asked
     only whether they hold a newer commit (see :func:`_announced`)."""
     newest = known.newest()
@@ -241,7 +241,7 @@ def _probe_window(
     for index in range(start, len(tiers)):
         tier = tiers[index]
         if all(blob is None for _i, blob, _r in window):
-            before(index)
+            before(index, False)
         try:
             manifest = prober.ask(
                 tier,
@@ -354,7 +354,7 @@ def choose_copy(
     excluded: dict[int, str] | None = None,
     collective: bool = True,
     prober: Prober | None = None,
-    before_probe: Callable[[int], None] = lambda _index: None,
+    before_probe: Callable[[int, bool], None] = lambda _index, _read: None,
     sighting_trust: float = 30.0,
 ) -> Choice:
     """Pick the fastest tier holding a usable committed copy; the same answer on every rank.
@@ -363,14 +363,15 @@ def choose_copy(
     the newest known commit of the id (see :func:`_probe_window`), every rank checks its share of
     the window's copies, and only if none is usable is the next window looked at. So a restore
     served by host memory asks nothing of S3. ``trust`` reads the markers; ``mirrored`` names the
-    mirrored tier (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index)`` runs on every
-    rank before a copy in ``tiers[index]`` may be chosen (the reader announces its read there; a
-    slower tier asked only whether it holds a newer commit is not: :func:`_announced`). ``excluded`` maps
-    tier indexes already found unusable (and why) to skip; ``prober`` bounds each marker read
-    (default: 10 s); a sighting older than ``sighting_trust`` seconds is not trusted (the promoter
-    is not running). With ``collective=False`` this process decides alone, as a job of one rank
-    would. Raises :class:`CheckpointNotFoundError` listing every tier looked at and why it was
-    skipped.
+    mirrored tier (:attr:`~tierstore.config.Config.mirrored`). ``before_probe(index, read)`` runs on
+    every rank before a copy in ``tiers[index]`` may be chosen (the reader announces its read there;
+    ``read``: the coordinator read a marker there, so the rank announces it even where its own view
+    skips the tier; a slower tier asked only whether it holds a newer commit is not announced in:
+    :func:`_announced`). ``excluded`` maps tier indexes already found unusable (and why) to skip;
+    ``prober`` bounds each marker read (default: 10 s); a sighting older than ``sighting_trust``
+    seconds is not trusted (the promoter is not running). With ``collective=False`` this process
+    decides alone, as a job of one rank would. Raises :class:`CheckpointNotFoundError` listing
+    every tier looked at and why it was skipped.
     """
     rank, world = rank_and_world(group) if collective else (0, 1)
     prober = prober or Prober(10.0)
@@ -391,8 +392,8 @@ def choose_copy(
         window, known = broadcast_object((window, known), group) if collective else (window, known)
         head, rest = window[: _announced(window)], window[_announced(window) :]
         if rank != 0:
-            for index, _blob, _reason in head:
-                before_probe(index)
+            for index, blob, _reason in head:
+                before_probe(index, blob is not None)
         choice, known = _choose_in_window(
             tiers,
             checkpoint_id,

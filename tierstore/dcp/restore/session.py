@@ -55,11 +55,13 @@ class RestoreSession:
         with self._lock:
             self.bytes_read += nbytes
 
-    def hold(self, index: int) -> None:
+    def hold(self, index: int, read: bool = False) -> None:
         """Announce the restore in ``tiers[index]`` before the tier is looked at.
 
         A tier that cannot take the record is logged and still considered: the restore itself says
-        whether it is usable.
+        whether it is usable. ``read``: the coordinator read the copy's marker there, and this rank
+        may read the copy: it is asked even where this process's view skips the tier (a rank whose
+        own earlier question failed would otherwise read the copy with no record of its own).
         """
         tier = self.tiers[index]
         if tier.name in self.reading:
@@ -74,6 +76,7 @@ class RestoreSession:
                 what="announce the restore",
                 on_late=Activity.release,
                 direct=is_host_memory(tier),
+                anyway=read,
             )
         except Exception as exc:  # noqa: BLE001 - the restore decides what is usable
             logger.log(
