@@ -117,7 +117,7 @@ class Prober:
 
         threading.Thread(target=run, name=f"tierstore-watch-{tier.name}", daemon=True).start()
         while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
-            if time.monotonic() - beat[0] >= self.timeout:
+            if time.monotonic() - beat[0] >= self.timeout and not future.done():  # done just now: use it
                 error = TierUnavailableError(
                     f"tier {tier.name}: no progress to {what} for {self.timeout:g}s (probe_timeout);"
                     " treated as unreachable",
