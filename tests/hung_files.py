@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +42,21 @@ def refusing_s3_tier(name: str = "s3") -> dict[str, Any]:
     }
 
 
+@functools.cache
 def hung_mount_unavailable() -> str | None:
-    """Why this machine cannot mount a filesystem that never answers (None: it can)."""
+    """Why this machine cannot mount a filesystem that never answers (None: it can): tried once,
+    on a scratch directory (root and ``/dev/fuse`` are not enough in a container without
+    CAP_SYS_ADMIN)."""
     if os.geteuid() != 0:
         return "mounting a FUSE filesystem needs root"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse on this machine"
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            with hung_mount(Path(scratch)):
+                pass
+        except OSError as exc:
+            return f"cannot mount a FUSE filesystem here: {exc}"
     return None
 
 
