@@ -60,30 +60,17 @@ class Prober:
         view = health.view()
         if not anyway:
             view.check(tier, self.timeout)
-        future: Future[object] = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(question())
-            except BaseException as exc:  # noqa: BLE001 - handed to the asker
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name=f"tierstore-probe-{tier.name}", daemon=True).start()
+        future = _on_a_thread(question, f"tierstore-probe-{tier.name}")
         # Waited for apart from its outcome: a TimeoutError the question raises itself (ETIMEDOUT
         # of a soft mount) is its own error, raised as it is, not this deadline.
         if wait([future], timeout=self.timeout).done:
-            try:
-                return future.result()  # type: ignore[return-value]
-            except TierUnavailableError as exc:
-                if exc.outage:
-                    view.failed(tier, exc)
-                raise
+            return _outcome(future, tier)
         if on_late is not None:
             late = on_late
 
-            def undo(done: Future[object]) -> None:
+            def undo(done: Future[T]) -> None:
                 if done.exception() is None:
-                    late(done.result())  # type: ignore[arg-type]
+                    late(done.result())
 
             future.add_done_callback(undo)
         doing = f" to {what}" if what else ""
@@ -103,19 +90,12 @@ class Prober:
         length has no deadline of its own (a verification reading a large copy)."""
         view = health.view()
         view.check(tier, self.timeout)
-        future: Future[object] = Future()
         beat = [time.monotonic()]
 
         def progress(_count: int) -> None:
             beat[0] = time.monotonic()
 
-        def run() -> None:
-            try:
-                future.set_result(work(progress))
-            except BaseException as exc:  # noqa: BLE001 - handed to the asker
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name=f"tierstore-watch-{tier.name}", daemon=True).start()
+        future = _on_a_thread(lambda: work(progress), f"tierstore-watch-{tier.name}")
         while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
             if time.monotonic() - beat[0] >= self.timeout and not future.done():  # done just now: use it
                 error = TierUnavailableError(
@@ -126,9 +106,28 @@ class Prober:
                 )
                 view.failed(tier, error)
                 raise error
+        return _outcome(future, tier)
+
+
+def _on_a_thread(call: Callable[[], T], name: str) -> Future[T]:
+    """``call()`` on a daemon thread; its answer or error in the future."""
+    future: Future[T] = Future()
+
+    def run() -> None:
         try:
-            return future.result()  # type: ignore[return-value]
-        except TierUnavailableError as exc:
-            if exc.outage:
-                view.failed(tier, exc)
-            raise
+            future.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the asker
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def _outcome(future: Future[T], tier: Probed) -> T:
+    """A finished question's answer, or its error; an outage it reports opens the tier's breaker."""
+    try:
+        return future.result()
+    except TierUnavailableError as exc:
+        if exc.outage:
+            health.view().failed(tier, exc)
+        raise
