@@ -33,6 +33,14 @@ os.environ.pop("AWS_PROFILE", None)
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 
+@pytest.fixture(autouse=True)
+def own_tier_verdicts(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's processes share tier verdicts among themselves only
+    (:mod:`tierstore._platform.node_verdicts`): a port or path reused by a later test must not
+    inherit an earlier test's "unreachable"."""
+    monkeypatch.setenv("TIERSTORE_HEALTH_DIR", str(tmp_path_factory.mktemp("verdicts")))
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a moto S3 server started for this test session."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,11 +197,17 @@ def test_ls_says_durable_unknown_while_the_durable_tier_is_unreachable(
 
 @pytest.mark.parametrize("command", ["ls", "status"])
 def test_a_read_only_command_reports_an_unreachable_tier_without_each_retry(
-    saved_beside_away_s3: Path, command: str, caplog: pytest.LogCaptureFixture
+    saved_beside_away_s3: Path,
+    command: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     def retries(*flags: str) -> list[str]:
         caplog.clear()
-        health.view()._forget()  # each command is a new process: it finds the tier away itself
+        # each command is a new process, on a node of its own: it finds the tier away itself
+        health.view()._forget()
+        monkeypatch.setenv("TIERSTORE_HEALTH_DIR", str(tmp_path / uuid.uuid4().hex))
         assert main(["--config", str(saved_beside_away_s3), command, *flags]) in (0, 1)
         return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying s3")]
 

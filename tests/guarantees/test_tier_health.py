@@ -95,6 +95,30 @@ def test_a_restart_with_a_hung_s3_waits_for_it_at_most_once(
     assert len(about_s3) == 1, about_s3
 
 
+def test_a_second_process_of_the_node_reads_the_first_ones_verdict_instead_of_waiting(
+    tmp_path: Path, s3_endpoint: str, s3_bucket: str
+) -> None:
+    """Ranks of one node share one probe: the first restarted process waits for the hung S3 once;
+    the next one (another rank, a restart moments later) reads its verdict and waits not at all."""
+    upstream = urlparse(s3_endpoint)
+    assert upstream.hostname is not None and upstream.port is not None
+    with FaultProxy(upstream.hostname, upstream.port) as proxy:
+        config_path = write_config(tmp_path, proxy.endpoint, s3_bucket)
+        dcp.save(
+            {"w": torch.ones(1000), "step": 7},
+            storage_writer=TieredWriter(load_config(config_path)),
+            checkpoint_id="step_0007",
+        )
+        proxy.set_mode("hang")
+        first, _ = restart(config_path)
+        second, log = restart(config_path)
+    print(first, second, log, sep="\n")
+    assert first["seconds"] >= PROBE_TIMEOUT, first  # it found S3 away itself
+    assert second["seconds"] < 0.5 * PROBE_TIMEOUT, second
+    about_s3 = [line for line in log.splitlines() if line.startswith("WARNING") and "s3" in line]
+    assert len(about_s3) == 1 and "of this node" in about_s3[0], about_s3
+
+
 def test_a_restore_from_memory_asks_nothing_of_a_healthy_s3(tmp_path: Path) -> None:
     """S3 is configured and answers; the checkpoint was never promoted and no promoter runs. A
     restore served by host memory announces itself (its read record) in memory only: no PUT and

@@ -7,6 +7,7 @@ and local files for tiers whose question itself raises.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -91,8 +92,10 @@ def test_watch_raises_a_works_own_timeout_error_as_it_is(tmp_path: Path) -> None
 
 def load_with_s3_held_unreachable_on_rank_1(rank: int, world: int, config: Config) -> None:
     """Both ranks restore ``x``; rank 1's own view holds S3 unreachable (its earlier question was
-    refused, a moment ago: no probe due yet), rank 0's does not."""
+    refused, a moment ago: no probe due yet), rank 0's does not. Rank 1 keeps its verdicts apart
+    (as a rank of another node would): on one node rank 0 would read it and skip S3 too."""
     if rank == 1:
+        os.environ["TIERSTORE_HEALTH_DIR"] += "-rank1"
         s3 = config.make_tier("s3", node=0)
         refused = TierUnavailableError("tier s3: connection refused", tier="s3", outage=True)
         health.view().failed(s3, refused)

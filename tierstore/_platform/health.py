@@ -18,6 +18,11 @@ that asks nothing of a sick tier (a save into host memory) sends it nothing, and
 one probe is in flight per tier, so a hung tier never accumulates threads (nor makes a later
 question wait: its probe stays in flight).
 
+The processes of one node share their verdicts (:mod:`tierstore._platform.node_verdicts`): a
+process that opens a breaker leaves the verdict for the node, the node's other processes (the
+other ranks, the promoter, a command) skip the tier at once on reading it, a probe that fails renews
+it, so the node re-probes about once a period, and a probe that finds the tier back removes it.
+
 Tiers are told apart by :attr:`Probed.health_key` (type, root and endpoint), not by name: two
 configurations in one process may call different stores ``s3``. A forked child starts with a
 fresh view (:class:`~tierstore._platform.runtime.ProcessLocal`).
@@ -32,6 +37,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tierstore._platform import node_verdicts
 from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import TierUnavailableError, one_line
 
@@ -60,6 +66,10 @@ class _Open:
     since: float
     probed_at: float
     probe: Future[object] | None = field(default=None)
+    found_by: str = ""
+    """Who found it away, where another process of this node did (for messages)."""
+    shared: bool = False
+    """A verdict of this node stands for it (:mod:`tierstore._platform.node_verdicts`)."""
 
 
 class TierHealth:
@@ -73,41 +83,81 @@ class TierHealth:
         """Return if ``tier`` may be asked; else raise :class:`TierUnavailableError` at once, or,
         when a probe is due, once the probe it starts has not answered within ``timeout``."""
         key = tier.health_key
+        period = max(timeout, RETRY_AFTER)
         with self._lock:
             state = self._open.get(key)
             if state is None:
+                state = self._from_node(tier)
+                if state is None:
+                    return
+            elif state.shared and not node_verdicts.present(key):  # another process found it back
+                self._close(tier, state, "a probe of another process of this node found it back")
                 return
             if state.probe is not None and state.probe.done():
                 if state.probe.exception() is None:
-                    del self._open[key]
-                    logger.info("tier %s answers again: this process asks it again", tier.name)
+                    self._close(tier, state, "")
                     return
                 state.probe = None
             now = time.monotonic()
             started = None
-            if state.probe is None and now - state.probed_at >= max(timeout, RETRY_AFTER):
-                state.probed_at = now
-                state.probe = started = _probe(tier)
+            if state.probe is None and now - state.probed_at >= period:
+                verdict = node_verdicts.read(key) if state.shared else None
+                if verdict is not None and verdict.age < period:
+                    state.probed_at = now - verdict.age  # another process of the node probed since
+                else:
+                    state.probed_at = now
+                    state.probe = started = _probe(tier)
             away = now - state.since
-        if started is not None:
+        if started is not None and state.found_by:
+            # Away by the node's verdict, not by this process's own finding: the probe answers in
+            # the background (a restart's ranks do not each wait for a tier one of them found
+            # hung), and renews the verdict for the node when it finds the tier away again.
+            _renew_unless_answered(started, key, state.reason, timeout)
+        elif started is not None:
             # The question that starts a probe waits for its answer (within the deadline): a tier
             # back since must serve it, or a process asking rarely (a restore after a blip) would
             # fail each time. A hung tier's probe stays in flight: no later question waits.
             wait([started], timeout=timeout)
-            if started.done() and started.exception() is None:
-                with self._lock:
-                    closed = self._open.get(key) is state
-                    if closed:  # else another question closed it meanwhile (or it failed again)
-                        del self._open[key]
-                if closed:
-                    logger.info("tier %s answers again: this process asks it again", tier.name)
-                return
+            with self._lock:
+                if self._open.get(key) is not state:  # another question closed it meanwhile
+                    return
+                if started.done() and started.exception() is None:
+                    self._close(tier, state, "")
+                    return
+                if state.shared:  # the node waits a period before it probes again
+                    node_verdicts.write(key, state.reason)
         raise TierUnavailableError(
-            f"tier {tier.name}: skipped, unreachable for {away:.0f}s ({state.reason}); this process"
-            " asks it again once a background probe finds it back",
+            f"tier {tier.name}: skipped, unreachable for {away:.0f}s ({state.reason}{state.found_by});"
+            " this process asks it again once a background probe finds it back",
             tier=tier.name,
             outage=True,
         )
+
+    def _from_node(self, tier: Probed) -> _Open | None:
+        """The breaker opened from this node's verdict on ``tier`` (None when there is none): a
+        process that finds the tier away in another's verdict neither asks nor waits (lock held)."""
+        verdict = node_verdicts.read(tier.health_key)
+        if verdict is None:
+            return None
+        found = time.monotonic() - verdict.age
+        by = f"; found by process {verdict.pid} of this node {verdict.age:.0f}s ago"
+        state = self._open[tier.health_key] = _Open(verdict.reason, found, found, found_by=by, shared=True)
+        logger.warning(
+            "tier %s is unreachable (%s%s): this process skips it until a background probe finds it back",
+            tier.name,
+            verdict.reason,
+            by,
+        )
+        return state
+
+    def _close(self, tier: Probed, state: _Open, how: str) -> None:
+        """``tier`` answers again: every question of this process (and, with the verdict removed,
+        of this node) reaches it (lock held)."""
+        del self._open[tier.health_key]
+        if not how:
+            node_verdicts.clear(tier.health_key)
+        said = f" ({how})" if how else ""
+        logger.info("tier %s answers again%s: this process asks it again", tier.name, said)
 
     def failed(self, tier: Probed, error: BaseException) -> None:
         """``tier`` did not answer (``error``): open its breaker; the first time, say so (one
@@ -117,7 +167,8 @@ class TierHealth:
             if tier.health_key in self._open:
                 return
             now = time.monotonic()
-            self._open[tier.health_key] = _Open(reason, now, now)
+            shared = node_verdicts.write(tier.health_key, reason)
+            self._open[tier.health_key] = _Open(reason, now, now, shared=shared)
         logger.warning(
             "tier %s is unreachable (%s): this process skips it until a background probe finds it back",
             tier.name,
@@ -133,6 +184,18 @@ class TierHealth:
         """Tests only: forget every verdict (a new process's view)."""
         with self._lock:
             self._open.clear()
+
+
+def _renew_unless_answered(probe: Future[object], key: str, reason: str, timeout: float) -> None:
+    """Renew the node's verdict on the tier of ``key`` unless ``probe`` answers within ``timeout``."""
+
+    def renew() -> None:
+        if not probe.done() or probe.exception() is not None:
+            node_verdicts.write(key, reason)
+
+    timer = threading.Timer(timeout, renew)
+    timer.daemon = True
+    timer.start()
 
 
 def _probe(tier: Probed) -> Future[object]:
