@@ -78,6 +78,9 @@ class Activity:
         """The process that published it: only it deletes it (a forked child's copy is inert)."""
         self.interval = ttl / 4
         self.due = 0.0
+        self.made: tuple[str, ...] = ()
+        """The directories its first write made (deepest first), removed again with it when empty:
+        a reader leaves a tier as it found it (see :func:`hold`)."""
 
     def refresh(self) -> None:
         """(Re)write the record: it is live for another ``ttl`` seconds.
@@ -90,7 +93,7 @@ class Activity:
         self.tier.write_bytes(self.path, self.body)
         if self.released:  # flag set before the release deletes: one of the two deletes is last
             with contextlib.suppress(FileNotFoundError):
-                self.tier.delete(self.path)
+                self._withdraw()
 
     def release(self) -> None:
         """Stop refreshing and delete the record (best effort: an orphan expires by itself)."""
@@ -101,9 +104,16 @@ class Activity:
         if os.getpid() != self.owner:
             return  # a forked child's inherited copy: the record is still the parent's
         try:
-            self.tier.delete(self.path)
+            self._withdraw()
         except Exception as exc:  # noqa: BLE001 - it expires after ACTIVITY_TTL anyway
             logger.warning("could not remove activity record %s in %s: %s", self.path, self.tier.name, exc)
+
+    def _withdraw(self) -> None:
+        """Delete the record, then each directory of :attr:`made` that is empty at that instant."""
+        self.tier.delete(self.path)
+        if self.made and (local := self.tier.local) is not None:
+            for directory in self.made:
+                local.remove_if_empty(directory)
 
 
 def hold(
@@ -113,11 +123,42 @@ def hold(
 
     Raises what the tier raises when the first write fails: work that cannot announce itself must
     not start, since cleanup could then remove it.
+
+    A ``read`` record is written before the reader knows whether the tier holds the id at all (it
+    must precede the marker read, or retention could delete the copy under it), so a restore of an
+    id saved nowhere would leave ``.tierstore/activity`` (and the tier root) behind in every fresh
+    tier it looked at. It notes which of those directories did not exist (a stat each, only where
+    the tier has directories: nothing is asked of S3) and its release removes them again, each
+    with ``rmdir``, which fails while anything is inside: a concurrent reader's or save's record
+    keeps them (its holder removes none it did not make, the last one out leaves an empty
+    directory: harmless). A writer whose first file is on its way into a directory just emptied
+    makes it again (:func:`tierstore.tiers.durable.in_dirs`). The record itself is deleted first,
+    as always, so no reader is ever unannounced while it reads. Other kinds leave their
+    directories: their holders write files of their own beside them, and a save would otherwise
+    make and remove the directory each time.
     """
     activity = Activity(tier, kind, checkpoint_id, generation, ttl)
+    if kind == "read":
+        activity.made = _absent_dirs(tier)
     activity.refresh()
     HEARTBEAT.get().keep(activity)
     return activity
+
+
+def _absent_dirs(tier: Tier) -> tuple[str, ...]:
+    """The directories from :data:`ACTIVITY_DIR` up to the tier root (``""``) that do not exist,
+    deepest first (none on a tier without directories)."""
+    local = tier.local
+    if local is None:
+        return ()
+    parts = ACTIVITY_DIR.split("/")
+    absent = []
+    for depth in range(len(parts), -1, -1):
+        directory = "/".join(parts[:depth])
+        if local.directory_mtime(directory) is not None:
+            break
+        absent.append(directory)
+    return tuple(absent)
 
 
 @contextlib.contextmanager

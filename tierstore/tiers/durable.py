@@ -10,8 +10,11 @@ again (:func:`withdraw_name`) before the error reaches the caller.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+T = TypeVar("T")
 TEMP_MARK = ".tmp-"
 """Temporary files are named ``.<name>.tmp-<random>``; listings hide them, cleanup removes idle ones."""
 
@@ -58,6 +61,26 @@ def make_dirs_durable(directory: Path) -> None:
         except FileExistsError:
             continue
         fsync_dir(path.parent)
+
+
+def in_dirs(directory: Path, create: Callable[[], T], *, tries: int = 5) -> T:
+    """``create()`` (a new name in ``directory``) once :func:`make_dirs_durable` made the directory;
+    both again when it fails because a directory of the chain vanished in between.
+
+    Directories are not forever: a reader removes again, once empty, those its ``read`` record made
+    (:mod:`tierstore.records.activity`), and another process's first file may be on its way into
+    one just then. A missing name while ``directory`` still exists is the caller's error (a source
+    that is gone): raised at once. Each remover acts once, so a few tries are enough.
+    """
+    attempt = 1
+    while True:
+        try:
+            make_dirs_durable(directory)
+            return create()
+        except FileNotFoundError:
+            if attempt >= tries or directory.exists():
+                raise
+            attempt += 1
 
 
 class FdStream:

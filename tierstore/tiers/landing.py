@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from tierstore._platform.forks import close_unshared, open_unshared
-from tierstore.tiers.durable import make_dirs_durable, temp_name_for
+from tierstore.tiers.durable import in_dirs, temp_name_for
 
 
 class Landing:
@@ -32,8 +32,8 @@ class Landing:
     def __init__(self, target: str, size: int, spare: str | None = None) -> None:
         if spare is None:
             self.temp = temp_name_for(Path(target), uuid.uuid4().hex[:12])
-            make_dirs_durable(self.temp.parent)
-            self._fd = open_unshared(str(self.temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+            self._fd = in_dirs(self.temp.parent, lambda: open_unshared(str(self.temp), flags, 0o644))
         else:
             self.temp = Path(spare)
             self._fd = open_unshared(str(self.temp), os.O_WRONLY)

@@ -36,14 +36,7 @@ from tierstore.tiers.base import (
     TierConfig,
     WriteStream,
 )
-from tierstore.tiers.durable import (
-    FdStream,
-    fsync_dir,
-    is_temporary,
-    make_dirs_durable,
-    temp_name_for,
-    withdraw_name,
-)
+from tierstore.tiers.durable import FdStream, fsync_dir, in_dirs, is_temporary, temp_name_for, withdraw_name
 from tierstore.tiers.landing import Landing
 
 _UNAVAILABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
@@ -148,7 +141,7 @@ class PosixTier(Tier):
         """See :meth:`LocalFace.own_directory` (an exclusive ``flock`` on its lock file,
         :mod:`tierstore._platform.owners`)."""
         directory = str(self._path(path))
-        return OwnedDirectory(directory, hold_owner_lock(directory))
+        return OwnedDirectory(directory, in_dirs(Path(directory).parent, lambda: hold_owner_lock(directory)))
 
     def open_landing(self, path: str, size: int, spare: str | None = None) -> Landing:
         """See :meth:`LocalFace.open_landing`."""
@@ -206,8 +199,7 @@ class PosixTier(Tier):
         target = self._path(path)
         temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
-            make_dirs_durable(target.parent)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = in_dirs(target.parent, lambda: os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as exc:
             if exc.errno in _UNAVAILABLE or exc.errno in (errno.ENOTDIR, errno.ENOENT):
                 raise self._unavailable(exc, "write", path) from exc
@@ -245,8 +237,7 @@ class PosixTier(Tier):
         target = self._path(path)
         temp = temp_name_for(target, uuid.uuid4().hex[:12])
         try:
-            make_dirs_durable(target.parent)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = in_dirs(target.parent, lambda: os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             try:
                 FdStream(fd).write(data)
                 os.fsync(fd)
@@ -280,8 +271,7 @@ class PosixTier(Tier):
     def adopt(self, path: str, source_file: str) -> None:
         """Move ``source_file`` (same filesystem; the caller fsynced it) to ``path``; fsync both dirs."""
         target = self._path(path)
-        make_dirs_durable(target.parent)
-        os.rename(source_file, target)
+        in_dirs(target.parent, lambda: os.rename(source_file, target))
         fsync_dir(target.parent)
         fsync_dir(Path(source_file).parent)
 
