@@ -79,6 +79,7 @@ TARGETS = (
         "memory commit / plain tmpfs write (bandwidth)": (">=", 0.7),
         "local save / plain write+fsync (bandwidth)": (">=", 0.9),
         "restore from memory / plain tmpfs read (bandwidth)": (">=", 0.8),
+        "restore from memory, s3 configured / memory-only config (time)": ("<=", 1.1),
         "restore from local / plain disk read (bandwidth)": (">=", 0.8),
         "promotion to s3 / best boto3 upload (bandwidth)": (">=", 0.95),
         "restore from s3 / best boto3 download (bandwidth)": (">=", 0.9),
@@ -233,6 +234,9 @@ def phase_reads(bench: Bench, state: Any) -> None:
     print("restores (rounds of: plain read, tierstore restore; tmpfs then disk; torch FileSystemReader)")
     restored = zeros_like_state(state)
     memory, local = (bench.config("memory", namespace="async"), bench.config("local", namespace="local"))
+    # The same memory copy with a healthy S3 tier below it, never promoted there and no promoter
+    # running: what a restore served by host memory pays for a slower tier it does not read.
+    beside_s3 = bench.config("memory", "s3", namespace="async")
     memory_id = bench.extra["memory checkpoint"]
 
     def restore(config: Config, checkpoint_id: str) -> Any:
@@ -244,6 +248,7 @@ def phase_reads(bench: Bench, state: Any) -> None:
     for _ in range(bench.args.reps):
         plain_tmpfs = timed(read_tmpfs)
         from_memory = timed(restore(memory, memory_id))
+        with_s3 = timed(restore(beside_s3, memory_id))
         plain_disk = timed(read_disk)
         from_local = timed(restore(local, "step_000000"))
         theirs = timed(
@@ -252,6 +257,7 @@ def phase_reads(bench: Bench, state: Any) -> None:
         measured = {
             "plain read, tmpfs": plain_tmpfs,
             "tierstore restore from memory": from_memory,
+            "tierstore restore from memory, s3 configured": with_s3,
             "plain read, disk (page cache)": plain_disk,
             "tierstore restore from local": from_local,
             "torch FileSystemReader load, disk": theirs,
@@ -259,11 +265,13 @@ def phase_reads(bench: Bench, state: Any) -> None:
         for name, seconds in measured.items():
             bench.sample(name, seconds, nbytes)
         bench.pair("restore from memory / plain tmpfs read (bandwidth)", plain_tmpfs / from_memory)
+        bench.pair("restore from memory, s3 configured / memory-only config (time)", with_s3 / from_memory)
         bench.pair("restore from local / plain disk read (bandwidth)", plain_disk / from_local)
         bench.pair("restore from local / torch FileSystemReader (bandwidth)", theirs / from_local)
     bench.show(
         "plain read, tmpfs",
         "tierstore restore from memory",
+        "tierstore restore from memory, s3 configured",
         "plain read, disk (page cache)",
         "tierstore restore from local",
         "torch FileSystemReader load, disk",
