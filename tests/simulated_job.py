@@ -3,7 +3,8 @@ tiers, set up in one process in the tiers' own layout.
 
 Each checkpoint is what a committed save leaves in a tier: one data file per rank, DCP's metadata,
 the marker (:class:`~tierstore.records.marker.Manifest`, as the protocol writes it) and the commit-log
-entry; and each tier the log's head record the protocol keeps. POSIX tiers get plain files; the S3 tier's objects go straight into moto's backend
+entry; and in each tier the log's head record the protocol keeps. POSIX tiers get plain files; the
+S3 tier's objects go straight into moto's backend
 (:meth:`tests.request_counter.CountingS3.put_direct`): no HTTP, so 10,000 checkpoints take seconds.
 What tierstore then lists and reads is the same as after real saves and promotions.
 """

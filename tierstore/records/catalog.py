@@ -385,14 +385,19 @@ class _CommitOrder:
     With a head record that says every marker was logged (:class:`~tierstore.records.log.Head`),
     only the log above ``floor`` (:data:`WINDOW` below the head) is listed at first: one request in
     S3 at any retained count. :meth:`rest` lists the whole log and the top-level ids when the
-    caller asks past what lies above it (``floor`` is then 0)."""
+    caller asks past what lies above it (``floor`` is then 0). A head above every number listed
+    (a promotion cut between its marker and its entry) has the whole tier listed at once."""
 
     def __init__(self, tier: Tier, *, trust: MarkerTrust) -> None:
         self.tier, self.trust = tier, trust
         self.markers: dict[str, Manifest | None] = {}
         head = read_head(tier)
         self.floor = head.seq - WINDOW if head is not None and head.logged and head.seq > WINDOW else 0
-        self.items = self._order(read_log_and_voids(tier, above=self.floor)[0])
+        log, voids = read_log_and_voids(tier, above=self.floor)
+        if self.floor and head is not None and head.seq > max([0, *voids, *(e.seq for e in log)]):
+            self.floor = 0  # a number the log lost (a cut after a promotion's marker): list it all
+            log = read_log(tier)
+        self.items = self._order(log)
 
     def rest(self, tier: Tier) -> list[tuple[int | None, str, str | None]]:
         """The items not listed yet, listed now as if there were no head record (the whole log,

@@ -11,8 +11,11 @@ it with the copy. One listing of the directory orders every commit in a tier, wi
 **The head record** (``.tierstore/head``, :class:`Head`) is a hint of the log's highest number, kept
 by the protocol after each operation that logs one (:func:`tierstore.records.protocol.run`): readers
 list the log only above a floor under it, so a restart's look costs a few requests at any retained
-count. It is never trusted for correctness: everything above the floor is listed whatever the
-record says; a stale, missing or damaged record only makes a reader list more.
+count. It is never trusted for order: everything above the floor is listed whatever the record
+says; a stale, missing or damaged record only makes a reader list more. A promotion raises it
+*before* its marker (its entry follows the marker): a cut between the two leaves the head above
+every number in the log (a drop keeps the highest as a void entry, so the log never goes below
+a number it held), which tells a reader that a marker may be unlogged: it lists the whole tier.
 
 Why not the step in the id, or a clock: after a rollback (resuming from an older checkpoint after a
 loss spike) the new saves must be newer than the abandoned ones although their steps are lower; ids

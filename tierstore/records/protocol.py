@@ -87,6 +87,10 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
                     continue
                 kill_point("protocol.effect", f"{type(effect).__name__}/{subject}")
                 changed = changed or effect.changes
+                if isinstance(effect, m.PutMarker) and isinstance(op, m.Publish) and op.log:
+                    # Before the marker: a cut between it and its log entry leaves the head
+                    # above the log, so a reader knows a number went unlogged (see log.py).
+                    _raise_head(tier, effect.manifest.seq or 0)
                 outcome = _perform(tier, effect, trust, recycle, held)
                 if isinstance(effect, m.PutVoid | m.PutEntry):
                     logged = max(logged, effect.seq)
@@ -200,7 +204,7 @@ def _raise_head(tier: Tier, seq: int) -> None:
     (:mod:`tierstore.records.log`)."""
     try:
         head = read_head(tier)
-        if head is not None and head.seq >= seq:
+        if seq <= 0 or (head is not None and head.seq >= seq):
             return
         if head is None:
             entries, voids = read_log_and_voids(tier)
