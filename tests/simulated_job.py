@@ -3,7 +3,8 @@ tiers, set up in one process in the tiers' own layout.
 
 Each checkpoint is what a committed save leaves in a tier: one data file per rank, DCP's metadata,
 the marker (:class:`~tierstore.records.marker.Manifest`, as the protocol writes it) and the commit-log
-entry. POSIX tiers get plain files; the S3 tier's objects go straight into moto's backend
+entry; and in each tier the log's head record the protocol keeps. POSIX tiers get plain files; the
+S3 tier's objects go straight into moto's backend
 (:meth:`tests.request_counter.CountingS3.put_direct`): no HTTP, so 10,000 checkpoints take seconds.
 What tierstore then lists and reads is the same as after real saves and promotions.
 """
@@ -19,7 +20,8 @@ from typing import Any
 from tests.request_counter import CountingS3, FileOps
 from tierstore.checksum import crc32c
 from tierstore.config import Config, config_from_dict
-from tierstore.ids import commit_entry_path, data_file, marker_path, metadata_file
+from tierstore.ids import HEAD_PATH, commit_entry_path, data_file, marker_path, metadata_file
+from tierstore.records.log import Head
 from tierstore.records.marker import FileEntry, Manifest
 
 BLOB = b"x" * 64
@@ -83,8 +85,12 @@ class Job:
 
     def populate(self, count: int, ranks: int) -> None:
         """``count`` committed checkpoints of ``ranks`` files each, in every tier (set-up only)."""
-        for index in range(1, count + 1):
-            items = list(layout(manifest_for(index, ranks, self.namespace)))
+        for index in range(1, count + 2):
+            items = (
+                list(layout(manifest_for(index, ranks, self.namespace)))
+                if index <= count
+                else [(HEAD_PATH, Head(count, logged=True).encode())]
+            )
             for root in self.roots.values():
                 for rel, data in items:
                     path = root / self.namespace / rel

@@ -258,3 +258,34 @@ def test_a_publish_checks_its_files_in_s3_by_listing_not_a_head_each(
     print(f"a protocol save of 8 and 64 files: {beyond_puts} requests besides the PUTs, {heads} HEADs")
     assert beyond_puts[0] == beyond_puts[1], beyond_puts
     assert heads[1] < 8, "no HEAD per file"
+
+
+def test_latest_committed_and_the_start_up_look_list_the_log_only_above_the_head(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """With the head record the protocol keeps, ``latest_committed`` (no promoter has sighted the
+    tiers: each is listed) asks S3 at most 5 requests at 10 and at 1,200 retained, and the same
+    file operations; the start-up look lists the S3 log above the head: what it asks beyond the
+    marker listing (a page per ~300 ids, until an index replaces it) is the same at both."""
+    from tierstore._platform.bounded import Prober
+    from tierstore.records.known import Elsewhere
+
+    latest, files, looks = [], [], []
+    for retained in (10, 1_200):  # 1,200 log entries: two pages of a full listing
+        job = _job(counted_s3, file_ops, tmp_path, retained, 1)
+        answer: list[str | None] = []
+        cost = job.measure(
+            lambda j=job, a=answer: a.append(latest_committed(j.config, node=0, collective=False))
+        )
+        assert answer == [manifest_for(retained, 1, job.namespace).checkpoint_id]
+        latest.append(cost["s3"])
+        files.append(cost["file_ops"])
+        s3 = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+        markers = job.measure(lambda t=s3: t.find_in_children(MARKER_NAME))["s3"]
+        tiers = job.config.make_tiers(node=0)
+        look = job.measure(lambda t=tiers, j=job: Elsewhere().look(t, Prober(60), j.config.marker_trust()))
+        looks.append(look["s3"] - markers)
+    print(f"latest_committed at 10 and 1,200 kept: S3 {latest}, files {files}; look beyond markers {looks}")
+    assert max(latest) <= 5, latest
+    assert files[1] <= files[0], files
+    assert looks[0] == looks[1] <= 2, looks

@@ -264,6 +264,9 @@ CHANGES_PATH = f"{INTERNAL_DIR}/changes"
 COMMITS_DIR = f"{INTERNAL_DIR}/commits"
 """Tier-relative directory of the commit log (see records/log.py)."""
 
+HEAD_PATH = f"{INTERNAL_DIR}/head"
+"""Tier-relative path of the log's head record: a hint of its highest number (see records/log.py)."""
+
 
 def commit_entry_path(seq: int, checkpoint_id: str, generation: str) -> str:
     """Tier-relative path of the commit-log entry ``seq`` (``<seq>~<id>~<generation>``)."""

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from tests.training import Trainer
 from tierstore import TieredWriter
 from tierstore.config import Config
-from tierstore.ids import CHANGES_PATH, marker_path
+from tierstore.ids import CHANGES_PATH, HEAD_PATH, marker_path
 from tierstore.records.log import read_log
 from tierstore.records.marker import read_manifest
 from tierstore.signing import MarkerTrust
@@ -128,9 +128,10 @@ def test_data_then_metadata_then_marker(
     assert order[0].startswith("write~step_000001~"), "the save announces itself before any data"
     assert order[1] == "000000000001~void" and tier_events[1][0] == "marker", "takes its number"
     assert "~step_000001~g" in order[2] and tier_events[2][0] == "marker", "then names it"
+    assert tier_events[3] == ("marker", HEAD_PATH), "then raises the head record (records/log.py)"
     assert order[-1] == "commit.json" and tier_events[-1][0] == "marker"
     assert order[-2] == ".metadata"
-    assert set(order[3:-2]) == {"r00000-0.distcp", "r00000-1.distcp"}
+    assert set(order[4:-2]) == {"r00000-0.distcp", "r00000-1.distcp"}
 
 
 def test_failed_metadata_write_leaves_no_marker(

@@ -25,7 +25,7 @@ from tierstore.config import Config, as_config
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.records.known import elsewhere_for
-from tierstore.records.log import LogEntry, read_log
+from tierstore.records.log import LogEntry, read_head, read_log, read_log_and_voids
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.sightings import Sighting, read_sightings, trust_period, trusted
 from tierstore.signing import MarkerTrust
@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _PAGE = 64
 """Ids whose markers :meth:`Catalog.listings` reads at a time (in parallel)."""
+WINDOW = 512
+"""How many numbers below a tier's head record :meth:`Catalog.candidates` lists its log first:
+one S3 page of entries, which holds the newest ids a restart looks at."""
 
 
 def marker_times(tier: Tier) -> dict[str, float]:
@@ -225,18 +228,42 @@ class Catalog:
             key=_placing,
         )
         placed: set[str] = set()
-        while pending:
+        while True:
+            floor = max(order.floor for order in orders)
+            if floor and (not pending or (pending[-1][0] or 0) <= floor):
+                # Below the floor of a tier listed only above its head's window: its older
+                # entries may come first now, so every such tier is listed in full.
+                self._list_rest(orders, pending)
+                continue
+            if not pending:
+                return
             _seq, checkpoint_id, i, generation = pending.pop()
             if checkpoint_id in placed:
                 continue
             held = True if i < 0 else orders[i].holds(checkpoint_id, generation)
             if held is None:  # no marker in the entry's own tier: promoted elsewhere meanwhile?
                 held = any(o.names(checkpoint_id, generation) for o in orders if o is not orders[i])
-            elif not held and (by_marker := orders[i].placed_by_marker(checkpoint_id)) is not None:
-                bisect.insort(pending, (*by_marker, i, None), key=_placing)
+            elif not held:
+                if orders[i].floor:  # the id's other entries in that tier may lie below the floor
+                    self._list_rest(orders, pending)
+                if (by_marker := orders[i].placed_by_marker(checkpoint_id)) is not None:
+                    bisect.insort(pending, (*by_marker, i, None), key=_placing)
             if held:
                 placed.add(checkpoint_id)
                 yield checkpoint_id
+
+    def _list_rest(
+        self, orders: list[_CommitOrder | _Sighted], pending: list[tuple[int | None, str, int, str | None]]
+    ) -> None:
+        """List in full every tier listed only above its floor (within ``probe_timeout``; one that
+        does not answer now is left out), and add its items to ``pending``."""
+        for i, order in enumerate(orders):
+            if not isinstance(order, _CommitOrder) or not order.floor:
+                continue
+            rest = self._ask(order.tier, order.rest, "list its commits") or []
+            order.floor = 0
+            for seq, checkpoint_id, generation in rest:
+                bisect.insort(pending, (seq, checkpoint_id, i, generation), key=_placing)
 
     def _resighted(self, first: Tier, name: str) -> Callable[[], Sighting | None]:
         def reread() -> Sighting | None:
@@ -327,6 +354,9 @@ class _Sighted:
     checks them). The tier itself is never asked: an id that moved there while the catalog ran is
     found in its sighting read again (the promoter records it in the pass that moved the id)."""
 
+    floor = 0
+    """Everything sighted is known: no part of it is left to list."""
+
     def __init__(self, name: str, sighting: Sighting, reread: Callable[[], Sighting | None]) -> None:
         self.name, self.reread = name, reread
         self.items: list[tuple[int | None, str, str | None]] = [
@@ -350,28 +380,57 @@ class _Sighted:
 class _CommitOrder:
     """One tier's commits, for :meth:`Catalog.candidates`: ``items`` to order, ``(seq, id,
     generation)`` (generation None: placed by its marker, already read), and every marker read so
-    far (each at most once)."""
+    far (each at most once).
+
+    With a head record that says every marker was logged (:class:`~tierstore.records.log.Head`),
+    only the log above ``floor`` (:data:`WINDOW` below the head) is listed at first: one request in
+    S3 at any retained count. :meth:`rest` lists the whole log and the top-level ids when the
+    caller asks past what lies above it (``floor`` is then 0). A head above every number listed
+    (a promotion cut between its marker and its entry) has the whole tier listed at once."""
 
     def __init__(self, tier: Tier, *, trust: MarkerTrust) -> None:
         self.tier, self.trust = tier, trust
-        self.entries: dict[str, list[LogEntry]] = {}
-        for entry in read_log(tier):
-            self.entries.setdefault(entry.checkpoint_id, []).append(entry)
         self.markers: dict[str, Manifest | None] = {}
-        unlogged = [c for c in tier.list_dir("") if is_checkpoint_id(c) and c not in self.entries]
+        head = read_head(tier)
+        self.floor = head.seq - WINDOW if head is not None and head.logged and head.seq > WINDOW else 0
+        log, voids = read_log_and_voids(tier, above=self.floor)
+        if self.floor and head is not None and head.seq > max([0, *voids, *(e.seq for e in log)]):
+            self.floor = 0  # a number the log lost (a cut after a promotion's marker): list it all
+            log = read_log(tier)
+        self.items = self._order(log)
+
+    def rest(self, tier: Tier) -> list[tuple[int | None, str, str | None]]:
+        """The items not listed yet, listed now as if there were no head record (the whole log,
+        the top-level ids); [] when everything was listed. ``tier``: this order's tier."""
+        if not self.floor:
+            return []
+        self.floor, before = 0, set(self.items)
+        self.items = self._order(read_log(tier))
+        return [item for item in self.items if item not in before]
+
+    def _order(self, log: list[LogEntry]) -> list[tuple[int | None, str, str | None]]:
+        """The items of ``log`` (the whole log when :attr:`floor` is 0: then also the markers the
+        log does not name), with the markers of ids with several entries read at once."""
+        self.entries: dict[str, list[LogEntry]] = {}
+        for entry in log:
+            self.entries.setdefault(entry.checkpoint_id, []).append(entry)
+        listed = [] if self.floor else self.tier.list_dir("")
+        unlogged = [c for c in listed if is_checkpoint_id(c) and c not in self.entries]
         several = [c for c, entries in self.entries.items() if len(entries) > 1]  # overwrites
         eager = unlogged + several
-        if eager:  # many only in a tier written before the commit log: read in parallel
-            with ThreadPoolExecutor(min(16, len(eager))) as pool:
-                self.markers.update(zip(eager, pool.map(self._read, eager), strict=True))
-        self.items: list[tuple[int | None, str, str | None]] = [
+        unread = [c for c in eager if c not in self.markers]
+        if unread:  # many only in a tier written before the commit log: read in parallel
+            with ThreadPoolExecutor(min(16, len(unread))) as pool:
+                self.markers.update(zip(unread, pool.map(self._read, unread), strict=True))
+        items: list[tuple[int | None, str, str | None]] = [
             (e.seq, e.checkpoint_id, e.generation) for e in _flat(self.entries)
         ]
         for checkpoint_id in eager:
             manifest = self.markers[checkpoint_id]
             logged = {e.generation for e in self.entries.get(checkpoint_id, [])}
             if manifest is not None and manifest.generation not in logged:
-                self.items.append((manifest.seq, checkpoint_id, None))
+                items.append((manifest.seq, checkpoint_id, None))
+        return items
 
     def marker(self, checkpoint_id: str) -> Manifest | None:
         """The tier's marker of ``checkpoint_id``; None when absent or unreadable (warned)."""

@@ -30,7 +30,7 @@ from tierstore._platform.health import said_once
 from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
-from tierstore.records.log import read_log_and_voids
+from tierstore.records.log import highest_in, read_head, read_log_and_voids
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
 from tierstore.signing import MarkerTrust
@@ -55,28 +55,31 @@ class Held:
 
     tier: str
     seq: int | None
+    """None for an id learnt from the start-up look: it learns which ids, not their numbers."""
     generation: str = ""
     """Known for this process's own commits; '' when learnt from a listing."""
     at: float = 0.0
     """When it was learnt (the look, or the commit): a sighting taken later supersedes it."""
 
 
-def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, dict[str, int | None]]:
-    """``(highest commit number, {id: its newest number})`` of the ids committed in ``tier``:
-    two listings (the commit log, the top-level markers), and a marker read only for an id the log
-    does not know (with ``trust``).
+def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
+    """``(highest commit number, ids committed)`` in ``tier``: the markers' listing, the head
+    record and the log above it (:mod:`tierstore.records.log`), a marker read only for an id the
+    log does not know (with ``trust``).
 
     A promotion logs its number after publishing the marker: a crash or power cut between the two
     leaves a marker the log does not know. Its number still counts towards the highest, or the next
-    save (after its first tier was wiped) would take that number again and not rank newest."""
-    logged: dict[str, int] = {}
+    save (after its first tier was wiped) would take that number again and not rank newest. Where
+    the head record says every marker was logged, only the log above it is listed and no marker
+    is read: such a marker's number is then known from the tier it was promoted from."""
+    committed = {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
+    head = read_head(tier)
+    if head is not None and head.logged:
+        return highest_in(tier, above=head.seq), committed
     log, voids = read_log_and_voids(tier)
-    for entry in log:
-        logged[entry.checkpoint_id] = max(logged.get(entry.checkpoint_id, 0), entry.seq)
-    committed = [c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)]
-    seqs = {c: logged[c] if c in logged else _marker_seq(tier, c, trust) for c in committed}
-    highest = max([log[-1].seq if log else 0, *voids])
-    return max([highest, *(s for s in seqs.values() if s is not None)]), seqs
+    logged = {entry.checkpoint_id for entry in log}
+    unlogged = [seq for c in committed - logged if (seq := _marker_seq(tier, c, trust)) is not None]
+    return max([log[-1].seq if log else 0, *voids, *unlogged]), committed
 
 
 def _marker_seq(tier: Tier, checkpoint_id: str, trust: MarkerTrust) -> int | None:
@@ -133,8 +136,8 @@ class Elsewhere:
                     continue
                 highest, ids = answer
                 self.highest = max(self.highest, highest)
-                for checkpoint_id, seq in ids.items():
-                    self.ids.setdefault(checkpoint_id, Held(tier.name, seq, at=at))
+                for checkpoint_id in ids:
+                    self.ids.setdefault(checkpoint_id, Held(tier.name, None, at=at))
         for tier, answer in zip(todo, answers, strict=True):
             if isinstance(answer, str):
                 logger.log(
@@ -147,7 +150,7 @@ class Elsewhere:
                 )
 
     @staticmethod
-    def _ask(tier: Tier, prober: Prober, trust: MarkerTrust) -> tuple[int, dict[str, int | None]] | str:
+    def _ask(tier: Tier, prober: Prober, trust: MarkerTrust) -> tuple[int, set[str]] | str:
         try:
             return prober.ask(tier, lambda: list_commits(tier, trust), what="list its commits")
         except Exception as exc:  # noqa: BLE001 - an unreachable tier is what this records

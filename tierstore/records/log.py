@@ -8,6 +8,15 @@ the same number in one tier (:func:`tierstore.records.protocol.claim`). The entr
 with the copy: a promotion that publishes a marker writes the same entry in its target, a drop deletes
 it with the copy. One listing of the directory orders every commit in a tier, without reading a marker.
 
+**The head record** (``.tierstore/head``, :class:`Head`) is a hint of the log's highest number, kept
+by the protocol after each operation that logs one (:func:`tierstore.records.protocol.run`): readers
+list the log only above a floor under it, so a restart's look costs a few requests at any retained
+count. It is never trusted for order: everything above the floor is listed whatever the record
+says; a stale, missing or damaged record only makes a reader list more. A promotion raises it
+*before* its marker (its entry follows the marker): a cut between the two leaves the head above
+every number in the log (a drop keeps the highest as a void entry, so the log never goes below
+a number it held), which tells a reader that a marker may be unlogged: it lists the whole tier.
+
 Why not the step in the id, or a clock: after a rollback (resuming from an older checkpoint after a
 loss spike) the new saves must be newer than the abandoned ones although their steps are lower; ids
 such as ``final`` or ``step100_20240601`` carry no usable step; clocks of two coordinators disagree.
@@ -18,11 +27,13 @@ their highest number from the promoter's sightings or its start-up look, so numb
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
 from tierstore.ids import (
     COMMITS_DIR,
+    HEAD_PATH,
     commit_entry_path,
     commit_entry_prefix,
     parse_commit_entry,
@@ -81,3 +92,40 @@ def highest_in(tier: Tier, *, above: int = 0) -> int:
     listed, so a save's look at the log does not grow with what is retained."""
     log, voids = read_log_and_voids(tier, above=above)
     return max([above, log[-1].seq if log else 0, *voids])
+
+
+HEAD_FORMAT = "tierstore.head/1"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A tier's head record: a number at or below the log's highest when it was written (a hint,
+    see the module docstring), and whether every marker in the tier had its log entry when the
+    record was first written (``logged``): then only a crash between a promotion's marker and its
+    entry leaves a marker the log does not name. ``logged`` False (a tier written before the log,
+    tierstore 0.1.0, or found with such a marker): readers list the whole tier as before."""
+
+    seq: int
+    logged: bool
+
+    def encode(self) -> bytes:
+        """The record's bytes (JSON)."""
+        return json.dumps({"format": HEAD_FORMAT, "seq": self.seq, "logged": self.logged}).encode()
+
+
+def read_head(tier: Tier) -> Head | None:
+    """``tier``'s head record; None when it has none or it cannot be parsed (a reader then lists
+    the whole log). Raises what the tier raises when it cannot be read (an unreachable tier)."""
+    try:
+        found = json.loads(tier.read_bytes(HEAD_PATH))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        logger.warning("tier %s: its head record is damaged; the log is listed whole", tier.describe())
+        return None
+    if not isinstance(found, dict) or found.get("format") != HEAD_FORMAT:
+        return None
+    seq, logged = found.get("seq"), found.get("logged")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(logged, bool):
+        return None
+    return Head(seq, logged)

@@ -21,17 +21,21 @@ lists, the tier's change stamp is rewritten once, also when it raised part-way
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tierstore._platform.killpoints import kill_point
-from tierstore.errors import IntegrityError, TierUnavailableError
+from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.ids import (
+    HEAD_PATH,
+    MARKER_NAME,
     MIRROR_MARKER_PREFIX,
     checkpoint_file,
     commit_entry_path,
     generation_dir,
+    is_checkpoint_id,
     marker_path,
     mirror_commit_path,
     mirror_copy_path,
@@ -43,7 +47,7 @@ from tierstore.ids import (
 from tierstore.records import machine as m
 from tierstore.records.activity import ACTIVITY_TTL, Activity, activities, hold, is_busy, live
 from tierstore.records.changes import touch
-from tierstore.records.log import LogEntry, read_log_and_voids
+from tierstore.records.log import Head, LogEntry, read_head, read_log_and_voids
 from tierstore.records.machine import Verdict, judge_promotion
 from tierstore.records.marker import Manifest, copy_problems, read_manifest, size_problem
 from tierstore.records.mirror import MirrorMarker, Recycle, held_mirrors
@@ -69,6 +73,7 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
     view, event = m.start(op, tier.describe())
     subject = op.checkpoint_id
     changed = False
+    logged = 0  # the highest number this operation logged (its head record follows)
     held: list[Activity] = []
     try:
         while True:
@@ -82,7 +87,13 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
                     continue
                 kill_point("protocol.effect", f"{type(effect).__name__}/{subject}")
                 changed = changed or effect.changes
+                if isinstance(effect, m.PutMarker) and isinstance(op, m.Publish) and op.log:
+                    # Before the marker: a cut between it and its log entry leaves the head
+                    # above the log, so a reader knows a number went unlogged (see log.py).
+                    _raise_head(tier, effect.manifest.seq or 0)
                 outcome = _perform(tier, effect, trust, recycle, held)
+                if isinstance(effect, m.PutVoid | m.PutEntry):
+                    logged = max(logged, effect.seq)
                 if effect.asks:
                     assert outcome is not None, effect
                     event = outcome
@@ -93,6 +104,8 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
     finally:
         for activity in held:
             activity.release()
+        if logged:
+            _raise_head(tier, logged)
         if op.stamp is m.Stamp.ALWAYS or (op.stamp is m.Stamp.IF_CHANGED and changed):
             with _quietly(getattr(op, "quiet", False)):
                 touch(tier)
@@ -180,6 +193,27 @@ def _perform(
     else:
         raise AssertionError(f"no tier verb performs {effect!r}")
     return None
+
+
+def _raise_head(tier: Tier, seq: int) -> None:
+    """Keep ``tier``'s head record at least ``seq``, after the operation that logged it: one read,
+    and a write when the record is lower (a promotion carries a lower, older number down). Made
+    when missing or damaged from one listing of the log and one of the markers (once per tier),
+    ``logged`` when every marker found has an entry. Best effort: two writers racing may leave
+    the lower number, and a failure is logged, never raised: the record is a hint
+    (:mod:`tierstore.records.log`)."""
+    try:
+        head = read_head(tier)
+        if seq <= 0 or (head is not None and head.seq >= seq):
+            return
+        if head is None:
+            entries, voids = read_log_and_voids(tier)
+            named = {e.checkpoint_id for e in entries}
+            marked = {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
+            head = Head(max([seq, *voids, *(e.seq for e in entries)]), marked <= named)
+        tier.publish(HEAD_PATH, dataclasses.replace(head, seq=max(head.seq, seq)).encode(), create_only=False)
+    except (TierstoreError, OSError) as exc:
+        logger.warning("tier %s: its head record was not raised to %d: %s", tier.describe(), seq, exc)
 
 
 def _files_problems(tier: Tier, manifest: Manifest, node: int | None) -> list[str]:
