@@ -195,8 +195,8 @@ class World:
             return self.put_marker(actor, effect)
         elif kind == "DeleteMarker":
             self.delete_marker(actor, effect.checkpoint_id)
-        elif kind in ("DeleteParts", "RemoveIfEmpty"):
-            pass  # no part records, no directories in this model
+        elif kind in ("DeleteParts", "RemoveIfEmpty", "RaiseHead"):
+            pass  # no part records, no directories, no head (a hint no decision reads) in this model
         elif kind == "ReadActivities":
             busy = self.busy(effect.checkpoint_id, effect.generation, effect.ttl, drops=effect.drops)
             return m.InUse(busy, "drops" if effect.drops else "")

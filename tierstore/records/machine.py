@@ -13,9 +13,11 @@ An effect that *asks* (a read, or a write whose outcome decides what follows) is
 list. Effects that only write never ask: their failures reach the operation's caller as the tier raised
 them. The ordering rules, each written once here and each with a test that fails when it breaks:
 
-* **claim** — the next number above everything known, create-only as its void entry, then named.
+* **claim** — the next number above everything known, create-only as its void entry, then named;
+  then the tier's head record raised to it (a hint for readers, never read by a decision).
 * **publish** — (1) every named file present at its size; (2) the marker, create-only unless it
-  replaces (a replacing marker's number is logged before it, after the replaced generation's own);
+  replaces (a replacing marker's number is logged before it, after the replaced generation's own;
+  a logging publish raises the head record before it: a cut before its entry shows there);
   (3) the files checked again, the marker withdrawn over a hole; (4) the number logged; (5) the
   replaced generation dropped.
 * **drop** — (0) a ``drop`` activity record, held to the end, before it asks anything; a retirement
@@ -320,6 +322,15 @@ class PutEntry(Effect):
     checkpoint_id: str
     generation: str
     create_only: bool
+
+
+@dataclass(frozen=True)
+class RaiseHead(Effect):
+    """Keep the tier's head record at least ``seq``: a hint of the log's highest number that lets
+    readers list only the log's top (:mod:`tierstore.records.log`); best effort, never raises."""
+
+    seq: int
+    changes: ClassVar[bool] = False  # not in a promoter's listing: no change stamp
 
 
 @dataclass(frozen=True)
@@ -683,10 +694,15 @@ def _claim(view: View, event: Event) -> list[Effect]:
         return [PutVoid(view.top + 1, body)]
     assert isinstance(event, VoidPut)
     if event.won:
-        return [PutEntry(event.seq, op.checkpoint_id, op.generation, create_only=True), Done(event.seq)]
+        return [PutEntry(event.seq, op.checkpoint_id, op.generation, create_only=True), *_claimed(event.seq)]
     if view.attempts >= CLAIM_ATTEMPTS:
         return [Fail(RuntimeError(f"tier {view.where}: no free commit number after {event.seq}"))]
     return [PutVoid(event.seq + 1, body)]  # another writer took it a moment ago: the next one
+
+
+def _claimed(seq: int) -> list[Effect]:
+    """A number taken and logged: the head record follows it, and the claim is done."""
+    return [RaiseHead(seq), Done(seq)]
 
 
 def _log_first(view: View) -> bool:
@@ -706,7 +722,11 @@ def _log_first(view: View) -> bool:
 
 
 def _put_marker(op: Publish) -> list[Effect]:
-    return [KillPoint("marker.files_checked"), PutMarker(op.manifest, create_only=not op.replace)]
+    # A logging publish (a promotion) raises the head before its marker: its entry follows the
+    # marker, and a cut between the two leaves the head above the log, which tells a reader that
+    # a marker may be unlogged (it then lists the tier whole).
+    head = [RaiseHead(op.manifest.seq)] if op.log and op.manifest.seq else []
+    return [KillPoint("marker.files_checked"), *head, PutMarker(op.manifest, create_only=not op.replace)]
 
 
 def _forgets(entries: tuple[LogEntry, ...], top: int, match: Callable[[LogEntry], bool]) -> list[Effect]:
@@ -746,6 +766,7 @@ def _publish(view: View, event: Event) -> list[Effect]:
                 # The standing generation keeps its own entry first: were the new number the id's
                 # only entry, a swap that never happens would place the id by it.
                 effects.append(PutEntry(replaced.seq, ckpt, replaced.generation, create_only=False))
+                effects.append(RaiseHead(replaced.seq))
             effects.append(PutEntry(op.manifest.seq or 0, ckpt, gen, create_only=False))
         if op.expect is not None:
             return [*effects, ReadMarker(ckpt, "expect")]
@@ -874,7 +895,8 @@ def _forget(view: View, event: Event) -> list[Effect]:
 def _log(view: View, event: Event) -> list[Effect]:
     op = view.op
     assert isinstance(op, Log)
-    return [PutEntry(op.seq, op.checkpoint_id, op.generation, create_only=False), Done(None)]
+    entry = PutEntry(op.seq, op.checkpoint_id, op.generation, create_only=False)
+    return [entry, RaiseHead(op.seq), Done(None)]
 
 
 def part_path(record: PartRecord) -> str:
@@ -907,6 +929,7 @@ def _record_parts(view: View, event: Event) -> list[Effect]:
     if op.log is not None:
         # Every node's log learns the number: whichever node coordinates next continues from it.
         effects.append(PutEntry(op.log.seq, op.log.checkpoint_id, op.log.generation, create_only=False))
+        effects.append(RaiseHead(op.log.seq))
     return [*effects, Done(None)]
 
 

@@ -73,7 +73,6 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
     view, event = m.start(op, tier.describe())
     subject = op.checkpoint_id
     changed = False
-    logged = 0  # the highest number this operation logged (its head record follows)
     held: list[Activity] = []
     try:
         while True:
@@ -87,13 +86,7 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
                     continue
                 kill_point("protocol.effect", f"{type(effect).__name__}/{subject}")
                 changed = changed or effect.changes
-                if isinstance(effect, m.PutMarker) and isinstance(op, m.Publish) and op.log:
-                    # Before the marker: a cut between it and its log entry leaves the head
-                    # above the log, so a reader knows a number went unlogged (see log.py).
-                    _raise_head(tier, effect.manifest.seq or 0)
                 outcome = _perform(tier, effect, trust, recycle, held)
-                if isinstance(effect, m.PutVoid | m.PutEntry):
-                    logged = max(logged, effect.seq)
                 if effect.asks:
                     assert outcome is not None, effect
                     event = outcome
@@ -104,8 +97,6 @@ def run(tier: Tier, op: m.Op, *, trust: MarkerTrust | None = None, recycle: Recy
     finally:
         for activity in held:
             activity.release()
-        if logged:
-            _raise_head(tier, logged)
         if op.stamp is m.Stamp.ALWAYS or (op.stamp is m.Stamp.IF_CHANGED and changed):
             with _quietly(getattr(op, "quiet", False)):
                 touch(tier)
@@ -141,6 +132,8 @@ def _perform(
         tier.publish(path, b"", create_only=effect.create_only)
     elif isinstance(effect, m.DeleteEntry):
         tier.delete(effect.entry.path)
+    elif isinstance(effect, m.RaiseHead):
+        _raise_head(tier, effect.seq)
     elif isinstance(effect, m.CheckFiles):
         return m.FilesChecked(tuple(_files_problems(tier, effect.manifest, effect.node)), effect.purpose)
     elif isinstance(effect, m.CheckSizes):
@@ -196,7 +189,7 @@ def _perform(
 
 
 def _raise_head(tier: Tier, seq: int) -> None:
-    """Keep ``tier``'s head record at least ``seq``, after the operation that logged it: one read,
+    """Keep ``tier``'s head record at least ``seq`` (:class:`~tierstore.records.machine.RaiseHead`): one read,
     and a write when the record is lower (a promotion carries a lower, older number down). Made
     when missing or damaged from one listing of the log and one of the markers (once per tier),
     ``logged`` when every marker found has an entry. Best effort: two writers racing may leave
