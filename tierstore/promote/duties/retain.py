@@ -74,8 +74,9 @@ def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
         ctx.metrics.deleted.labels(deletion.tier).inc()
         event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier, reason=deletion.reason)
 
+    fenced = (d for d in deletions if ctx.keepers.fence(d.tier))  # each asked right before it goes
     done = delete_copies(
-        ctx.by_name, deletions, trust=ctx.trust, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl
+        ctx.by_name, fenced, trust=ctx.trust, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl
     )
     return Outcome(view=view.without(done), deleted=tuple(done))
 
