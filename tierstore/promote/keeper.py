@@ -36,6 +36,7 @@ from tierstore.records.lease import (
     Watch,
     claim,
     claim_reason,
+    holds,
     newest_epoch,
     process_alive,
     read_lease,
@@ -103,7 +104,8 @@ class Keeper:
                 return
             if self._clock() < self._next_look:
                 return
-            self._next_look = self._clock() + self.duration
+            # once per duration at least, though the thread wakes only every RENEWALS-th of one
+            self._next_look = self._clock() + self.duration * (1 - 1 / RENEWALS)
             self._watch_once()
 
     def fence(self) -> bool:
@@ -148,6 +150,10 @@ class Keeper:
             self._tell("keeper_lost", lease.epoch, f"epoch {lease.epoch + 1} was taken")
             return
         if only_if_due and start - self._renewed < self.duration / RENEWALS:
+            return
+        if not self._ask(lambda: holds(self.tier, lease)):  # two claims let through: one record stands
+            self._lease, self._epoch, self._watch = None, lease.epoch, None
+            self._tell("keeper_lost", lease.epoch, "another promoter's claim of the epoch stands")
             return
         renewed = lease.renewed()
         self._ask(lambda: renew(self.tier, renewed))

@@ -185,6 +185,12 @@ def claim(tier: Tier, lease: Lease) -> bool:
         tier.publish(lease_path(lease.epoch), lease.to_json(), create_only=True)
     except FileExistsError:
         return False
+    return holds(tier, lease)
+
+
+def holds(tier: Tier, lease: Lease) -> bool:
+    """Whether ``lease.epoch``'s record still names ``lease.holder``: a store whose create-only
+    publish is not atomic (moto) can let two claims of one epoch through; the record left names one."""
     return read_lease(tier, lease.epoch).holder.token == lease.holder.token
 
 
