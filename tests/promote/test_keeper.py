@@ -188,3 +188,25 @@ def test_a_paused_keeper_resumed_after_the_takeover_deletes_nothing(
     assert "deleted checkpoint=" not in old.text()
     assert old.keeps("pfs") == 0.0 and new.keeps("pfs") == 1.0
     assert "keeper_taken" not in old.text().split("keeper_lost tier=pfs epoch=1", 1)[1], "it stays a watcher"
+
+
+def test_gc_leaves_a_tier_another_promoter_keeps(tmp_path: Path, nodes: Callable[..., Node]) -> None:
+    """``tierstore gc`` on another node (whose configuration would delete) leaves the kept tier to
+    its keeper and says so; with the keeper stopped (its lease released), gc cleans it."""
+    deleting = write_config(tmp_path, "keep1.yaml", local_specs(tmp_path), pfs={"keep": 1})
+    keeping = write_config(tmp_path, "keepall.yaml", local_specs(tmp_path))
+    config = config_from_dict(yaml.safe_load(deleting.read_text()))
+    for step in (1, 2):
+        save_into(config, f"step_{step:04d}", "pfs")
+    keeper = nodes(keeping, 0)
+    keeper.wait_for("keeper_taken tier=pfs epoch=1")
+    argv = [sys.executable, "-m", "tierstore.cli", "--config", str(deleting), "--node", "1", "gc"]
+    environment = {**os.environ, "TIERSTORE_HOST": "host-1"}
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, env=environment)
+    assert "tier pfs is kept by another node's promoter" in done.stdout
+    assert tier_of(deleting, "pfs").exists(marker_path("step_0001"))
+    keeper.stop()
+    assert "keeper_lost tier=pfs epoch=1 reason=released" in keeper.text()
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, env=environment)
+    assert "deleted step_0001 from pfs" in done.stdout, done.stdout
+    assert not tier_of(deleting, "pfs").exists(marker_path("step_0001"))
