@@ -14,9 +14,9 @@ higher epoch exists (one request) and that its deadline has not passed: the dead
 of its last successful renewal plus ``1 - MARGIN`` of the duration, and nobody takes over before a
 full duration after having seen that renewal. A keeper paused (``SIGSTOP``, a long GC pause, a VM
 frozen) and resumed after a takeover finds its deadline passed or the higher epoch, steps down and
-acts no more. What remains: a pause between a fence that said yes and the one effect that follows
-it lets that one effect land after the takeover. Each effect on a kept tier is fenced on its own
-(a deletion, a publish, a removal), so at most one effect of a former keeper can follow a takeover.
+acts no more. What remains: a pause between a fence that said yes and what it guards lets that land
+after the takeover. A deletion, a removal and a publish are each fenced on their own (at most one of
+them follows a takeover); conflict records and sightings once per pass and tier.
 """
 
 from __future__ import annotations
