@@ -80,7 +80,7 @@ titan: $(TITAN_STAMP) $(TOOLS)
 	TIERSTORE_TITAN_LANE=1 $(TITAN_VENV)/bin/pytest -q --durations=10 tests/integrations
 
 soak: $(STAMP) $(TOOLS)
-	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py tests/records/test_machine_model.py
+	TIERSTORE_MODEL_EXAMPLES=2000 $(BIN)/pytest -q -p no:randomly --timeout=0 tests/records/test_model.py tests/records/test_model_multinode.py tests/records/test_machine_model.py tests/records/test_model_keeper.py
 
 test: $(TOOLS) lint typecheck unit titan
 

@@ -399,3 +399,22 @@ def parse_conflict_path(path: str) -> tuple[str, str, str] | None:
     if not (is_checkpoint_id(parts[0]) and is_generation(parts[1])):
         return None
     return parts[0], parts[1], parts[2]
+
+
+KEEPER_DIR = f"{INTERNAL_DIR}/keeper"
+"""Tier-relative directory of a job-wide tier's keeper leases, one record per epoch
+(see records/lease.py)."""
+
+
+def lease_path(epoch: int) -> str:
+    """Tier-relative path of the lease record of keeper epoch ``epoch`` (>= 1)."""
+    return f"{KEEPER_DIR}/lease-{epoch:012d}.json"
+
+
+def parse_lease_path(path: str) -> int | None:
+    """The epoch of a lease record's path, else None."""
+    name = path.rsplit("/", 1)[-1]
+    digits = name.removeprefix("lease-").removesuffix(".json")
+    if not (name.startswith("lease-") and name.endswith(".json") and digits.isdigit()):
+        return None
+    return int(digits)

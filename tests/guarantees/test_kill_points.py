@@ -121,6 +121,7 @@ GC = [
     Case("drop.marker_withdrawn"),
     Case("drop.records_dropped"),
     Case("protocol.effect@DeleteData"),  # marker, entries and parts gone; the data still there
+    Case("retention.decided"),  # decided, nothing deleted yet
     Case("retention.between_deletes"),
     Case("cleanup.between_removals"),
 ]

@@ -9,7 +9,9 @@ starts by setting ``TIERSTORE_KILL_POINT`` in that process's environment::
 The process then kills itself with ``SIGKILL`` the ``n``-th time (default 1) it reaches ``name``
 (with ``@subject``: only reaches whose subject, e.g. the path being published, contains it), after
 writing ``tierstore: kill point <name> reached`` to stderr. Nothing is flushed or cleaned up: it is
-a crash. The variable is read once, when this module is imported; unset (always, outside the tests),
+a crash. ``TIERSTORE_KILL_SIGNAL=SIGSTOP`` sends that signal instead: the process stops there, as a
+paused one would (a long pause, a frozen VM), until the test sends ``SIGCONT``. The variables are
+read once, when this module is imported; unset (always, outside the tests),
 a call is one comparison with ``None``. This is not configuration: nothing but the fault tests
 (``tests/guarantees/test_kill_points.py``) sets it.
 """
@@ -22,6 +24,8 @@ import signal
 
 VARIABLE = "TIERSTORE_KILL_POINT"
 """The environment variable that arms a kill point (read once, at import)."""
+SIGNAL_VARIABLE = "TIERSTORE_KILL_SIGNAL"
+"""The signal the armed point sends this process (a name: ``SIGSTOP``); ``SIGKILL`` unless set."""
 
 KILL_POINTS: dict[str, str] = {
     "writer.planned": "a rank's write_data begins: staged, number claimed, no data file yet",
@@ -40,6 +44,7 @@ KILL_POINTS: dict[str, str] = {
     "drop.marker_withdrawn": "a drop removed the marker, before log entries, parts and data",
     "drop.records_dropped": "a drop removed log entries and part records, before the data",
     "protocol.effect": "the protocol's executor, before any effect (subject: <Effect>/<id>)",
+    "retention.decided": "retention decided its deletions, before the first (subject: tier/id ...)",
     "retention.between_deletes": "retention deleted one copy, before the next",
     "cleanup.between_removals": "cleanup removed one leftover, before the next",
 }
@@ -59,6 +64,7 @@ class _Armed:
                 f" {', '.join(sorted(KILL_POINTS))}"
             )
         self.nth = int(nth or 1)
+        self.signal = signal.Signals[os.environ.get(SIGNAL_VARIABLE) or "SIGKILL"]
         self._reaches = itertools.count(1)  # next() is atomic under the GIL: threads count once
 
     def reached(self, name: str, subject: str) -> None:
@@ -66,7 +72,7 @@ class _Armed:
             return
         if next(self._reaches) == self.nth:
             os.write(2, f"tierstore: kill point {name} reached ({subject or '-'})\n".encode())
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)
 
 
 _ARMED = _Armed(os.environ[VARIABLE]) if os.environ.get(VARIABLE) else None
@@ -82,4 +88,4 @@ def kill_point(name: str, subject: str = "") -> None:
         _ARMED.reached(name, subject)
 
 
-__all__ = ["KILL_POINTS", "VARIABLE", "kill_point"]
+__all__ = ["KILL_POINTS", "SIGNAL_VARIABLE", "VARIABLE", "kill_point"]

@@ -397,8 +397,16 @@ def _bind_error(addr: str, port: int, exc: OSError) -> str:
 
 
 def cmd_gc(config: Config, args: argparse.Namespace) -> int:
-    """Retention and leftover cleanup, once; ``--dry-run`` only prints."""
+    """Retention and leftover cleanup, once; ``--dry-run`` only prints. A job-wide tier is cleaned
+    only when no other promoter keeps it (its keeper does); a lease taken here is given up at the end."""
     promoter = Promoter(config, node=args.node)
+    try:
+        return _gc(promoter, config, args)
+    finally:
+        promoter.context.keepers.release()
+
+
+def _gc(promoter: Promoter, config: Config, args: argparse.Namespace) -> int:
     found = promoter.catalog()
     deletions = promoter.apply_retention(found, dry_run=args.dry_run)
     for deletion in deletions:
@@ -426,6 +434,10 @@ def cmd_gc(config: Config, args: argparse.Namespace) -> int:
             )
     if not cleanups and not later:
         print("cleanup: nothing to remove")
+    for name in sorted(
+        set(promoter.context.keepers.by_tier) - promoter.view.owned - set(promoter.unreachable)
+    ):
+        print(f"tierstore: tier {name} is kept by another node's promoter, which cleans it: not cleaned here")
     for name, why in sorted(promoter.unreachable.items()):  # what could be reached was done
         print(f"tierstore: tier {name} is unreachable, not cleaned: {one_line(why)}", file=sys.stderr)
     return EXIT_MISMATCH if promoter.unreachable else 0

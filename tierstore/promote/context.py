@@ -10,6 +10,7 @@ from tierstore._platform.bounded import Prober
 from tierstore.config import Config
 from tierstore.promote.discovery import MarkerCache
 from tierstore.promote.health import PromoterHealth, stall_bound
+from tierstore.promote.keeper import Keepers
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.rules import rules_of
 
@@ -104,4 +105,13 @@ class Context:
         self.failing: dict[tuple[str, str, str, str], str] = {}
         """``{(id, generation, source, target): error class}``: promotions whose last try failed,
         told at ERROR once; each pass's retry failing alike is DEBUG (a corrupt source fails for good)."""
+        self.keepers = Keepers(self.tiers, node, config.promote.keeper_lease, self.prober, _keeper_event)
+        """The lease of each job-wide tier (:mod:`tierstore.promote.keeper`): whether this node keeps it."""
+        for name, keeper in self.keepers.by_tier.items():
+            metrics.keeper.labels(name).set_function(keeper.keeps)
         metrics.start_at_zero(t.name for t in self.tiers)
+
+
+def _keeper_event(name: str, tier: str, epoch: int, why: str) -> None:
+    """``keeper_taken`` / ``keeper_lost``: one INFO line each, with the epoch."""
+    event(name, tier=tier, epoch=epoch, reason=why)

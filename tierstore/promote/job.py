@@ -146,10 +146,14 @@ class PromotionJob:
         trust: MarkerTrust,
         activity_ttl: float = ACTIVITY_TTL,
         heartbeat: Callable[[], None] | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.source, self.target, self.found = source, target, found
         self.heartbeat = heartbeat
         """Called for every chunk copied: a long copy is progress, not a hung promoter."""
+        self.fence = fence
+        """Asked once the data is copied, before anything is published: False when this promoter
+        no longer keeps the target (:mod:`tierstore.promote.keeper`); None: not the keeper's work."""
         self.node, self.durable, self.workers = node, durable, workers
         self.stopping, self.cancel = stopping, cancel
         self.activity_ttl, self.trust = activity_ttl, trust
@@ -218,6 +222,8 @@ class PromotionJob:
             self._damaged = True
             raise
         if self.cancel.is_set():  # asked to abandon: publish nothing, even if the files made it
+            return Outcome(copied, False)
+        if self.fence is not None and not self.fence():  # another promoter keeps the target now
             return Outcome(copied, False)
         kill_point("promote.data_copied", self.checkpoint_id)
         manifest = self.found.manifest

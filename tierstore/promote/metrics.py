@@ -92,6 +92,13 @@ class PromoterMetrics:
             ["tier"],
             registry=r,
         )
+        self.keeper = Gauge(
+            "tierstore_keeper",
+            "1 while this promoter keeps a job-wide tier (holds its lease, within its deadline):"
+            " it alone lists, promotes into, retains and cleans it; summed over the job, 1 per tier",
+            ["tier"],
+            registry=r,
+        )
         self.last_pass = Gauge(
             "tierstore_last_pass_timestamp_seconds", "When the promoter last finished a pass", registry=r
         )

@@ -87,7 +87,15 @@ class Promoter:
         timer.start()
 
     def run(self, *, once: bool = False) -> int:
-        """Loop until stopped (or one complete pass with ``once``); exit status for the CLI."""
+        """Loop until stopped (or one complete pass with ``once``); exit status for the CLI. The
+        leases of the job-wide tiers it keeps are renewed meanwhile, and given up at the end."""
+        stop_keeping = self.context.keepers.start() if not once else self.context.keepers.release
+        try:
+            return self._loop(once=once)
+        finally:
+            stop_keeping()
+
+    def _loop(self, *, once: bool) -> int:
         while True:
             try:
                 report = self.run_once()
@@ -142,8 +150,10 @@ class Promoter:
         return report
 
     def look(self, *, refresh: bool = True, full: bool = False) -> View:
-        """A new view of every tier (:func:`tierstore.promote.view.look`); a refresh look is followed
-        by the confirmation of this node's part numbers (:mod:`tierstore.promote.duties.confirm`)."""
+        """A new view of every tier (:func:`tierstore.promote.view.look`), after renewing or
+        watching the job-wide tiers' leases (:mod:`tierstore.promote.keeper`); a refresh look is
+        followed by the confirmation of this node's part numbers (:mod:`tierstore.promote.duties.confirm`)."""
+        self.context.keepers.tick()
         self.view = look(self.context, self.views, self.view, refresh=refresh, full=full)
         if refresh:
             self._take(self._confirm.run(self.view, self.context))

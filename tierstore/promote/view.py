@@ -29,7 +29,6 @@ from tierstore.records.log import highest_in
 from tierstore.records.parts import PartRecord
 from tierstore.tiers import Tier
 
-COORDINATOR_NODE = 0
 Parts = Mapping[str, Mapping[str, Sequence[PartRecord]]]
 """``{id: {generation: part records}}``: this node's parts of saves coordinated elsewhere."""
 
@@ -39,8 +38,9 @@ class View:
     """What one look saw, per tier that answered, and what it could not see."""
 
     owned: frozenset[str]
-    """The tiers this node looks after: its node-local ones, and on the coordinator's node the
-    job-wide ones too (it alone promotes into, out of and within them, and retains and cleans them)."""
+    """The tiers this node looks after: its node-local ones, and the job-wide ones it keeps when
+    the look was made (it alone promotes into them from other job-wide tiers, and retains and
+    cleans them; each effect is fenced again by the lease, ``Context.keepers``)."""
     found: Mapping[str, Mapping[str, SeenCopy]] = field(default_factory=dict)
     """Every copy this node can act on: tier -> id -> copy."""
     highest: Mapping[str, int] = field(default_factory=dict)
@@ -80,10 +80,15 @@ class View:
         return dataclasses.replace(self, found=found)
 
 
+def owned(ctx: Context) -> frozenset[str]:
+    """The tiers this node looks after now: its node-local ones, and the job-wide ones it keeps
+    (:mod:`tierstore.promote.keeper`)."""
+    return frozenset(t.name for t in ctx.tiers if t.node_local) | ctx.keepers.kept()
+
+
 def first_view(ctx: Context) -> View:
-    """The view before any look: nothing listed yet; node-local tiers owned, and the job-wide ones
-    on the coordinator's node."""
-    return View(frozenset(t.name for t in ctx.tiers if t.node_local or ctx.node == COORDINATOR_NODE))
+    """The view before any look: nothing listed yet; the tiers owned now."""
+    return View(owned(ctx))
 
 
 def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, full: bool = False) -> View:
@@ -128,4 +133,4 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
         ctx.availability.set_misconfigured(tier.name, "list", None)
     away = ctx.availability  # every tier was just set reachable or not
     unreachable, unavailable = dict(away.unreachable), frozenset(away.unavailable)
-    return View(prior.owned, found, highest, conflicts, parts, frozenset(reused), unreachable, unavailable)
+    return View(owned(ctx), found, highest, conflicts, parts, frozenset(reused), unreachable, unavailable)

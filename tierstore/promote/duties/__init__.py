@@ -8,8 +8,9 @@ the pass saw (:mod:`.sightings`, :mod:`.report`, :mod:`.mirrors`). A duty acts o
 handed (it lists nothing the view answers) and with the :class:`Context`; a tier error is logged and
 skips that tier. It returns an :class:`Outcome`: what it did, the view later duties act on if it
 changed what the pass holds, and which listings the next look must make afresh. Which tiers this
-node looks after is the view's ``owned``: a keeper of a job-wide tier would be one more duty, right
-after the look, whose view hands that tier to the node holding its lease.
+node looks after is the view's ``owned``: its node-local tiers and the job-wide tiers whose lease it
+held at the look (:mod:`tierstore.promote.keeper`); a duty asks ``Context.keepers.fence`` again
+right before it changes a job-wide tier.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float |
     stale = ctx.config.promote.stale_after if stale_after is None else stale_after
     cleanups: list[Cleanup] = []
     for tier in ctx.tiers:
-        if not view.owns(tier.name) or tier.name in view.unreachable:
+        if not view.owns(tier.name) or tier.name in view.unreachable or not ctx.keepers.fence(tier.name):
             continue
         try:
             leftovers = find_leftovers(
@@ -33,6 +33,8 @@ def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float |
             continue
         for cleanup in leftovers:
             if not dry_run:
+                if not ctx.keepers.fence(tier.name):  # taken over while cleaning: stop here
+                    break
                 try:
                     remove(tier, cleanup, trust=ctx.trust, activity_ttl=ttl)
                 except (TierstoreError, OSError) as exc:

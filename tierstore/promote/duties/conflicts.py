@@ -53,8 +53,11 @@ def run(view: View, ctx: Context) -> Outcome:
     in conflict and holds the records as settled."""
     found = {name: dict(seen) for name, seen in view.found.items()}
     records = {name: list(known) for name, known in view.conflicts.items()}
+    acting = {
+        t.name for t in ctx.tiers if t.name in found and view.owns(t.name) and ctx.keepers.fence(t.name)
+    }
     for upper_index, upper in enumerate(ctx.tiers):
-        if upper.name not in found or not view.owns(upper.name):
+        if upper.name not in acting:
             continue
         for lower in ctx.tiers[upper_index + 1 :]:
             for checkpoint_id, seen in found[upper.name].items():
@@ -74,7 +77,7 @@ def run(view: View, ctx: Context) -> Outcome:
                     copy = dataclasses.replace(seen.copy, conflicts=seen.copy.conflicts | {lower.name})
                     found[upper.name][checkpoint_id] = dataclasses.replace(seen, copy=copy)
     for tier in ctx.tiers:
-        if tier.name in found and view.owns(tier.name):
+        if tier.name in acting:
             _settle(tier, records.setdefault(tier.name, []), found, ctx)
     conflicts = {name: tuple(known) for name, known in records.items()}
     return Outcome(view=dataclasses.replace(view, found=found, conflicts=conflicts))

@@ -29,14 +29,21 @@ KEPT = {
 
 
 def plan(view: View, rules: Rules) -> list[Promotion]:
-    """What this node promotes now: the policy's promotions around the tiers away, out of the
-    tiers it looks after only, and none into or out of a tier it cannot list (retried once the tier
-    answers again)."""
+    """What this node promotes now: the policy's promotions around the tiers away, out of its
+    node-local tiers and into the job-wide tiers it keeps (:func:`is_mine`), and none into or out of
+    a tier it cannot list (retried once the tier answers again)."""
     return [
         p
         for p in promotions(rules, view.copies(), view.away())
-        if p.source not in view.unreachable and p.target not in view.unreachable and view.owns(p.source)
+        if p.source not in view.unreachable and p.target not in view.unreachable and is_mine(p, view, rules)
     ]
+
+
+def is_mine(promotion: Promotion, view: View, rules: Rules) -> bool:
+    """Whether this node makes ``promotion``: each node moves its node-local copies down; a copy
+    already in a job-wide tier is moved further by the keeper of the tier it goes to."""
+    local = {t.name for t in rules.tiers if t.node_local}
+    return view.owns(promotion.source if promotion.source in local else promotion.target)
 
 
 def backlog(view: View, ctx: Context) -> int:
@@ -46,7 +53,7 @@ def backlog(view: View, ctx: Context) -> int:
     due = [
         p
         for p in promotions(ctx.rules, view.copies(), view.away())
-        if p.source not in view.unreachable and view.owns(p.source)
+        if p.source not in view.unreachable and is_mine(p, view, ctx.rules)
     ]
     for tier in ctx.tiers[1:]:
         ctx.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in due))
@@ -62,6 +69,9 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     named = {"checkpoint": promotion.checkpoint_id, "source": source.name, "target": target.name}
     what = (promotion.checkpoint_id, seen.copy.generation, source.name, target.name)
     logger.debug("promoting %s (generation %s) from %s to %s", *what)
+    fence = None if source.node_local else lambda: ctx.keepers.fence(target.name)  # the keeper's work
+    if fence is not None and not fence():
+        return Outcome()
     job = PromotionJob(
         source,
         target,
@@ -74,6 +84,7 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         trust=ctx.trust,
         activity_ttl=ctx.config.promote.activity_ttl,
         heartbeat=ctx.health.beat,  # looked up now: whoever beats for the loop
+        fence=fence,
     )
     started = time.monotonic()
     try:

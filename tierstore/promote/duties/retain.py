@@ -11,6 +11,7 @@ nothing is deleted in this pass.
 
 from __future__ import annotations
 
+from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierstoreError
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.policy import Deletion, Rules, retention, superseded_parts
@@ -74,8 +75,10 @@ def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
         ctx.metrics.deleted.labels(deletion.tier).inc()
         event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier, reason=deletion.reason)
 
+    kill_point("retention.decided", " ".join(f"{d.tier}/{d.checkpoint_id}" for d in deletions))
+    fenced = (d for d in deletions if ctx.keepers.fence(d.tier))  # each asked right before it goes
     done = delete_copies(
-        ctx.by_name, deletions, trust=ctx.trust, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl
+        ctx.by_name, fenced, trust=ctx.trust, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl
     )
     return Outcome(view=view.without(done), deleted=tuple(done))
 

@@ -27,7 +27,7 @@ class Sightings:
         other tier of ``view`` (which no longer holds what the pass deleted)."""
         self._stamp_once(view, ctx)
         for tier in ctx.tiers:
-            if tier.name not in view.found or not view.owns(tier.name):
+            if tier.name not in view.found or not view.owns(tier.name) or not ctx.keepers.fence(tier.name):
                 continue
             for seen_name, seen in view.found.items():
                 if seen_name == tier.name:
