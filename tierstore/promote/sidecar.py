@@ -30,7 +30,7 @@ from tierstore.promote.duties.sightings import Sightings
 from tierstore.promote.endpoint import serve
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.policy import Deletion, Promotion
-from tierstore.promote.view import View, first_view, look
+from tierstore.promote.view import View, first_view, look, owned
 from tierstore.promote.views import TierViews
 from tierstore.topology import current_node
 
@@ -207,6 +207,9 @@ class Promoter:
     def collect_garbage(self, *, dry_run: bool, stale_after: float | None = None) -> list[Cleanup]:
         """Remove (or with ``dry_run`` only list) uncommitted leftovers in the tiers this node looks
         after, left alone for ``stale_after`` (default: ``promote.stale_after``;
-        :mod:`tierstore.promote.duties.collect`)."""
-        outcome = collect.run(self.view, self.context, dry_run=dry_run, stale_after=stale_after)
+        :mod:`tierstore.promote.duties.collect`); the job-wide tiers' leases are looked at first
+        (a tier another promoter keeps is its keeper's to clean)."""
+        self.context.keepers.tick()
+        view = dataclasses.replace(self.view, owned=owned(self.context))
+        outcome = collect.run(view, self.context, dry_run=dry_run, stale_after=stale_after)
         return list(outcome.cleaned)
