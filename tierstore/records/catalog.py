@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 import os
 import time
@@ -281,25 +282,41 @@ class Catalog:
         """Every committed checkpoint, newest first, with sizes and timings from its markers;
         with ``limit``, the newest ``limit`` only.
 
-        Markers are read lazily, newest id first, a page at a time: what is listed costs a
-        listing per tier plus the markers of the ids shown, however many checkpoints are kept.
+        With ``limit``, the ids come from :meth:`candidates` (each tier's log above its head
+        record's floor: a few requests per tier, however many checkpoints are kept), and each
+        shown id's marker is read in every tier. Without, every tier's markers are listed and
+        read a page at a time, newest id first.
         """
+        if limit is not None:
+            return self._newest(limit)
         scanned = self.scan()
         order = self.newest_first(scanned)
-        page = limit or _PAGE
         listings: list[Listing] = []
         with ThreadPoolExecutor(16) as pool:
-            for start in range(0, len(order), page):
-                ids = order[start : start + page]
+            for start in range(0, len(order), _PAGE):
+                ids = order[start : start + _PAGE]
                 jobs = [(i, name) for i in ids for name in scanned[i]]
                 manifests = dict(zip(jobs, pool.map(self._marker, jobs), strict=True))
                 listings += [x for i in ids if (x := self._listing(i, manifests)) is not None]
-                if limit is not None and len(listings) >= limit:
-                    return listings[:limit]
+        return listings
+
+    def _newest(self, limit: int) -> list[Listing]:
+        """The newest ``limit`` listings, in :meth:`candidates`' order (see :meth:`listings`)."""
+        try:
+            order = self.candidates()
+            listings: list[Listing] = []
+            with ThreadPoolExecutor(16) as pool:
+                while len(listings) < limit and (ids := list(itertools.islice(order, limit - len(listings)))):
+                    jobs = [(i, t.name) for i in ids for t in self.tiers]
+                    manifests = dict(zip(jobs, pool.map(self._marker, jobs), strict=True))
+                    listings += [x for i in ids if (x := self._listing(i, manifests)) is not None]
+        except TierUnavailableError:  # no tier could be listed: each is in ``unreachable``
+            return []
         return listings
 
     def _marker(self, job: tuple[str, str]) -> Manifest | None:
-        """The marker of ``(id, tier name)``; None when unreadable (warned) or the tier is away."""
+        """The marker of ``(id, tier name)``; None when absent (deleted since the listing, or never
+        there), unreadable (warned) or the tier is away."""
         checkpoint_id, name = job
         tier = next(t for t in self.tiers if t.name == name)
         if name in self.unreachable:  # one unanswered read: the others are not waited for
@@ -315,6 +332,8 @@ class Catalog:
             if name not in self.unreachable:
                 logger.log(said_once(tier), "tier %s is unreachable, left out: %s", name, exc)
             self.unreachable[name] = str(exc)
+            return None
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except Exception as exc:  # noqa: BLE001 - listed as unusable rather than failing ls
             logger.warning("ignoring marker of %s in %s: %s", checkpoint_id, name, exc)
