@@ -289,3 +289,32 @@ def test_latest_committed_and_the_start_up_look_list_the_log_only_above_the_head
     assert max(latest) <= 5, latest
     assert files[1] <= files[0], files
     assert looks[0] == looks[1] <= 2, looks
+
+
+def test_a_node_that_does_not_keep_a_job_wide_tier_asks_it_nothing_between_lease_reads(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """Another node's promoter keeps the job-wide tiers (its lease records stand, renewed by the
+    test as a keeper on another host would): this node's idle passes within one lease read neither
+    S3's change stamp nor its lease, nor any activity record: the requests that 1,250 nodes make
+    of S3 do not grow with how often they pass (a stamp and a lease read per node per lease)."""
+    from tierstore.promote.discovery import SETTLE
+    from tierstore.records import lease
+
+    job = _job(counted_s3, file_ops, tmp_path, 100, 2)
+    elsewhere = lease.Holder(0, "another-host", "pidns", 1, "their-token", time.time())
+    for name in ("pfs", "s3"):
+        assert lease.claim(
+            make_tier(job.config.tier(name), namespace=job.namespace, node=0), lease.Lease(1, elsewhere)
+        )
+    watcher = Promoter(job.config, node=1)
+    watcher.run_once()  # lists every tier, reads the leases: kept by another node
+    time.sleep(SETTLE + 0.1)
+    watcher.run_once()
+    assert watcher.context.keepers.watched() == {"pfs", "s3"}
+    started = time.monotonic()
+    with counted_s3.counting() as seen:
+        for _ in range(5):
+            watcher.run_once()
+    assert time.monotonic() - started < job.config.promote.keeper_lease / 2, "within one lease read"
+    assert seen.total == 0, seen.by_operation

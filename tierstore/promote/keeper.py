@@ -94,6 +94,11 @@ class Keeper:
         """Whether this promoter holds the lease and its deadline has not passed (no request)."""
         return self._lease is not None and self._clock() < self._deadline()
 
+    def watching(self) -> bool:
+        """Whether another promoter holds the lease, as last seen (no request): a live lease of
+        an epoch this one does not hold."""
+        return self._lease is None and self._watch is not None
+
     def tick(self) -> None:
         """Renew the lease when due, or, watching, read the newest epoch's record once per duration
         and take the next epoch when its holder is gone. Tier errors are raised."""
@@ -228,6 +233,10 @@ class Keepers:
     def kept(self) -> frozenset[str]:
         """The job-wide tiers this promoter keeps now (no request)."""
         return frozenset(name for name, keeper in self.by_tier.items() if keeper.keeps())
+
+    def watched(self) -> frozenset[str]:
+        """The job-wide tiers another promoter keeps, as far as this one knows (no request)."""
+        return frozenset(name for name, keeper in self.by_tier.items() if keeper.watching())
 
     def fence(self, tier_name: str) -> bool:
         """Whether this promoter may act on ``tier_name`` now: a node-local tier always; a job-wide

@@ -98,10 +98,14 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
     conflicts: dict[str, tuple[Conflict, ...]] = {}
     parts: dict[str, Parts] = {}
     reused: set[str] = set()
+    kept_elsewhere = ctx.keepers.watched()
     for tier in ctx.tiers:
 
         def listing(tier: Tier = tier) -> tuple[TierView, bool]:
             started = time.monotonic()
+            lease = ctx.config.promote.keeper_lease  # another keeps it: its stamp read once a lease
+            if tier.name in kept_elsewhere and not full and (recent := views.recent(tier.name, lease)):
+                return recent, True
             token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:

@@ -57,7 +57,11 @@ def in_use(view: View, ctx: Context) -> frozenset[str] | None:
 
 
 def planned(view: View, ctx: Context) -> list[Deletion]:
-    """:func:`plan` with the ids in use now."""
+    """:func:`plan` with the ids in use now. Their records are read only when the plan deletes
+    anything: an id in use only takes deletions away, so a plan that deletes nothing with none in
+    use deletes nothing with some (an idle pass lists no activity records)."""
+    if not plan(view, ctx.rules, frozenset()):
+        return []
     busy = in_use(view, ctx)
     return [] if busy is None else plan(view, ctx.rules, busy)
 
