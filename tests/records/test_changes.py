@@ -76,7 +76,7 @@ def test_a_promoter_looking_right_after_each_stamp_sees_every_change_at_its_next
     finally:
         AFTER_STAMP.clear()
     assert checkpoint_id in promoter.catalog()["pfs"], "the commit"
-    assert promoter.highest["pfs"] == seq, "the log entry"
+    assert promoter.view.highest["pfs"] == seq, "the log entry"
     AFTER_STAMP.append(promoter.catalog)
     try:
         drop(tier, checkpoint_id, manifest.generation, trust=MarkerTrust())

@@ -1,13 +1,11 @@
 """The promoter sidecar: ``tierstore --config FILE promote``, one per training node: the loop.
 
 Each pass makes one view of every tier (:mod:`tierstore.promote.view`) and runs the duties over it in
-their order (:mod:`tierstore.promote.duties`); :meth:`Promoter.run` repeats passes every
-``promote.interval`` and leaves how each ended for ``tierstore status``. It keeps working when the
-trainer crashes. ``--metrics-port`` serves ``/metrics`` and the probes ``/healthz`` (the loop still
-makes progress) and ``/readyz`` (a pass has finished): see :mod:`tierstore.promote.health`.
-``SIGTERM`` lets the files in flight finish within ``promote.grace_period``, then abandons them (no
-marker over partial data) and exits 0. Killed with ``kill -9``, a restart finishes or redoes the
-work; a rerun after success changes nothing.
+their order (:mod:`tierstore.promote.duties`), every ``promote.interval``, and leaves how each ended
+for ``tierstore status``; ``--metrics-port`` serves ``/metrics``, ``/healthz`` and ``/readyz``
+(:mod:`tierstore.promote.health`). ``SIGTERM`` lets the files in flight finish within
+``promote.grace_period``, then abandons them (no marker over partial data) and exits 0. Killed with
+``kill -9``, a restart finishes or redoes the work; a rerun after success changes nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from tierstore.config import Config
 from tierstore.errors import TierstoreError
@@ -35,16 +31,6 @@ from tierstore.promote.views import TierViews
 from tierstore.topology import current_node
 
 logger, event = duties.logger, duties.event  # the promoter's log; the CLI's first and last lines
-
-
-@dataclass
-class PassReport:
-    """What one pass did."""
-
-    promoted: list[Promotion] = field(default_factory=list)
-    failed: list[tuple[Promotion, str]] = field(default_factory=list)
-    deleted: list[Deletion] = field(default_factory=list)
-    cleaned: list[Cleanup] = field(default_factory=list)
 
 
 class Promoter:
@@ -67,11 +53,6 @@ class Promoter:
         """The tiers the last look could not list, and why; those that refuse writes (as the last
         promotion into each found): the availability's own, kept up to date by it."""
 
-    @property
-    def highest(self) -> Mapping[str, int]:
-        """The highest commit number logged in each tier the last look listed."""
-        return self.view.highest
-
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` from a daemon thread
         (port 0 picks a free one); return the port. Raises :class:`OSError` if it cannot bind."""
@@ -91,35 +72,34 @@ class Promoter:
         leases of the job-wide tiers it keeps are renewed meanwhile, and given up at the end."""
         stop_keeping = self.context.keepers.start() if not once else self.context.keepers.release
         try:
-            return self._loop(once=once)
+            while True:
+                try:
+                    report = self.run_once()
+                    self._report.record_state(self.context, None, backlog=self._backlog, failed=report.failed)
+                except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
+                    self.health.pass_failed(str(exc))
+                    self._report.record_state(self.context, str(exc), backlog=self._backlog)
+                    logger.error(
+                        "promoter pass failed, retrying in %.0f s: %s", self.config.promote.interval, exc
+                    )
+                    if once:
+                        return 1
+                    report = duties.PassReport()
+                done = [len(r) for r in (report.promoted, report.failed, report.deleted, report.cleaned)]
+                away = ", ".join(self.unreachable) or "none"
+                logger.debug(
+                    "pass: %d promoted, %d failed, %d deleted, %d cleaned; unreachable: %s", *done, away
+                )
+                if once:  # a drain: anything left undone (a failed copy, a tier away) is an error
+                    return 1 if report.failed or self.unreachable else 0
+                if self.stopping.wait(self.config.promote.interval):
+                    return 0
         finally:
             stop_keeping()
 
-    def _loop(self, *, once: bool) -> int:
-        while True:
-            try:
-                report = self.run_once()
-                self._report.record_state(self.context, None, backlog=self._backlog, failed=report.failed)
-            except (TierstoreError, OSError) as exc:  # an outage: keep the sidecar alive, retry
-                self.health.pass_failed(str(exc))
-                self._report.record_state(self.context, str(exc), backlog=self._backlog)
-                logger.error(
-                    "promoter pass failed, retrying in %.0f s: %s", self.config.promote.interval, exc
-                )
-                if once:
-                    return 1
-                report = PassReport()
-            done = [len(r) for r in (report.promoted, report.failed, report.deleted, report.cleaned)]
-            away = ", ".join(self.unreachable) or "none"
-            logger.debug("pass: %d promoted, %d failed, %d deleted, %d cleaned; unreachable: %s", *done, away)
-            if once:  # a drain: anything left undone (a failed copy, a tier away) is an error
-                return 1 if report.failed or self.unreachable else 0
-            if self.stopping.wait(self.config.promote.interval):
-                return 0
-
-    def run_once(self) -> PassReport:
+    def run_once(self) -> duties.PassReport:
         """Promote until nothing is left to do at this moment, then retention and (if due) gc."""
-        report, ctx = PassReport(), self.context
+        report, ctx = duties.PassReport(), self.context
         attempted: set[Promotion] = set()
         self.health.beat()
         for round_ in range(len(self.tiers)):  # each round moves checkpoints one tier further
@@ -159,7 +139,7 @@ class Promoter:
             self._take(self._confirm.run(self.view, self.context))
         return self.view
 
-    def _take(self, outcome: duties.Outcome, report: PassReport | None = None) -> None:
+    def _take(self, outcome: duties.Outcome, report: duties.PassReport | None = None) -> None:
         """What a duty tells the loop: the view from now on, the listings not to reuse, its report."""
         for name in outcome.forget:
             self.views.forget(name)

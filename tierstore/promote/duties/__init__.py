@@ -15,14 +15,24 @@ right before it changes a job-wide tier.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tierstore.promote.cleanup import Cleanup
 from tierstore.promote.context import Availability, Context, event, logger
 from tierstore.promote.policy import Deletion, Promotion
 from tierstore.promote.view import View
 
-__all__ = ["Availability", "Context", "Outcome", "event", "logger"]
+__all__ = ["Availability", "Context", "Outcome", "PassReport", "event", "logger"]
+
+
+@dataclass
+class PassReport:
+    """What one pass did: the duties' outcomes, added up by the loop."""
+
+    promoted: list[Promotion] = field(default_factory=list)
+    failed: list[tuple[Promotion, str]] = field(default_factory=list)
+    deleted: list[Deletion] = field(default_factory=list)
+    cleaned: list[Cleanup] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
