@@ -30,6 +30,7 @@ from typing import Any
 
 from tierstore._platform.bounded import Prober
 from tierstore.errors import IntegrityError, TierstoreError
+from tierstore.records.changes import read_stamp
 from tierstore.records.lease import (
     Holder,
     Lease,
@@ -83,6 +84,8 @@ class Keeper:
         """The newest epoch known; None: not listed yet."""
         self._watch: Watch | None = None
         self._next_look = float("-inf")
+        self._stamp: tuple[bool, bytes | None] = (False, None)
+        """The tier's change stamp as the lease last read named it (``(False, None)``: unknown)."""
 
     @property
     def epoch(self) -> int | None:
@@ -93,6 +96,11 @@ class Keeper:
     def keeps(self) -> bool:
         """Whether this promoter holds the lease and its deadline has not passed (no request)."""
         return self._lease is not None and self._clock() < self._deadline()
+
+    def stamp(self) -> tuple[bool, bytes | None]:
+        """Watching: ``(True, token)``, the tier's change stamp its keeper read before the renewal
+        this promoter last read (no request); ``(False, None)`` when not known."""
+        return self._stamp if self.watching() else (False, None)
 
     def watching(self) -> bool:
         """Whether another promoter holds the lease, as last seen (no request): a live lease of
@@ -160,7 +168,7 @@ class Keeper:
             self._lease, self._epoch, self._watch = None, lease.epoch, None
             self._tell("keeper_lost", lease.epoch, "another promoter's claim of the epoch stands")
             return
-        renewed = lease.renewed()
+        renewed = lease.renewed(self._ask(lambda: read_stamp(self.tier)))
         self._ask(lambda: renew(self.tier, renewed))
         self._lease, self._renewed = renewed, start
 
@@ -182,6 +190,7 @@ class Keeper:
             logger.warning("%s: counted as a lease that is never renewed", exc)
             lease = None
         now = self._clock()
+        self._stamp = (False, None) if lease is None else lease.tier_stamp
         self._watch = watched(self._watch, epoch, None if lease is None else lease.counter, now)
         reason = claim_reason(self._watch, lease, self.me, now=now, duration=self.duration, alive=self._alive)
         if reason is not None:
@@ -234,9 +243,11 @@ class Keepers:
         """The job-wide tiers this promoter keeps now (no request)."""
         return frozenset(name for name, keeper in self.by_tier.items() if keeper.keeps())
 
-    def watched(self) -> frozenset[str]:
-        """The job-wide tiers another promoter keeps, as far as this one knows (no request)."""
-        return frozenset(name for name, keeper in self.by_tier.items() if keeper.watching())
+    def watched(self) -> dict[str, bytes | None]:
+        """The job-wide tiers another promoter keeps, as far as this one knows, each with its
+        change stamp as named by the lease last read, where the lease names one (no request)."""
+        stamps = {name: keeper.stamp() for name, keeper in self.by_tier.items()}
+        return {name: token for name, (known, token) in stamps.items() if known}
 
     def fence(self, tier_name: str) -> bool:
         """Whether this promoter may act on ``tier_name`` now: a node-local tier always; a job-wide

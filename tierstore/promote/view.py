@@ -103,10 +103,9 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
 
         def listing(tier: Tier = tier) -> tuple[TierView, bool]:
             started = time.monotonic()
-            lease = ctx.config.promote.keeper_lease  # another keeps it: its stamp read once a lease
-            if tier.name in kept_elsewhere and not full and (recent := views.recent(tier.name, lease)):
-                return recent, True
-            token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
+            # Read before anything it covers is listed (records/changes.py); of a tier another
+            # promoter keeps, the lease read anyway names it (read by the keeper before renewing).
+            token = kept_elsewhere[tier.name] if tier.name in kept_elsewhere else read_stamp(tier)
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
                 return kept, True

@@ -57,19 +57,6 @@ class TierViews:
     def __init__(self, full_scan: float) -> None:
         self.full_scan = full_scan
         self._views: dict[str, TierView] = {}
-        self._checked: dict[str, float] = {}
-        """When each kept listing's stamp was last read and found unchanged (monotonic clock)."""
-
-    def recent(self, tier_name: str, within: float) -> TierView | None:
-        """The listing kept of ``tier_name`` if its stamp was read less than ``within`` seconds ago
-        and a full listing is not due, without reading the stamp again; else None. For a job-wide
-        tier another promoter keeps: this node acts on it only through create-only publishes that
-        read the target first, so a listing a lease old costs it nothing but a retry."""
-        view = self._views.get(tier_name)
-        now = time.monotonic()
-        if view is None or now - self._checked.get(tier_name, view.listed_at) >= within:
-            return None
-        return None if now - view.listed_at >= self.full_scan else view
 
     def reusable(self, tier_name: str, token: bytes | None) -> TierView | None:
         """The listing kept of ``tier_name`` if the stamp just read (``token``) is the one read
@@ -80,13 +67,11 @@ class TierViews:
         if view.token != token or time.monotonic() - view.listed_at >= self.full_scan:
             del self._views[tier_name]
             return None
-        self._checked[tier_name] = time.monotonic()
         return view
 
     def keep(self, tier_name: str, view: TierView) -> None:
         """Keep ``view`` as the tier's listing (made after reading ``view.token``)."""
         self._views[tier_name] = view
-        self._checked[tier_name] = view.listed_at
 
     def forget(self, tier_name: str) -> None:
         """List ``tier_name`` again at the next look (a failed promotion, parts just rewritten)."""

@@ -77,10 +77,22 @@ class Lease:
     """Raised by every renewal."""
     released: bool = False
     """Given up by its holder (a promoter that stopped): anyone may take the next epoch at once."""
+    stamp: str | None = None
+    """The tier's change stamp as the holder read it before this renewal (hex; ``""``: the tier had
+    none; None: not recorded, a holder of an older release): a watcher's one read of the lease also
+    tells it whether the tier changed (:mod:`tierstore.records.changes`), so it reads no stamp."""
 
-    def renewed(self) -> Lease:
-        """The record of the next renewal."""
-        return replace(self, counter=self.counter + 1)
+    def renewed(self, stamp: bytes | None) -> Lease:
+        """The record of the next renewal, with the tier's change stamp read just before it."""
+        return replace(self, counter=self.counter + 1, stamp=(stamp or b"").hex())
+
+    @property
+    def tier_stamp(self) -> tuple[bool, bytes | None]:
+        """``(recorded, the tier's change token)`` as :func:`~tierstore.records.changes.read_stamp`
+        gives it: None for a tier without a stamp."""
+        if self.stamp is None:
+            return False, None
+        return True, bytes.fromhex(self.stamp) or None
 
     def to_json(self) -> bytes:
         """Serialize."""
@@ -100,7 +112,14 @@ class Lease:
                 str(h["token"]),
                 float(h["started"]),
             )
-            return cls(int(body["epoch"]), holder, int(body["counter"]), bool(body["released"]))
+            stamp = body.get("stamp")
+            return cls(
+                int(body["epoch"]),
+                holder,
+                int(body["counter"]),
+                bool(body["released"]),
+                None if stamp is None else str(stamp),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"{where}: malformed lease record ({exc})") from None
 
