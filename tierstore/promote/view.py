@@ -14,20 +14,25 @@ changed: fewer requests to slow tiers (that listing is not kept).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierstore.errors import TierMisconfiguredError, TierstoreError
 from tierstore.promote.context import Context
-from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
+from tierstore.promote.discovery import SeenCopy, discover, foreign_parts, index_of, indexed
 from tierstore.promote.policy import Copy, Deletion
 from tierstore.promote.views import TierView, TierViews
 from tierstore.records.changes import read_stamp
 from tierstore.records.conflicts import Conflict, read_conflicts
+from tierstore.records.index import read_index, write_index
 from tierstore.records.log import highest_in
 from tierstore.records.parts import PartRecord
 from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
 
 Parts = Mapping[str, Mapping[str, Sequence[PartRecord]]]
 """``{id: {generation: part records}}``: this node's parts of saves coordinated elsewhere."""
@@ -86,6 +91,31 @@ def owned(ctx: Context) -> frozenset[str]:
     return frozenset(t.name for t in ctx.tiers if t.node_local) | ctx.keepers.kept()
 
 
+def _from_keeper(
+    tier: Tier, token: bytes | None, views: TierViews, started: float
+) -> tuple[TierView, bool] | None:
+    """For a tier another promoter keeps, whose stamp moved on (``token``): its keeper's index when
+    it was made after that stamp (a fresh view, to keep), else the listing kept while the keeper
+    has not indexed the change yet (reused); None: list it (no kept listing, or a full one due)."""
+    index = read_index(tier)
+    if index is not None and index.token == token:
+        found = indexed(index)
+        return TierView(token, started, found, index.highest, index.conflicts), False
+    behind = views.behind(tier.name)
+    return None if behind is None else (behind, True)
+
+
+def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
+    """Write the index of a tier this promoter keeps, from the listing it just made; fenced by the
+    lease, best effort (a reader without it lists the tier)."""
+    index = index_of(listed.token, listed.found, listed.highest, listed.conflicts)
+    try:
+        if ctx.keepers.fence(tier.name):
+            ctx.prober.ask(tier, functools.partial(write_index, tier, index), what="write its index")
+    except (TierstoreError, OSError) as exc:
+        logger.warning("cannot write the index of tier %s (its watchers list it): %s", tier.name, exc)
+
+
 def first_view(ctx: Context) -> View:
     """The view before any look: nothing listed yet; the tiers owned now."""
     return View(owned(ctx))
@@ -104,12 +134,15 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
         def listing(tier: Tier = tier) -> tuple[TierView, bool]:
             started = time.monotonic()
             lease = ctx.config.promote.keeper_lease  # another keeps it: its stamp read once a lease
-            if tier.name in kept_elsewhere and not full and (recent := views.recent(tier.name, lease)):
+            watched = tier.name in kept_elsewhere and not full
+            if watched and (recent := views.recent(tier.name, lease)):
                 return recent, True
             token = read_stamp(tier)  # before anything it covers is listed: records/changes.py
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
                 return kept, True
+            if watched and (from_keeper := _from_keeper(tier, token, views, started)) is not None:
+                return from_keeper
             known = None if refresh else prior.conflicts.get(tier.name)
             records = read_conflicts(tier) if known is None else list(known)
             top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
@@ -129,6 +162,8 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             reused.add(tier.name)
         elif refresh:
             views.keep(tier.name, listed)
+            if tier.name in ctx.keepers.kept():  # its watchers read this instead of listing
+                _publish_index(ctx, tier, listed)
         else:  # made with the pass's first log and conflict records: not a listing to keep
             views.forget(tier.name)
         found[tier.name], highest[tier.name] = listed.found, listed.highest

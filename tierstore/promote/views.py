@@ -73,14 +73,21 @@ class TierViews:
 
     def reusable(self, tier_name: str, token: bytes | None) -> TierView | None:
         """The listing kept of ``tier_name`` if the stamp just read (``token``) is the one read
-        before it and a full listing is not due; else None (and it is forgotten)."""
+        before it and a full listing is not due; else None."""
         view = self._views.get(tier_name)
-        if view is None:
-            return None
-        if view.token != token or time.monotonic() - view.listed_at >= self.full_scan:
-            del self._views[tier_name]
+        if view is None or view.token != token or time.monotonic() - view.listed_at >= self.full_scan:
             return None
         self._checked[tier_name] = time.monotonic()
+        return view
+
+    def behind(self, tier_name: str) -> TierView | None:
+        """The listing kept of ``tier_name`` though its stamp moved on, while a full listing is not
+        due; else None. For a tier another promoter keeps, until its index shows the change
+        (:mod:`tierstore.records.index`): its stamp is read again at the next look, not a lease later."""
+        view = self._views.get(tier_name)
+        if view is None or time.monotonic() - view.listed_at >= self.full_scan:
+            return None
+        self._checked[tier_name] = float("-inf")
         return view
 
     def keep(self, tier_name: str, view: TierView) -> None:
