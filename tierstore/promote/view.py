@@ -3,12 +3,15 @@ hands back a new one (:mod:`tierstore.promote.duties`).
 
 A look reads each tier's change stamp first; while it holds the token read before this promoter's
 previous listing of the tier, and that listing is younger than ``promote.full_scan``, the listing is
-reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. Each tier is asked
-within ``probe_timeout``. A tier that cannot be listed is left out of the view and recorded as
-unreachable (metric, log): nothing is promoted into or out of it, retention deletes nothing there,
-and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion rounds inside a pass)
-reuses the conflict records and the highest commit numbers of the look before where a tier has
-changed: fewer requests to slow tiers (that listing is not kept).
+reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. A job-wide tier another
+promoter keeps is not listed when its stamp moved on: its keeper's index made under that very stamp
+is read instead, and while the index is behind, the kept listing is reused until the next pass
+(:mod:`tierstore.records.index`); the keeper writes the index after each fresh listing of its tier.
+Each tier is asked within ``probe_timeout``. A tier that cannot be listed is left out of the view
+and recorded as unreachable (metric, log): nothing is promoted into or out of it, retention deletes
+nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion
+rounds inside a pass) reuses the conflict records and the highest commit numbers of the look before
+where a tier has changed: fewer requests to slow tiers (that listing is not kept).
 """
 
 from __future__ import annotations
