@@ -4,6 +4,7 @@ so that the policy and the duties decide alike on either."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from tests.simulated_job import manifest_for
@@ -11,9 +12,10 @@ from tierstore.config import Config
 from tierstore.ids import INDEX_PATH, marker_path
 from tierstore.promote.discovery import MarkerCache, discover, index_of, indexed, marker_of
 from tierstore.promote.sidecar import Promoter
-from tierstore.records.changes import read_stamp
+from tierstore.records.changes import read_stamp, touch
 from tierstore.records.conflicts import Conflict, record_conflict
-from tierstore.records.index import decode, encode, read_index
+from tierstore.records.index import decode, encode, read_index, write_index
+from tierstore.records.lease import Holder, Lease, claim, renew
 from tierstore.signing import MarkerTrust
 
 
@@ -70,3 +72,54 @@ def test_the_keeper_indexes_each_fresh_listing_with_the_token_read_before_it(
     blob = shared.read_bytes(INDEX_PATH)
     keeper.run_once()  # nothing changed: the listing is reused, the index left as it is
     assert "shared" in keeper.view.reused and shared.read_bytes(INDEX_PATH) == blob
+
+
+def test_a_watcher_lists_without_an_index_and_keeps_its_listing_while_the_index_is_behind(
+    make_config: Callable[..., Config],
+) -> None:
+    """A node whose shared tier another node keeps (its lease renewed by the test): after a change,
+    with no index at all it lists the tier as before (a keeper of an older release writes none);
+    with an index made under an older stamp it keeps its listing, and sees the change once the
+    index holds the stamp it reads."""
+    lease_s = 1.0
+    config = make_config("local", "shared", promote={"keeper_lease": f"{lease_s}s", "interval": "1h"})
+    shared = config.make_tiers(node=0)[1]
+    elsewhere = Holder(0, "another-host", "pidns", 1, "their-token", time.time())
+    held = [Lease(1, elsewhere)]
+    assert claim(shared, held[0])
+
+    def renew_lease() -> None:  # the keeper on another host, alive
+        held[0] = held[0].renewed()
+        renew(shared, held[0])
+
+    def save(index: int) -> str:
+        manifest = manifest_for(index, 2, "")
+        shared.write_bytes(marker_path(manifest.checkpoint_id), manifest.to_json())
+        touch(shared)
+        return manifest.checkpoint_id
+
+    def watcher_pass() -> set[str]:
+        time.sleep(lease_s)  # the stamp of a tier kept elsewhere is read once a lease
+        renew_lease()
+        watcher.run_once()
+        return set(watcher.view.found["shared"])
+
+    first = save(1)
+    watcher = Promoter(config, node=1)
+    assert watcher_pass() == {first}
+    assert watcher.context.keepers.watched() == {"shared"}
+    second = save(2)
+    assert watcher_pass() == {first, second}, "no index: listed"
+
+    stale = index_of(read_stamp(shared), watcher.view.found["shared"], 2, [])
+    write_index(shared, stale)
+    third = save(3)
+    assert watcher_pass() == {first, second}, "the index is behind: the kept listing"
+    renew_lease()
+    watcher.run_once()  # asked again at the very next pass, not a lease later
+    assert set(watcher.view.found["shared"]) == {first, second}
+    write_index(shared, index_of(read_stamp(shared), discover(shared, MarkerCache(MarkerTrust())), 3, []))
+    renew_lease()
+    watcher.run_once()
+    assert set(watcher.view.found["shared"]) == {first, second, third}, "the index caught up"
+    assert watcher.context.keepers.watched() == {"shared"}

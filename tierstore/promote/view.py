@@ -99,9 +99,12 @@ def _from_keeper(
 ) -> tuple[TierView, bool] | None:
     """For a tier another promoter keeps, whose stamp moved on (``token``): its keeper's index when
     it was made after that stamp (a fresh view, to keep), else the listing kept while the keeper
-    has not indexed the change yet (reused); None: list it (no kept listing, or a full one due)."""
+    has not indexed the change yet (reused); None: list it (no usable index, no kept listing, or a
+    full listing due)."""
     index = read_index(tier)
-    if index is not None and index.token == token:
+    if index is None:  # a keeper that writes none (an older release), or a damaged one
+        return None
+    if index.token == token:
         found = indexed(index)
         return TierView(token, started, found, index.highest, index.conflicts), False
     behind = views.behind(tier.name)

@@ -83,12 +83,10 @@ class TierViews:
     def behind(self, tier_name: str) -> TierView | None:
         """The listing kept of ``tier_name`` though its stamp moved on, while a full listing is not
         due; else None. For a tier another promoter keeps, until its index shows the change
-        (:mod:`tierstore.records.index`): its stamp is read again at the next look, not a lease later."""
+        (:mod:`tierstore.records.index`). Its stamp is read again at the next look, not a lease
+        later: the stamp was last found unchanged a lease ago or more (:meth:`recent`)."""
         view = self._views.get(tier_name)
-        if view is None or time.monotonic() - view.listed_at >= self.full_scan:
-            return None
-        self._checked[tier_name] = float("-inf")
-        return view
+        return None if view is None or time.monotonic() - view.listed_at >= self.full_scan else view
 
     def keep(self, tier_name: str, view: TierView) -> None:
         """Keep ``view`` as the tier's listing (made after reading ``view.token``)."""
