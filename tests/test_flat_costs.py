@@ -373,8 +373,9 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a
     assert watcher.context.keepers.watched() == {"pfs", "s3"}
     before = set(watcher.view.found["s3"])
 
+    write_index(tiers["s3"], _index_as_the_keeper(job, "s3"))  # the keeper's, before the change
     protocol_save_into(job, "s3", retained + 1)  # a new commit, stamped
-    index = _index_as_the_keeper(job, "s3")  # the keeper's listing: not written yet
+    index = _index_as_the_keeper(job, "s3")  # the keeper's next listing: not written yet
     time.sleep(duration)  # the stamp is read once a lease
     renew_leases()
     with counted_s3.counting() as behind:
