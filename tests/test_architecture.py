@@ -179,8 +179,18 @@ def test_the_record_check_sees_each_mutating_call() -> None:
 def test_only_the_executor_performs_record_effects_in_records() -> None:
     """Inside ``records/``, the commit records (markers, log and void entries, part records, mirror
     markers, generation data) change only in ``protocol.py``, the executor; the record modules
-    write only their own records (activity, sightings, conflicts, status, clock, stamp, lease)."""
-    own = {"activity", "sightings", "conflicts", "mirror", "promoter_state", "clock", "changes", "lease"}
+    write only their own records (activity, sightings, conflicts, status, clock, stamp, lease, index)."""
+    own = {
+        "activity",
+        "sightings",
+        "conflicts",
+        "mirror",
+        "promoter_state",
+        "clock",
+        "changes",
+        "lease",
+        "index",
+    }
     offenders = []
     for path in sorted((PACKAGE / "records").glob("*.py")):
         if path.stem in own or path.stem in {"protocol", "__init__"}:

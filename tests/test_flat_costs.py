@@ -19,6 +19,7 @@ from tierstore.ids import MARKER_NAME
 from tierstore.promote.policy import Deletion
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
+from tierstore.records.index import Index, write_index
 from tierstore.records.log import highest_in
 from tierstore.records.protocol import claim, publish
 from tierstore.signing import MarkerTrust
@@ -319,3 +320,88 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_asks_it_nothing_between_lease
             watcher.run_once()
     assert time.monotonic() - started < job.config.promote.keeper_lease / 2, "within one lease read"
     assert seen.total == 0, seen.by_operation
+
+
+def _index_as_the_keeper(job: Job, tier_name: str) -> Index:
+    """What the keeper of ``tier_name`` on another node indexes of its listing, with the stamp
+    token it read before listing (records/index.py)."""
+    from tierstore.promote.discovery import MarkerCache, discover, index_of
+    from tierstore.records.changes import read_stamp
+    from tierstore.records.conflicts import read_conflicts
+
+    tier = make_tier(job.config.tier(tier_name), namespace=job.namespace, node=0)
+    token = read_stamp(tier)
+    records = read_conflicts(tier)
+    found = discover(tier, MarkerCache(MarkerTrust()), records)
+    return index_of(token, found, highest_in(tier), records)
+
+
+@pytest.mark.parametrize("retained", [100, 1000])
+def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a_listing(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path, retained: int
+) -> None:
+    """Another node keeps the job-wide tiers (its leases renewed by the test). After a new commit in
+    S3, this node's pass that learns the changed stamp (from the lease) lists nothing: while the
+    keeper has not indexed the change it keeps its listing and reads the index again at the very
+    next pass (not a lease later); once the index holds the stamp's token, the view is the index's,
+    equal to a listing's. A few requests whatever is retained, where a listing costs pages."""
+    from tierstore.promote.discovery import SETTLE, MarkerCache, discover
+    from tierstore.records import lease
+    from tierstore.records.changes import read_stamp
+
+    job = Job(counted_s3, file_ops, tmp_path, f"index{retained}")  # its own leases
+    job.populate(retained, 2)
+    duration = 4.0
+    config = job.config.model_copy(
+        update={"promote": job.config.promote.model_copy(update={"keeper_lease": duration})}
+    )
+    elsewhere = lease.Holder(0, "another-host", "pidns", 1, "their-token", time.time())
+    leases = {name: lease.Lease(1, elsewhere) for name in ("pfs", "s3")}
+    tiers = {name: make_tier(job.config.tier(name), namespace=job.namespace, node=0) for name in leases}
+
+    def renew_leases() -> None:  # the keeper on another host, alive: it names the stamp it read
+        for name, held in leases.items():
+            leases[name] = held.renewed(read_stamp(tiers[name]))
+            lease.renew(tiers[name], leases[name])
+
+    for name, held in leases.items():
+        assert lease.claim(tiers[name], held)
+    watcher = Promoter(config, node=1)
+
+    watcher.run_once()  # lists every tier (no index yet), reads the leases: kept by another node
+    renew_leases()  # before each pass: every read of the lease finds it renewed, never stale
+    time.sleep(SETTLE + 0.1)
+    watcher.run_once()
+    assert set(watcher.context.keepers.watched()) == {"pfs", "s3"}
+    before = set(watcher.view.found["s3"])
+
+    write_index(tiers["s3"], _index_as_the_keeper(job, "s3"))  # the keeper's, before the change
+    protocol_save_into(job, "s3", retained + 1)  # a new commit, stamped
+    index = _index_as_the_keeper(job, "s3")  # the keeper's next listing: not written yet
+    time.sleep(duration)  # the stamp is read once a lease
+    renew_leases()
+    with counted_s3.counting() as behind:
+        watcher.run_once()
+    assert set(watcher.view.found["s3"]) == before, "the kept listing, while the index is behind"
+    with counted_s3.counting() as again:
+        watcher.run_once()  # the next pass asks again: the index, and the stamp it is checked by
+    write_index(tiers["s3"], index)
+    with counted_s3.counting() as caught_up:
+        watcher.run_once()
+    assert set(watcher.context.keepers.watched()) == {"pfs", "s3"}, "still kept by another node"
+
+    listed = discover(tiers["s3"], MarkerCache(MarkerTrust()))
+    print(
+        f"{retained} retained, a watcher's passes after a change in S3: {behind.by_operation},"
+        f" {again.by_operation}, {caught_up.by_operation}"
+    )
+    for seen in (behind, again, caught_up):
+        assert not any("List" in op for op in seen.by_operation), seen.by_operation
+    assert behind.total <= 3, behind.by_operation  # lease (naming the new stamp), index, stamp
+    assert again.total == 2, again.by_operation  # index, stamp: no lease read
+    assert caught_up.total == 1, caught_up.by_operation  # the index, under the lease's stamp
+    found = watcher.view.found["s3"]
+    assert {i: (s.copy.seq, s.copy.generation) for i, s in found.items()} == {
+        i: (s.copy.seq, s.copy.generation) for i, s in listed.items()
+    }
+    assert len(found) == retained + 1

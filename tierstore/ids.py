@@ -19,6 +19,7 @@ Layout inside each tier root (``<tier path or url>/<namespace>``)::
     .tierstore/promoter/node00001.json  how node 1's promoter last fared (records/promoter_state.py)
     .tierstore/changes               a random token rewritten after every change to what a promoter
                                      lists (see records/changes.py)
+    .tierstore/index.json            a job-wide tier's keeper's last listing of it (records/index.py)
 
 A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
 overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
@@ -260,6 +261,9 @@ def clock_probe_path(token: str) -> str:
 
 CHANGES_PATH = f"{INTERNAL_DIR}/changes"
 """Tier-relative path of the tier's change stamp (see records/changes.py)."""
+
+INDEX_PATH = f"{INTERNAL_DIR}/index.json"
+"""Tier-relative path of a job-wide tier's index, written by its keeper (see records/index.py)."""
 
 COMMITS_DIR = f"{INTERNAL_DIR}/commits"
 """Tier-relative directory of the commit log (see records/log.py)."""

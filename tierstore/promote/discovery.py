@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierstore._platform.runtime import map_on_daemons
@@ -33,6 +33,7 @@ from tierstore.promote.policy import Copy
 from tierstore.records.catalog import marker_times
 from tierstore.records.clock import clock_offset
 from tierstore.records.conflicts import Conflict, read_conflicts
+from tierstore.records.index import Index, IndexedCopy
 from tierstore.records.marker import Manifest, read_manifest
 from tierstore.records.parts import PartRecord, part_records
 from tierstore.signing import MarkerTrust
@@ -43,11 +44,29 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SeenCopy:
-    """One copy in one tier as this node sees it: the marker's manifest (if visible) and local parts."""
+    """One copy in one tier as this node sees it: the marker's manifest (if read) and local parts.
+
+    A committed copy seen through its keeper's index (:mod:`tierstore.records.index`) has no
+    manifest: what needs one reads the marker (:func:`marker_of`)."""
 
     copy: Copy
     manifest: Manifest | None
     parts: tuple[PartRecord, ...] = ()
+    started_at: float | None = None
+    """When its save started (the marker's ``timings``), if it says."""
+
+    @property
+    def committed(self) -> bool:
+        """A commit of the tier (its marker is there), not only this node's part of one."""
+        return not self.copy.partial
+
+
+def marker_of(seen: SeenCopy, tier: Tier, trust: MarkerTrust) -> Manifest:
+    """The manifest of a committed copy: the one read by the listing, else its marker read now
+    (a copy seen through an index). Raises what reading it raises."""
+    if seen.manifest is not None:
+        return seen.manifest
+    return read_manifest(tier, seen.copy.checkpoint_id, trust=trust)
 
 
 @dataclass(frozen=True)
@@ -209,14 +228,69 @@ def copy_of(manifest: Manifest) -> Copy:
     )
 
 
+def _started(manifest: Manifest) -> float | None:
+    started = manifest.timings.get("started_at")
+    return None if started is None else float(started)
+
+
+def index_of(
+    token: bytes | None, found: Mapping[str, SeenCopy], highest: int, conflicts: Sequence[Conflict]
+) -> Index:
+    """The index of a job-wide tier listed after reading ``token`` (what its keeper publishes)."""
+    copies = tuple(
+        IndexedCopy(
+            c.checkpoint_id,
+            c.seq,
+            c.step,
+            c.committed_at,
+            c.generation,
+            c.source,
+            c.overwrite,
+            tuple(sorted(c.unseen_tiers)),
+            s.started_at,
+        )
+        for s in found.values()
+        if s.committed and (c := s.copy)
+    )
+    return Index(token, highest, tuple(conflicts), copies)
+
+
+def indexed(index: Index) -> dict[str, SeenCopy]:
+    """The copies of a job-wide tier as its index holds them, with their conflicts (as
+    :func:`discover` gives them)."""
+    found = {
+        c.checkpoint_id: SeenCopy(
+            Copy(
+                c.checkpoint_id,
+                c.seq,
+                c.step,
+                c.committed_at,
+                c.generation,
+                source=c.source,
+                overwrite=c.overwrite,
+                unseen_tiers=frozenset(c.unseen_tiers),
+            ),
+            None,
+            started_at=c.started_at,
+        )
+        for c in index.copies
+    }
+    return _with_conflicts(found, index.conflicts)
+
+
 def discover(
     tier: Tier, cache: MarkerCache, conflicts_known: list[Conflict] | None = None
 ) -> dict[str, SeenCopy]:
     """Every copy in ``tier`` this node can act on (see the module docstring), with the tiers each
     is in conflict with (:mod:`tierstore.records.conflicts`; read from the tier unless given)."""
-    found = _discover(tier, cache)
+    records = read_conflicts(tier) if conflicts_known is None else conflicts_known
+    return _with_conflicts(_discover(tier, cache), records)
+
+
+def _with_conflicts(found: dict[str, SeenCopy], records: Iterable[Conflict]) -> dict[str, SeenCopy]:
+    """``found`` with each copy's conflicts (the tiers its conflict records name)."""
     conflicts: dict[tuple[str, str], set[str]] = {}
-    for conflict in read_conflicts(tier) if conflicts_known is None else conflicts_known:
+    for conflict in records:
         conflicts.setdefault((conflict.checkpoint_id, conflict.generation), set()).add(conflict.target)
     for checkpoint_id, seen in found.items():
         targets = conflicts.get((checkpoint_id, seen.copy.generation))
@@ -236,7 +310,7 @@ def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
         parts: tuple[PartRecord, ...] = ()
         if tier.node_local:
             parts = tuple(cache.parts(tier, checkpoint_id).get(manifest.generation, []))
-        sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts)
+        sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts, _started(manifest))
     if not tier.node_local:
         cache.keep_only(tier.name, set(committed))
         return sources

@@ -3,31 +3,39 @@ hands back a new one (:mod:`tierstore.promote.duties`).
 
 A look reads each tier's change stamp first; while it holds the token read before this promoter's
 previous listing of the tier, and that listing is younger than ``promote.full_scan``, the listing is
-reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. Each tier is asked
-within ``probe_timeout``. A tier that cannot be listed is left out of the view and recorded as
-unreachable (metric, log): nothing is promoted into or out of it, retention deletes nothing there,
-and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion rounds inside a pass)
-reuses the conflict records and the highest commit numbers of the look before where a tier has
-changed: fewer requests to slow tiers (that listing is not kept).
+reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. A job-wide tier another
+promoter keeps is not listed when its stamp moved on: its keeper's index made under that very stamp
+is read instead, and while the index is behind, the kept listing is reused until the next pass
+(:mod:`tierstore.records.index`); the keeper writes the index after each fresh listing of its tier.
+Each tier is asked within ``probe_timeout``. A tier that cannot be listed is left out of the view
+and recorded as unreachable (metric, log): nothing is promoted into or out of it, retention deletes
+nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion
+rounds inside a pass) reuses the conflict records and the highest commit numbers of the look before
+where a tier has changed: fewer requests to slow tiers (that listing is not kept).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierstore.errors import TierMisconfiguredError, TierstoreError
 from tierstore.promote.context import Context
-from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
+from tierstore.promote.discovery import SeenCopy, discover, foreign_parts, index_of, indexed
 from tierstore.promote.policy import Copy, Deletion
 from tierstore.promote.views import TierView, TierViews
 from tierstore.records.changes import read_stamp
 from tierstore.records.conflicts import Conflict, read_conflicts
+from tierstore.records.index import read_index, write_index
 from tierstore.records.log import highest_in
 from tierstore.records.parts import PartRecord
 from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
 
 Parts = Mapping[str, Mapping[str, Sequence[PartRecord]]]
 """``{id: {generation: part records}}``: this node's parts of saves coordinated elsewhere."""
@@ -86,6 +94,34 @@ def owned(ctx: Context) -> frozenset[str]:
     return frozenset(t.name for t in ctx.tiers if t.node_local) | ctx.keepers.kept()
 
 
+def _from_keeper(
+    tier: Tier, token: bytes | None, views: TierViews, started: float
+) -> tuple[TierView, bool] | None:
+    """For a tier another promoter keeps, whose stamp moved on (``token``): its keeper's index when
+    it was made after that stamp (a fresh view, to keep), else the listing kept while the keeper
+    has not indexed the change yet (reused); None: list it (no usable index, no kept listing, or a
+    full listing due)."""
+    index = read_index(tier)
+    if index is None:  # a keeper that writes none (an older release), or a damaged one
+        return None
+    if index.token == token or index.token == (token := read_stamp(tier)):  # the lease's may lag
+        found = indexed(index)
+        return TierView(token, started, found, index.highest, index.conflicts), False
+    behind = views.behind(tier.name)
+    return None if behind is None else (behind, True)
+
+
+def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
+    """Write the index of a tier this promoter keeps, from the listing it just made; fenced by the
+    lease, best effort (a reader without it lists the tier)."""
+    index = index_of(listed.token, listed.found, listed.highest, listed.conflicts)
+    try:
+        if ctx.keepers.fence(tier.name):
+            ctx.prober.ask(tier, functools.partial(write_index, tier, index), what="write its index")
+    except (TierstoreError, OSError) as exc:
+        logger.warning("cannot write the index of tier %s (its watchers list it): %s", tier.name, exc)
+
+
 def first_view(ctx: Context) -> View:
     """The view before any look: nothing listed yet; the tiers owned now."""
     return View(owned(ctx))
@@ -103,12 +139,15 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
 
         def listing(tier: Tier = tier) -> tuple[TierView, bool]:
             started = time.monotonic()
+            watched = tier.name in kept_elsewhere and not full
             # Read before anything it covers is listed (records/changes.py); of a tier another
             # promoter keeps, the lease read anyway names it (read by the keeper before renewing).
             token = kept_elsewhere[tier.name] if tier.name in kept_elsewhere else read_stamp(tier)
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
                 return kept, True
+            if watched and (from_keeper := _from_keeper(tier, token, views, started)) is not None:
+                return from_keeper
             known = None if refresh else prior.conflicts.get(tier.name)
             records = read_conflicts(tier) if known is None else list(known)
             top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
@@ -128,6 +167,8 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             reused.add(tier.name)
         elif refresh:
             views.keep(tier.name, listed)
+            if tier.name in ctx.keepers.kept():  # its watchers read this instead of listing
+                _publish_index(ctx, tier, listed)
         else:  # made with the pass's first log and conflict records: not a listing to keep
             views.forget(tier.name)
         found[tier.name], highest[tier.name] = listed.found, listed.highest

@@ -60,14 +60,18 @@ class TierViews:
 
     def reusable(self, tier_name: str, token: bytes | None) -> TierView | None:
         """The listing kept of ``tier_name`` if the stamp just read (``token``) is the one read
-        before it and a full listing is not due; else None (and it is forgotten)."""
+        before it and a full listing is not due; else None."""
         view = self._views.get(tier_name)
-        if view is None:
-            return None
-        if view.token != token or time.monotonic() - view.listed_at >= self.full_scan:
-            del self._views[tier_name]
+        if view is None or view.token != token or time.monotonic() - view.listed_at >= self.full_scan:
             return None
         return view
+
+    def behind(self, tier_name: str) -> TierView | None:
+        """The listing kept of ``tier_name`` though its stamp moved on, while a full listing is not
+        due; else None. For a tier another promoter keeps, until its index shows the change
+        (:mod:`tierstore.records.index`), whose token is checked against the stamp again at the next look."""
+        view = self._views.get(tier_name)
+        return None if view is None or time.monotonic() - view.listed_at >= self.full_scan else view
 
     def keep(self, tier_name: str, view: TierView) -> None:
         """Keep ``view`` as the tier's listing (made after reading ``view.token``)."""

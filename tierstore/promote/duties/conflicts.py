@@ -11,9 +11,10 @@ dropped, and promotion of the copy, if it still belongs below, resumes at the ne
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from tierstore.errors import TierstoreError
-from tierstore.promote.discovery import SeenCopy
+from tierstore.promote.discovery import SeenCopy, marker_of
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.view import View
 from tierstore.records.conflicts import Conflict, clear_conflict, record_conflict
@@ -62,15 +63,17 @@ def run(view: View, ctx: Context) -> Outcome:
         for lower in ctx.tiers[upper_index + 1 :]:
             for checkpoint_id, seen in found[upper.name].items():
                 there = found.get(lower.name, {}).get(checkpoint_id)
-                if there is None or there.manifest is None or seen.manifest is None:
+                if there is None or not there.committed or not seen.committed:
                     continue
                 if there.copy.generation == seen.copy.generation or lower.name in seen.copy.conflicts:
                     continue
-                verdict, _why = judge_promotion(
-                    seen.manifest, there.manifest, source_tier=upper.name, target=lower.name
-                )
+                markers = _markers(ctx, (upper, seen), (lower, there))
+                if markers is None:
+                    continue
+                mine, theirs = markers
+                verdict, _why = judge_promotion(mine, theirs, source_tier=upper.name, target=lower.name)
                 if verdict is Verdict.CONFLICT:
-                    new = report(upper, lower, seen, there.manifest)
+                    new = report(upper, lower, dataclasses.replace(seen, manifest=mine), theirs)
                     if new is not None:
                         records.setdefault(upper.name, []).append(new)
                     # retention in this very pass must keep it too
@@ -81,6 +84,20 @@ def run(view: View, ctx: Context) -> Outcome:
             _settle(tier, records.setdefault(tier.name, []), found, ctx)
     conflicts = {name: tuple(known) for name, known in records.items()}
     return Outcome(view=dataclasses.replace(view, found=found, conflicts=conflicts))
+
+
+def _markers(ctx: Context, *copies: tuple[Tier, SeenCopy]) -> tuple[Manifest, Manifest] | None:
+    """The manifests of two committed copies; a copy seen through its keeper's index has its
+    marker read now (within ``probe_timeout``). None, with a warning, when one cannot be read."""
+    manifests = []
+    for tier, seen in copies:
+        try:
+            read = functools.partial(marker_of, seen, tier, ctx.trust)
+            manifests.append(ctx.prober.ask(tier, read, what=f"read the marker of {seen.copy.checkpoint_id}"))
+        except (TierstoreError, OSError) as exc:
+            logger.warning("cannot read the marker of %s in %s: %s", seen.copy.checkpoint_id, tier.name, exc)
+            return None
+    return manifests[0], manifests[1]
 
 
 def _settle(

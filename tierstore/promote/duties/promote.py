@@ -8,11 +8,14 @@ checkpoint moves as many tiers as there are in one pass.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
+from tierstore.promote.discovery import marker_of
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.duties.conflicts import report
 from tierstore.promote.job import PromotionJob
@@ -72,6 +75,12 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     fence = None if source.node_local else lambda: ctx.keepers.fence(target.name)  # the keeper's work
     if fence is not None and not fence():
         return Outcome()
+    if seen.committed and seen.manifest is None:  # seen through the source's index: read its marker
+        try:
+            read = functools.partial(marker_of, seen, source, ctx.trust)
+            seen = dataclasses.replace(seen, manifest=ctx.prober.ask(source, read, what="read a marker"))
+        except (TierstoreError, OSError) as exc:
+            return Outcome(forget=frozenset({source.name}), failed=((promotion, str(exc)),))
     job = PromotionJob(
         source,
         target,

@@ -18,8 +18,7 @@ _NEVER = float("inf")
 
 
 def _started(seen: SeenCopy) -> float:
-    assert seen.manifest is not None
-    return float(seen.manifest.timings.get("started_at") or seen.copy.committed_at)
+    return seen.started_at or seen.copy.committed_at
 
 
 class Report:
@@ -40,7 +39,7 @@ class Report:
         yet, the recovery-point lag runs from the oldest checkpoint this node has seen committed
         anywhere: all the work since then is what a loss would redo, not 0."""
         for tier in ctx.tiers:
-            starts = [_started(s) for s in view.found.get(tier.name, {}).values() if s.manifest is not None]
+            starts = [_started(s) for s in view.found.get(tier.name, {}).values() if s.committed]
             if starts:
                 self._newest_starts[tier.name] = max(starts)
                 self._oldest_start = min([self._oldest_start, *starts])

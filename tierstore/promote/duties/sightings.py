@@ -32,7 +32,7 @@ class Sightings:
             for seen_name, seen in view.found.items():
                 if seen_name == tier.name:
                     continue
-                ids = {i: (s.copy.seq, s.copy.generation) for i, s in seen.items() if s.manifest is not None}
+                ids = {i: (s.copy.seq, s.copy.generation) for i, s in seen.items() if s.committed}
                 highest = max([view.highest.get(seen_name, 0), *(seq or 0 for seq, _gen in ids.values())])
                 sighting = Sighting(seen_name, highest, ids)
                 key = (tier.name, seen_name)

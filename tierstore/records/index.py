@@ -1,0 +1,111 @@
+"""A job-wide tier's index, ``.tierstore/index.json``: its keeper's last listing of it, so that the
+other nodes' promoters read one record instead of listing the tier.
+
+Listing a tier that keeps 10,000 checkpoints costs pages of LIST requests; 1,250 nodes doing it after
+every change is far more than a store serves. The keeper of a job-wide tier
+(:mod:`tierstore.promote.keeper`) lists it anyway; after each fresh listing it writes what the
+listing showed here, with the change stamp's token it read *before* that listing
+(:mod:`tierstore.records.changes`). A node that reads the stamp and then finds the same token in the
+index holds what a listing of its own made at that moment would show, or something newer: every
+change missing from the index completed after the token was read, and its stamp, written after it,
+would have replaced the token. A token that differs means the keeper has not indexed the latest
+change yet: the reader waits for it (:mod:`tierstore.promote.view`).
+
+Best effort: an index that is absent, damaged or of another format is no index, and a reader lists
+the tier as before. Writing it does not stamp the tier (a promoter does not list it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import zlib
+from dataclasses import asdict, dataclass
+
+from tierstore.ids import INDEX_PATH
+from tierstore.records.conflicts import Conflict
+from tierstore.tiers import Tier
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "tierstore.index/1"
+
+
+@dataclass(frozen=True)
+class IndexedCopy:
+    """One committed copy in the tier: what its marker says that a promoter decides by."""
+
+    checkpoint_id: str
+    seq: int | None
+    step: int | None
+    committed_at: float
+    generation: str
+    source: str = ""
+    """The tier it was promoted from (the marker's provenance; '' for a save's own commit)."""
+    overwrite: bool | None = None
+    unseen_tiers: tuple[str, ...] = ()
+    started_at: float | None = None
+    """When its save started (the marker's ``timings``), if it says."""
+
+
+@dataclass(frozen=True)
+class Index:
+    """What the keeper's listing of the tier showed (see the module docstring)."""
+
+    token: bytes | None
+    """The change stamp read before that listing (None: the tier had none)."""
+    highest: int
+    """The highest number in the tier's commit log."""
+    conflicts: tuple[Conflict, ...]
+    copies: tuple[IndexedCopy, ...]
+
+
+def encode(index: Index) -> bytes:
+    """The record's bytes: JSON, one row per copy, compressed."""
+    body = {
+        "format": FORMAT,
+        "token": None if index.token is None else index.token.hex(),
+        "highest": index.highest,
+        "conflicts": [asdict(c) for c in index.conflicts],
+        "copies": [[*asdict(c).values()] for c in index.copies],
+    }
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode())
+
+
+def decode(blob: bytes) -> Index:
+    """The index ``blob`` holds; ``ValueError`` when it is damaged or of another format."""
+    try:
+        body = json.loads(zlib.decompress(blob))
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError(f"expected format {FORMAT!r}")
+        token = body["token"]
+        rows = (IndexedCopy(*row) for row in body["copies"])
+        copies = [dataclasses.replace(c, unseen_tiers=tuple(c.unseen_tiers)) for c in rows]
+        return Index(
+            None if token is None else bytes.fromhex(token),
+            int(body["highest"]),
+            tuple(Conflict(**c) for c in body["conflicts"]),
+            tuple(copies),
+        )
+    except (zlib.error, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"damaged index: {exc}") from exc
+
+
+def write_index(tier: Tier, index: Index) -> None:
+    """Replace ``tier``'s index (its keeper only, fenced by its lease). Raises what the tier raises."""
+    tier.publish(INDEX_PATH, encode(index), create_only=False)
+
+
+def read_index(tier: Tier) -> Index | None:
+    """``tier``'s index; None when there is none or it cannot be used (damaged, another format:
+    logged). Raises what the tier raises (an unreachable tier)."""
+    try:
+        blob = tier.read_bytes(INDEX_PATH)
+    except FileNotFoundError:
+        return None
+    try:
+        return decode(blob)
+    except ValueError as exc:  # json's and bytes.fromhex's errors are ValueErrors too
+        logger.warning("ignoring the index of tier %s (it is listed instead): %s", tier.describe(), exc)
+        return None
