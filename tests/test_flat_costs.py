@@ -336,6 +336,7 @@ def _index_as_the_keeper(job: Job, tier_name: str) -> Index:
     return index_of(token, found, highest_in(tier), records)
 
 
+@pytest.mark.slow  # ~15 s and ~65 s: jobs of 100 and 1,000 retained in four tiers, a lease waited out
 @pytest.mark.parametrize("retained", [100, 1000])
 def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a_listing(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path, retained: int
