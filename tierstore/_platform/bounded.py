@@ -74,14 +74,7 @@ class Prober:
 
             future.add_done_callback(undo)
         doing = f" to {what}" if what else ""
-        error = TierUnavailableError(
-            f"tier {tier.name}: no answer{doing} within {self.timeout:g}s (probe_timeout);"
-            " treated as unreachable",
-            tier=tier.name,
-            outage=True,
-        )
-        view.failed(tier, error)
-        raise error from None
+        raise _unanswered(tier, view, f"no answer{doing} within {self.timeout:g}s") from None
 
     def watch(self, tier: Probed, work: Callable[[Callable[[int], None]], T], *, what: str) -> T:
         """``work(progress)`` on a daemon thread for as long as it makes progress: it calls
@@ -98,15 +91,17 @@ class Prober:
         future = _on_a_thread(lambda: work(progress), f"tierstore-watch-{tier.name}")
         while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
             if time.monotonic() - beat[0] >= self.timeout and not future.done():  # done just now: use it
-                error = TierUnavailableError(
-                    f"tier {tier.name}: no progress to {what} for {self.timeout:g}s (probe_timeout);"
-                    " treated as unreachable",
-                    tier=tier.name,
-                    outage=True,
-                )
-                view.failed(tier, error)
-                raise error
+                raise _unanswered(tier, view, f"no progress to {what} for {self.timeout:g}s")
         return _outcome(future, tier)
+
+
+def _unanswered(tier: Probed, view: health.TierHealth, missed: str) -> TierUnavailableError:
+    """The error for a tier that missed its deadline (``missed`` says which), told to the view."""
+    error = TierUnavailableError(
+        f"tier {tier.name}: {missed} (probe_timeout); treated as unreachable", tier=tier.name, outage=True
+    )
+    view.failed(tier, error)
+    return error
 
 
 def _on_a_thread(call: Callable[[], T], name: str) -> Future[T]:
