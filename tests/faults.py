@@ -18,6 +18,8 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
+from tests.http_faults import SHUTDOWN_POLL
+
 _ERRORS = {
     503: ("SlowDown", "Please reduce your request rate."),
     500: ("InternalError", "We encountered an internal error."),
@@ -115,7 +117,7 @@ class FaultyS3(ThreadedMotoServer):
             self._ip_address, self._port, self.faults, True, request_handler=MotoRequestHandler
         )
         self._server_ready_event.set()
-        self._server.serve_forever()
+        self._server.serve_forever(poll_interval=SHUTDOWN_POLL)
 
     @property
     def endpoint(self) -> str:

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tests.http_faults import SHUTDOWN_POLL
+
 _FILE_EVENTS = frozenset(
     {"open", "os.listdir", "os.scandir", "os.rename", "os.link", "os.remove", "os.mkdir", "os.rmdir"}
 )
@@ -70,7 +72,7 @@ class CountingS3:
             return app(environ, start_response)  # type: ignore[no-any-return]
 
         self._server = make_server("127.0.0.1", 0, counted, threaded=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True)
         self._thread.start()
         host, port = self._server.server_address[:2]
         self.endpoint = f"http://{host}:{port}"

@@ -125,6 +125,7 @@ def test_ls_reads_the_markers_of_the_page_it_shows(
     assert newest[1] == [f"step_{i * 100:08d}" for i in range(100, 95, -1)]
 
 
+@pytest.mark.slow  # ~4 s: a simulated job of 1,200 retained checkpoints in four tiers
 def test_a_claim_above_a_known_number_lists_only_the_log_after_it(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
 ) -> None:
@@ -261,6 +262,7 @@ def test_a_publish_checks_its_files_in_s3_by_listing_not_a_head_each(
     assert heads[1] < 8, "no HEAD per file"
 
 
+@pytest.mark.slow  # ~6 s: simulated jobs of 10 and 1,200 retained checkpoints in four tiers
 def test_latest_committed_and_the_start_up_look_list_the_log_only_above_the_head(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
 ) -> None:

@@ -10,13 +10,15 @@ entries, a promotion cut between its marker and its entry.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.simulated_job import manifest_for
 from tierstore import Catalog
-from tierstore.config import Config
+from tierstore.config import Config, config_from_dict
 from tierstore.ids import HEAD_PATH, commit_entry_path, marker_path, void_entry_path
 from tierstore.records.catalog import WINDOW
 from tierstore.records.log import Head, read_head
@@ -43,13 +45,9 @@ def _id(index: int) -> str:
     return f"step_{index * 100:08d}"
 
 
-@pytest.fixture
-def job(make_config: Callable[..., Config]) -> tuple[Config, Tier, Tier]:
+def _build(memory: Tier, local: Tier, ns: str) -> None:
     """``memory`` holds the newest three, ``local`` everything else, with the cases of the module
     docstring; each tier's head record says 1,203."""
-    config = make_config("memory", "local")
-    memory, local = config.make_tiers(node=0)
-    ns = config.namespace
     for index in range(1, COUNT + 1):
         if index not in (300, 1190):
             _commit(local, manifest_for(index, 1, ns))
@@ -74,6 +72,29 @@ def job(make_config: Callable[..., Config]) -> tuple[Config, Tier, Tier]:
     _commit(local, cut, logged=False)
     for tier in (memory, local):
         tier.publish(HEAD_PATH, Head(1203, logged=True).encode(), create_only=False)
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiers of :func:`_build`, made once per module (1,200 markers and entries take seconds)
+    and copied into each test's own roots."""
+    root = tmp_path_factory.mktemp("head-layout")
+    specs = [
+        {"name": kind, "type": kind, "path": str(root / kind / "{node}")} for kind in ("memory", "local")
+    ]
+    config = config_from_dict({"tiers": specs})
+    memory, local = config.make_tiers(node=0)
+    _build(memory, local, config.namespace)
+    return root
+
+
+@pytest.fixture
+def job(make_config: Callable[..., Config], layout: Path, tmp_path: Path) -> tuple[Config, Tier, Tier]:
+    """A test's own copy of :func:`layout`."""
+    for kind in ("memory", "local"):
+        shutil.copytree(layout / kind, tmp_path / kind, symlinks=True)
+    config = make_config("memory", "local")
+    memory, local = config.make_tiers(node=0)
     return config, memory, local
 
 
