@@ -144,16 +144,6 @@ class Forget:
 
 
 @dataclass(frozen=True)
-class Log:
-    """Log a commit number claimed elsewhere (a node's part of a multi-node save)."""
-
-    seq: int
-    checkpoint_id: str
-    generation: str
-    stamp: ClassVar[Stamp] = Stamp.ALWAYS
-
-
-@dataclass(frozen=True)
 class Confirm:
     """Rewrite this node's rank part records of a generation with its commit's final number."""
 
@@ -251,7 +241,6 @@ Op = (  # every operation the executor runs
     | Withdraw
     | Drop
     | Forget
-    | Log
     | Confirm
     | RecordParts
     | Discard
@@ -892,13 +881,6 @@ def _forget(view: View, event: Event) -> list[Effect]:
     return [*_forgets((op.entry,), op.top, lambda _entry: True), Done(None)]
 
 
-def _log(view: View, event: Event) -> list[Effect]:
-    op = view.op
-    assert isinstance(op, Log)
-    entry = PutEntry(op.seq, op.checkpoint_id, op.generation, create_only=False)
-    return [entry, RaiseHead(op.seq), Done(None)]
-
-
 def part_path(record: PartRecord) -> str:
     """Where a rank's part record lives (named by its first rank)."""
     return rank_part_path(record.checkpoint_id, record.generation, record.ranks[0])
@@ -986,7 +968,6 @@ _DECIDERS: dict[type, Callable[[View, Event], list[Effect]]] = {
     Withdraw: _withdraw,
     Drop: _drop,
     Forget: _forget,
-    Log: _log,
     Confirm: _confirm,
     RecordParts: _record_parts,
     Discard: _discard,
