@@ -1,19 +1,10 @@
 """The ``tierstore`` command: list, verify, export, promote and clean up checkpoints.
 
-Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``drill``, ``promote``, ``gc``, ``advise``.
-
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
-``verify`` and ``restore`` exit with 1 when a stored file does not match its marker.
-
-``restore ID --to DIR [--tier NAME] [--json]`` writes a committed checkpoint, from the fastest tier
-holding a complete copy this node can read (or the tier named), as a plain DCP directory that torch's
-own ``FileSystemReader`` loads: a node-local copy only when every file is on this node (in a mirrored
-memory tier, its own or its partner's mirror), else a job-wide tier; a copy that fails a check while
-it is converted gives way to the next tier (see :mod:`tierstore.dcp.tools.export`). ``drill`` restores the
-newest checkpoint of a tier in a separate job and trains a few steps from it
-(:mod:`tierstore.dcp.tools.drill`); it exits 1 when the drill fails. Both import torch only when they run:
-the other commands never load it.
+``verify`` and ``restore`` exit with 1 when a stored file does not match its marker. ``restore`` and
+``drill`` import torch only when they run: the other commands never load it. Each command:
+docs/operations.md, "The command line".
 """
 
 from __future__ import annotations
