@@ -275,17 +275,17 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
-    check_drill_arguments(  # before torch, whose import takes seconds
-        config,
-        entry=args.entry,
-        loss_log=args.loss_log,
-        world_size=args.world_size,
-        steps=args.steps,
-        tier=args.tier,
-        checkpoint_id=args.checkpoint,
-        tolerance=args.tolerance,
-        timeout_s=args.timeout,
-    )
+    checked: dict[str, Any] = {
+        "entry": args.entry,
+        "loss_log": args.loss_log,
+        "world_size": args.world_size,
+        "steps": args.steps,
+        "tier": args.tier,
+        "checkpoint_id": args.checkpoint,
+        "tolerance": args.tolerance,
+        "timeout_s": args.timeout,
+    }
+    check_drill_arguments(config, **checked)  # before torch, whose import takes seconds
     from tierstore.dcp.tools import run_drill  # loads torch: only for this command
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
@@ -293,20 +293,7 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     entry_args = list(args.entry_args)
     if entry_args[:1] == ["--"]:
         entry_args = entry_args[1:]
-    report = run_drill(
-        config,
-        entry=args.entry,
-        loss_log=args.loss_log,
-        world_size=args.world_size,
-        steps=args.steps,
-        tier=args.tier,
-        checkpoint_id=args.checkpoint,
-        argv=entry_args,
-        tolerance=args.tolerance,
-        timeout_s=args.timeout,
-        node=current_node(args.node),
-        verbose=args.verbose,
-    )
+    report = run_drill(config, **checked, argv=entry_args, node=current_node(args.node), verbose=args.verbose)
     lines = report.prometheus()
     if args.prom_file:
         write_text_atomically(args.prom_file, "\n".join(lines) + "\n")
