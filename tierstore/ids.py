@@ -1,29 +1,9 @@
 """Checkpoint ids, every tier-relative path, and what "newest" means: the only place paths are built.
 
-Layout inside each tier root (``<tier path or url>/<namespace>``)::
-
-    <id>/commit.json                 the commit marker, written last (see records/marker.py)
-    <id>/<generation>/.metadata      DCP's metadata for that save
-    <id>/<generation>/r00003-0.distcp data written by rank 3 (a few large files per rank)
-    <id>/<generation>/parts/...      per-node part records (multi-node promotion)
-    .tierstore/staging/<owner>/      a writer process's staging buffers (memory tiers)
-    .tierstore/activity/<kind>~<id>~<gen>~<token>.json   a save, promotion or restore at work
-                                     (see records/activity.py)
-    .tierstore/mirror/<id>/<gen>/... a partner node's files of that save, held as its peer mirror
-                                     (memory tiers with ``mirror``; see records/mirror.py)
-    <id>/<gen>/mirror/node00001.json whether node 1's files of that save reached their mirror
-    .tierstore/commits/<seq>~<id>~<gen>  the commit log (see records/log.py)
-    .tierstore/seen/<tier>.json      what the promoter last saw in another tier (records/sightings.py)
-    .tierstore/conflicts/<id>~<gen>~<tier>.json  a copy kept beside another content of its id in
-                                     that tier (see records/conflicts.py)
-    .tierstore/promoter/node00001.json  how node 1's promoter last fared (records/promoter_state.py)
-    .tierstore/changes               a random token rewritten after every change to what a promoter
-                                     lists (see records/changes.py)
-    .tierstore/index.json            a job-wide tier's keeper's last listing of it (records/index.py)
-
-A *generation* is one save attempt of an id. Data never overwrites a committed generation in place: an
-overwrite writes a new generation and swaps the marker, so the old copy stays loadable until the new one
-commits.
+The layout inside each tier root (``<tier path or url>/<namespace>``) is docs/design.md, "Layout
+inside a tier". A *generation* is one save attempt of an id. Data never overwrites a committed
+generation in place: an overwrite writes a new generation and swaps the marker, so the old copy stays
+loadable until the new one commits.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """This process's view of its tiers' health: one circuit breaker per tier, for every operation.
 
-A tier found unreachable — a question to it unanswered within ``probe_timeout`` (it accepts
-connections and never answers, a hung mount), or an outage its client reports (connection refused,
-5xx past its retries: :class:`~tierstore.errors.TierUnavailableError` with ``outage`` set) — is
-*open*: every later question of this process to it is answered at once with
-:class:`~tierstore.errors.TierUnavailableError`, whichever operation asks (``latest_committed``, a
-restore's tier choice and reads, a save's start-up look, ``ls``, ``status``, the promoter). So a
-restart pays a sick tier's deadline once, not once per operation, and the process says so in one
-log line, not one per operation.
-
-The way back is a background probe: a question to an open tier, once ``probe_timeout`` (at least
-:data:`RETRY_AFTER`) has passed since its last probe, starts one on a daemon thread (a cheap read:
-``tier.exists("")``, never a write) and waits for its answer, within ``probe_timeout``: when the
-probe answers, the tier is closed again and that question reaches it (a restore long after a blip
-is served); other questions are answered at once. Probes run only when someone asks: a process
-that asks nothing of a sick tier (a save into host memory) sends it nothing, and never more than
-one probe is in flight per tier, so a hung tier never accumulates threads (nor makes a later
-question wait: its probe stays in flight).
-
-The processes of one node share their verdicts (:mod:`tierstore._platform.node_verdicts`): a
-process that opens a breaker leaves the verdict for the node, the node's other processes (the
-other ranks, the promoter, a command) skip the tier at once on reading it, a probe that fails renews
-it, so the node re-probes about once a period, and a probe that finds the tier back removes it.
-
-Tiers are told apart by :attr:`Probed.health_key` (type, root and endpoint), not by name: two
-configurations in one process may call different stores ``s3``. A forked child starts with a
-fresh view (:class:`~tierstore._platform.runtime.ProcessLocal`).
+A tier that leaves a question unanswered within ``probe_timeout``, or whose client reports an outage
+(:class:`~tierstore.errors.TierUnavailableError` with ``outage`` set), is *open*: every later question
+of this process is answered at once as unreachable, so a restart pays a sick tier's deadline once. A
+question to an open tier starts a background probe (one in flight per tier, never a write), at most
+once per ``probe_timeout`` (at least :data:`RETRY_AFTER`); its answer closes the breaker. The node's
+processes share verdicts (:mod:`tierstore._platform.node_verdicts`); tiers are told apart by
+:attr:`Probed.health_key`, not by name. The whole contract: docs/design.md, "The health view".
 """
 
 from __future__ import annotations

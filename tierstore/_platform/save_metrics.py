@@ -1,27 +1,13 @@
 """Trainer-side metrics: each rank's save stall, write and commit times, bytes and outcomes.
 
-A node runs several ranks (torchrun), and ranks restart. A port per rank would collide and move;
-prometheus_client's multiprocess mode needs an environment variable set before it is imported and
-leaves files behind every pid. Instead each rank keeps one small file, ``rank-NNNNN.prom``, in
-Prometheus's text format (what node-exporter's textfile collector reads) in the configured
-``metrics.directory``, and the node's promoter serves every such file beside its own metrics on its
-``/metrics``: one scrape target per node, however many ranks it runs.
-
-Who writes what, when:
-
-- every rank, once per save, after its files are durable (:meth:`SaveRecorder.written`, or
-  :meth:`SaveRecorder.failed`): the stall measured on the trainer's thread, the time it took to write
-  its files, their bytes. With ``dcp.async_save`` this runs on the save's background thread (or in
-  DCP's checkpoint process), never on the trainer's; a plain ``dcp.save`` pays one small write to a
-  local file after its data is durable.
-- the coordinator, once the marker is published (:meth:`SaveRecorder.committed`): the save's commit
-  time (from the start of staging to the marker) and the commit count.
-
-A file is replaced through a temporary file and a rename (a scraper never reads half a file), under
-an advisory lock (two writers of one rank in one process cannot lose an update). Its counters go on
-from the values the file holds: a restarted rank carries on counting, and a save that runs in DCP's
-checkpoint process counts like one that runs in the trainer. Recording never fails a save: a file that
-cannot be written is logged once per recorder and skipped.
+A port per rank would collide and move, and prometheus_client's multiprocess mode needs an environment
+variable set before import and leaves files behind every pid. So each rank keeps one small file,
+``rank-NNNNN.prom`` (Prometheus text format) in ``metrics.directory``, which the node's promoter serves
+on its ``/metrics``. Every rank records after its files are durable (:meth:`SaveRecorder.written`,
+:meth:`SaveRecorder.failed`), never on the trainer's thread under ``dcp.async_save``; the coordinator
+once the marker is published (:meth:`SaveRecorder.committed`). A file is replaced through a rename,
+under an advisory lock; its counters go on from the values it holds; recording never fails a save. The
+series and where to put the directory: docs/operations.md, "Trainer-side metrics".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The ``tierstore`` command: list, verify, export, promote and clean up checkpoints.
 
-Commands: ``ls [--watch]``, ``verify [--all]``, ``restore``, ``drill``, ``promote``, ``gc``, ``advise``.
-
 ``tierstore --config FILE COMMAND ...`` (``--config`` defaults to ``$TIERSTORE_CONFIG``). Tables are for
 people; ``--json`` is for machines. Errors print one line, ``tierstore: error: ...``, and exit with 2;
-``verify`` and ``restore`` exit with 1 when a stored file does not match its marker.
-
-``restore ID --to DIR [--tier NAME] [--json]`` writes a committed checkpoint, from the fastest tier
-holding a complete copy this node can read (or the tier named), as a plain DCP directory that torch's
-own ``FileSystemReader`` loads: a node-local copy only when every file is on this node (in a mirrored
-memory tier, its own or its partner's mirror), else a job-wide tier; a copy that fails a check while
-it is converted gives way to the next tier (see :mod:`tierstore.dcp.tools.export`). ``drill`` restores the
-newest checkpoint of a tier in a separate job and trains a few steps from it
-(:mod:`tierstore.dcp.tools.drill`); it exits 1 when the drill fails. Both import torch only when they run:
-the other commands never load it.
+``verify`` and ``restore`` exit with 1 when a stored file does not match its marker. ``restore`` and
+``drill`` import torch only when they run: the other commands never load it. Each command:
+docs/operations.md, "The command line".
 """
 
 from __future__ import annotations
@@ -284,17 +275,17 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     """Restore a checkpoint in a separate job, train K steps, compare with the logged losses."""
-    check_drill_arguments(  # before torch, whose import takes seconds
-        config,
-        entry=args.entry,
-        loss_log=args.loss_log,
-        world_size=args.world_size,
-        steps=args.steps,
-        tier=args.tier,
-        checkpoint_id=args.checkpoint,
-        tolerance=args.tolerance,
-        timeout_s=args.timeout,
-    )
+    checked: dict[str, Any] = {
+        "entry": args.entry,
+        "loss_log": args.loss_log,
+        "world_size": args.world_size,
+        "steps": args.steps,
+        "tier": args.tier,
+        "checkpoint_id": args.checkpoint,
+        "tolerance": args.tolerance,
+        "timeout_s": args.timeout,
+    }
+    check_drill_arguments(config, **checked)  # before torch, whose import takes seconds
     from tierstore.dcp.tools import run_drill  # loads torch: only for this command
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stops the drill's ranks, removes its files
@@ -302,20 +293,7 @@ def cmd_drill(config: Config, args: argparse.Namespace) -> int:
     entry_args = list(args.entry_args)
     if entry_args[:1] == ["--"]:
         entry_args = entry_args[1:]
-    report = run_drill(
-        config,
-        entry=args.entry,
-        loss_log=args.loss_log,
-        world_size=args.world_size,
-        steps=args.steps,
-        tier=args.tier,
-        checkpoint_id=args.checkpoint,
-        argv=entry_args,
-        tolerance=args.tolerance,
-        timeout_s=args.timeout,
-        node=current_node(args.node),
-        verbose=args.verbose,
-    )
+    report = run_drill(config, **checked, argv=entry_args, node=current_node(args.node), verbose=args.verbose)
     lines = report.prometheus()
     if args.prom_file:
         write_text_atomically(args.prom_file, "\n".join(lines) + "\n")

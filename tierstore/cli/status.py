@@ -1,23 +1,10 @@
 """``tierstore status``: how each tier, each node's mirror and each node's promoter stand, in one look.
 
-For every tier: whether it answers (within ``probe_timeout``), how many checkpoints it holds against its
-retention, its bytes against the space of the filesystem under it, its newest committed checkpoint and
-how old that checkpoint's data is (the tier's *lag*: how much training a restore from it would redo).
-Then the recovery point (the newest durable checkpoint, the last tier's newest, and its lag), the peer
-mirror of each node's part of the newest checkpoint in each mirrored tier, and each node's promoter
-(from the record it leaves at every pass, :mod:`tierstore.records.promoter_state`).
-
-A finished run's last checkpoint that never reached the durable tier is a problem too: with
-``promote.every: k`` only every k-th commit is copied there, so a run ending between two leaves its
-last state in the fast tiers only. The run counts as ended (see :func:`idle_bound`) once nothing was
-committed for three times its usual gap between saves, and for at least ten promoter intervals.
-
-Node-local tiers are shown for each node asked for (``--nodes``; by default this node's): where one
-node cannot see another's memory or disk, ask on that node. Job-wide tiers are listed once.
-
-Nothing here writes (the CLI loads the configuration without creating tier directories for it);
-every question to a tier is bounded by ``probe_timeout``, so a hung tier is reported, never waited
-for.
+What each row and problem means: docs/operations.md, "Status at a glance". A run counts as ended (see
+:func:`idle_bound`) once nothing was committed for three times its usual gap between saves, and for at
+least ten promoter intervals. Nothing here writes (the CLI loads the configuration without creating
+tier directories for it); every question to a tier is bounded by ``probe_timeout``, so a hung tier is
+reported, never waited for.
 """
 
 from __future__ import annotations

@@ -10,19 +10,10 @@
         manager.maybe_save(step)               # when due, or at once after SIGTERM/SIGUSR1
     manager.close(step)                        # the last state saved, durable in the last tier
 
-*When* a save is due: every ``every_steps`` steps, every ``every_seconds`` seconds, or — with ``mtbf``
-(the job's mean time between failures, seconds) — at Daly's interval from the stalls the manager
-measured (:mod:`tierstore.interval`), whichever comes first; ranks agree on it (one small all-reduce on
-the manager's own gloo group), so every rank saves the same step. A save waits for the previous one
-(its error is raised here, not lost) and runs as ``dcp.async_save`` (``async_mode``: ``thread`` or
-``process``) or ``dcp.save`` (None).
-
-*Pre-emption*: a ``SIGTERM`` or ``SIGUSR1`` (``stop_signals``) received by any rank makes the next
-:meth:`maybe_save` save on every rank, synchronously, and :attr:`should_stop` true. *The end*:
-:meth:`close` waits, then writes the last state straight into the last (durable) tier and confirms
-its marker there: the promoter copies only every ``promote.every``-th commit to that tier, and may
-not outlive the job. ``durable=False`` only saves the last step if its save has not committed (a
-pre-empted run whose grace period is too short for the slow tier: the fastest resumes it soonest).
+A save is due every ``every_steps`` steps, every ``every_seconds`` seconds, or at Daly's interval from
+the measured stalls (``mtbf``, :mod:`tierstore.interval`), whichever comes first; the ranks agree on it
+(one small all-reduce on the manager's own gloo group), so every rank saves the same step. Pre-emption,
+the durable end and every argument: docs/usage.md, "CheckpointManager".
 """
 
 from __future__ import annotations

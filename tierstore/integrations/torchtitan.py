@@ -7,33 +7,9 @@ The one change in a torchtitan config (a ``config_registry`` function)::
 
     checkpoint=TieredCheckpointManager.Config(interval=500, ...)   # was CheckpointManager.Config(...)
 
-The tierstore configuration is the YAML file named by ``tierstore_config`` (default:
-``$TIERSTORE_CONFIG``, else ``tierstore.yaml`` in the working directory; also
-``--checkpoint.tierstore-config`` on torchtitan's command line). The trainer is unchanged: it builds
-the manager from its config and calls ``load(step)``, ``save(curr_step, last_step)``,
-``maybe_wait_for_staging()`` and ``close()`` as it does torchtitan's own.
-
-torchtitan's fields, as honoured here (docs/usage.md, "torchtitan", says the same):
-
-* ``interval``, ``enable_first_step_checkpoint``, ``load_only``, ``exclude_from_loading``: as in
-  torchtitan.
-* ``async_mode``: ``disabled`` is ``dcp.save``; ``async`` is ``dcp.async_save`` on a thread (the state
-  is copied into tierstore's host buffers before ``save`` returns); ``async_with_pinned_mem`` is
-  ``dcp.async_save`` in a process with tierstore's overlapped staging (``staging_completion`` is what
-  ``maybe_wait_for_staging`` waits for). The previous save is waited for before the next begins.
-* ``load_step``: ``-1`` resumes the newest checkpoint the job can restore (:func:`latest_committed`,
-  whatever tier holds it); ``N`` loads step ``N`` (its model-only final save when that is all there
-  is). After an explicit ``load_step`` the run may save the same steps again: they are overwritten.
-* ``last_save_model_only`` and ``export_dtype``: the final save holds only the model, its floating
-  tensors cast to ``export_dtype``, under the id ``step_NNNNNNNN-model`` (a resume never mistakes it
-  for training state). The final save is written into the *last* tier and its marker confirmed there
-  (``durable_last_save``, on by default): promotion copies only every ``promote.every``-th commit.
-* ``keep_latest_k``: not applied. Retention is each tier's ``keep`` in the tierstore YAML (a memory
-  tier keeps fewer than S3); a value that differs from a tier's ``keep`` is warned about once.
-* ``folder``: unused (the tiers name where checkpoints live). ``initial_load_path`` (a plain DCP
-  directory) is loaded when tierstore holds no checkpoint, honouring ``initial_load_model_only``.
-* Refused at configuration: ``last_save_in_hf``, ``initial_load_in_hf`` (tierstore stores DCP's
-  format, not safetensors).
+The trainer is unchanged: it calls ``load(step)``, ``save(curr_step, last_step)``,
+``maybe_wait_for_staging()`` and ``close()`` as it does torchtitan's own. How each torchtitan field is
+honoured, and where the tierstore YAML comes from: docs/usage.md, "torchtitan".
 """
 
 from __future__ import annotations

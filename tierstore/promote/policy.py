@@ -1,20 +1,9 @@
 """Promotion and retention rules: pure functions of what each tier holds, no I/O.
 
-**Which checkpoints reach which tier.** Every checkpoint carries ``seq``, its number in commit order
-(1, 2, 3, ... within a namespace; see :mod:`tierstore.dcp.save.writer`). A checkpoint reaches tier ``j``
-(after the first) when ``seq % every_j == 0``, where ``every_j`` is the tier's own ``every:``, else
-``promote.every`` for the last (durable) tier, else 1. It is copied from the tier right above ``j``
-(after that tier has it), or from the nearest tier above holding it when the tier right above does
-not take it. A checkpoint without ``seq`` only flows where ``every_j == 1``. Nothing is promoted
-into a tier whose retention would delete it at once.
-
-**Retention, per tier.** Keep the ``keep`` newest (all if ``keep`` is unset), every step that is a
-multiple of ``keep_every``, and every id in ``pin``; delete the rest, except that a tier never deletes:
-its newest checkpoint; a checkpoint still waiting to be promoted to a tier below it (while the durable
-tier is unreachable or refuses writes, only the newest one it lacks: saves keep committing); the last
-copy in a durable (job-wide) tier of a checkpoint that some tier keeps; a checkpoint in use (being read
-or promoted); a copy in conflict with another content of its id below (both are kept until settled).
-Deletion removes the marker first, then the data (see :mod:`tierstore.records.protocol`).
+Which checkpoint reaches which tier (``seq % every_j == 0``, copied from the tier right above or the
+nearest above holding it) and what retention keeps in each tier (``keep``, ``keep_every``, ``pin``, and
+what a tier never deletes) are docs/operations.md, "Promotion" and "Retention". Deletion removes the
+marker first, then the data (see :mod:`tierstore.records.protocol`).
 """
 
 from __future__ import annotations

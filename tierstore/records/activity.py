@@ -1,22 +1,13 @@
 """Activity records: who may still write or read a generation, known explicitly, never guessed.
 
-Cleanup must not touch what anyone may still write (a save in flight, a promotion copying into a
-tier) or read (a restore). File times cannot tell: temp files and multipart uploads are invisible, a
-straggler rank writes late, a reader holds files open. So each of them holds an *activity record* in
-the tier it works on, ``.tierstore/activity/<kind>~<id>~<generation>~<token>.json``:
-
-* ``write``: a save's coordinator, from choosing the generation until its marker is published;
-* ``promote``: a promoter, while it copies a generation into the tier and publishes its marker;
-* ``read``: every reading rank, from before the restore chooses its tier until its data is read.
-
-A record lives while its holder refreshes it: :data:`HEARTBEAT` rewrites every held record each
-``ttl / 4`` seconds (``promote.activity_ttl`` in the YAML, 60 s by default), and a record whose last
-write is older than ``ttl`` is the leftover of a holder that died (cleanup removes it after twice
-that). Liveness compares the record's modification time, as the tier stamps it, with the tier's own
-clock (:func:`tierstore.records.clock.tier_now`), never with this host's clock nor a pid: a sidecar in
-another PID namespace, container or node, or on a host whose clock is hours off, judges the same way.
-Holding a record costs one small write per refresh; a failed refresh (the tier briefly unreachable)
-is logged, and the next one retries.
+Cleanup must not touch what anyone may still write or read, and file times cannot tell: temp files
+and multipart uploads are invisible, a straggler rank writes late, a reader holds files open. So each
+holds an activity record, ``.tierstore/activity/<kind>~<id>~<generation>~<token>.json`` (``write``,
+``promote``, ``read``: docs/operations.md, "Activity records"), rewritten by :data:`HEARTBEAT` every
+``ttl / 4``. Liveness compares the record's time, as the tier stamps it, with the tier's own clock
+(:func:`tierstore.records.clock.tier_now`), never with this host's clock nor a pid: a sidecar in
+another PID namespace, container or node judges the same way. A failed refresh is logged, and the
+next one retries.
 """
 
 from __future__ import annotations

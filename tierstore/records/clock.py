@@ -1,23 +1,12 @@
 """The tier's clock: what time it is *where the file times are stamped*, so that no age compares two
 hosts' clocks.
 
-Cleanup and retention judge ages: an activity record not refreshed for ``activity_ttl`` belongs to a
-holder that is gone; a leftover untouched for ``stale_after`` is abandoned. Each age is ``now`` minus a
-file time, and the file time was stamped by the tier: a node's kernel for ``memory`` and ``local``,
-the server for S3 (``LastModified``) and NFS. Taking ``now`` from this host's ``time.time()`` would mix
-two clocks: a promoter whose clock runs an hour ahead of the tier would see a live save's record, last
-refreshed seconds ago, as an hour old, and its files as abandoned. So every age that can lead to a
-deletion takes ``now`` from the tier itself (:func:`tier_now`): a small probe file written there, its
-time read back, the probe deleted. The observer's own clock then does not matter at all.
-
-What stays clock-dependent: a shared filesystem whose *clients* stamp file times (Lustre does) stamps
-each file with its writer's clock, the probe included; there the clocks of the hosts writing the tier
-must agree within half of ``activity_ttl`` (see docs/operations.md, "Clocks"), as such filesystems
-require anyway. Where a process orders its own knowledge against a record another host wrote (a
-promoter's sighting against its own start-up look), it reads the record's time as the tier stamped
-it, moved onto its own clock (:func:`clock_offset`), never the time the writer put inside. Times
-written inside records (a marker's ``committed_at``, a sighting's ``seen_at`` as written) are for
-people and metrics.
+Every age that can lead to a deletion (an activity record's, a leftover's) is ``now`` minus a file time
+the tier stamped, so ``now`` is taken from the tier itself (:func:`tier_now`): a small probe file
+written there, its time read back, the probe deleted. Where a process orders its own knowledge against
+a record another host wrote, it reads the record's time as the tier stamped it, moved onto its own
+clock (:func:`clock_offset`). Times written inside records are for people and metrics. The limit
+(filesystems whose clients stamp file times): docs/operations.md, "Clocks".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The keeper lease of a job-wide tier: which one promoter of the job lists, promotes out of,
-retains and cleans a shared or S3 tier (DESIGN.md, "One keeper per job-wide tier").
+retains and cleans a shared or S3 tier.
 
-The lease lives in the tier it is about, one record per *epoch*:
-``.tierstore/keeper/lease-<epoch>.json``, naming its holder (node, host, process) and a renewal
-counter. A promoter takes epoch ``n + 1`` by publishing its record create-only (``link()``,
-``If-None-Match: *``): of any number of promoters trying, one wins, and it reads its record back
-(moto's create-only PUT can let two win; the last writer's content names the one holder). Only the
-holder rewrites its epoch's record, raising the counter (a renewal). Epochs are taken one after the
-other (epoch ``n + 1`` only by one who saw epoch ``n``), so *no higher epoch exists* is one request:
-does ``lease-<n + 1>`` exist.
-
-When to take over is decided by :func:`claim_reason`, on the watcher's own monotonic clock only:
-the clocks of two machines are never compared. A watcher restarts its timer whenever the counter it
-reads changes; once it has read the same counter for ``duration`` seconds, the holder stopped
-renewing. The holder acts only before its own deadline, ``duration`` less a margin after the start
-of its last successful renewal, and only after checking that no higher epoch exists (fencing,
-:mod:`tierstore.promote.keeper`): a watcher's timer starts after that renewal started, so by the
-time anyone may take over, the holder's deadline has passed.
+One record per *epoch*, ``.tierstore/keeper/lease-<epoch>.json``, taken create-only in order, renewed
+by its holder only; taking, renewing, taking over and fencing are docs/design.md, "One keeper per
+job-wide tier". When to take over is decided by :func:`claim_reason`, on the watcher's own monotonic
+clock only: a watcher's timer starts after the holder's last renewal started, so by the time anyone
+may take over, the holder's deadline (:mod:`tierstore.promote.keeper`) has passed.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The commit log: a monotonic sequence per namespace, the only thing that decides what is newest.
 
-Every commit takes the next sequence number: one more than the highest its writer knows of (its own
-tier's log, what the promoter saw elsewhere, what its process read at start-up), claimed create-only
-in the target tier as the number's void entry (``<seq>~void``, a name exclusive to the number), then
-named by ``.tierstore/commits/<seq>~<id>~<generation>`` (an empty object), so two writers cannot take
-the same number in one tier (:func:`tierstore.records.protocol.claim`). The entry travels
-with the copy: a promotion that publishes a marker writes the same entry in its target, a drop deletes
-it with the copy. One listing of the directory orders every commit in a tier, without reading a marker.
-
-**The head record** (``.tierstore/head``, :class:`Head`) is a hint of the log's highest number, kept
-by the protocol after each operation that logs one (:func:`tierstore.records.protocol.run`): readers
-list the log only above a floor under it, so a restart's look costs a few requests at any retained
-count. It is never trusted for order: everything above the floor is listed whatever the record
-says; a stale, missing or damaged record only makes a reader list more. A promotion raises it
-*before* its marker (its entry follows the marker): a cut between the two leaves the head above
-every number in the log (a drop keeps the highest as a void entry, so the log never goes below
-a number it held), which tells a reader that a marker may be unlogged: it lists the whole tier.
-
-Why not the step in the id, or a clock: after a rollback (resuming from an older checkpoint after a
-loss spike) the new saves must be newer than the abandoned ones although their steps are lower; ids
-such as ``final`` or ``step100_20240601`` carry no usable step; clocks of two coordinators disagree.
-Why more than the target's own log: the first tier may be wiped (a node replaced), a save may go
-straight to a lower tier (``tier=``); the lower tiers still hold their entries, and the writer learns
-their highest number from the promoter's sightings or its start-up look, so numbers keep growing.
+Every commit takes the next sequence number above the highest its writer knows, claimed create-only
+in the target tier as ``<seq>~void``, then named by ``.tierstore/commits/<seq>~<id>~<generation>`` (an
+empty object; :func:`tierstore.records.protocol.claim`). The entry travels with the copy: a promotion
+writes it in its target, a drop deletes it. One listing of the directory orders every commit in a
+tier, without reading a marker. Why a log and not the step or a clock, and what the head record
+(:class:`Head`, a hint readers list above; never trusted for order) promises: docs/design.md, "The
+rules that hold" (2) and "Layout inside a tier".
 """
 
 from __future__ import annotations

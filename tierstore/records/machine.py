@@ -11,26 +11,12 @@ directly and interleave the effects of concurrent actors.
 
 An effect that *asks* (a read, or a write whose outcome decides what follows) is always the last of its
 list. Effects that only write never ask: their failures reach the operation's caller as the tier raised
-them. The ordering rules, each written once here and each with a test that fails when it breaks:
-
-* **claim** — the next number above everything known, create-only as its void entry, then named;
-  then the tier's head record raised to it (a hint for readers, never read by a decision).
-* **publish** — (1) every named file present at its size; (2) the marker, create-only unless it
-  replaces (a replacing marker's number is logged before it, after the replaced generation's own;
-  a logging publish raises the head record before it: a cut before its entry shows there);
-  (3) the files checked again, the marker withdrawn over a hole; (4) the number logged; (5) the
-  replaced generation dropped.
-* **drop** — (0) a ``drop`` activity record, held to the end, before it asks anything; a retirement
-  gives way where the log holds a newer number of the id (an overwrite or promotion of it is on its
-  way and drops this generation itself: a marker's read and delete are not atomic, and the delete
-  must not take the newer commit's marker); (1) the marker, if it names the generation; (2) its log
-  entries (never the tier's highest number: a void entry keeps it); (3) its part records; (4) asked
-  again: a marker naming it or a live activity record keeps the data; (5) the data, then the id's
-  directory if empty. A promotion, which may copy a generation a drop is removing (a killed
-  promotion's leftover, copied again), asks for ``drop`` records after it announced itself and
-  before it checks its files: of the two, one always sees the other.
-* **mirror** — its files checked, the owner's marker copied, the mirror marker last, checked again;
-  retired marker first, files only when no other owner's mirror names them and no restore reads them.
+them. The ordering rules of claim, publish and drop are docs/design.md, "The commit protocol"; each is
+written once here, with a test that fails when it breaks. Beyond what it says: a replacing marker's
+number is logged before the marker, after the replaced generation's own; a logging publish raises the
+head record before its marker (a cut before its entry shows there). **mirror**: its files checked, the owner's
+marker copied, the mirror marker last, checked again; retired marker first, files only when no other
+owner's mirror names them and no restore reads them.
 """
 
 from __future__ import annotations
@@ -144,16 +130,6 @@ class Forget:
 
 
 @dataclass(frozen=True)
-class Log:
-    """Log a commit number claimed elsewhere (a node's part of a multi-node save)."""
-
-    seq: int
-    checkpoint_id: str
-    generation: str
-    stamp: ClassVar[Stamp] = Stamp.ALWAYS
-
-
-@dataclass(frozen=True)
 class Confirm:
     """Rewrite this node's rank part records of a generation with its commit's final number."""
 
@@ -251,7 +227,6 @@ Op = (  # every operation the executor runs
     | Withdraw
     | Drop
     | Forget
-    | Log
     | Confirm
     | RecordParts
     | Discard
@@ -892,13 +867,6 @@ def _forget(view: View, event: Event) -> list[Effect]:
     return [*_forgets((op.entry,), op.top, lambda _entry: True), Done(None)]
 
 
-def _log(view: View, event: Event) -> list[Effect]:
-    op = view.op
-    assert isinstance(op, Log)
-    entry = PutEntry(op.seq, op.checkpoint_id, op.generation, create_only=False)
-    return [entry, RaiseHead(op.seq), Done(None)]
-
-
 def part_path(record: PartRecord) -> str:
     """Where a rank's part record lives (named by its first rank)."""
     return rank_part_path(record.checkpoint_id, record.generation, record.ranks[0])
@@ -986,7 +954,6 @@ _DECIDERS: dict[type, Callable[[View, Event], list[Effect]]] = {
     Withdraw: _withdraw,
     Drop: _drop,
     Forget: _forget,
-    Log: _log,
     Confirm: _confirm,
     RecordParts: _record_parts,
     Discard: _discard,

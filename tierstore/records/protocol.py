@@ -12,7 +12,7 @@ lists, the tier's change stamp is rewritten once, also when it raised part-way
 
 * :func:`claim`, :func:`renumber` — a commit number, create-only.
 * :func:`publish` — the one order for publishing a marker; :func:`withdraw`.
-* :func:`drop` — the one order for dropping a generation; :func:`forget_entry`, :func:`log_commit`.
+* :func:`drop` — the one order for dropping a generation; :func:`forget_entry`.
 * :func:`confirm_part`, :func:`record_parts`, :func:`settle_parts` — part records of multi-node saves.
 * :func:`discard`, :func:`sweep` — what a failed actor wrote, and cleanup's leftovers.
 * :func:`land_mirror`, :func:`drop_mirror` — peer mirrors at rest.
@@ -352,11 +352,6 @@ def forget_entry(tier: Tier, entry: LogEntry, *, top: int) -> None:
     run(tier, m.Forget(entry, top))
 
 
-def log_commit(tier: Tier, seq: int, checkpoint_id: str, generation: str) -> None:
-    """Log a commit number claimed elsewhere (a node's part of a multi-node save)."""
-    run(tier, m.Log(seq, checkpoint_id, generation))
-
-
 def confirm_part(tier: Tier, checkpoint_id: str, generation: str, seq: int | None) -> bool:
     """Rewrite this node's rank part records of ``generation`` with its commit's final number
     (``confirmed``); True when a record changed. The coordinator may have taken a new number at its
@@ -467,7 +462,6 @@ __all__ = [
     "forget_entry",
     "judge_promotion",
     "land_mirror",
-    "log_commit",
     "publish",
     "record_parts",
     "renumber",

@@ -102,13 +102,10 @@ class _YieldToStaging:
 
     def __init__(self, timeout_s: float) -> None:
         self.left = min(_PAUSE_BUDGET_S, timeout_s / 4)
-        self.paused = 0.0
 
     def __call__(self) -> None:
         if self.left > 0:
-            waited = STAGING_NOW.get().wait_until_clear(self.left)
-            self.left -= waited
-            self.paused += waited
+            self.left -= STAGING_NOW.get().wait_until_clear(self.left)
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,13 @@
 """Landing files made ahead of time, so that a mirror exchange receives at the wire's speed.
 
-Receiving a file into fresh tmpfs pages costs more than the transfer itself: the kernel allocates
-and zeroes every page on the receiver's critical path (measured on this project's benchmark machine:
-a gloo receive into already-allocated tmpfs pages kept pace with a plain gloo receive into warm
-memory, one into fresh pages took about three times as long; so did receive buffers allocated
-afresh for each file, which this module therefore keeps too). So after each round, when no other
-round waits, a holder reserves files of the sizes it just received (``posix_fallocate``) in a
-directory of its own; the next round's files of those sizes land in them and are renamed into place.
-A round whose files have no spare (the first one, a changed shape, back-to-back saves before
-retention drops a mirror) reserves fresh pages as before. Better still, the files of the mirror that
-retention drops in a round are *recycled* as spares (:meth:`Spares.recycle`: renamed out of the
-mirror, once its marker is gone): their pages exist and were touched, so in steady state no round
-allocates a page at all (on the node's first rank, which runs retention; its other ranks reserve
-theirs). The spares are the budget's "mirror being received" share (docs/mirror.md): held between
-rounds instead of during one.
-
-Where the tier is a tmpfs, every spare is also *mapped* writable once it is made (``MAP_POPULATE``,
-between rounds), so gloo lands a file's bytes straight in its pages and the receiver only sums
-them: no copy on the round's critical path. A mapping lives only while its file is a spare or a
-landing in this process's own directory; the receiver closes it before the file gets its name, so
-no committed file is ever mapped writable, and a file another process deletes is never held.
-
-The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked for its
-lifetime): it goes at exit, and cleanup removes it once its process is gone.
+Receiving into fresh tmpfs pages costs more than the transfer itself, so after each round, when no
+other round waits, a holder reserves files of the sizes it just received (``posix_fallocate``), and
+the files of the mirror retention drops are recycled as spares (:meth:`Spares.recycle`); on a tmpfs
+each spare is also mapped writable, so gloo lands bytes straight in its pages (docs/mirror.md, "The
+exchange"). A mapping lives only while its file is a spare or a landing in this process's own
+directory: the receiver closes it before the file gets its name, so no committed file is ever mapped
+writable. The directory is a staging directory of this process (``.tierstore/staging/<owner>``, locked
+for its lifetime): it goes at exit, and cleanup removes it once its process is gone.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """The restore drill: prove a checkpoint restores by training from it, not by looking at it.
 
-``tierstore drill`` takes the newest checkpoint in one tier (default: the last, most durable one),
-restores it in a separate job of ``world_size`` processes (gloo on loopback, spawned here), runs
-``steps`` training steps with the user's step function, and compares each step's loss with what the
-training job logged at that step. It passes when every loss is within ``tolerance`` (relative).
-
-The step function (``--entry module:function`` or ``path/to/file.py:function``) is called on every
-rank with a :class:`DrillContext` and returns an iterable of ``(step, loss)``: it builds the model and
-optimizer as training does (from ``ctx.argv``, the arguments after ``--``), restores inside
-``with ctx.restoring(): dcp.load(state, storage_reader=ctx.reader, checkpoint_id=ctx.checkpoint_id)``
-and then trains ``ctx.steps`` steps, yielding the step number and the loss the training job would
-log for it (the global mean, the same on every rank). Rank 0's values are compared. The entry sees
-``sys.argv`` as a script would: its own name, then ``ctx.argv``.
-
-A drill runs at least :data:`MIN_STEPS` steps. The first step's loss is computed before any update:
-it checks the restored weights only. The second follows one update made with the restored optimizer
-state and the learning rate the optimizer carries. Only the third follows an update whose learning
-rate the restored LR scheduler set (a scheduler steps after the optimizer): a wrong or missing
-schedule state passes a drill of two steps. A schedule whose error shows only later needs more steps.
-
-The loss log is JSON lines with ``step`` and ``loss`` fields (other lines are ignored; the last line
-for a step wins, so a resumed job's log works). What a drill measures: the restore's duration on each
-rank, the recovery time objective (from the drill's start to the moment every rank has restored,
-process start-up included) and the bytes each tier served.
-
-A failed drill says why in one line per distinct cause (the innermost tierstore error, not DCP's
-nested tracebacks: :mod:`tierstore.dcp.tools.drill_cause`); the full tracebacks are in
-:attr:`DrillReport.details`.
+``tierstore drill`` restores the newest checkpoint of one tier in a separate job of ``world_size``
+processes (gloo on loopback, spawned here), runs the user's step function for ``steps`` steps, and
+compares each loss with the training job's loss log within ``tolerance``. The entry's contract, why a
+drill runs at least :data:`MIN_STEPS` steps, the verdict and what is measured: docs/restart.md, "The
+restore drill". A failed drill says why in one line per distinct cause
+(:mod:`tierstore.dcp.tools.drill_cause`); the full tracebacks are in :attr:`DrillReport.details`.
 """
 
 from __future__ import annotations

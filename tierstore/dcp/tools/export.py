@@ -1,26 +1,14 @@
 """``export_checkpoint``: a committed checkpoint as a plain DCP directory for torch's own reader.
 
-The result loads with ``dcp.load(state, storage_reader=FileSystemReader(DIR))``, with no tierstore
-installed. The copy comes from the fastest tier holding a usable committed copy, chosen as a restore
-chooses it (:func:`~tierstore.dcp.restore.choice.choose_copy`, for this process alone: a node-local
-copy counts only when this node holds every rank's files), or from the one tier named. A mirrored
-memory tier counts when this node holds every file, its own or as its partner's mirror
-(docs/mirror.md): mirror copies are read where they are held, under ``.tierstore/mirror/``, and
-verified like every other file. When the chosen copy turns out unreadable while it is converted (a
-byte that does not match its CRC32C, a file removed meanwhile, an unreachable tier), the export starts
-again from the next usable tier; when none is left it fails naming every tier and why.
-
-tierstore's data files hold raw tensor bytes at aligned offsets (:class:`ItemLocation`); torch's hold
-``torch.save`` records (:mod:`tierstore.dcp.tools.torch_files`). So the export converts, one file and one
-item at a time, never the whole checkpoint in memory: each source file is read once, front to back,
-and checked against its marker's size and CRC32C as it streams (:mod:`tierstore.dcp.tools.verified_read`);
-each item is re-encoded into a data file of the same name; ``.metadata`` is DCP's metadata with
-torch's storage records in place of tierstore's.
-
-Everything is written into a temporary sibling of the destination, fsynced, and renamed into place
-last, so the destination either holds a complete checkpoint or does not exist; on any error the
-temporary directory is removed. While it reads, the export holds a ``read`` activity record in the
-source tier, so cleanup and retention leave the copy alone.
+The copy comes from the fastest tier holding a usable committed copy, chosen as a restore chooses it
+(:func:`~tierstore.dcp.restore.choice.choose_copy`, for this process alone), or from the one tier
+named; a copy found unreadable while it is converted gives way to the next usable tier. tierstore's
+data files hold raw tensor bytes at aligned offsets (:class:`ItemLocation`), torch's ``torch.save``
+records (:mod:`tierstore.dcp.tools.torch_files`): each source file is read once, front to back,
+checked as it streams (:mod:`tierstore.dcp.tools.verified_read`), and re-encoded one item at a time.
+Everything is written into a temporary sibling and renamed into place last; a ``read`` activity record
+holds the source meanwhile. The contract: docs/operations.md, "Exporting a checkpoint to a plain DCP
+directory".
 """
 
 from __future__ import annotations
