@@ -9,7 +9,10 @@ is read instead, and while the index is behind, the kept listing is reused until
 (:mod:`tierstore.records.index`); the keeper writes the index after each fresh listing of its tier.
 A ``full`` look reads such a tier's stamp and then its index, and takes the index only when it was
 made under the stamp just read: as fresh as a listing made after that read, so not a reused
-listing (retention may decide on it); with no such index it lists the tier.
+listing (retention may decide on it); with no such index it lists the tier. A keeper's first
+listing of its tier under its epoch (start-up, takeover) reads only the markers that its previous
+keeper's index does not hold settled at the mtime listed (:meth:`MarkerCache.seed
+<tierstore.promote.discovery.MarkerCache.seed>`).
 Each tier is asked within ``probe_timeout``. A tier that cannot be listed is left out of the view
 and recorded as unreachable (metric, log): nothing is promoted into or out of it, retention deletes
 nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion
@@ -116,6 +119,16 @@ def _from_keeper(
     return None if behind is None else (behind, True)
 
 
+def _seed(ctx: Context, tier: Tier) -> None:
+    """Before this promoter's first listing of a tier it keeps, under the epoch it holds: seed the
+    marker cache from the previous keeper's index (an index absent or damaged: every marker is read)."""
+    keeper = ctx.keepers.by_tier.get(tier.name)
+    epoch = None if keeper is None or not keeper.keeps() else keeper.epoch
+    if epoch is None or ctx.cache.seeded.get(tier.name) == epoch:
+        return
+    ctx.cache.seed(tier.name, read_index(tier), epoch)
+
+
 def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
     """Write the index of a tier this promoter keeps, from the listing it just made; fenced by the
     lease, best effort (a reader without it lists the tier)."""
@@ -154,6 +167,7 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
                 return kept, True
             if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full)) is not None:
                 return from_keeper
+            _seed(ctx, tier)
             known = None if refresh else prior.conflicts.get(tier.name)
             records = read_conflicts(tier) if known is None else list(known)
             top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
