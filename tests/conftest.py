@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.request_counter import CountingS3, FileOps
 from tests.tiers import dict_tier  # noqa: F401 - registers the tests' own "dict" tier type
 from tierstore.testing import embedded_s3
 
@@ -46,6 +47,20 @@ def s3_endpoint() -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a moto S3 server started for this test session."""
     with embedded_s3() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="module")
+def counted_s3() -> Iterator[CountingS3]:
+    """moto's S3 server counting the requests it answers (:mod:`tests.request_counter`), one per
+    test module."""
+    with CountingS3() as s3:
+        yield s3
+
+
+@pytest.fixture(scope="module")
+def file_ops() -> FileOps:
+    """The file operations below some roots, counted (one audit hook per module)."""
+    return FileOps()
 
 
 @pytest.fixture

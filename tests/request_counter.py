@@ -53,6 +53,8 @@ class CountingS3:
 
     def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
+        self.keys: collections.Counter[str] = collections.Counter()
+        """Requests by method and path (``GET /bucket/key``)."""
         self._lock = threading.Lock()
         self.endpoint = ""
         self._server: Any = None
@@ -69,6 +71,7 @@ class CountingS3:
         def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             with self._lock:
                 self.counts[s3_operation(environ)] += 1
+                self.keys[f"{environ.get('REQUEST_METHOD', '?')} {environ.get('PATH_INFO', '/')}"] += 1
             return app(environ, start_response)  # type: ignore[no-any-return]
 
         self._server = make_server("127.0.0.1", 0, counted, threaded=True)
@@ -88,9 +91,11 @@ class CountingS3:
         with self._lock:
             return sum(self.counts.values())
 
-    def counting(self) -> _Window:
-        """``with s3.counting() as seen: ...``; then ``seen.total`` and ``seen.by_operation``."""
-        return _Window(self.counts, self._lock, lambda _on: None)  # the server counts always
+    def counting(self, *, by_key: bool = False) -> _Window:
+        """``with s3.counting() as seen: ...``; then ``seen.total`` and ``seen.by_operation`` (with
+        ``by_key``: by method and path, ``GET /bucket/key``)."""
+        counts = self.keys if by_key else self.counts
+        return _Window(counts, self._lock, lambda _on: None)  # the server counts always
 
     @staticmethod
     def put_direct(bucket: str, items: Iterable[tuple[str, bytes]]) -> None:

@@ -5,7 +5,7 @@ with the number of checkpoints retained. ``benchmarks/costs.py`` measures the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,17 +24,6 @@ from tierstore.records.log import highest_in
 from tierstore.records.protocol import claim, publish
 from tierstore.signing import MarkerTrust
 from tierstore.tiers import make_tier
-
-
-@pytest.fixture(scope="module")
-def counted_s3() -> Iterator[CountingS3]:
-    with CountingS3() as s3:
-        yield s3
-
-
-@pytest.fixture(scope="module")
-def file_ops() -> FileOps:
-    return FileOps()
 
 
 def protocol_save_into(job: Job, tier_name: str, index: int, ranks: int = 2) -> None:

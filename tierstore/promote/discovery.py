@@ -7,8 +7,10 @@ about their part of a checkpoint from the per-rank part records the writer left 
 and there a part without a marker is an uncommitted save: it is ignored.
 
 Markers are parsed once per (tier, id, mtime, size): a listing does not re-read a marker that has not
-changed. Whether a tier is listed at all in a pass is the promoter's call: it reuses its previous
-listing while the tier's change stamp holds (:mod:`tierstore.promote.views`).
+changed; a keeper's first listing of its tier reads only the markers changed since its previous
+keeper's index (:meth:`MarkerCache.seed`). Whether a tier is listed at all in a pass is the
+promoter's call: it reuses its previous listing while the tier's change stamp holds
+(:mod:`tierstore.promote.views`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class SeenCopy:
     parts: tuple[PartRecord, ...] = ()
     started_at: float | None = None
     """When its save started (the marker's ``timings``), if it says."""
+    settled_mtime: float | None = None
+    """The mtime its marker was listed at, when the copy's content is settled for it
+    (:class:`MarkerCache`: trusted from the cache): what a keeper's index records
+    (:attr:`~tierstore.records.index.IndexedCopy.marker_mtime`). None: not settled, or not known."""
 
     @property
     def committed(self) -> bool:
@@ -106,6 +112,11 @@ class MarkerCache:
     trust: MarkerTrust
     """Which markers it reads (:func:`~tierstore.records.marker.read_manifest`)."""
     entries: dict[tuple[str, str], _Cached] = field(default_factory=dict)
+    seeds: dict[tuple[str, str], SeenCopy] = field(default_factory=dict)
+    """Copies by (tier, id) as a keeper's index holds them, each valid for the marker mtime its
+    writer had it settled for (:meth:`seed`)."""
+    seeded: dict[str, int] = field(default_factory=dict)
+    """The keeper epoch under which each tier's seeds were taken."""
     parts_read: dict[tuple[str, str], _CachedParts] = field(default_factory=dict)
     """Part records by (tier, id), valid while no directory they were listed from changed."""
     foreign: set[tuple[str, str]] = field(default_factory=set)
@@ -125,23 +136,48 @@ class MarkerCache:
         """Forget what is cached of ``tier_name``'s ids not in ``present`` (its latest listing): a
         promoter runs for weeks, and each deleted checkpoint would keep its parsed marker (every
         rank's files) and part records in memory for good."""
-        for cached in (self.entries, self.parts_read):
+        for cached in (self.entries, self.parts_read, self.seeds):
             # list(): one step under the GIL. Reads of a slow tier that the Prober gave up on
-            # still add entries from their threads while another tier's listing runs this.
+            # still add entries (and drop seeds) from their threads while another tier's listing
+            # runs this.
             for key in [k for k in list(cached) if k[0] == tier_name and k[1] not in present]:
-                del cached[key]
+                cached.pop(key, None)
 
     def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
         """The marker's manifest, from the cache when it cannot have changed since."""
         key = (tier.name, checkpoint_id)
         cached = self.entries.get(key)
         same = cached is not None and cached.mtime == mtime
-        if cached is not None and self._trusted(tier, checkpoint_id, mtime):
+        if cached is not None and self.trusted(tier, checkpoint_id, mtime):
             return cached.manifest
         listed = cached.listed if cached is not None and same else time.monotonic()
         manifest = read_manifest(tier, checkpoint_id, trust=self.trust)
         self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
+        self.seeds.pop(key, None)
         return manifest
+
+    def seed(self, tier_name: str, index: Index | None, epoch: int) -> None:
+        """Take the copies of ``index`` (the tier's, as its previous keeper wrote it) whose marker
+        its writer had settled: a listing that shows one's marker at that very mtime uses it
+        instead of reading the marker (:meth:`from_seeds`), as this cache does with a marker it
+        read itself. The writer's trust carries over: a marker replaced after its settled read has
+        a later mtime, whoever lists it. Not with signed markers: the index carries no signature."""
+        self.seeded[tier_name] = epoch
+        if index is None or self.trust.keys is not None:
+            return
+        for row in index.copies:
+            if row.marker_mtime is not None:
+                self.seeds[(tier_name, row.checkpoint_id)] = _seen_of(row)
+
+    def from_seeds(self, tier: Tier, mtimes: Mapping[str, float]) -> dict[str, SeenCopy]:
+        """The copies of ``mtimes`` (each marker's listed mtime) a seed holds at that mtime, of
+        those this cache does not trust a manifest of."""
+        seeds = ((i, self.seeds.get((tier.name, i))) for i in mtimes)
+        return {
+            i: s
+            for i, s in seeds
+            if s is not None and s.settled_mtime == mtimes[i] and not self.trusted(tier, i, mtimes[i])
+        }
 
     def read_all(self, tier: Tier, mtimes: Mapping[str, float]) -> dict[str, Manifest | Exception]:
         """:meth:`read` of each id of ``mtimes`` (its marker's listed mtime): the manifest, or the
@@ -155,7 +191,7 @@ class MarkerCache:
             except Exception as exc:  # noqa: BLE001 - that copy is not usable; the caller says so
                 return exc
 
-        unread = [i for i in mtimes if not self._trusted(tier, i, mtimes[i])]
+        unread = [i for i in mtimes if not self.trusted(tier, i, mtimes[i])]
         if tier.local is not None or len(unread) < 2:
             return {i: one(i) for i in mtimes}
         # Daemons, like the Prober's that bounds the pass: reads a hung store leaves pending after
@@ -163,7 +199,9 @@ class MarkerCache:
         fetched = map_on_daemons(unread, one, width=READ_AHEAD, name="tierstore-marker-read")
         return {i: fetched[i] if i in fetched else one(i) for i in mtimes}
 
-    def _trusted(self, tier: Tier, checkpoint_id: str, mtime: float) -> bool:
+    def trusted(self, tier: Tier, checkpoint_id: str, mtime: float) -> bool:
+        """Whether the manifest cached of ``checkpoint_id`` is settled for its marker at ``mtime``
+        (see the class docstring): served without a read."""
         cached = self.entries.get((tier.name, checkpoint_id))
         return cached is not None and cached.mtime == mtime and cached.read_at - cached.listed >= SETTLE
 
@@ -248,6 +286,7 @@ def index_of(
             c.overwrite,
             tuple(sorted(c.unseen_tiers)),
             s.started_at,
+            s.settled_mtime,
         )
         for s in found.values()
         if s.committed and (c := s.copy)
@@ -258,24 +297,23 @@ def index_of(
 def indexed(index: Index) -> dict[str, SeenCopy]:
     """The copies of a job-wide tier as its index holds them, with their conflicts (as
     :func:`discover` gives them)."""
-    found = {
-        c.checkpoint_id: SeenCopy(
-            Copy(
-                c.checkpoint_id,
-                c.seq,
-                c.step,
-                c.committed_at,
-                c.generation,
-                source=c.source,
-                overwrite=c.overwrite,
-                unseen_tiers=frozenset(c.unseen_tiers),
-            ),
-            None,
-            started_at=c.started_at,
-        )
-        for c in index.copies
-    }
+    found = {c.checkpoint_id: _seen_of(c) for c in index.copies}
     return _with_conflicts(found, index.conflicts)
+
+
+def _seen_of(row: IndexedCopy) -> SeenCopy:
+    """One copy as an index row holds it (no manifest, no conflicts)."""
+    copy = Copy(
+        row.checkpoint_id,
+        row.seq,
+        row.step,
+        row.committed_at,
+        row.generation,
+        source=row.source,
+        overwrite=row.overwrite,
+        unseen_tiers=frozenset(row.unseen_tiers),
+    )
+    return SeenCopy(copy, None, started_at=row.started_at, settled_mtime=row.marker_mtime)
 
 
 def discover(
@@ -303,14 +341,18 @@ def _with_conflicts(found: dict[str, SeenCopy], records: Iterable[Conflict]) -> 
 def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     sources: dict[str, SeenCopy] = {}
     committed = marker_times(tier)
-    for checkpoint_id, manifest in cache.read_all(tier, committed).items():
+    sources.update(cache.from_seeds(tier, committed))
+    unread = {i: mtime for i, mtime in committed.items() if i not in sources}
+    for checkpoint_id, manifest in cache.read_all(tier, unread).items():
         if isinstance(manifest, Exception):  # a damaged marker: that copy is not usable
             logger.warning("ignoring marker %s in tier %s: %s", checkpoint_id, tier.name, manifest)
             continue
         parts: tuple[PartRecord, ...] = ()
         if tier.node_local:
             parts = tuple(cache.parts(tier, checkpoint_id).get(manifest.generation, []))
-        sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts, _started(manifest))
+        mtime = committed[checkpoint_id]
+        settled = mtime if cache.trusted(tier, checkpoint_id, mtime) else None
+        sources[checkpoint_id] = SeenCopy(copy_of(manifest), manifest, parts, _started(manifest), settled)
     if not tier.node_local:
         cache.keep_only(tier.name, set(committed))
         return sources

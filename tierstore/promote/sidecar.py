@@ -151,8 +151,10 @@ class Promoter:
             report.cleaned += outcome.cleaned
 
     def _retain(self, view: View, *, dry_run: bool = False) -> tuple[View, duties.Outcome]:
-        """Retention on ``view``, or on a look made now if it decided on a reused listing (the view
-        it decided on is returned); then the mirrors'."""
+        """Retention on ``view``, or on a ``full`` look made now if it decided on a reused listing
+        (of a tier another node keeps, that look takes its keeper's index made under the stamp it
+        reads, :func:`tierstore.promote.view.look`; the view it decided on is returned); then the
+        mirrors'."""
         outcome = retain.run(view, self.context, dry_run=dry_run)
         if outcome.refresh:
             view = self.look(full=True)

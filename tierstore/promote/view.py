@@ -3,10 +3,16 @@ hands back a new one (:mod:`tierstore.promote.duties`).
 
 A look reads each tier's change stamp first; while it holds the token read before this promoter's
 previous listing of the tier, and that listing is younger than ``promote.full_scan``, the listing is
-reused (:mod:`tierstore.promote.views`); ``full`` lists every tier regardless. A job-wide tier another
+reused (:mod:`tierstore.promote.views`); ``full`` reuses no listing. A job-wide tier another
 promoter keeps is not listed when its stamp moved on: its keeper's index made under that very stamp
 is read instead, and while the index is behind, the kept listing is reused until the next pass
 (:mod:`tierstore.records.index`); the keeper writes the index after each fresh listing of its tier.
+A ``full`` look reads such a tier's stamp and then its index, and takes the index only when it was
+made under the stamp just read: as fresh as a listing made after that read, so not a reused
+listing (retention may decide on it); with no such index it lists the tier. A keeper's first
+listing of its tier under its epoch (start-up, takeover) reads only the markers that its previous
+keeper's index does not hold settled at the mtime listed (:meth:`MarkerCache.seed
+<tierstore.promote.discovery.MarkerCache.seed>`).
 Each tier is asked within ``probe_timeout``. A tier that cannot be listed is left out of the view
 and recorded as unreachable (metric, log): nothing is promoted into or out of it, retention deletes
 nothing there, and the other tiers go on (tiers stand alone). ``refresh=False`` (the promotion
@@ -95,20 +101,32 @@ def owned(ctx: Context) -> frozenset[str]:
 
 
 def _from_keeper(
-    tier: Tier, token: bytes | None, views: TierViews, started: float
+    tier: Tier, token: bytes | None, views: TierViews, started: float, *, full: bool
 ) -> tuple[TierView, bool] | None:
-    """For a tier another promoter keeps, whose stamp moved on (``token``): its keeper's index when
-    it was made after that stamp (a fresh view, to keep), else the listing kept while the keeper
-    has not indexed the change yet (reused); None: list it (no usable index, no kept listing, or a
-    full listing due)."""
+    """For a tier another promoter keeps, whose stamp moved on (``token``; with ``full``, the stamp
+    just read): its keeper's index when it was made after that stamp (a fresh view, to keep), else,
+    unless ``full``, the listing kept while the keeper has not indexed the change yet (reused);
+    None: list it (no usable index, no kept listing, or a full listing due)."""
     index = read_index(tier)
     if index is None:  # a keeper that writes none (an older release), or a damaged one
         return None
-    if index.token == token or index.token == (token := read_stamp(tier)):  # the lease's may lag
+    if index.token != token and not full:  # the lease's may lag: checked by the stamp now
+        token = read_stamp(tier)
+    if index.token == token:
         found = indexed(index)
         return TierView(token, started, found, index.highest, index.conflicts), False
-    behind = views.behind(tier.name)
+    behind = None if full else views.behind(tier.name)
     return None if behind is None else (behind, True)
+
+
+def _seed(ctx: Context, tier: Tier) -> None:
+    """Before this promoter's first listing of a tier it keeps, under the epoch it holds: seed the
+    marker cache from the previous keeper's index (an index absent or damaged: every marker is read)."""
+    keeper = ctx.keepers.by_tier.get(tier.name)
+    epoch = None if keeper is None or not keeper.keeps() else keeper.epoch
+    if epoch is None or ctx.cache.seeded.get(tier.name) == epoch:
+        return
+    ctx.cache.seed(tier.name, read_index(tier), epoch)
 
 
 def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
@@ -139,15 +157,17 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
 
         def listing(tier: Tier = tier) -> tuple[TierView, bool]:
             started = time.monotonic()
-            watched = tier.name in kept_elsewhere and not full
+            watched = tier.name in kept_elsewhere
             # Read before anything it covers is listed (records/changes.py); of a tier another
-            # promoter keeps, the lease read anyway names it (read by the keeper before renewing).
-            token = kept_elsewhere[tier.name] if tier.name in kept_elsewhere else read_stamp(tier)
+            # promoter keeps, the lease read anyway names it (read by the keeper before renewing),
+            # except for a full look: the index it takes must be as fresh as a listing made now.
+            token = kept_elsewhere[tier.name] if watched and not full else read_stamp(tier)
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
                 return kept, True
-            if watched and (from_keeper := _from_keeper(tier, token, views, started)) is not None:
+            if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full)) is not None:
                 return from_keeper
+            _seed(ctx, tier)
             known = None if refresh else prior.conflicts.get(tier.name)
             records = read_conflicts(tier) if known is None else list(known)
             top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)

@@ -18,7 +18,9 @@ How long a change can go unseen:
   its first pass: what its predecessor left unstamped is then seen at every promoter's next pass).
 
 Nothing destructive trusts a reused listing: retention deletes only by a listing made in the same
-pass (a pass with deletions to make lists every tier again first, as every pass did before); the
+pass (a pass with deletions to make looks at every tier again first, ``full``: it lists each, or
+reads the stamp of a job-wide tier another node keeps and then its keeper's index made under that
+very stamp, which is as fresh as a listing made after that read and so no reused listing); the
 protocol's drop, publish and withdraw read the marker they act on again; cleanup lists afresh
 (:func:`~tierstore.promote.cleanup.find_leftovers`); a promotion reads the target's marker before
 copying and publishes create-only, and one that fails forgets the listings of its two tiers.

@@ -11,6 +11,11 @@ change missing from the index completed after the token was read, and its stamp,
 would have replaced the token. A token that differs means the keeper has not indexed the latest
 change yet: the reader waits for it (:mod:`tierstore.promote.view`).
 
+A keeper's first listing of its tier (start-up, or after a takeover) takes each copy whose marker
+shows the mtime the index records for it from the index instead of reading that marker
+(``IndexedCopy.marker_mtime``): a first pass over 10,000 retained reads the markers changed since,
+not 10,000.
+
 Best effort: an index that is absent, damaged or of another format is no index, and a reader lists
 the tier as before. Writing it does not stamp the tier (a promoter does not list it).
 """
@@ -47,6 +52,12 @@ class IndexedCopy:
     unseen_tiers: tuple[str, ...] = ()
     started_at: float | None = None
     """When its save started (the marker's ``timings``), if it says."""
+    marker_mtime: float | None = None
+    """The mtime its marker was listed at, when the keeper that wrote this held the marker's content
+    settled for that mtime (:class:`~tierstore.promote.discovery.MarkerCache`: read :data:`SETTLE
+    <tierstore.promote.discovery.SETTLE>` s after a listing showed it): the next keeper that lists
+    the same mtime takes this row for the marker and does not read it. None: read it (not settled,
+    or an index written without it)."""
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ and this node's parts of replaced saves coordinated elsewhere), marker first, th
 
 Deletions are decided by listings made now: when the view reused an earlier listing of some tier
 (:mod:`tierstore.promote.views`) and retention would delete anything, the duty asks the loop to look
-at every tier afresh (``Outcome.refresh``) and decides again on that look. An id named by a live
-activity record in a tier the view lists is in use; when those records cannot be read in one tier,
-nothing is deleted in this pass.
+at every tier afresh (``Outcome.refresh``) and decides again on that look (of a job-wide tier
+another node keeps, its keeper's index made under the stamp read then counts as such a look:
+:mod:`tierstore.promote.view`). An id named by a live activity record in a tier the view lists and
+this node looks after is in use; when those records cannot be read in one tier, nothing is deleted
+in this pass.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ def plan(view: View, rules: Rules, in_use: frozenset[str]) -> list[Deletion]:
 
 
 def in_use(view: View, ctx: Context) -> frozenset[str] | None:
-    """The ids a live activity record names in the tiers ``view`` lists (None: one could not be
-    read, so nothing may be deleted). A tier not listed deletes nothing: its records guard only
-    its copies."""
+    """The ids a live activity record names in the tiers ``view`` lists and this node looks after
+    (None: one could not be read, so nothing may be deleted). A record guards only the copies of
+    its own tier, and this node deletes nothing in a tier not listed nor in one another node keeps
+    (whose records it would have to list, every node after every save)."""
     ids: set[str] = set()
     for tier in ctx.tiers:
-        if tier.name in view.unreachable or tier.name not in view.found:
+        if tier.name in view.unreachable or tier.name not in view.found or not view.owns(tier.name):
             continue
         try:
             ids |= {record.checkpoint_id for record in live(tier, ttl=ctx.config.promote.activity_ttl)}
