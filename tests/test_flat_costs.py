@@ -16,6 +16,7 @@ from tests.simulated_job import BLOB, Job, manifest_for, settled_promoters
 from tierstore import Catalog, latest_committed
 from tierstore.cli import main as cli_main
 from tierstore.ids import MARKER_NAME
+from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.policy import Deletion
 from tierstore.promote.retention import delete_copies
 from tierstore.promote.sidecar import Promoter
@@ -329,6 +330,12 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_asks_it_nothing_between_lease
 def _index_as_the_keeper(job: Job, tier_name: str) -> Index:
     """What the keeper of ``tier_name`` on another node indexes of its listing, with the stamp
     token it read before listing (records/index.py)."""
+    return _listed_and_indexed_by_the_keeper(job, tier_name)[1]
+
+
+def _listed_and_indexed_by_the_keeper(job: Job, tier_name: str) -> tuple[dict[str, SeenCopy], Index]:
+    """The keeper's listing of ``tier_name`` (:func:`discover` with a cache of its own), and
+    :func:`_index_as_the_keeper` of it."""
     from tierstore.promote.discovery import MarkerCache, discover, index_of
     from tierstore.records.changes import read_stamp
     from tierstore.records.conflicts import read_conflicts
@@ -337,7 +344,7 @@ def _index_as_the_keeper(job: Job, tier_name: str) -> Index:
     token = read_stamp(tier)
     records = read_conflicts(tier)
     found = discover(tier, MarkerCache(MarkerTrust()), records)
-    return index_of(token, found, highest_in(tier), records)
+    return found, index_of(token, found, highest_in(tier), records)
 
 
 @pytest.mark.slow  # ~15 s and ~65 s: jobs of 100 and 1,000 retained in four tiers, a lease waited out
@@ -350,7 +357,7 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a
     keeper has not indexed the change it keeps its listing and reads the index again at the very
     next pass (not a lease later); once the index holds the stamp's token, the view is the index's,
     equal to a listing's. A few requests whatever is retained, where a listing costs pages."""
-    from tierstore.promote.discovery import SETTLE, MarkerCache, discover
+    from tierstore.promote.discovery import SETTLE
     from tierstore.records import lease
     from tierstore.records.changes import read_stamp
 
@@ -377,13 +384,16 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a
     renew_leases()  # before each pass: every read of the lease finds it renewed, never stale
     time.sleep(SETTLE + 0.1)
     watcher.run_once()
+    last_pass = time.monotonic()
     assert set(watcher.context.keepers.watched()) == {"pfs", "s3"}
     before = set(watcher.view.found["s3"])
 
     write_index(tiers["s3"], _index_as_the_keeper(job, "s3"))  # the keeper's, before the change
     protocol_save_into(job, "s3", retained + 1)  # a new commit, stamped
-    index = _index_as_the_keeper(job, "s3")  # the keeper's next listing: not written yet
-    time.sleep(duration)  # the stamp is read once a lease
+    # the keeper's next listing (a listing to compare the view with: nothing changes markers in S3
+    # from here on), and its index of it, not written yet
+    listed, index = _listed_and_indexed_by_the_keeper(job, "s3")
+    time.sleep(max(0.0, last_pass + duration - time.monotonic()))  # the stamp is read once a lease
     renew_leases()
     with counted_s3.counting() as behind:
         watcher.run_once()
@@ -395,7 +405,6 @@ def test_a_node_that_does_not_keep_a_job_wide_tier_reads_its_keepers_index_not_a
         watcher.run_once()
     assert set(watcher.context.keepers.watched()) == {"pfs", "s3"}, "still kept by another node"
 
-    listed = discover(tiers["s3"], MarkerCache(MarkerTrust()))
     print(
         f"{retained} retained, a watcher's passes after a change in S3: {behind.by_operation},"
         f" {again.by_operation}, {caught_up.by_operation}"

@@ -10,16 +10,21 @@ takes it from a :class:`random.Random` seeded by the caller (the tests print the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import boto3
 
 from tests.local_files import real_path
 from tierstore.ids import checkpoint_file, is_metadata_file, marker_path
 from tierstore.records.marker import read_manifest
 from tierstore.signing import MarkerTrust
 from tierstore.tiers import Tier
+from tierstore.tiers.s3.tier import S3Tier
 
 
 @dataclass(frozen=True)
@@ -129,17 +134,37 @@ class Snapshot:
     """Every file of some tiers, to put them back exactly as they were (small checkpoints only).
 
     On tiers with local files the directories count too: a directory left behind (by a promotion
-    whose files were deleted again) would be one more thing a listing finds.
+    whose files were deleted again) would be one more thing a listing finds. An S3 tier's objects
+    are compared by the MD5 S3 lists as each one's ETag: one LIST per look instead of a GET per
+    object (an object whose ETag is no MD5, a multipart one, is read).
     """
 
     def __init__(self, tiers: list[Tier]) -> None:
         self.tiers = tiers
-        self.files = [self._files(tier) for tier in tiers]
+        self.files = [
+            {f.path: tier.read_bytes(f.path) if f.size else b"" for f in tier.find("")} for tier in tiers
+        ]
+        self.digests = [{path: _md5(data) for path, data in files.items()} for files in self.files]
         self.dirs = [self._dirs(tier) for tier in tiers]
+        self.clients: dict[str, Any] = {}
+        """A boto3 client per S3 tier, made at its first look."""
 
-    @staticmethod
-    def _files(tier: Tier) -> dict[str, bytes]:
-        return {f.path: tier.read_bytes(f.path) if f.size else b"" for f in tier.find("")}
+    def _digests(self, tier: Tier) -> dict[str, str]:
+        """``path -> MD5 (hex)`` of every file of ``tier`` now."""
+        if not isinstance(tier, S3Tier):
+            return {f.path: _md5(tier.read_bytes(f.path) if f.size else b"") for f in tier.find("")}
+        if tier.name not in self.clients:
+            self.clients[tier.name] = boto3.client("s3", endpoint_url=tier.config.endpoint_url)
+        client = self.clients[tier.name]
+        prefix = f"{tier.prefix}/" if tier.prefix else ""
+        found: dict[str, str] = {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=tier.bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                if item["Key"].endswith("/"):  # a folder placeholder: not a file (as Tier.find)
+                    continue
+                path, etag = item["Key"][len(prefix) :], item["ETag"].strip('"')
+                found[path] = etag if "-" not in etag else _md5(tier.read_bytes(path))
+        return found
 
     @staticmethod
     def _dirs(tier: Tier) -> set[str]:
@@ -148,12 +173,12 @@ class Snapshot:
 
     def restore(self) -> None:
         """Delete what was added, write back what was changed or removed."""
-        for tier, files, dirs in zip(self.tiers, self.files, self.dirs, strict=True):
-            now = self._files(tier)
+        for tier, files, digests, dirs in zip(self.tiers, self.files, self.digests, self.dirs, strict=True):
+            now = self._digests(tier)
             for path in now.keys() - files.keys():
                 tier.delete(path)
             for path, data in files.items():
-                if now.get(path) != data:
+                if now.get(path) != digests[path]:
                     tier.write_bytes(path, data)
             for added in sorted(self._dirs(tier) - dirs, reverse=True):  # deepest first
                 os.rmdir(added)
@@ -161,9 +186,13 @@ class Snapshot:
     def differences(self) -> list[str]:
         """``tier: path`` of every file or directory that differs from the snapshot."""
         found = []
-        for tier, files, dirs in zip(self.tiers, self.files, self.dirs, strict=True):
-            now = self._files(tier)
-            found += [f"{tier.name}: {p}" for p in sorted(now.keys() ^ files.keys())]
-            found += [f"{tier.name}: {p}" for p in sorted(files) if p in now and now[p] != files[p]]
+        for tier, digests, dirs in zip(self.tiers, self.digests, self.dirs, strict=True):
+            now = self._digests(tier)
+            found += [f"{tier.name}: {p}" for p in sorted(now.keys() ^ digests.keys())]
+            found += [f"{tier.name}: {p}" for p in sorted(digests) if p in now and now[p] != digests[p]]
             found += [f"{tier.name}: {p}/" for p in sorted(self._dirs(tier) ^ dirs)]
         return found
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()  # noqa: S324 - what S3 lists as a whole object's ETag

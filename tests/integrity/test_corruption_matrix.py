@@ -106,17 +106,20 @@ def _save(config: Config, checkpoint_id: str, seed: int, **writer: Any) -> dict[
     return saved
 
 
-def _foreign_marker(specs: list[dict[str, Any]]) -> bytes:
-    """The marker of :data:`ID` as another run (namespace ``other``, same roots) committed it,
-    after more saves than this run made: its commit number is higher than this run's."""
-    other = config_from_dict({"namespace": "other", "tiers": specs[:1]})
+def _foreign_marker(root: Path) -> bytes:
+    """The marker of :data:`ID` as another run (namespace ``other``) committed it in a memory tier
+    under ``root``, after more saves than this run made: its commit number is higher than this
+    run's. A marker names no root: every set-up hands its tiers the same one."""
+    other = config_from_dict(
+        {"namespace": "other", "tiers": [{"name": "memory", "type": "memory", "path": f"{root}/{{node}}"}]}
+    )
     for number in range(3):
         _save(other, f"other_{number}", seed=number)
     _save(other, ID, seed=9)
     return other.make_tiers(node=0)[0].read_bytes(marker_path(ID))
 
 
-def _build_world(root: Path, endpoint: str, *, into: str | None) -> World:
+def _build_world(root: Path, endpoint: str, other_run: bytes, *, into: str | None) -> World:
     """Both checkpoints committed in every tier (``into`` None: saved, then promoted), or only in
     the tier ``into`` (saved there, not promoted)."""
     bucket = f"ts-corrupt-{zlib.crc32(str(root).encode()):08x}"
@@ -143,7 +146,7 @@ def _build_world(root: Path, endpoint: str, *, into: str | None) -> World:
     expected = _save(config, ID, seed=3, tier=into, overwrite=True)
     if into is None:
         assert Promoter(config).run(once=True) == 0
-    foreign = Foreign(_foreign_marker(specs), replaced, OLDER)
+    foreign = Foreign(other_run, replaced, OLDER)
     generation = read_manifest(saved_in, ID, trust=MarkerTrust()).generation
     world = World(specs, config_file, expected, generation, foreign, Snapshot([]))
     world.snapshot = Snapshot([world.tier(name) for name in TIERS])
@@ -151,28 +154,34 @@ def _build_world(root: Path, endpoint: str, *, into: str | None) -> World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> World:
+def other_run(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """:func:`_foreign_marker`, made once for every set-up."""
+    return _foreign_marker(tmp_path_factory.mktemp("other-run"))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str, other_run: bytes) -> World:
     """Both checkpoints committed in every tier."""
-    return _build_world(tmp_path_factory.mktemp("corruption"), s3_endpoint, into=None)
+    return _build_world(tmp_path_factory.mktemp("corruption"), s3_endpoint, other_run, into=None)
 
 
 class Unpromoted(dict[str, World]):
     """For each tier a copy is promoted from: both checkpoints committed there only (each set up
     when first asked for)."""
 
-    def __init__(self, factory: pytest.TempPathFactory, endpoint: str) -> None:
+    def __init__(self, factory: pytest.TempPathFactory, endpoint: str, other_run: bytes) -> None:
         super().__init__()
-        self.factory, self.endpoint = factory, endpoint
+        self.factory, self.endpoint, self.other_run = factory, endpoint, other_run
 
     def __missing__(self, name: str) -> World:
         root = self.factory.mktemp(f"unpromoted-{name}")
-        self[name] = _build_world(root, self.endpoint, into=name)
+        self[name] = _build_world(root, self.endpoint, self.other_run, into=name)
         return self[name]
 
 
 @pytest.fixture(scope="module")
-def unpromoted(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Unpromoted:
-    return Unpromoted(tmp_path_factory, s3_endpoint)
+def unpromoted(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str, other_run: bytes) -> Unpromoted:
+    return Unpromoted(tmp_path_factory, s3_endpoint, other_run)
 
 
 @contextlib.contextmanager
