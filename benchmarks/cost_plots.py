@@ -130,10 +130,12 @@ def plot_fleet(rows: list[dict[str, Any]], out: Path) -> None:
         panel.set_xlabel("nodes (promoters)")
         panel.grid(True, which="both", alpha=0.3)
         panel.legend(fontsize=8)
-    retained = ", ".join(f"{r['nodes']} nodes: {r['retained']}" for r in rows)
+    retained = ", ".join(f"{r['nodes']}: {r['retained']}" for r in rows)
+    when = rows[0].get("schedule") or {}
     figure.suptitle(
-        "tierstore: one job-wide S3 tier's requests as nodes grow (benchmarks/fleet.py; retained,"
-        f" {retained}; composed for {rows[0].get('schedule') or {}})",
+        f"tierstore: requests to one job-wide S3 tier (benchmarks/fleet.py; retained at N nodes {retained};"
+        f" interval {when.get('interval')} s, lease {when.get('lease')} s,"
+        f" a change every {when.get('change')} s)",
         fontsize=9,
     )
     figure.savefig(out, dpi=90)

@@ -127,13 +127,17 @@ def rates(events: dict[str, dict[str, Any]], nodes: int, schedule: Schedule) -> 
     def per(event: str, k: str) -> float:
         return float(events[event]["kinds"][k])
 
+    def caught_up(k: str) -> float:
+        # Where the round of watchers lasts longer than a lease (1,250 nodes here), the pass that
+        # finds the index caught up also reads the lease on its own schedule: counted by the lease term.
+        cell = events["watcher change, index caught up"]
+        again = float(cell.get("requests", {}).get("GET object lease", 0)) if k == "GET/HEAD" else 0.0
+        return per("watcher change, index caught up", k) - again
+
     out: dict[str, dict[str, float]] = {}
     for case, change in (
         ("ready", lambda k: per("watcher change, index ready", k)),
-        (
-            "behind",
-            lambda k: per("watcher change, index behind", k) + per("watcher change, index caught up", k),
-        ),
+        ("behind", lambda k: per("watcher change, index behind", k) + caught_up(k)),
     ):
         for k in ("LIST", "GET/HEAD", "PUT/DELETE"):
             watcher = (

@@ -111,6 +111,9 @@ def test_fleet_rates_compose_the_counts_per_event_for_the_schedule_and_are_plott
     assert composed["all nodes (ready)"]["LIST"] == 0
     rarely = rates(events, 1250, Schedule(change=120))  # a change every fourth lease read
     assert rarely["watcher (ready)"]["GET/HEAD"] == pytest.approx(1 / 30 + 1 / 120, abs=1e-4)
+    late = events["watcher change, index caught up"]  # a lease after the behind pass: read on schedule
+    late["kinds"]["GET/HEAD"], late["requests"] = 2, {"GET object index": 1, "GET object lease": 1}
+    assert rates(events, 1250, Schedule())["watcher (behind)"]["GET/HEAD"] == pytest.approx(4 / 30, abs=1e-4)
 
     fleet = tmp_path / "fleet.json"
     rows = [{"nodes": n, "retained": 1000, "rates": rates(events, n, Schedule())} for n in (8, 1250)]
