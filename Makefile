@@ -95,9 +95,14 @@ bench: $(STAMP)
 # markers), kept apart so that make bench stays near 25 minutes. The plot merges both when both ran.
 COSTS_ARGS ?= --retained 10 100 1000 --ranks 8 64 256 1024
 COSTS_LARGE := bench-results/costs-large
+# The fleet: what N nodes' promoters ask of one S3 tier per second (benchmarks/fleet.py), N to 1,250
+# over 100 retained (about 25 minutes, 12 of them the 1,250 point), plotted to bench-results/fleet.png;
+# FLEET_ARGS="--nodes 8 64" for a short run.
+FLEET_ARGS ?= --nodes 8 64 256 1250 --retained 100
 costs: $(STAMP)
 	$(BIN)/python benchmarks/costs.py $(COSTS_ARGS)
-	$(BIN)/python benchmarks/cost_plots.py bench-results/costs.json $(wildcard $(COSTS_LARGE)/costs.json)
+	$(BIN)/python benchmarks/fleet.py $(FLEET_ARGS)
+	$(BIN)/python benchmarks/cost_plots.py bench-results/costs.json $(wildcard $(COSTS_LARGE)/costs.json) bench-results/fleet.json
 
 costs-large: $(STAMP)
 	$(BIN)/python benchmarks/costs.py --retained 10000 --ranks --seaweed 0 --out $(COSTS_LARGE)

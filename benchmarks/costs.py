@@ -51,18 +51,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.request_counter import CountingS3, FileOps
 from tests.simulated_job import BLOB, Job, manifest_for
+from tierstore.config import Config
 
 
-def protocol_save(job: Job, index: int, ranks: int) -> Callable[[], None]:
+def protocol_save(config: Config, namespace: str, index: int, ranks: int) -> Callable[[], None]:
     """A save of ``ranks`` files into the S3 tier through the commit protocol (claim, publish)."""
     from tierstore.records.protocol import claim, publish
     from tierstore.signing import MarkerTrust
     from tierstore.tiers import make_tier
 
-    tier = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+    tier = make_tier(config.tier("s3"), namespace=namespace, node=0)
 
     def save() -> None:
-        manifest = manifest_for(index, ranks, job.namespace)
+        manifest = manifest_for(index, ranks, namespace)
         for entry in manifest.files:
             tier.write_bytes(f"{manifest.checkpoint_id}/{entry.path}", BLOB)
         seq = claim(tier, manifest.checkpoint_id, manifest.generation)
@@ -141,7 +142,7 @@ def point(s3: CountingS3, ops: FileOps, root: Path, retained: int, ranks: int) -
     assert listed == [min(retained, LS_PAGE)], listed
     if retained <= 1000:  # every marker of every tier: 10,000 S3 GETs would take minutes here
         row["ls --limit 0"] = job.measure(lambda: Catalog(job.config).listings())
-    row["protocol save to s3"] = job.measure(protocol_save(job, retained + 1, ranks))
+    row["protocol save to s3"] = job.measure(protocol_save(job.config, job.namespace, retained + 1, ranks))
     row["dcp.save to s3"] = job.measure(dcp_save(job, f"step_{(retained + 2) * 100:08d}"))
     for root_dir in job.roots.values():
         shutil.rmtree(root_dir, ignore_errors=True)

@@ -16,6 +16,7 @@ import collections
 import os
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,6 +45,29 @@ def s3_operation(environ: dict[str, Any]) -> str:
     return f"{method} object"
 
 
+_RECORDS = (  # the first of these names found in a request's key (or listed prefix) is its record
+    ("/.tierstore/keeper/", "lease"),
+    ("/.tierstore/index.json", "index"),
+    ("/.tierstore/changes", "stamp"),
+    ("/.tierstore/head", "head"),
+    ("/.tierstore/commits/", "log"),
+    ("/.tierstore/seen/", "sightings"),
+    ("/.tierstore/activity/", "activity"),
+    ("/.tierstore/", "other record"),
+    ("/commit.json", "marker"),
+)
+
+
+def s3_record(environ: dict[str, Any]) -> str:
+    """Which of tierstore's records a request is about (``lease``, ``index``, ``stamp``, ``marker``
+    …; ``data`` for anything else), from its key, or for a listing from the prefix it lists."""
+    path = str(environ.get("PATH_INFO", "/"))
+    query = urllib.parse.parse_qs(str(environ.get("QUERY_STRING", "")))
+    prefix = query.get("prefix", [""])[0]
+    key = f"{path}/{prefix}" if prefix else path
+    return next((name for part, name in _RECORDS if part in key), "data")
+
+
 class CountingS3:
     """moto's S3 server on loopback, counting the requests it answers. A context manager.
 
@@ -55,6 +79,8 @@ class CountingS3:
         self.counts: collections.Counter[str] = collections.Counter()
         self.keys: collections.Counter[str] = collections.Counter()
         """Requests by method and path (``GET /bucket/key``)."""
+        self.records: collections.Counter[str] = collections.Counter()
+        """Requests by operation and record: ``GET object lease``, ``GET list marker`` …"""
         self._lock = threading.Lock()
         self.endpoint = ""
         self._server: Any = None
@@ -69,9 +95,11 @@ class CountingS3:
         app = DomainDispatcherApplication(create_backend_app)
 
         def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            operation, record = s3_operation(environ), s3_record(environ)
             with self._lock:
-                self.counts[s3_operation(environ)] += 1
+                self.counts[operation] += 1
                 self.keys[f"{environ.get('REQUEST_METHOD', '?')} {environ.get('PATH_INFO', '/')}"] += 1
+                self.records[f"{operation} {record}"] += 1
             return app(environ, start_response)  # type: ignore[no-any-return]
 
         self._server = make_server("127.0.0.1", 0, counted, threaded=True)
@@ -96,6 +124,10 @@ class CountingS3:
         ``by_key``: by method and path, ``GET /bucket/key``)."""
         counts = self.keys if by_key else self.counts
         return _Window(counts, self._lock, lambda _on: None)  # the server counts always
+
+    def counting_records(self) -> _Window:
+        """:meth:`counting` by operation and record (:func:`s3_record`): ``GET object index`` …"""
+        return _Window(self.records, self._lock, lambda _on: None)
 
     @staticmethod
     def put_direct(bucket: str, items: Iterable[tuple[str, bytes]]) -> None:

@@ -69,7 +69,7 @@ class PromoteConfig(StrictModel):
     keeper_lease: Duration = Field(
         30.0,
         description="The lease of a job-wide tier's keeper: renewed 3x as often; every other node reads"
-        " it about once per lease (1,250 nodes: 42-63 GET/s at 30s); a dead keeper is replaced within 3x.",
+        " it about once per lease (1,250 nodes: 31-42 GET/s at 30s); a dead keeper is replaced within 3x.",
     )
     grace_period: Duration = Field(30.0, description="On SIGTERM, time allowed to finish a file.")
     stale_after: Duration = Field(

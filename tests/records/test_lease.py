@@ -4,7 +4,10 @@ keeper at a time as seen by :class:`~tierstore.promote.keeper.Keeper` on a clock
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,6 +124,35 @@ def test_a_keeper_that_renews_is_never_taken_over(shared: Tier) -> None:
         a.tick()
         b.tick()
     assert a.keeps() and a.epoch == 1 and b.epoch is None
+
+
+def test_a_watcher_reads_the_lease_once_per_duration_however_often_it_ticks(shared: Tier) -> None:
+    """What 1,250 watchers ask of a job-wide tier: one read of the lease a duration (GET/s = nodes /
+    duration), whether ticked by its thread alone (every RENEWALS-th of a duration) or by passes too."""
+    clock = Clock()
+    a = keeper(shared, 0, clock)
+    reads: list[float] = []
+
+    def ask(question: Callable[[], Any]) -> Any:
+        reads.append(clock.now)
+        return question()
+
+    me = Holder(1, "host-1", "ns", 101, "t1", 0.0)
+    b = Keeper(shared, me, DURATION, clock=clock, ask=ask)
+    a.tick()
+    b.tick()  # lists the epochs, reads the lease
+    reads.clear()
+    for step in (DURATION / RENEWALS, DURATION / RENEWALS / 4):
+        reads.clear()
+        started = clock.now
+        while clock.now < started + 10 * DURATION:
+            clock.now += step
+            a.tick()
+            b.tick()
+        gaps = [later - earlier for earlier, later in itertools.pairwise(reads)]
+        assert len(reads) == 10, (step, reads)
+        assert all(DURATION <= gap < DURATION + step + 1e-9 for gap in gaps), (step, gaps)
+    assert a.keeps() and b.epoch is None, "renewed on time: never taken over"
 
 
 def test_a_keeper_that_stops_renewing_is_taken_over_and_fenced_after_a_pause(shared: Tier) -> None:
