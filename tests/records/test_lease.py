@@ -230,3 +230,32 @@ def test_of_two_claims_let_through_the_one_whose_record_stands_keeps(shared: Tie
     clock.now += DURATION / RENEWALS
     a.tick()
     assert not a.keeps() and a.epoch is None
+
+
+def test_the_lease_names_the_stamp_from_the_claim_then_the_newest_index_token(shared: Tier) -> None:
+    """A claim names the tier's stamp (its watchers read none themselves); once the keeper wrote an
+    index, each renewal names that index's token though the tier changed since, so a watcher never
+    finds the index behind the lease; after a failed index write, the stamp read before renewing."""
+    from tierstore.records.changes import read_stamp, touch
+
+    clock = Clock()
+    a, b = keeper(shared, 0, clock), keeper(shared, 1, clock)
+    touch(shared)
+    a.tick()
+    b.tick()
+    assert b.stamp() == (True, read_stamp(shared)), "named by the claim"
+    indexed = read_stamp(shared)
+    a.indexed(indexed, written=True)
+    touch(shared)  # a change the keeper has not indexed yet
+    clock.now += DURATION / RENEWALS
+    a.tick()
+    clock.now += DURATION
+    b.tick()
+    assert read_stamp(shared) != indexed
+    assert b.stamp() == (True, indexed), "the index's token, not the stamp now"
+    a.indexed(None, written=False)
+    clock.now += DURATION / RENEWALS
+    a.tick()
+    clock.now += DURATION
+    b.tick()
+    assert b.stamp() == (True, read_stamp(shared)), "after a failed write: the stamp now"

@@ -86,6 +86,9 @@ class Keeper:
         self._next_look = float("-inf")
         self._stamp: tuple[bool, bytes | None] = (False, None)
         """The tier's change stamp as the lease last read named it (``(False, None)``: unknown)."""
+        self._indexed: tuple[bool, bytes | None] = (False, None)
+        """Holding: the token of the index written last in this epoch (``(False, None)``: none yet,
+        or the last write failed)."""
 
     @property
     def epoch(self) -> int | None:
@@ -101,6 +104,15 @@ class Keeper:
         """Watching: ``(True, token)``, the tier's change stamp its keeper read before the renewal
         this promoter last read (no request); ``(False, None)`` when not known."""
         return self._stamp if self.watching() else (False, None)
+
+    def indexed(self, token: bytes | None, *, written: bool) -> None:
+        """Holding: this keeper wrote its index under ``token`` (``written``), or failed to. Its
+        renewals name the newest index's token as the tier's stamp: a watcher then finds the index
+        it reads current, never behind (it reads no stamp and lists nothing), and learns a change
+        once the keeper indexed it. After a failed write they name the stamp read before renewing
+        (the watchers list once a full listing is due, as without an index)."""
+        with self._lock:
+            self._indexed = (written, token if written else None)
 
     def watching(self) -> bool:
         """Whether another promoter holds the lease, as last seen (no request): a live lease of
@@ -171,7 +183,7 @@ class Keeper:
             self._lease, self._epoch, self._watch = None, lease.epoch, None
             self._tell("keeper_lost", lease.epoch, "another promoter's claim of the epoch stands")
             return
-        renewed = lease.renewed(self._ask(lambda: read_stamp(self.tier)))
+        renewed = lease.renewed(self._tier_stamp())
         self._ask(lambda: renew(self.tier, renewed))
         self._lease, self._renewed = renewed, start
 
@@ -199,9 +211,16 @@ class Keeper:
         if reason is not None:
             self._claim(epoch + 1, reason)
 
+    def _tier_stamp(self) -> bytes | None:
+        """What a renewal names (see :meth:`indexed`): the newest index's token, else the stamp now."""
+        known, token = self._indexed
+        return token if known else self._ask(lambda: read_stamp(self.tier))
+
     def _claim(self, epoch: int, reason: str) -> None:
         start = self._clock()
-        lease = Lease(epoch, self.me)
+        self._indexed = (False, None)  # this epoch's keeper has written no index yet
+        # Named from the claim on: a lease without one sends its watchers to the stamp each pass.
+        lease = Lease(epoch, self.me).stamped(self._tier_stamp())
         won = self._ask(lambda: claim(self.tier, lease))
         self._epoch, self._watch = epoch, None
         if won:
@@ -257,6 +276,12 @@ class Keepers:
         one while :meth:`Keeper.fence` says so."""
         keeper = self.by_tier.get(tier_name)
         return keeper is None or keeper.fence()
+
+    def indexed(self, tier_name: str, token: bytes | None, *, written: bool) -> None:
+        """:meth:`Keeper.indexed` of ``tier_name``'s keeper."""
+        keeper = self.by_tier.get(tier_name)
+        if keeper is not None:
+            keeper.indexed(token, written=written)
 
     def release(self) -> None:
         """Give up every lease held."""

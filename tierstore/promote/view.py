@@ -136,7 +136,9 @@ def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
     try:
         if ctx.keepers.fence(tier.name):
             ctx.prober.ask(tier, functools.partial(write_index, tier, index), what="write its index")
+            ctx.keepers.indexed(tier.name, index.token, written=True)  # the lease names it from now on
     except (TierstoreError, OSError) as exc:
+        ctx.keepers.indexed(tier.name, None, written=False)
         logger.warning("cannot write the index of tier %s (its watchers list it): %s", tier.name, exc)
 
 

@@ -67,13 +67,19 @@ class Lease:
     released: bool = False
     """Given up by its holder (a promoter that stopped): anyone may take the next epoch at once."""
     stamp: str | None = None
-    """The tier's change stamp as the holder read it before this renewal (hex; ``""``: the tier had
-    none; None: not recorded, a holder of an older release): a watcher's one read of the lease also
-    tells it whether the tier changed (:mod:`tierstore.records.changes`), so it reads no stamp."""
+    """The tier's change stamp as of this renewal or claim (hex; ``""``: the tier had none; None:
+    not recorded, a holder of an older release): the token of the newest index its holder wrote
+    (:mod:`tierstore.records.index`), else the stamp it read before writing this record. A watcher's
+    one read of the lease also tells it whether the tier changed (:mod:`tierstore.records.changes`),
+    so it reads no stamp, and the index it then reads is never behind the token named here."""
+
+    def stamped(self, stamp: bytes | None) -> Lease:
+        """This record naming the tier's change stamp ``stamp``."""
+        return replace(self, stamp=(stamp or b"").hex())
 
     def renewed(self, stamp: bytes | None) -> Lease:
-        """The record of the next renewal, with the tier's change stamp read just before it."""
-        return replace(self, counter=self.counter + 1, stamp=(stamp or b"").hex())
+        """The record of the next renewal, naming ``stamp``."""
+        return replace(self.stamped(stamp), counter=self.counter + 1)
 
     @property
     def tier_stamp(self) -> tuple[bool, bytes | None]:
