@@ -367,3 +367,10 @@ def test_waiting_on_the_staging_queue_waits_for_every_job_submitted() -> None:
     assert idle.wait(10)
     assert ran == [2], "the wait returned before the last job had run"
     waiter.join(10)
+
+
+def test_waiting_on_the_staging_queue_from_its_own_job_is_refused() -> None:
+    # The job would wait for itself forever.
+    queue = StagingQueue()
+    with pytest.raises(RuntimeError, match="waits forever"):
+        queue.submit(queue.wait_until_idle).result(timeout=10)

@@ -88,8 +88,8 @@ class StagingQueue:
         more on a busy machine, inside the stall)."""
         with self._lock:
             last = self._last
-        if last is not None:
-            last.result()
+        if last is not None and not last.done():
+            self._worker.wait_idle()  # refused from a job of this queue: it would wait for itself
 
     def close(self) -> None:
         """Let the thread end once the jobs submitted so far have run (a later job starts another)."""
