@@ -343,3 +343,34 @@ def test_the_staging_queue_keeps_no_staged_state_alive() -> None:
     del third
     queue.wait_until_idle()
     assert _collected(ref), "the queue held its last job's result"
+
+
+def test_waiting_on_an_idle_staging_queue_wakes_no_thread() -> None:
+    # Every plain stage() waits for the queue on the trainer's thread, inside the stall: with
+    # nothing queued that wait must not be a round trip through the queue's worker thread.
+    queue = StagingQueue(name="tierstore-stage-idle-check")
+    queue.wait_until_idle()
+    assert not [t for t in threading.enumerate() if t.name == "tierstore-stage-idle-check"]
+
+
+def test_waiting_on_the_staging_queue_waits_for_every_job_submitted() -> None:
+    queue = StagingQueue()
+    gate = threading.Event()
+    ran: list[int] = []
+    queue.submit(lambda: gate.wait(10))
+    queue.submit(lambda: ran.append(2))
+    idle = threading.Event()
+    waiter = threading.Thread(target=lambda: (queue.wait_until_idle(), idle.set()))
+    waiter.start()
+    assert not idle.wait(0.3), "the wait returned while a job was still running"
+    gate.set()
+    assert idle.wait(10)
+    assert ran == [2], "the wait returned before the last job had run"
+    waiter.join(10)
+
+
+def test_waiting_on_the_staging_queue_from_its_own_job_is_refused() -> None:
+    # The job would wait for itself forever.
+    queue = StagingQueue()
+    with pytest.raises(RuntimeError, match="waits forever"):
+        queue.submit(queue.wait_until_idle).result(timeout=10)

@@ -5,9 +5,17 @@ Measured on 2 cores, 1 GiB in 186 tensors into a warm tmpfs slab, side by side w
 against 0.26-0.27 s while another process copies memory (a previous checkpoint's promotion). torch
 splits each tensor's copy evenly between its threads, so the copy lasts as long as the thread that
 shares its core with the other process; here a thread takes the next chunk when it is free, so the
-copy goes at the speed of the CPU time it actually gets. For copies this large glibc uses
-non-temporal stores: the destination is not read into the cache first, and the trainer's working
-set stays there.
+copy goes at the speed of the CPU time it actually gets.
+
+Whether a chunk is written with non-temporal stores (the destination not read into the cache
+first, the trainer's working set left there) is glibc's choice: above its
+``x86_non_temporal_threshold`` (derived from the last-level cache's share per thread, often a
+few MiB), else ``rep movsb``. A 2-vCPU VM that reports a large L3 gets a large threshold
+(190 MiB on the one of 2026-12-07, L3 reported as 480 MiB): there every chunk takes the cached
+path, measured 1.4-1.6x slower than non-temporal stores (256 MiB on one thread, 512 MiB on two).
+``ld.so --list-tunables`` shows the threshold;
+``GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x400000`` in the trainer's environment
+lowers it for the whole process.
 
 Fresh pages are another matter: the page faults dominate, and torch's copy into fresh memory was the
 faster one (0.27 s against 0.30-0.34 s), so a first save keeps torch's way: allocate every
@@ -28,8 +36,8 @@ import torch
 from tierstore._platform.runtime import ProcessLocal, SerialWorker
 
 CHUNK = 8 * 2**20
-"""Bytes per ``memmove``: small enough to balance the threads, large enough for non-temporal
-stores and a negligible per-call cost."""
+"""Bytes per ``memmove``: small enough to balance the threads, large enough for a negligible
+per-call cost (and for non-temporal stores where glibc's threshold is below it)."""
 MAX_THREADS = 8
 
 _libc = ctypes.CDLL(None, use_errno=True)
