@@ -28,15 +28,15 @@ BLOB = b"x" * 64
 """The content of every simulated file: the costs measured here are per request, not per byte."""
 
 
-def manifest_for(index: int, ranks: int, namespace: str) -> Manifest:
-    """Checkpoint ``index``'s marker: one data file per rank, DCP's metadata, commit number index."""
-    generation = f"g{index:011x}00000000"
+def manifest_for(index: int, ranks: int, namespace: str, *, seq: int | None = None) -> Manifest:
+    """Checkpoint ``index``'s marker: one data file per rank, DCP's metadata, commit number ``seq``
+    (default ``index``), in a generation of that number (another ``seq``: an overwrite's)."""
+    seq = index if seq is None else seq
+    generation = f"g{seq:011x}00000000"
     crc = crc32c(BLOB)
     files = [FileEntry(data_file(generation, r, 0), len(BLOB), crc, r, 0) for r in range(ranks)]
     files.append(FileEntry(metadata_file(generation), len(BLOB), crc, None, 0))
-    return Manifest(
-        f"step_{index * 100:08d}", generation, ranks, tuple(files), seq=index, namespace=namespace
-    )
+    return Manifest(f"step_{index * 100:08d}", generation, ranks, tuple(files), seq=seq, namespace=namespace)
 
 
 def layout(manifest: Manifest) -> Iterator[tuple[str, bytes]]:

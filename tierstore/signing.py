@@ -3,8 +3,10 @@
 Signing is optional. It is on when the environment variable named by ``signing.key_env`` (default
 ``TIERSTORE_SIGNING_KEY``) holds a key: writers then sign every marker, and every reader of markers
 (restore, ``latest_committed``, the promoter, ``ls``, ``verify``, gc) refuses one that is unsigned or
-signed with no accepted key. ``signing.verify_key_envs`` names older keys still accepted (rotation);
-``signing.require`` makes a missing key a :class:`~tierstore.errors.ConfigError` instead of "off".
+signed with no accepted key; the keeper of a job-wide tier signs its index too, and its readers
+refuse an unsigned one (:mod:`tierstore.records.index`). ``signing.verify_key_envs`` names older
+keys still accepted (rotation); ``signing.require`` makes a missing key a
+:class:`~tierstore.errors.ConfigError` instead of "off".
 
 A key never leaves the process: it is not kept in the configuration, not written anywhere, not in any
 message, ``repr`` or pickle (a pickled :class:`SigningKeys` is rebuilt from the environment of the

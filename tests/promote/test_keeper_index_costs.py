@@ -133,8 +133,7 @@ def _first_pass(
     config: Config, s3: CountingS3, node: int, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Promoter, dict[str, int]]:
     """A keeper's first look on ``node`` (a host of its own) once the previous keeper let go, and
-    the markers it read (GETs by id); then it lets go too. (The rest of its first pass reads every
-    marker once more: cleanup's look is fresh, promote/cleanup.py ``find_leftovers``.)"""
+    the markers it read (GETs by id); then it lets go too."""
     monkeypatch.setenv(HOST_VARIABLE, f"host{node}")
     keeper = Promoter(config, node=node)
     with s3.counting(by_key=True) as seen:

@@ -66,15 +66,26 @@ def find_leftovers(
     stale_after: float,
     activity_ttl: float,
     now: float | None = None,
-    warned: set[tuple[str, str]] | None = None,
+    cache: MarkerCache | None = None,
 ) -> list[Cleanup]:
     """Everything in ``tier`` that cleanup would remove now, with the reason.
 
-    The order of the look matters. Files are listed first, activity records second, markers last
-    and fresh (no cache): a save that starts after the file listing has no files in it; one that
-    started before holds its record before writing anything, and keeps it until its marker is
-    published, so each listed generation is either named by a live record or by a marker read
-    after it, or truly abandoned.
+    The order of the look matters. Files are listed first, activity records second, markers last:
+    a save that starts after the file listing has no files in it; one that started before holds
+    its record before writing anything, and keeps it until its marker is published, so each listed
+    generation is either named by a live record or by a marker as it is after the file listing,
+    or truly abandoned.
+
+    Markers come from ``cache`` (the promoter's, :class:`~tierstore.promote.discovery.MarkerCache`;
+    without one, every marker is read) only where it trusts them at the mtime this look's own
+    marker listing shows, made after the file listing; every other marker is read. A trusted
+    entry (read at least :data:`~tierstore.promote.discovery.SETTLE` s after a listing showed that
+    mtime, by this promoter or by the previous keeper whose index seeded it) is the content the
+    marker has for as long as it shows that mtime: a marker replaced after that read has a later
+    mtime. So a marker listed at that mtime after the file listing holds, at the time of the
+    listing, the manifest taken from the cache, as a marker read then would. The same holds of
+    a node-local tier's part records, taken from the cache only while the directories they were
+    read from, looked at now, keep their settled mtimes.
 
     Every age is taken on the tier's clock (``now`` defaults to
     :func:`~tierstore.records.clock.tier_now`, read before the listing): this host's clock, however
@@ -85,7 +96,7 @@ def find_leftovers(
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
     records = activities(tier, now=now)
     at_work = [r for r in records if r.age < activity_ttl]
-    seen = discover(tier, MarkerCache(trust, foreign=set() if warned is None else warned))  # fresh markers
+    seen = discover(tier, MarkerCache(trust) if cache is None else cache)  # markers listed now, last
     found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for write in incomplete:
         # Never a write of work in progress, however idle it looks (a slow part upload).

@@ -161,9 +161,10 @@ class MarkerCache:
         its writer had settled: a listing that shows one's marker at that very mtime uses it
         instead of reading the marker (:meth:`from_seeds`), as this cache does with a marker it
         read itself. The writer's trust carries over: a marker replaced after its settled read has
-        a later mtime, whoever lists it. Not with signed markers: the index carries no signature."""
+        a later mtime, whoever lists it. With signed markers, only an index the job's key signed
+        (:func:`~tierstore.records.index.read_index`, given the keys) may be given."""
         self.seeded[tier_name] = epoch
-        if index is None or self.trust.keys is not None:
+        if index is None:
             return
         for row in index.copies:
             if row.marker_mtime is not None:

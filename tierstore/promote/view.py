@@ -39,6 +39,7 @@ from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.index import read_index, write_index
 from tierstore.records.log import highest_in
 from tierstore.records.parts import PartRecord
+from tierstore.signing import SigningKeys
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -101,13 +102,14 @@ def owned(ctx: Context) -> frozenset[str]:
 
 
 def _from_keeper(
-    tier: Tier, token: bytes | None, views: TierViews, started: float, *, full: bool
+    tier: Tier, token: bytes | None, views: TierViews, started: float, *, full: bool, keys: SigningKeys | None
 ) -> tuple[TierView, bool] | None:
     """For a tier another promoter keeps, whose stamp moved on (``token``; with ``full``, the stamp
     just read): its keeper's index when it was made after that stamp (a fresh view, to keep), else,
     unless ``full``, the listing kept while the keeper has not indexed the change yet (reused);
-    None: list it (no usable index, no kept listing, or a full listing due)."""
-    index = read_index(tier)
+    None: list it (no usable index: with the job's ``keys``, one they did not sign; no kept
+    listing, or a full listing due)."""
+    index = read_index(tier, keys)
     if index is None:  # a keeper that writes none (an older release), or a damaged one
         return None
     if index.token != token and not full:  # the lease's may lag: checked by the stamp now
@@ -126,16 +128,17 @@ def _seed(ctx: Context, tier: Tier) -> None:
     epoch = None if keeper is None or not keeper.keeps() else keeper.epoch
     if epoch is None or ctx.cache.seeded.get(tier.name) == epoch:
         return
-    ctx.cache.seed(tier.name, read_index(tier), epoch)
+    ctx.cache.seed(tier.name, read_index(tier, ctx.trust.keys), epoch)
 
 
 def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
     """Write the index of a tier this promoter keeps, from the listing it just made; fenced by the
     lease, best effort (a reader without it lists the tier)."""
     index = index_of(listed.token, listed.found, listed.highest, listed.conflicts)
+    write = functools.partial(write_index, tier, index, ctx.trust.keys)  # signed as the job's markers
     try:
         if ctx.keepers.fence(tier.name):
-            ctx.prober.ask(tier, functools.partial(write_index, tier, index), what="write its index")
+            ctx.prober.ask(tier, write, what="write its index")
             ctx.keepers.indexed(tier.name, index.token, written=True)  # the lease names it from now on
     except (TierstoreError, OSError) as exc:
         ctx.keepers.indexed(tier.name, None, written=False)
@@ -167,7 +170,8 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
                 return kept, True
-            if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full)) is not None:
+            keys = ctx.trust.keys
+            if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full, keys=keys)):
                 return from_keeper
             _seed(ctx, tier)
             known = None if refresh else prior.conflicts.get(tier.name)

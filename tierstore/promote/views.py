@@ -22,6 +22,7 @@ pass (a pass with deletions to make looks at every tier again first, ``full``: i
 reads the stamp of a job-wide tier another node keeps and then its keeper's index made under that
 very stamp, which is as fresh as a listing made after that read and so no reused listing); the
 protocol's drop, publish and withdraw read the marker they act on again; cleanup lists afresh
+and takes a marker from the cache only at the mtime it lists
 (:func:`~tierstore.promote.cleanup.find_leftovers`); a promotion reads the target's marker before
 copying and publishes create-only, and one that fails forgets the listings of its two tiers.
 """

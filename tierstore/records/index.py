@@ -16,8 +16,14 @@ shows the mtime the index records for it from the index instead of reading that 
 (``IndexedCopy.marker_mtime``): a first pass over 10,000 retained reads the markers changed since,
 not 10,000.
 
-Best effort: an index that is absent, damaged or of another format is no index, and a reader lists
-the tier as before. Writing it does not stamp the tier (a promoter does not list it).
+When the job signs its markers (:mod:`tierstore.signing`), the keeper signs the index with the
+job's key, and a reader with the job's keys takes only an index one of them signed: an index is
+trusted for what the markers say (a watcher deletes its own copies of what it names), so a forged
+one must not pass where a forged marker would not.
+
+Best effort: an index that is absent, damaged, of another format or (signing on) not signed by an
+accepted key is no index, and a reader lists the tier as before. Writing it does not stamp the tier
+(a promoter does not list it).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import json
 import logging
 import zlib
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from tierstore.ids import INDEX_PATH
 from tierstore.records.conflicts import Conflict
+from tierstore.signing import SigningKeys
 from tierstore.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -72,24 +80,37 @@ class Index:
     copies: tuple[IndexedCopy, ...]
 
 
-def encode(index: Index) -> bytes:
-    """The record's bytes: JSON, one row per copy, compressed."""
-    body = {
+def encode(index: Index, keys: SigningKeys | None = None) -> bytes:
+    """The record's bytes: JSON, one row per copy, compressed; with ``keys``, signed by the first
+    (over :func:`_signed_body`)."""
+    body: dict[str, Any] = {
         "format": FORMAT,
         "token": None if index.token is None else index.token.hex(),
         "highest": index.highest,
         "conflicts": [asdict(c) for c in index.conflicts],
         "copies": [[*asdict(c).values()] for c in index.copies],
     }
+    if keys is not None:
+        body["signature"] = keys.sign(_signed_body(body))
     return zlib.compress(json.dumps(body, separators=(",", ":")).encode())
 
 
-def decode(blob: bytes) -> Index:
-    """The index ``blob`` holds; ``ValueError`` when it is damaged or of another format."""
+def _signed_body(body: dict[str, Any]) -> bytes:
+    """What an index's signature covers: every field but the signature, canonical JSON (the
+    values JSON gives back unchanged: strings, integers, floats by their shortest repr)."""
+    fields = {k: v for k, v in body.items() if k != "signature"}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(blob: bytes, keys: SigningKeys | None = None) -> Index:
+    """The index ``blob`` holds; ``ValueError`` when it is damaged, of another format, or (with
+    ``keys``) not signed by one of them."""
     try:
         body = json.loads(zlib.decompress(blob))
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ValueError(f"expected format {FORMAT!r}")
+        if keys is not None and not keys.accepts(_signed_body(body), body.get("signature")):
+            raise ValueError(f"not signed by the key in {keys.key_env} or an accepted key")
         token = body["token"]
         rows = (IndexedCopy(*row) for row in body["copies"])
         copies = [dataclasses.replace(c, unseen_tiers=tuple(c.unseen_tiers)) for c in rows]
@@ -103,20 +124,22 @@ def decode(blob: bytes) -> Index:
         raise ValueError(f"damaged index: {exc}") from exc
 
 
-def write_index(tier: Tier, index: Index) -> None:
-    """Replace ``tier``'s index (its keeper only, fenced by its lease). Raises what the tier raises."""
-    tier.publish(INDEX_PATH, encode(index), create_only=False)
+def write_index(tier: Tier, index: Index, keys: SigningKeys | None = None) -> None:
+    """Replace ``tier``'s index (its keeper only, fenced by its lease), signed with ``keys`` (the
+    job's, when it signs markers). Raises what the tier raises."""
+    tier.publish(INDEX_PATH, encode(index, keys), create_only=False)
 
 
-def read_index(tier: Tier) -> Index | None:
-    """``tier``'s index; None when there is none or it cannot be used (damaged, another format:
-    logged). Raises what the tier raises (an unreachable tier)."""
+def read_index(tier: Tier, keys: SigningKeys | None = None) -> Index | None:
+    """``tier``'s index; None when there is none or it cannot be used (damaged, another format,
+    with ``keys`` not signed by one of them: logged). Raises what the tier raises (an unreachable
+    tier)."""
     try:
         blob = tier.read_bytes(INDEX_PATH)
     except FileNotFoundError:
         return None
     try:
-        return decode(blob)
+        return decode(blob, keys)
     except ValueError as exc:  # json's and bytes.fromhex's errors are ValueErrors too
         logger.warning("ignoring the index of tier %s (it is listed instead): %s", tier.describe(), exc)
         return None

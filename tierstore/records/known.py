@@ -74,7 +74,7 @@ def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
     save (after its first tier was wiped) would take that number again and not rank newest. Where
     the head record says every marker was logged, only the log above it is listed and no marker
     is read: such a marker's number is then known from the tier it was promoted from."""
-    committed = _committed_ids(tier)
+    committed = _committed_ids(tier, trust)
     head = read_head(tier)
     if head is not None and head.logged:
         return highest_in(tier, above=head.seq), committed
@@ -84,13 +84,14 @@ def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
     return max([log[-1].seq if log else 0, *voids, *unlogged]), committed
 
 
-def _committed_ids(tier: Tier) -> set[str]:
+def _committed_ids(tier: Tier, trust: MarkerTrust) -> set[str]:
     """The ids whose markers are in ``tier``: of a job-wide tier, from its keeper's index when the
     index was made under the change stamp read now (as fresh as a listing: :mod:`~tierstore.records.index`;
-    two GETs instead of a LIST page per ~300 ids), else from a listing of the markers."""
+    two GETs instead of a LIST page per ~300 ids) and, when the job signs, signed by its key; else
+    from a listing of the markers."""
     if not tier.node_local:
         token = read_stamp(tier)  # before the index: a change since stamps after it
-        index = read_index(tier)
+        index = read_index(tier, trust.keys)
         if index is not None and index.token == token:
             return {c.checkpoint_id for c in index.copies}
     return {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}

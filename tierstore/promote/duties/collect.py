@@ -3,7 +3,9 @@
 (at most every 10 minutes); ``tierstore gc`` whenever asked.
 
 Each tier is looked at afresh (:func:`~tierstore.promote.cleanup.find_leftovers`): the view, made
-earlier in the pass, would not know of commits made since. Only its reachability is used.
+earlier in the pass, would not know of commits made since. Only its reachability is used. The
+markers that look lists are taken from the promoter's marker cache where it trusts them at the
+mtime listed then, and read otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float |
             continue
         try:
             leftovers = find_leftovers(
-                tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, warned=ctx.cache.foreign
+                tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, cache=ctx.cache
             )
         except (TierstoreError, OSError) as exc:
             logger.warning("gc of %s skipped: %s", tier.name, exc)
