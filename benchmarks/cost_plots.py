@@ -111,7 +111,7 @@ def plot_fleet(rows: list[dict[str, Any]], out: Path) -> None:
         (total, "all nodes", reads, "C0", "LIST+GET/HEAD"),
         (total, "all nodes", lambda k: k["PUT/DELETE"], "C3", "PUT/DELETE"),
     )
-    for case, style in (("ready", "o-"), ("behind", "s--")):
+    for case, style in (("ready", "o-"), ("late", "s--")):
         for panel, who, pick, color, label in lines:
             values = [max(pick(r["rates"][f"{who} ({case})"]), 1e-2) for r in rows]
             panel.plot(nodes, values, style, color=color, label=f"{label} ({case})")

@@ -11,8 +11,9 @@ is a host of its own (``TIERSTORE_HOST``): one of them keeps the S3 tier (its le
 
 The passes are driven one after another, in real time with the deployed lease (:data:`LEASE`), and what
 each asks of S3 is counted per *event*: a watcher's pass between lease reads, its lease read, its
-pass that learns a change (a new commit) from the lease when the keeper has indexed it, or when the
-keeper has not yet (the passes until it has); the keeper's pass, its renewal, its pass after a change.
+pass that learns a change (a new commit) from the lease, which names the token of the keeper's newest
+index (so a change is learnt once indexed: at the first lease read after it, or a lease read later);
+the keeper's pass, its renewal, its pass after a change.
 The rate for the deployed schedule (``promote.interval`` 10 s, ``keeper_lease`` 30 s, a change every
 20 s) is then *composed* from those counts (:func:`rates`): the lease is read by elapsed time, and
 running 1,250 promoters, each every 10 s, is beyond one process of two cores. A change is a checkpoint
@@ -119,25 +120,18 @@ def rates(events: dict[str, dict[str, Any]], nodes: int, schedule: Schedule) -> 
     the counts per event (see the module docstring): a watcher passes every ``interval``, reads the
     lease once per ``lease`` and learns at most one change per lease read; the keeper
     passes every ``interval``, renews ``renewals`` times a lease and lists after each change. Two
-    cases: the keeper indexed the change before the lease named it (``ready``), or one watcher pass
-    later (``behind``)."""
+    cases: the keeper indexed the change before a renewal named it (``ready``), or a watcher's lease
+    read came first and learnt nothing, the next one learns it (``late``)."""
     read_every = schedule.lease
     learnt = min(1 / schedule.change, 1 / read_every)  # several changes between two reads: one
 
     def per(event: str, k: str) -> float:
         return float(events[event]["kinds"][k])
 
-    def caught_up(k: str) -> float:
-        # Where the round of watchers lasts longer than a lease (1,250 nodes here), the pass that
-        # finds the index caught up also reads the lease on its own schedule: counted by the lease term.
-        cell = events["watcher change, index caught up"]
-        again = float(cell.get("requests", {}).get("GET object lease", 0)) if k == "GET/HEAD" else 0.0
-        return per("watcher change, index caught up", k) - again
-
     out: dict[str, dict[str, float]] = {}
     for case, change in (
         ("ready", lambda k: per("watcher change, index ready", k)),
-        ("behind", lambda k: per("watcher change, index behind", k) + caught_up(k)),
+        ("late", lambda k: per("watcher change, indexed late", k)),
     ):
         for k in ("LIST", "GET/HEAD", "PUT/DELETE"):
             watcher = (
@@ -243,7 +237,7 @@ class Fleet:
 
     def change(self) -> None:
         """A new checkpoint committed into S3 (the save's own requests are not counted), and the
-        keeper's next renewal, which names the tier's new stamp."""
+        keeper's next renewal (which names its newest index's token: the change is not indexed yet)."""
         self.changes += 1
         protocol_save(self.config, self.namespace, self.retained + self.changes, RANKS)()
         time.sleep(LEASE / 3)
@@ -290,20 +284,19 @@ class Fleet:
         self.keeper_pass("keeper pass after a change")
         self.twice("watcher change, index ready")
 
-    def change_behind(self) -> None:
-        """A change the keeper's renewal named before its pass indexed it: each watcher's pass that
-        learns it finds the index behind (and keeps its listing), so does the next, and the one
-        after the keeper's pass reads the index that caught up."""
+    def change_late(self) -> None:
+        """A change the keeper's renewal came before its pass indexed: the lease still names the
+        token of the index the keeper wrote last, so each watcher's lease read learns nothing yet
+        (the lease GET only); once the keeper's pass indexed it and a renewal named it, each
+        watcher's next lease read learns it (the lease, the index)."""
         self.change()
         self.wait_for_reads()
         for watcher in self.watchers:
-            self.keep(passes=False)  # renewals only: the index stays behind
-            self.record("watcher change, index behind", watcher.run_once)
-            self.record("watcher pass, index still behind", watcher.run_once)
+            self.keep(passes=False)  # renewals only: the change is not indexed yet
+            self.record("watcher lease read, change not indexed", watcher.run_once)
+            self.record("watcher pass", watcher.run_once)
         self.keeper_pass("keeper pass after a change")
-        for watcher in self.watchers:
-            self.keep()
-            self.record("watcher change, index caught up", watcher.run_once)
+        self.twice("watcher change, indexed late")
 
 
 def point(s3: CountingS3, root: Path, nodes: int, retained: int, cycles: int) -> dict[str, Any]:
@@ -315,7 +308,7 @@ def point(s3: CountingS3, root: Path, nodes: int, retained: int, cycles: int) ->
     start_s = time.perf_counter() - started - setup_s
     print(f"  {nodes} nodes: set up in {setup_s:.0f} s, started in {start_s:.0f} s", flush=True)
     for _ in range(cycles):
-        for phase in (lambda: fleet.twice("watcher lease read"), fleet.change_indexed, fleet.change_behind):
+        for phase in (lambda: fleet.twice("watcher lease read"), fleet.change_indexed, fleet.change_late):
             phase()
             print(f"  {nodes} nodes: {time.perf_counter() - started:.0f} s", flush=True)
     events = fleet.events.summary()
