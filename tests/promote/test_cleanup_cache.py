@@ -46,6 +46,7 @@ def _settled_keeper(
     return config, tier, keeper
 
 
+@pytest.mark.slow  # ~6 s: two keeper passes SETTLE s apart, then two cleanups over 30 retained in S3
 def test_a_keepers_cleanup_reads_no_marker_its_cache_has_settled(
     counted_s3: CountingS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
