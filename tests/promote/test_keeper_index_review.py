@@ -1,0 +1,83 @@
+"""Adversarial checks of the keeper's index of a job-wide tier (records/index.py) and of the lease
+naming its token as the tier's stamp (promote/keeper.py ``Keeper.indexed``): real promoters, each
+a simulated node on a host of its own, over one shared POSIX tier."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.simulated_job import layout, manifest_for
+from tierstore.config import Config, config_from_dict
+from tierstore.promote.sidecar import Promoter
+from tierstore.records.changes import touch
+from tierstore.tiers import Tier
+from tierstore.topology import HOST_VARIABLE
+
+NAMESPACE = "job"
+LEASE = 1.0
+"""Seconds of the keeper's lease."""
+FULL_SCAN = 1.0
+"""Seconds after which a pass lists a tier whose stamp is unchanged: what bounds how long a change
+goes unseen when nothing else tells."""
+
+
+def _config(root: Path) -> Config:
+    return config_from_dict(
+        {
+            "namespace": NAMESPACE,
+            "promote": {"interval": "1s", "keeper_lease": f"{LEASE}s", "full_scan": f"{FULL_SCAN}s"},
+            "tiers": [
+                {"name": "ram", "type": "memory", "path": str(root / "ram" / "{node}")},
+                {"name": "shared", "type": "shared", "path": str(root / "shared")},
+            ],
+        }
+    )
+
+
+def _promoter(config: Config, node: int, monkeypatch: pytest.MonkeyPatch) -> Promoter:
+    """Node ``node``'s promoter, on a host of its own (one host would look like a restart)."""
+    monkeypatch.setenv(HOST_VARIABLE, f"host{node}")
+    return Promoter(config, node=node)
+
+
+def _commit(tier: Tier, index: int) -> str:
+    """A committed copy of checkpoint ``index`` in ``tier`` and the stamp after it, as another
+    node's promotion leaves it; its id."""
+    manifest = manifest_for(index, 1, NAMESPACE)
+    for path, data in layout(manifest):
+        tier.write_bytes(path, data)
+    touch(tier)
+    return manifest.checkpoint_id
+
+
+def test_a_watcher_sees_a_stamped_change_within_a_full_scan_while_the_keepers_passes_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's lease thread renews while its pass loop is busy (a long promotion): a change
+    another node made and stamped since the keeper's last index must still reach a watcher
+    within ``full_scan`` (and the leases it takes to read the lease), as without an index: the
+    lease must not keep naming the old index's token as the tier's stamp for good."""
+    config = _config(tmp_path)
+    shared = config.make_tiers(node=0)[1]
+    _commit(shared, 1)
+    keeper, watcher = _promoter(config, 0, monkeypatch), _promoter(config, 1, monkeypatch)
+    keeper.run_once()
+    stop = keeper.context.keepers.start()
+    try:
+        keeper.run_once()  # its first pass restamped the tier: listed and indexed again
+        watcher.run_once()
+        time.sleep(LEASE)
+        watcher.run_once()
+        assert set(watcher.context.keepers.watched()) == {"shared"}, "node 0 keeps the tier"
+
+        newest = _commit(shared, 2)  # stamped; the keeper's loop is busy from here on
+        deadline = time.monotonic() + 3 * (LEASE + FULL_SCAN) + 2 * LEASE
+        while newest not in watcher.view.found.get("shared", {}) and time.monotonic() < deadline:
+            time.sleep(LEASE / 3)
+            watcher.run_once()
+        assert newest in watcher.view.found["shared"], "the watcher never saw the stamped change"
+    finally:
+        stop()
