@@ -13,6 +13,7 @@ from tests.simulated_job import layout, manifest_for
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.changes import touch
+from tierstore.records.known import list_commits
 from tierstore.tiers import Tier
 from tierstore.topology import HOST_VARIABLE
 
@@ -81,3 +82,27 @@ def test_a_watcher_sees_a_stamped_change_within_a_full_scan_while_the_keepers_pa
         assert newest in watcher.view.found["shared"], "the watcher never saw the stamped change"
     finally:
         stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the start-up look trusts the keeper's index while its token is the stamp, so it misses a"
+    " marker whose writer died before stamping it (until a restarted promoter restamps the tier or the"
+    " keeper's next full listing); the markers' listing it replaced named it",
+)
+def test_a_start_up_look_names_a_marker_its_writer_died_before_stamping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A promoter killed between its publish of a marker in the job-wide tier and that change's
+    stamp leaves a committed id the stamp does not announce. A save's start-up look, which listed
+    the markers, named it (rule 6: a save of that id without ``overwrite`` is refused)."""
+    config = _config(tmp_path)
+    shared = config.make_tiers(node=0)[1]
+    _commit(shared, 1)
+    keeper = _promoter(config, 0, monkeypatch)
+    keeper.run_once()
+    keeper.run_once()  # its first pass restamped the tier: listed and indexed under that stamp
+    killed = manifest_for(2, 1, NAMESPACE)
+    for path, data in layout(killed):  # files, marker, log entry; killed before its stamp
+        shared.write_bytes(path, data)
+    assert killed.checkpoint_id in list_commits(shared, config.marker_trust())[1]
