@@ -11,14 +11,16 @@ import pytest
 
 from tests.simulated_job import layout, manifest_for
 from tierstore.config import Config, config_from_dict
+from tierstore.promote.discovery import SETTLE
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.changes import touch
+from tierstore.records.index import read_index, write_index
 from tierstore.records.known import list_commits
 from tierstore.tiers import Tier
 from tierstore.topology import HOST_VARIABLE
 
 NAMESPACE = "job"
-LEASE = 1.0
+LEASE = 2.0
 """Seconds of the keeper's lease."""
 FULL_SCAN = 1.0
 """Seconds after which a pass lists a tier whose stamp is unchanged: what bounds how long a change
@@ -106,3 +108,37 @@ def test_a_start_up_look_names_a_marker_its_writer_died_before_stamping(
     for path, data in layout(killed):  # files, marker, log entry; killed before its stamp
         shared.write_bytes(path, data)
     assert killed.checkpoint_id in list_commits(shared, config.marker_trust())[1]
+
+
+def test_a_keeper_seeded_from_a_paused_predecessors_late_index_reads_the_marker_replaced_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keeper A indexed the tier with every marker settled, then paused between its fence and its
+    index write; meanwhile the id was overwritten (a new generation, stamped) and B took the lease
+    over. A's late write puts its old index back: B's first look, seeded from it, must take the new
+    generation from the marker, never the row A settled for the marker's earlier mtime."""
+    config = _config(tmp_path)
+    shared = config.make_tiers(node=0)[1]
+    first = manifest_for(1, 1, NAMESPACE)
+    _commit(shared, 1)
+    a = _promoter(config, 0, monkeypatch)
+    a.run_once()
+    time.sleep(SETTLE + FULL_SCAN)
+    a.run_once()  # listed again (its first pass restamped): every marker read settled, and indexed
+    late = read_index(shared)
+    assert late is not None and [c.marker_mtime is not None for c in late.copies] == [True]
+    a.context.keepers.release()  # (paused, it would be taken over three leases later: the same to B)
+
+    again = manifest_for(2, 1, NAMESPACE)  # its generation's files, under the first one's id
+    newer = again.with_changes(checkpoint_id=first.checkpoint_id)
+    for path, data in layout(newer):  # the id saved again with overwrite, straight into the tier
+        shared.write_bytes(path, data)
+    touch(shared)
+    write_index(shared, late)  # A resumes: its index, made before the overwrite, lands now
+
+    b = _promoter(config, 1, monkeypatch)
+    b.look()
+    assert b.context.keepers.kept() == {"shared"}
+    seen = b.view.found["shared"][first.checkpoint_id]
+    assert (seen.copy.generation, seen.copy.seq) == (newer.generation, 2), "a row A settled for the old mtime"
+    b.context.keepers.release()
