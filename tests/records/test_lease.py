@@ -259,3 +259,36 @@ def test_the_lease_names_the_stamp_from_the_claim_then_the_newest_index_token(sh
     clock.now += DURATION
     b.tick()
     assert b.stamp() == (True, read_stamp(shared)), "after a failed write: the stamp now"
+
+
+def test_the_lease_names_the_stamp_once_the_keepers_index_is_older_than_its_life(shared: Tier) -> None:
+    """A keeper whose passes stall (its thread renews, it lists and indexes no more): its renewals
+    name its index's token only while the index is younger than ``index_life``, then the stamp read
+    before renewing, so that its watchers see the change since (and list once a full listing is
+    due); a new index names its token again."""
+    from tierstore.records.changes import read_stamp, touch
+
+    clock, life = Clock(), 2 * DURATION
+    a = Keeper(shared, Holder(0, "host-0", "ns", 100, "t0", 0.0), DURATION, clock=clock, index_life=life)
+    b = keeper(shared, 1, clock)
+    touch(shared)
+    a.tick()
+    b.tick()
+    indexed = read_stamp(shared)
+    a.indexed(indexed, written=True)
+    touch(shared)  # a change the stalled keeper never indexes
+    named = []
+    while clock.now < 1000.0 + 2 * life:
+        clock.now += DURATION / RENEWALS
+        a.tick()
+        named.append((clock.now - 1000.0, read_lease(shared, 1).tier_stamp))
+    young = [stamp for at, stamp in named if at < life]
+    old = [stamp for at, stamp in named if at > life + DURATION / RENEWALS]
+    assert young and set(young) == {(True, indexed)}, "its index's token while the index is young"
+    assert old and set(old) == {(True, read_stamp(shared))}, "then the stamp now"
+    newer = read_stamp(shared)
+    a.indexed(newer, written=True)
+    touch(shared)
+    clock.now += DURATION / RENEWALS
+    a.tick()
+    assert read_lease(shared, 1).tier_stamp == (True, newer), "a new index: its token again"

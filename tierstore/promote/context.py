@@ -105,7 +105,12 @@ class Context:
         self.failing: dict[tuple[str, str, str, str], str] = {}
         """``{(id, generation, source, target): error class}``: promotions whose last try failed,
         told at ERROR once; each pass's retry failing alike is DEBUG (a corrupt source fails for good)."""
-        self.keepers = Keepers(self.tiers, node, config.promote.keeper_lease, self.prober, _keeper_event)
+        # A keeper that passes lists its tier at least once per full_scan, and indexes it: an
+        # index older than that and a pass is a stalled loop's (Keeper.indexed).
+        index_life = config.promote.full_scan + config.promote.interval
+        self.keepers = Keepers(
+            self.tiers, node, config.promote.keeper_lease, self.prober, _keeper_event, index_life=index_life
+        )
         """The lease of each job-wide tier (:mod:`tierstore.promote.keeper`): whether this node keeps it."""
         for name, keeper in self.keepers.by_tier.items():
             metrics.keeper.labels(name).set_function(keeper.keeps)

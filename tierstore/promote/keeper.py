@@ -69,10 +69,12 @@ class Keeper:
         report: Report | None = None,
         clock: Callable[[], float] = time.monotonic,
         alive: Callable[[int], bool] = process_alive,
+        index_life: float = float("inf"),
     ) -> None:
         """``ask(question)`` asks the tier with a deadline (default: directly); ``report`` is told
-        when the lease is taken or lost; ``clock`` and ``alive`` are the process's own."""
-        self.tier, self.me, self.duration = tier, me, duration
+        when the lease is taken or lost; ``clock`` and ``alive`` are the process's own;
+        ``index_life``: see :meth:`indexed`."""
+        self.tier, self.me, self.duration, self.index_life = tier, me, duration, index_life
         self._ask: Callable[[Callable[[], Any]], Any] = ask or (lambda question: question())
         self._report, self._clock, self._alive = report, clock, alive
         self._lock = threading.Lock()
@@ -89,6 +91,8 @@ class Keeper:
         self._indexed: tuple[bool, bytes | None] = (False, None)
         """Holding: the token of the index written last in this epoch (``(False, None)``: none yet,
         or the last write failed)."""
+        self._indexed_at = float("-inf")
+        """When (this process's clock) that index was written."""
 
     @property
     def epoch(self) -> int | None:
@@ -109,10 +113,13 @@ class Keeper:
         """Holding: this keeper wrote its index under ``token`` (``written``), or failed to. Its
         renewals name the newest index's token as the tier's stamp: a watcher then finds the index
         it reads current, never behind (it reads no stamp and lists nothing), and learns a change
-        once the keeper indexed it. After a failed write they name the stamp read before renewing
-        (the watchers list once a full listing is due, as without an index)."""
+        once the keeper indexed it. After a failed write, and once the index is ``index_life``
+        old, they name the stamp read before renewing (the watchers list once a full listing is
+        due, as without an index): a keeper whose passes stall (a long promotion) while this
+        thread renews would otherwise hide every change since from its watchers for as long."""
         with self._lock:
             self._indexed = (written, token if written else None)
+            self._indexed_at = self._clock()
 
     def watching(self) -> bool:
         """Whether another promoter holds the lease, as last seen (no request): a live lease of
@@ -212,9 +219,11 @@ class Keeper:
             self._claim(epoch + 1, reason)
 
     def _tier_stamp(self) -> bytes | None:
-        """What a renewal names (see :meth:`indexed`): the newest index's token, else the stamp now."""
+        """What a renewal names (see :meth:`indexed`): the newest index's token while it is
+        younger than ``index_life``, else the stamp now."""
         known, token = self._indexed
-        return token if known else self._ask(lambda: read_stamp(self.tier))
+        fresh = known and self._clock() - self._indexed_at < self.index_life
+        return token if fresh else self._ask(lambda: read_stamp(self.tier))
 
     def _claim(self, epoch: int, reason: str) -> None:
         start = self._clock()
@@ -243,12 +252,22 @@ class Keepers:
     watches while the promoter loops."""
 
     def __init__(
-        self, tiers: Sequence[Tier], node: int, duration: float, prober: Prober, report: Report
+        self,
+        tiers: Sequence[Tier],
+        node: int,
+        duration: float,
+        prober: Prober,
+        report: Report,
+        *,
+        index_life: float = float("inf"),
     ) -> None:
+        """``index_life``: how long a renewal names the keeper's newest index (:meth:`Keeper.indexed`)."""
         me = Holder.here(node)
         self.duration = duration
         self.by_tier = {
-            t.name: Keeper(t, me, duration, ask=functools.partial(_ask, prober, t), report=report)
+            t.name: Keeper(
+                t, me, duration, ask=functools.partial(_ask, prober, t), report=report, index_life=index_life
+            )
             for t in tiers
             if not t.node_local
         }

@@ -136,13 +136,16 @@ def _publish_index(ctx: Context, tier: Tier, listed: TierView) -> None:
     lease, best effort (a reader without it lists the tier)."""
     index = index_of(listed.token, listed.found, listed.highest, listed.conflicts)
     write = functools.partial(write_index, tier, index, ctx.trust.keys)  # signed as the job's markers
+    written = False
     try:
-        if ctx.keepers.fence(tier.name):
+        if ctx.keepers.fence(tier.name):  # a no (a tier error, say) leaves an older index there
             ctx.prober.ask(tier, write, what="write its index")
-            ctx.keepers.indexed(tier.name, index.token, written=True)  # the lease names it from now on
+            written = True
     except (TierstoreError, OSError) as exc:
-        ctx.keepers.indexed(tier.name, None, written=False)
         logger.warning("cannot write the index of tier %s (its watchers list it): %s", tier.name, exc)
+    # the lease names this index from now on, or, not written, the stamp: never an older index,
+    # which would hide this listing's changes from the watchers while this keeper lists no more
+    ctx.keepers.indexed(tier.name, index.token, written=written)
 
 
 def first_view(ctx: Context) -> View:
