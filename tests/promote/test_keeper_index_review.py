@@ -86,12 +86,6 @@ def test_a_watcher_sees_a_stamped_change_within_a_full_scan_while_the_keepers_pa
         stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the start-up look trusts the keeper's index while its token is the stamp, so it misses a"
-    " marker whose writer died before stamping it (until a restarted promoter restamps the tier or the"
-    " keeper's next full listing); the markers' listing it replaced named it",
-)
 def test_a_start_up_look_names_a_marker_its_writer_died_before_stamping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,14 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.simulated_job import manifest_for
 from tierstore.config import Config
-from tierstore.ids import INDEX_PATH, marker_path
-from tierstore.records.changes import read_stamp, touch
+from tierstore.ids import INDEX_PATH
 from tierstore.records.conflicts import Conflict
 from tierstore.records.index import Index, IndexedCopy, decode, encode, read_index, write_index
-from tierstore.records.known import list_commits
-from tierstore.signing import MarkerTrust
 
 COPIES = (
     IndexedCopy("step_1", 1, 1, 1e9, "g1", started_at=1e9 - 5),
@@ -93,24 +89,3 @@ def test_an_index_of_ten_thousand_copies_stays_small() -> None:
         for i in range(10_000)
     )
     assert len(encode(Index(b"t" * 32, 10_000, (), copies))) < 200_000
-
-
-def test_a_start_up_look_takes_the_ids_from_an_index_made_under_the_current_stamp_only(
-    make_config: Callable[..., Config],
-) -> None:
-    """A save's start-up look (:func:`~tierstore.records.known.list_commits`) of a job-wide tier
-    names the index's ids while its token is the tier's stamp; once the stamp moved on (a change the
-    keeper has not indexed yet), the markers' listing."""
-    config = make_config("shared")
-    (tier,) = config.make_tiers(node=0)
-    for index in (1, 2):
-        manifest = manifest_for(index, 1, config.namespace)
-        tier.publish(marker_path(manifest.checkpoint_id), manifest.to_json(), create_only=False)
-    listed = list_commits(tier, MarkerTrust())[1]
-    assert listed == {"step_00000100", "step_00000200"}
-    write_index(tier, Index(read_stamp(tier), 2, (), COPIES))
-    assert list_commits(tier, MarkerTrust())[1] == {c.checkpoint_id for c in COPIES}, (
-        "the index, not a listing"
-    )
-    touch(tier)  # a change since the index
-    assert list_commits(tier, MarkerTrust())[1] == listed

@@ -19,7 +19,6 @@ from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import marker_times
 from tierstore.records.changes import read_stamp, touch
 from tierstore.records.index import Index, read_index, write_index
-from tierstore.records.known import list_commits
 from tierstore.records.lease import Holder, Lease, claim, renew
 from tierstore.records.marker import Manifest, signed
 from tierstore.signing import MarkerTrust, SigningKeys, keys_from_env
@@ -96,23 +95,6 @@ def _spliced(signed_blob: bytes, other_blob: bytes) -> bytes:
     body = json.loads(zlib.decompress(other_blob))
     body["signature"] = signature
     return zlib.compress(json.dumps(body).encode())
-
-
-def test_the_start_up_look_refuses_an_unsigned_index_when_the_job_signs(
-    make_config: Callable[..., Config], keys: SigningKeys
-) -> None:
-    """A process's start-up look at a job-wide tier (records/known.py) takes the ids of the index
-    made under the stamp it reads only when the index is signed; a forged one naming a copy the
-    tier does not hold is no index: the markers are listed."""
-    (tier,) = make_config("shared").make_tiers(node=0)
-    trust = MarkerTrust(keys=keys)
-    real = {_save(tier, 1, keys), _save(tier, 2, keys)}
-    forged = _with_ghost(tier, trust)
-    write_index(tier, forged)
-    assert list_commits(tier, trust)[1] == real, "unsigned: listed"
-    assert list_commits(tier, MarkerTrust())[1] == real | {GHOST}, "a job that does not sign takes it"
-    write_index(tier, forged, keys)
-    assert list_commits(tier, trust)[1] == real | {GHOST}, "signed by the job's key: taken"
 
 
 def test_a_watcher_refuses_an_unsigned_index_when_the_job_signs(

@@ -4,8 +4,11 @@ A save asks only its own tier (DESIGN.md, "Tiers stand alone"). What it must kno
 ids committed there and the highest commit number — it learns from three places:
 
 1. **Start-up**: the first save of the process lists each other tier once (its commit log and its
-   markers, or a job-wide tier's index, in parallel, each bounded by ``probe_timeout``). A tier
-   that does not answer is *unreachable at start-up*; it is not asked again by this process.
+   markers, in parallel, each bounded by ``probe_timeout``). A tier that does not answer is
+   *unreachable at start-up*; it is not asked again by this process. The markers are listed even
+   where a keeper's index stands for them: a marker whose writer died before stamping the tier is
+   missing from an index made under the same stamp, and the look is what refuses a second save of
+   its id.
 2. **Sightings** (:mod:`tierstore.records.sightings`): what the promoter last saw in the other tiers,
    recorded in the target tier, read at every save.
 3. **This process's own commits**, into any tier (a ``tier=`` save, then a save of the same id into
@@ -30,8 +33,6 @@ from tierstore._platform.health import said_once
 from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import IntegrityError
 from tierstore.ids import MARKER_NAME, is_checkpoint_id
-from tierstore.records.changes import read_stamp
-from tierstore.records.index import read_index
 from tierstore.records.log import highest_in, read_head, read_log_and_voids
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
@@ -74,7 +75,7 @@ def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
     save (after its first tier was wiped) would take that number again and not rank newest. Where
     the head record says every marker was logged, only the log above it is listed and no marker
     is read: such a marker's number is then known from the tier it was promoted from."""
-    committed = _committed_ids(tier, trust)
+    committed = {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
     head = read_head(tier)
     if head is not None and head.logged:
         return highest_in(tier, above=head.seq), committed
@@ -82,19 +83,6 @@ def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
     logged = {entry.checkpoint_id for entry in log}
     unlogged = [seq for c in committed - logged if (seq := _marker_seq(tier, c, trust)) is not None]
     return max([log[-1].seq if log else 0, *voids, *unlogged]), committed
-
-
-def _committed_ids(tier: Tier, trust: MarkerTrust) -> set[str]:
-    """The ids whose markers are in ``tier``: of a job-wide tier, from its keeper's index when the
-    index was made under the change stamp read now (as fresh as a listing: :mod:`~tierstore.records.index`;
-    two GETs instead of a LIST page per ~300 ids) and, when the job signs, signed by its key; else
-    from a listing of the markers."""
-    if not tier.node_local:
-        token = read_stamp(tier)  # before the index: a change since stamps after it
-        index = read_index(tier, trust.keys)
-        if index is not None and index.token == token:
-            return {c.checkpoint_id for c in index.copies}
-    return {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
 
 
 def _marker_seq(tier: Tier, checkpoint_id: str, trust: MarkerTrust) -> int | None:
