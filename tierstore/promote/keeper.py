@@ -105,8 +105,9 @@ class Keeper:
         return self._lease is not None and self._clock() < self._deadline()
 
     def stamp(self) -> tuple[bool, bytes | None]:
-        """Watching: ``(True, token)``, the tier's change stamp its keeper read before the renewal
-        this promoter last read (no request); ``(False, None)`` when not known."""
+        """Watching: ``(True, token)``, the tier's change stamp as named by the renewal this promoter
+        last read (its keeper's newest index's token, see :meth:`indexed`; no request);
+        ``(False, None)`` when not known."""
         return self._stamp if self.watching() else (False, None)
 
     def indexed(self, token: bytes | None, *, written: bool) -> None:

@@ -167,8 +167,9 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             started = time.monotonic()
             watched = tier.name in kept_elsewhere
             # Read before anything it covers is listed (records/changes.py); of a tier another
-            # promoter keeps, the lease read anyway names it (read by the keeper before renewing),
-            # except for a full look: the index it takes must be as fresh as a listing made now.
+            # promoter keeps, the lease read anyway names it (its keeper's newest index's token, see
+            # Keeper.indexed), except for a full look: the index it takes must be as fresh as a
+            # listing made now.
             token = kept_elsewhere[tier.name] if watched and not full else read_stamp(tier)
             kept = None if full else views.reusable(tier.name, token)
             if kept is not None:
