@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TOOLS  := $(VENV)/.system-tools
 
-.PHONY: help demo test quick lint typecheck unit titan procs s3server faults soak bench standalone goodput costs costs-large clean
+.PHONY: help demo test quick lint typecheck unit titan procs s3server faults soak bench standalone s3real goodput costs costs-large clean
 
 # Test lanes (tests/lanes.py marks every test at collection; docs/testing.md has the times):
 #   make quick     the in-process tests, both cores: what to run after each edit (under a minute)
@@ -110,6 +110,12 @@ costs-large: $(STAMP)
 # what an S3 outage costs the fast path, against a real S3 server (make bench runs it too)
 standalone: $(STAMP)
 	$(BIN)/python benchmarks/standalone.py $(STANDALONE_ARGS)
+
+# the S3 paths on a real server against boto3's best (make bench runs s3_real as its s3real phase),
+# three runs in a row, then each call's request timeline beside boto3's (about 12 minutes)
+s3real: $(STAMP)
+	for run in 1 2 3; do $(BIN)/python benchmarks/s3_real.py --out bench-results/s3real-$$run || exit 1; done
+	$(BIN)/python benchmarks/s3_timeline.py
 
 # the training-loop benchmark alone (make bench runs it too, at --goodput-size)
 goodput: $(STAMP)
