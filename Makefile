@@ -16,6 +16,10 @@ TOOLS  := $(VENV)/.system-tools
 #   make soak      the long run of the commit protocol's models and its mutation kit (many examples)
 #   make titan     the torchtitan integration against torchtitan itself, in its own venv (.venv-titan)
 QUICK := not procs and not s3server and not slow and not faults
+# pytest keeps its rewritten test modules as .pyc files; where the environment sets
+# PYTHONDONTWRITEBYTECODE (this machine's does) every run rewrote all of them again, 7-8 s of CPU in
+# each worker, and every process a test starts compiled tierstore anew
+unexport PYTHONDONTWRITEBYTECODE
 FAULT_SEEDS ?= 20
 
 help:
