@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tierstore.config import Config, config_from_dict
-from tierstore.ids import checkpoint_file, intent_path, rank_part_path
+from tierstore.ids import checkpoint_file, intent_path, marker_path, rank_part_path
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.duties import Context, conflicts, promote, retain
 from tierstore.promote.duties.confirm import ConfirmNumbers
 from tierstore.promote.metrics import PromoterMetrics
-from tierstore.promote.policy import Copy, Rules, TierRules
+from tierstore.promote.policy import Copy, Promotion, Rules, TierRules
 from tierstore.promote.view import View, first_view, look
 from tierstore.promote.views import TierViews
 from tierstore.records.conflicts import Conflict, read_conflicts, record_conflict
@@ -241,3 +241,19 @@ def test_part_numbers_are_confirmed_from_a_job_wide_tier(
         assert outcome.forget == {"fast"}
     else:
         assert outcome.view is None and outcome.forget == frozenset()
+
+
+def test_a_copy_seen_through_an_index_that_its_marker_has_moved_past_is_listed_again(config: Config) -> None:
+    """A keeper's index named generation 1 of ``x``; the marker, read when the promotion starts,
+    names generation 2 (an overwrite since the index). The promotion must not go on with
+    generation 1's name (its activity record and parts would name a generation it does not copy):
+    it forgets the source's listing, and the next look sees generation 2 as it is."""
+    ctx = context(config)
+    fast, durable = ctx.tiers
+    commit(durable, "x", 2)
+    looked(ctx)  # takes the job-wide tier's lease, as a keeper's pass does
+    behind = view({"fast": [], "durable": [seen("x", 1)]}, owned="fast durable")
+    assert behind.found["durable"]["x"].manifest is None  # as an index row has it
+    outcome = promote.run(Promotion("x", "durable", "fast"), behind, ctx)
+    assert (outcome.forget, outcome.promoted, outcome.failed) == ({"durable"}, (), ())
+    assert not fast.exists(marker_path("x")), "promoted under the index's generation"

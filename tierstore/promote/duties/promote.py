@@ -78,9 +78,12 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     if seen.committed and seen.manifest is None:  # seen through the source's index: read its marker
         try:
             read = functools.partial(marker_of, seen, source, ctx.trust)
-            seen = dataclasses.replace(seen, manifest=ctx.prober.ask(source, read, what="read a marker"))
+            manifest = ctx.prober.ask(source, read, what="read a marker")
         except (TierstoreError, OSError) as exc:
             return Outcome(forget=frozenset({source.name}), failed=((promotion, str(exc)),))
+        if manifest.generation != seen.copy.generation:  # replaced since the index: look again
+            return Outcome(forget=frozenset({source.name}))
+        seen = dataclasses.replace(seen, manifest=manifest)
     job = PromotionJob(
         source,
         target,
