@@ -119,8 +119,9 @@ def stopped(pid: int) -> bool:
 @pytest.mark.parametrize(
     "case",
     [
-        # a promotion local -> shared wrote its first chunk (the first reach is ram -> local's)
-        pytest.param(("promote.mid_copy@.metadata:2", 1, 10), id="promotion"),
+        # the first promotion local -> shared wrote its first chunk (the first two reaches are
+        # ram -> local's); the second one waits behind it
+        pytest.param(("promote.mid_copy@.metadata:3", 2, 10), id="promotion"),
         # retention withdrew the marker of step 1 in shared (after ram's and local's), before its
         # log entry, parts and data; every tier held steps 1 and 2 (a promoter before, keeping all)
         pytest.param(("drop.marker_withdrawn@step_0001:3", 2, 1), id="retention"),
@@ -161,15 +162,18 @@ def promoted_while_hung(
 ) -> None:
     """The assertions of the test above, on the promoter held at its kill point."""
     said = log.read_text
+    promoting = keep >= saved  # the hang begins in a promotion, else in retention
     assert within(60, lambda: "kill point" in said() and stopped(promoter.pid)) is not None, said()
     # promotion: ram -> local was done; retention: local's step 1 went before the shared tier's
-    assert committed(config, "local", 1) == (keep >= saved), said()
+    assert committed(config, "local", 1) == promoting, said()
     with hanging():
         promoter.send_signal(signal.SIGCONT)
         passed = within(PROBE_TIMEOUT + WORK + 10, lambda: "pass: " in said())
         print(f"the pass ended {passed} s after the shared tier hung")
         assert passed is not None and passed < PROBE_TIMEOUT + WORK, f"pass not over: {said()[-3000:]}"
         assert "tier shared is unreachable" in said(), said()[-3000:]
+        failed = said().count("promotion_failed")
+        assert failed == (1 if promoting else 0), said()[-3000:]  # once, not once per copy waiting
         save(config, saved + 1)  # this process's writer gives the shared tier one probe_timeout at most
         promoted = within(2 * PROBE_TIMEOUT + WORK, lambda: committed(config, "local", saved + 1))
         print(f"step {saved + 1}: ram -> local {promoted} s after its save")

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 
+from tierstore._platform import health
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.promote.context import Progress
@@ -78,6 +79,8 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     fence = None if source.node_local else lambda: ctx.keepers.fence(target.name)  # the keeper's work
     if fence is not None and not fence():
         return Outcome()
+    if any(health.view().is_open(tier) for tier in (source, target)):
+        return Outcome()  # found hung since the look (said once): the next look leaves it out
     if seen.committed and seen.manifest is None:  # seen through the source's index: read its marker
         try:
             read = functools.partial(marker_of, seen, source, ctx.trust)
