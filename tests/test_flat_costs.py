@@ -17,8 +17,7 @@ from tierstore import Catalog, latest_committed
 from tierstore.cli import main as cli_main
 from tierstore.ids import MARKER_NAME
 from tierstore.promote.discovery import SeenCopy
-from tierstore.promote.policy import Deletion
-from tierstore.promote.retention import delete_copies
+from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.index import Index, write_index
 from tierstore.records.log import highest_in
@@ -206,9 +205,7 @@ def test_a_change_by_each_tierstore_actor_is_seen_by_the_next_pass(
     found = promoter.catalog()
     assert all("step_00000800" in found[name] for name in ("nvme", "pfs", "s3")), "a copy"
 
-    delete_copies(
-        {"s3": s3}, [Deletion("s3", "step_00000100", "test")], trust=MarkerTrust()
-    )  # retention's routine
+    delete_copy(s3, "step_00000100", trust=MarkerTrust())  # retention's routine
     assert "step_00000100" not in promoter.catalog()["s3"], "retention's delete"
 
     assert (

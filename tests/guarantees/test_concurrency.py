@@ -23,7 +23,7 @@ from tierstore.config import Config
 from tierstore.dcp.save.gate import GateView
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file, generation_dir
-from tierstore.promote.retention import delete_copies
+from tierstore.promote.retention import delete_copy
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.activity import held
 from tierstore.records.marker import read_manifest
@@ -164,10 +164,9 @@ def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(make_config: C
     planned = promoter.planned_deletions(promoter.catalog())  # retention decides: keep 1 ...
     assert [d.checkpoint_id for d in planned] == ["step_000001"]
     with held(local, "read", "step_000001", chosen.generation):  # ... then a restore chooses it
-        assert (
-            delete_copies(promoter.by_name, planned, trust=MarkerTrust()) == planned
-        )  # the copy is gone ...
-        assert not local.exists(checkpoint_file("step_000001", "commit.json"))
+        for deletion in planned:  # retention's routine
+            delete_copy(local, deletion.checkpoint_id, deletion.generation, trust=MarkerTrust())
+        assert not local.exists(checkpoint_file("step_000001", "commit.json"))  # the copy is gone ...
         for entry in chosen.files:  # ... but not the data the reader is reading
             assert local.exists(checkpoint_file("step_000001", entry.path)), entry.path
     assert [c.path for c in promoter.run_once().cleaned if c.kind == "tree"] == [

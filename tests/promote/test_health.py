@@ -135,7 +135,10 @@ def test_copying_a_checkpoint_beats_for_every_chunk(make_config: Callable[..., C
     original = promoter.health.beat
 
     def counted() -> None:
-        callers.append(sys._getframe(1).f_code.co_name)  # who beat: the pass, or a copy
+        # who beat: the pass, or a copy (through the promote duty's progress, which also feeds
+        # the deadline on a copy's progress)
+        caller = sys._getframe(1)
+        callers.extend((caller.f_code.co_name, caller.f_back.f_code.co_name if caller.f_back else ""))
         original()
 
     promoter.health.beat = counted  # type: ignore[method-assign]

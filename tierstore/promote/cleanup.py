@@ -13,6 +13,7 @@ removed only by retention (:mod:`tierstore.promote.retention`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierstore._platform.owners import owner_is_gone
@@ -67,6 +68,7 @@ def find_leftovers(
     activity_ttl: float,
     now: float | None = None,
     cache: MarkerCache | None = None,
+    progress: Callable[[int], None] = lambda _count: None,
 ) -> list[Cleanup]:
     """Everything in ``tier`` that cleanup would remove now, with the reason.
 
@@ -90,13 +92,19 @@ def find_leftovers(
     Every age is taken on the tier's clock (``now`` defaults to
     :func:`~tierstore.records.clock.tier_now`, read before the listing): this host's clock, however
     far off, never makes a live record look expired or a file in flight look abandoned.
+
+    ``progress(1)`` is called after each step of the look (whoever bounds it by its progress).
     """
     now = tier_now(tier) if now is None else now
     files = tier.find("")
+    progress(1)
     incomplete = tier.incomplete_writes(idle_for=max(stale_after, activity_ttl), now=now)
+    progress(1)
     records = activities(tier, now=now)
+    progress(1)
     at_work = [r for r in records if r.age < activity_ttl]
     seen = discover(tier, MarkerCache(trust) if cache is None else cache)  # markers listed now, last
+    progress(1)
     found = _uncommitted_generations(tier, files, seen, at_work, stale_after=stale_after, now=now)
     for write in incomplete:
         # Never a write of work in progress, however idle it looks (a slow part upload).
@@ -116,8 +124,10 @@ def find_leftovers(
         )
     if (local := tier.local) is not None and local.staging:  # a writer's lock is a local file
         found += _gone_owners(tier, local, stale_after=stale_after, now=now)
+        progress(1)
     found += _unfinished_mirrors(tier, files, at_work, stale_after=stale_after, now=now)
     found += _orphan_log_entries(tier, files, seen, at_work, stale_after=stale_after, now=now)
+    progress(1)
     found += [
         Cleanup(tier.name, "file", info.path, "clock probe of a process that stopped")
         for info in files

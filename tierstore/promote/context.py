@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from tierstore._platform.bounded import Prober
 from tierstore.config import Config
@@ -13,6 +15,11 @@ from tierstore.promote.health import PromoterHealth, stall_bound
 from tierstore.promote.keeper import Keepers
 from tierstore.promote.metrics import PromoterMetrics
 from tierstore.promote.rules import rules_of
+from tierstore.tiers import Tier, is_host_memory
+
+T = TypeVar("T")
+Progress = Callable[[int], None]
+"""What bounded work calls as it goes (``progress(n)``: n more bytes or items done)."""
 
 logger = logging.getLogger("tierstore.promote.sidecar")
 """The promoter's log, every duty's: one name for operators to raise to INFO for its events."""
@@ -84,9 +91,9 @@ class Availability:
 class Context:
     """What every duty is handed beside the view: the configuration, this node's tiers (fastest
     first; the last is the durable tier) and this promoter's services, made and wired once (the
-    metrics answer the health probes and count each tier's retries). The ``prober`` asks a tier what
-    a pass must not wait on longer than ``probe_timeout``; a duty only beats ``health`` (a long copy
-    is progress, not a hung promoter)."""
+    metrics answer the health probes and count each tier's retries). Every question a duty asks a
+    tier goes through :meth:`bounded`; a duty only beats ``health`` (a long copy is progress, not a
+    hung promoter)."""
 
     def __init__(self, config: Config, node: int, metrics: PromoterMetrics) -> None:
         self.config, self.node, self.metrics = config, node, metrics
@@ -115,6 +122,27 @@ class Context:
         for name, keeper in self.keepers.by_tier.items():
             metrics.keeper.labels(name).set_function(keeper.keeps)
         metrics.start_at_zero(t.name for t in self.tiers)
+
+    def bounded(self, tier: Tier, work: Callable[[Progress], T], *, what: str) -> T:
+        """``work(progress)`` on ``tier`` with a deadline on its progress (:meth:`Prober.watch
+        <tierstore._platform.bounded.Prober.watch>`): ``probe_timeout`` without a ``progress``
+        call, or before the first (a short question calls none: its answer is due within it), is a
+        hung tier: :class:`~tierstore.errors.TierUnavailableError`, and the health view skips the
+        tier (its one WARNING names it) until a background probe finds it back. So a tier that
+        hangs mid-pass costs the pass one deadline, and the other tiers go on. ``what`` says what
+        was asked. Host memory cannot hang: asked on this thread, with no deadline."""
+        if is_host_memory(tier):
+            return work(_unwatched)
+        return self.prober.watch(tier, work, what=what)
+
+    def ask(self, tier: Tier, question: Callable[[], T], *, what: str) -> T:
+        """:meth:`bounded` for a question that makes no progress on the way: its answer is due
+        within ``probe_timeout``."""
+        return self.bounded(tier, lambda _count: question(), what=what)
+
+
+def _unwatched(_count: int) -> None:
+    """The progress of work nobody watches."""
 
 
 def _keeper_event(name: str, tier: str, epoch: int, why: str) -> None:

@@ -145,12 +145,13 @@ class PromotionJob:
         cancel: threading.Event,
         trust: MarkerTrust,
         activity_ttl: float = ACTIVITY_TTL,
-        heartbeat: Callable[[], None] | None = None,
+        progress: Callable[[int], None] = lambda _count: None,
         fence: Callable[[], bool] | None = None,
     ) -> None:
         self.source, self.target, self.found = source, target, found
-        self.heartbeat = heartbeat
-        """Called for every chunk copied: a long copy is progress, not a hung promoter."""
+        self.progress = progress
+        """Called with the bytes of every chunk copied (0: a chunk read back, a step done): a long
+        copy is progress, not a hung promoter nor a hung tier."""
         self.fence = fence
         """Asked once the data is copied, before anything is published: False when this promoter
         no longer keeps the target (:mod:`tierstore.promote.keeper`); None: not the keeper's work."""
@@ -198,13 +199,13 @@ class PromotionJob:
             return Outcome(0, try_complete(self.target, self.checkpoint_id, self.generation, self.trust))
         if (judged := self._judge_before_copying()) is not None:
             return judged  # the target's copy of the id stays: nothing to copy
+        self.progress(0)
         label = f"promote {self.checkpoint_id} {self.source.name}->{self.target.name}"
         progress = ByteProgress(label, sum(e.size for e in entries))
 
         def copied_chunk(count: int) -> None:
             progress.update(count)
-            if self.heartbeat is not None:
-                self.heartbeat()
+            self.progress(count)
 
         try:
             with progress:
@@ -226,6 +227,7 @@ class PromotionJob:
         if self.fence is not None and not self.fence():  # another promoter keeps the target now
             return Outcome(copied, False)
         kill_point("promote.data_copied", self.checkpoint_id)
+        self.progress(0)
         manifest = self.found.manifest
         if self.target.node_local:
             if self.found.parts:  # other nodes' promoters find their parts by these

@@ -1,4 +1,4 @@
-"""Deleting committed copies that retention no longer keeps: one routine for the promoter and ``gc``.
+"""Deleting a committed copy that retention no longer keeps: one routine for the promoter and ``gc``.
 
 A copy is deleted marker first (from that moment it does not exist: nothing loads, promotes or counts
 it), then its generation: part records, then data. Only the generation the marker named: another
@@ -10,11 +10,8 @@ failure part-way leaves data without a marker, which the leftover cleanup
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
 
-from tierstore._platform.killpoints import kill_point
-from tierstore.errors import IntegrityError, TierstoreError
-from tierstore.promote.policy import Deletion
+from tierstore.errors import IntegrityError
 from tierstore.records.activity import ACTIVITY_TTL
 from tierstore.records.marker import read_manifest
 from tierstore.records.protocol import drop
@@ -44,29 +41,3 @@ def delete_copy(
         except (FileNotFoundError, IntegrityError):
             return  # nothing committed, or a marker only cleanup may judge
     drop(tier, checkpoint_id, generation, trust=trust, ttl=ttl)
-
-
-def delete_copies(
-    tiers: Mapping[str, Tier],
-    deletions: Iterable[Deletion],
-    *,
-    trust: MarkerTrust,
-    on_deleted: Callable[[Deletion], None] = lambda _d: None,
-    ttl: float = ACTIVITY_TTL,
-) -> list[Deletion]:
-    """Carry out ``deletions`` one by one; a failure is logged and skips only that copy.
-
-    Returns the deletions done; ``on_deleted`` is told of each (metrics, events).
-    """
-    done: list[Deletion] = []
-    for deletion in deletions:
-        try:
-            tier, generation = tiers[deletion.tier], deletion.generation or None
-            delete_copy(tier, deletion.checkpoint_id, generation, trust=trust, ttl=ttl)
-        except (TierstoreError, OSError) as exc:
-            logger.error("deleting %s from %s failed: %s", deletion.checkpoint_id, deletion.tier, exc)
-            continue
-        on_deleted(deletion)
-        done.append(deletion)
-        kill_point("retention.between_deletes", deletion.checkpoint_id)
-    return done

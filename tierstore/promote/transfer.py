@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 from tierstore._platform.killpoints import kill_point
+from tierstore._platform.runtime import map_on_daemons
 from tierstore.checksum import Digest
 from tierstore.errors import IntegrityError
 from tierstore.ids import checkpoint_file
@@ -35,9 +35,10 @@ def _chunks(source: Tier, path: str, chunk: int) -> Iterator[bytes]:
         raise IntegrityError(f"tier {source.name}: {path}: missing; not promoted") from None
 
 
-def _has_verified_copy(target: Tier, path: str, entry: FileEntry) -> bool:
+def _has_verified_copy(target: Tier, path: str, entry: FileEntry, progress: Callable[[int], None]) -> bool:
     """A target file of the right size and CRC32C is complete: an atomic rename put it there. Only
-    looked for where reading it back is cheap (local files): elsewhere it is copied again."""
+    looked for where reading it back is cheap (local files): elsewhere it is copied again.
+    ``progress(0)`` after each chunk read back."""
     if target.local is None:
         return False
     try:
@@ -46,6 +47,7 @@ def _has_verified_copy(target: Tier, path: str, entry: FileEntry) -> bool:
         digest = Digest(sha256=entry.sha256 is not None)
         for data in target.iter_chunks(path, CHUNK):
             digest.update(data)
+            progress(0)
     except FileNotFoundError:
         return False
     return entry_problem(path, entry, entry.size, digest.crc, digest.sha256) is None
@@ -58,7 +60,7 @@ def copy_file(
     entry: FileEntry,
     *,
     cancel: threading.Event | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] = lambda _count: None,
 ) -> int:
     """Copy ``path`` (tier-relative) from ``source`` to ``target``, verified against ``entry``.
 
@@ -66,9 +68,8 @@ def copy_file(
     :class:`IntegrityError` when the source does not match ``entry`` and :class:`Cancelled` when
     ``cancel`` is set mid-copy; in both cases nothing is left under ``path`` in the target.
     """
-    if _has_verified_copy(target, path, entry):
-        if progress:
-            progress(entry.size)
+    if _has_verified_copy(target, path, entry, progress):
+        progress(entry.size)
         return 0
     chunk = target.capabilities.transfer_chunk
     size, digest = 0, Digest(sha256=entry.sha256 is not None)
@@ -80,8 +81,7 @@ def copy_file(
             digest.update(data)
             stream.write(data)
             kill_point("promote.mid_copy", path)
-            if progress:
-                progress(len(data))
+            progress(len(data))
         if size != entry.size or digest.crc != entry.crc32c:
             raise IntegrityError(
                 f"tier {source.name}: {path}: {size} bytes with CRC32C {digest.crc:08x}, marker"
@@ -101,12 +101,12 @@ def copy_files(
     workers: int,
     stopping: threading.Event,
     cancel: threading.Event,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] = lambda _count: None,
 ) -> int:
     """Copy several files of one checkpoint in parallel; return the bytes copied.
 
     Once ``stopping`` is set no new file starts; ``cancel`` aborts the files in flight. Raises the
-    first failure (after the other files in flight have ended).
+    first failure (no file starts after it; the others in flight end first).
     """
 
     def one(entry: FileEntry) -> int:
@@ -121,9 +121,7 @@ def copy_files(
             progress=progress,
         )
 
-    with ThreadPoolExecutor(max(1, min(workers, len(entries))), "tierstore-copy") as pool:
-        futures = [pool.submit(one, e) for e in sorted(entries, key=lambda e: -e.size)]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]  # type: ignore[misc]
-    return sum(f.result() for f in futures)
+    # Daemons: a copy left hanging in a tier that stopped answering (its promotion given up on,
+    # :meth:`tierstore.promote.context.Context.bounded`) must not hold the process's exit.
+    largest_first = sorted(entries, key=lambda e: -e.size)
+    return sum(map_on_daemons(largest_first, one, width=workers, name="tierstore-copy").values())

@@ -10,29 +10,31 @@ mtime listed then, and read otherwise.
 
 from __future__ import annotations
 
+import functools
+
+from tierstore._platform.health import said_once
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierstoreError
 from tierstore.promote.cleanup import VOID_BELOW_TOP, Cleanup, find_leftovers, remove
+from tierstore.promote.context import Progress
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.view import View
+from tierstore.tiers import Tier
 
 
 def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float | None = None) -> Outcome:
     """Remove (or with ``dry_run`` only list) the leftovers, as ``cleaned``: those left alone for
-    ``stale_after`` (default ``promote.stale_after``; 0 with ``dry_run``: every one, however young)."""
+    ``stale_after`` (default ``promote.stale_after``; 0 with ``dry_run``: every one, however young).
+    Each tier's look and removals are one piece of work with a deadline on its progress (a step of
+    the look, a removal): a tier that stops answering is left for this time."""
     ttl = ctx.config.promote.activity_ttl
     stale = ctx.config.promote.stale_after if stale_after is None else stale_after
     cleanups: list[Cleanup] = []
-    for tier in ctx.tiers:
-        if not view.owns(tier.name) or tier.name in view.unreachable or not ctx.keepers.fence(tier.name):
-            continue
-        try:
-            leftovers = find_leftovers(
-                tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, cache=ctx.cache
-            )
-        except (TierstoreError, OSError) as exc:
-            logger.warning("gc of %s skipped: %s", tier.name, exc)
-            continue
+
+    def clean(tier: Tier, progress: Progress) -> None:
+        leftovers = find_leftovers(
+            tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, cache=ctx.cache, progress=progress
+        )
         for cleanup in leftovers:
             if not dry_run:
                 if not ctx.keepers.fence(tier.name):  # taken over while cleaning: stop here
@@ -47,5 +49,14 @@ def run(view: View, ctx: Context, *, dry_run: bool = False, stale_after: float |
                 else:
                     event("cleaned", tier=tier.name, path=cleanup.path, reason=cleanup.reason)
                 kill_point("cleanup.between_removals", cleanup.path)
+                progress(1)
             cleanups.append(cleanup)
+
+    for tier in ctx.tiers:
+        if not view.owns(tier.name) or tier.name in view.unreachable or not ctx.keepers.fence(tier.name):
+            continue
+        try:
+            ctx.bounded(tier, functools.partial(clean, tier), what="clean up its leftovers")
+        except (TierstoreError, OSError) as exc:
+            logger.log(said_once(tier), "gc of %s skipped: %s", tier.name, exc)
     return Outcome(cleaned=tuple(cleanups))

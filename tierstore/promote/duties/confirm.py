@@ -14,14 +14,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from tierstore._platform.health import said_once
 from tierstore.errors import TierstoreError
 from tierstore.ids import intent_path
-from tierstore.promote.discovery import discover, foreign_parts
+from tierstore.promote.discovery import SeenCopy, discover, foreign_parts
 from tierstore.promote.duties import Context, Outcome, logger
-from tierstore.promote.view import View
+from tierstore.promote.view import Parts, View
+from tierstore.records.conflicts import Conflict
 from tierstore.records.marker import Manifest
 from tierstore.records.parts import PartRecord
 from tierstore.records.protocol import confirm_part
+from tierstore.tiers import Tier
 
 
 class ConfirmNumbers:
@@ -47,15 +50,21 @@ class ConfirmNumbers:
                         if all(r.confirmed for r in records):
                             continue
                         final = self._final_number(view, ctx, first, unknown)
-                        changed |= final is not None and confirm_part(
-                            tier, first.checkpoint_id, first.generation, final
-                        )
+                        if final is not None:
+                            confirm = functools.partial(
+                                confirm_part, tier, first.checkpoint_id, first.generation, final
+                            )
+                            changed |= ctx.ask(tier, confirm, what="confirm a part's number")
                 if changed:  # their records were rewritten (and the tier stamped): list it again
+                    known = list(view.conflicts.get(tier.name, ()))
+                    relist = functools.partial(_relist, ctx, tier, known)
+                    found[tier.name], parts[tier.name] = ctx.ask(tier, relist, what="list it again")
                     relisted.add(tier.name)
-                    found[tier.name] = discover(tier, ctx.cache, list(view.conflicts.get(tier.name, ())))
-                    parts[tier.name] = foreign_parts(tier, ctx.cache)
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot confirm the commit numbers of the parts in %s: %s", tier.name, exc)
+                where = (tier.name, exc)
+                logger.log(
+                    said_once(tier), "cannot confirm the commit numbers of the parts in %s: %s", *where
+                )
         if not relisted:
             return Outcome()
         return Outcome(view=dataclasses.replace(view, found=found, parts=parts), forget=frozenset(relisted))
@@ -77,11 +86,16 @@ class ConfirmNumbers:
         path = intent_path(part.checkpoint_id, part.generation)
         for tier in wide:
             try:
-                blob = ctx.prober.ask(tier, functools.partial(tier.read_bytes, path), what=f"read {path}")
+                blob = ctx.ask(tier, functools.partial(tier.read_bytes, path), what=f"read {path}")
                 self._final[key] = Manifest.from_json(blob, where=f"tier {tier.name}: {path}").seq
                 return self._final[key]
             except FileNotFoundError:
                 continue
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot read %s in %s: %s", path, tier.name, exc)
+                logger.log(said_once(tier), "cannot read %s in %s: %s", path, tier.name, exc)
         return None
+
+
+def _relist(ctx: Context, tier: Tier, conflicts: list[Conflict]) -> tuple[dict[str, SeenCopy], Parts]:
+    """The copies ``tier`` holds and this node's parts there, listed now."""
+    return discover(tier, ctx.cache, conflicts), foreign_parts(tier, ctx.cache)

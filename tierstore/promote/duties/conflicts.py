@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from tierstore._platform.health import said_once
 from tierstore.errors import TierstoreError
+from tierstore.promote.context import Progress
 from tierstore.promote.discovery import SeenCopy, marker_of
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.view import View
@@ -23,7 +25,7 @@ from tierstore.records.protocol import Verdict, judge_promotion
 from tierstore.tiers import Tier
 
 
-def report(source: Tier, target: Tier, seen: SeenCopy, existing: Manifest) -> Conflict | None:
+def report(ctx: Context, source: Tier, target: Tier, seen: SeenCopy, existing: Manifest) -> Conflict | None:
     """Keep both contents of the id: a record in the source tier (retention keeps the copy,
     promotion stops retrying it), an error line; the record if it is new."""
     mine = seen.manifest
@@ -33,7 +35,9 @@ def report(source: Tier, target: Tier, seen: SeenCopy, existing: Manifest) -> Co
         mine.checkpoint_id, mine.generation, mine.seq, target.name, existing.generation, existing.seq, why
     )
     try:
-        if not record_conflict(source, conflict):
+        if not ctx.ask(
+            source, functools.partial(record_conflict, source, conflict), what="record a conflict"
+        ):
             return None
     except (TierstoreError, OSError) as exc:
         logger.error("could not record the conflict of %s: %s", conflict.describe(), exc)
@@ -73,7 +77,7 @@ def run(view: View, ctx: Context) -> Outcome:
                 mine, theirs = markers
                 verdict, _why = judge_promotion(mine, theirs, source_tier=upper.name, target=lower.name)
                 if verdict is Verdict.CONFLICT:
-                    new = report(upper, lower, dataclasses.replace(seen, manifest=mine), theirs)
+                    new = report(ctx, upper, lower, dataclasses.replace(seen, manifest=mine), theirs)
                     if new is not None:
                         records.setdefault(upper.name, []).append(new)
                     # retention in this very pass must keep it too
@@ -93,9 +97,10 @@ def _markers(ctx: Context, *copies: tuple[Tier, SeenCopy]) -> tuple[Manifest, Ma
     for tier, seen in copies:
         try:
             read = functools.partial(marker_of, seen, tier, ctx.trust)
-            manifests.append(ctx.prober.ask(tier, read, what=f"read the marker of {seen.copy.checkpoint_id}"))
+            manifests.append(ctx.ask(tier, read, what=f"read the marker of {seen.copy.checkpoint_id}"))
         except (TierstoreError, OSError) as exc:
-            logger.warning("cannot read the marker of %s in %s: %s", seen.copy.checkpoint_id, tier.name, exc)
+            where = (seen.copy.checkpoint_id, tier.name, exc)
+            logger.log(said_once(tier), "cannot read the marker of %s in %s: %s", *where)
             return None
     return manifests[0], manifests[1]
 
@@ -104,7 +109,8 @@ def _settle(
     tier: Tier, conflicts: list[Conflict], found: dict[str, dict[str, SeenCopy]], ctx: Context
 ) -> None:
     """Drop ``tier``'s conflict records that no longer hold (either content is gone or was replaced)."""
-    try:
+
+    def settle(progress: Progress) -> None:
         for conflict in list(conflicts):
             here = found[tier.name].get(conflict.checkpoint_id)
             there = found.get(conflict.target, {}).get(conflict.checkpoint_id)
@@ -120,6 +126,10 @@ def _settle(
                     tier=tier.name,
                     target=conflict.target,
                 )
+                progress(1)
+
+    try:
+        ctx.bounded(tier, settle, what="settle its conflict records")
     except (TierstoreError, OSError) as exc:
-        logger.warning("cannot settle the conflict records of %s: %s", tier.name, exc)
+        logger.log(said_once(tier), "cannot settle the conflict records of %s: %s", tier.name, exc)
     ctx.metrics.conflicts.labels(tier.name).set(len(conflicts))

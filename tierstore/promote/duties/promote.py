@@ -11,13 +11,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 
+from tierstore._platform import health
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
+from tierstore.promote.context import Progress
 from tierstore.promote.discovery import marker_of
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.duties.conflicts import report
+from tierstore.promote.job import Outcome as JobOutcome
 from tierstore.promote.job import PromotionJob
 from tierstore.promote.policy import Promotion, Rules, promotions
 from tierstore.promote.transfer import Cancelled
@@ -75,36 +79,47 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     fence = None if source.node_local else lambda: ctx.keepers.fence(target.name)  # the keeper's work
     if fence is not None and not fence():
         return Outcome()
+    if any(health.view().is_open(tier) for tier in (source, target)):
+        return Outcome()  # found hung since the look (said once): the next look leaves it out
     if seen.committed and seen.manifest is None:  # seen through the source's index: read its marker
         try:
             read = functools.partial(marker_of, seen, source, ctx.trust)
-            manifest = ctx.prober.ask(source, read, what="read a marker")
+            manifest = ctx.ask(source, read, what="read a marker")
         except (TierstoreError, OSError) as exc:
             return Outcome(forget=frozenset({source.name}), failed=((promotion, str(exc)),))
         if manifest.generation != seen.copy.generation:  # replaced since the index: look again
             return Outcome(forget=frozenset({source.name}))
         seen = dataclasses.replace(seen, manifest=manifest)
-    job = PromotionJob(
-        source,
-        target,
-        seen,
-        node=ctx.node,
-        durable=target is ctx.tiers[-1],
-        workers=ctx.config.promote.workers,
-        stopping=ctx.stopping,
-        cancel=ctx.cancel,
-        trust=ctx.trust,
-        activity_ttl=ctx.config.promote.activity_ttl,
-        heartbeat=ctx.health.beat,  # looked up now: whoever beats for the loop
-        fence=fence,
-    )
+    given_up = threading.Event()  # a job whose deadline passed may go on: it publishes nothing then
+
+    def copy(progress: Progress) -> JobOutcome:
+        def beat(count: int) -> None:
+            ctx.health.beat()
+            progress(count)
+
+        return PromotionJob(
+            source,
+            target,
+            seen,
+            node=ctx.node,
+            durable=target is ctx.tiers[-1],
+            workers=ctx.config.promote.workers,
+            stopping=ctx.stopping,
+            cancel=ctx.cancel,
+            trust=ctx.trust,
+            activity_ttl=ctx.config.promote.activity_ttl,
+            progress=beat,
+            fence=lambda: not given_up.is_set() and (fence is None or fence()),
+        ).run()
+
     started = time.monotonic()
-    try:
-        result = job.run()
+    try:  # watched on the target, which takes what the source gives as it comes
+        result = ctx.bounded(target, copy, what=f"promote {promotion.checkpoint_id} from {source.name}")
     except Cancelled:
         event("promotion_abandoned", checkpoint=promotion.checkpoint_id, target=target.name)
         return Outcome()
     except (TierstoreError, OSError) as exc:
+        given_up.set()
         ctx.metrics.failures.labels(target.name).inc()
         if isinstance(exc, TierUnavailableError) and exc.tier == target.name:
             ctx.availability.set_unavailable(target.name, str(exc))
@@ -121,7 +136,7 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
     ctx.availability.set_unavailable(target.name, None)
     ctx.availability.set_misconfigured(target.name, "write", None)
     if result.verdict is Verdict.CONFLICT and result.existing is not None:
-        conflict = report(source, target, seen, result.existing)
+        conflict = report(ctx, source, target, seen, result.existing)
         return Outcome() if conflict is None else Outcome(view=view.with_conflict(source.name, conflict))
     ctx.metrics.bytes_promoted.labels(target.name).inc(result.copied)
     promoted: tuple[Promotion, ...] = ()

@@ -4,9 +4,11 @@ lag), and how each pass ended, where ``tierstore status`` reads it
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
+from tierstore._platform.health import said_once
 from tierstore.errors import TierstoreError
 from tierstore.promote.discovery import SeenCopy
 from tierstore.promote.duties import Context, Outcome, logger
@@ -97,6 +99,7 @@ class Report:
             if tier.name in away.unreachable:
                 continue
             try:
-                write_state(tier, state)
+                ctx.ask(tier, functools.partial(write_state, tier, state), what="record the promoter's state")
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot record the promoter's state in tier %s: %s", tier.name, exc)
+                where = (tier.name, exc)
+                logger.log(said_once(tier), "cannot record the promoter's state in tier %s: %s", *where)

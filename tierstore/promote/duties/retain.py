@@ -13,11 +13,15 @@ in this pass.
 
 from __future__ import annotations
 
+import functools
+import logging
+
+from tierstore._platform.health import said_once
 from tierstore._platform.killpoints import kill_point
-from tierstore.errors import TierstoreError
+from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.promote.duties import Context, Outcome, event, logger
 from tierstore.promote.policy import Deletion, Rules, retention, superseded_parts
-from tierstore.promote.retention import delete_copies
+from tierstore.promote.retention import delete_copy
 from tierstore.promote.view import View
 from tierstore.records.activity import live
 
@@ -51,10 +55,16 @@ def in_use(view: View, ctx: Context) -> frozenset[str] | None:
     for tier in ctx.tiers:
         if tier.name in view.unreachable or tier.name not in view.found or not view.owns(tier.name):
             continue
+        read = functools.partial(live, tier, ttl=ctx.config.promote.activity_ttl)
         try:
-            ids |= {record.checkpoint_id for record in live(tier, ttl=ctx.config.promote.activity_ttl)}
+            ids |= {record.checkpoint_id for record in ctx.ask(tier, read, what="read its activity records")}
         except (TierstoreError, OSError) as exc:
-            logger.warning("cannot read activity records in %s (%s): no deletion this pass", tier.name, exc)
+            logger.log(
+                said_once(tier),
+                "cannot read activity records in %s (%s): no deletion this pass",
+                tier.name,
+                exc,
+            )
             return None
     return frozenset(ids)
 
@@ -77,16 +87,26 @@ def run(view: View, ctx: Context, *, dry_run: bool = False) -> Outcome:
         return Outcome(refresh=True)
     if dry_run:
         return Outcome(deleted=tuple(deletions))
-
-    def deleted(deletion: Deletion) -> None:
+    ttl = ctx.config.promote.activity_ttl
+    kill_point("retention.decided", " ".join(f"{d.tier}/{d.checkpoint_id}" for d in deletions))
+    done: list[Deletion] = []
+    for deletion in deletions:
+        if not ctx.keepers.fence(deletion.tier):  # asked right before each goes
+            continue
+        tier, generation = ctx.by_name[deletion.tier], deletion.generation or None
+        drop = functools.partial(
+            delete_copy, tier, deletion.checkpoint_id, generation, trust=ctx.trust, ttl=ttl
+        )
+        try:
+            ctx.ask(tier, drop, what=f"delete {deletion.checkpoint_id}")
+        except (TierstoreError, OSError) as exc:  # that copy stays, until a later pass
+            level = said_once(tier) if isinstance(exc, TierUnavailableError) else logging.ERROR
+            logger.log(level, "deleting %s from %s failed: %s", deletion.checkpoint_id, tier.name, exc)
+            continue
         ctx.metrics.deleted.labels(deletion.tier).inc()
         event("deleted", checkpoint=deletion.checkpoint_id, tier=deletion.tier, reason=deletion.reason)
-
-    kill_point("retention.decided", " ".join(f"{d.tier}/{d.checkpoint_id}" for d in deletions))
-    fenced = (d for d in deletions if ctx.keepers.fence(d.tier))  # each asked right before it goes
-    done = delete_copies(
-        ctx.by_name, fenced, trust=ctx.trust, on_deleted=deleted, ttl=ctx.config.promote.activity_ttl
-    )
+        done.append(deletion)
+        kill_point("retention.between_deletes", deletion.checkpoint_id)
     return Outcome(view=view.without(done), deleted=tuple(done))
 
 

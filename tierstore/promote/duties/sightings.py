@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from tierstore._platform.health import said_once
 from tierstore.errors import TierstoreError
 from tierstore.promote.duties import Context, Outcome, logger
 from tierstore.promote.view import View
@@ -38,14 +39,16 @@ class Sightings:
                 key = (tier.name, seen_name)
                 try:
                     if key not in self._sighted:
-                        self._sighted.update(
-                            ((tier.name, n), known) for n, known in read_sightings(tier).items()
-                        )
-                    known = self._sighted.get(key)
-                    if record_sighting(tier, sighting, known, refresh_after=ctx.config.promote.interval):
+                        read = functools.partial(read_sightings, tier)
+                        left = ctx.ask(tier, read, what="read its sightings").items()
+                        self._sighted.update(((tier.name, n), known) for n, known in left)
+                    known, every = self._sighted.get(key), ctx.config.promote.interval
+                    record = functools.partial(record_sighting, tier, sighting, known, refresh_after=every)
+                    if ctx.ask(tier, record, what="record its sightings"):
                         self._sighted[key] = sighting
                 except (TierstoreError, OSError) as exc:
-                    logger.warning("cannot record what %s holds in %s: %s", seen_name, tier.name, exc)
+                    where = (seen_name, tier.name, exc)
+                    logger.log(said_once(tier), "cannot record what %s holds in %s: %s", *where)
         return Outcome()
 
     def _stamp_once(self, view: View, ctx: Context) -> None:
@@ -57,8 +60,8 @@ class Sightings:
             if tier.name in self._stamped or tier.name not in view.found:
                 continue
             try:
-                ctx.prober.ask(tier, functools.partial(restamp, tier), what="stamp it")
+                ctx.ask(tier, functools.partial(restamp, tier), what="stamp it")
             except (TierstoreError, OSError) as exc:
-                logger.warning("cannot stamp tier %s: %s", tier.name, exc)
+                logger.log(said_once(tier), "cannot stamp tier %s: %s", tier.name, exc)
                 continue
             self._stamped.add(tier.name)
