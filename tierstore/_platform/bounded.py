@@ -88,11 +88,35 @@ class Prober:
         def progress(_count: int) -> None:
             beat[0] = time.monotonic()
 
-        future = _on_a_thread(lambda: work(progress), f"tierstore-watch-{tier.name}")
+        def watched() -> T:
+            _watched.progress = progress  # what beat() on this thread reports to
+            return work(progress)
+
+        future = _on_a_thread(watched, f"tierstore-watch-{tier.name}")
         while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
             if time.monotonic() - beat[0] >= self.timeout and not future.done():  # done just now: use it
                 raise _unanswered(tier, view, f"no progress to {what} for {self.timeout:g}s")
         return _outcome(future, tier)
+
+
+_watched = threading.local()
+
+
+def beat(count: int = 1) -> None:
+    """Progress of the work :meth:`Prober.watch` runs on this thread, told from below the seam (a
+    page of a listing, a directory walked): a listing that takes long at scale is progress, not a
+    hung tier. Called anywhere else, nothing."""
+    beats_here()(count)
+
+
+def beats_here() -> Callable[[int], None]:
+    """:func:`beat` of this thread, for the threads its work fans out to (marker reads)."""
+    progress: Callable[[int], None] | None = getattr(_watched, "progress", None)
+    return _no_one if progress is None else progress
+
+
+def _no_one(_count: int) -> None:
+    """The progress of work nobody watches."""
 
 
 def _unanswered(tier: Probed, view: health.TierHealth, missed: str) -> TierUnavailableError:

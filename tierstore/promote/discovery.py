@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tierstore._platform.bounded import beats_here
 from tierstore._platform.runtime import map_on_daemons
 from tierstore.ids import (
     generation_dir,
@@ -186,11 +187,15 @@ class MarkerCache:
         read :data:`READ_AHEAD` at a time from a tier without local files: a promoter's first pass
         over a thousand S3 markers waits a round trip per 16 markers, not per marker."""
 
+        progress = beats_here()  # each marker read is progress of the pass's bounded look
+
         def one(checkpoint_id: str) -> Manifest | Exception:
             try:
                 return self.read(tier, checkpoint_id, mtimes[checkpoint_id])
             except Exception as exc:  # noqa: BLE001 - that copy is not usable; the caller says so
                 return exc
+            finally:
+                progress(1)
 
         unread = [i for i in mtimes if not self.trusted(tier, i, mtimes[i])]
         if tier.local is not None or len(unread) < 2:

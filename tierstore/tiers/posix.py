@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
+from tierstore._platform.bounded import beat
 from tierstore._platform.forks import close_unshared, open_unshared
 from tierstore._platform.killpoints import kill_point
 from tierstore._platform.mapping import map_private
@@ -355,6 +356,7 @@ class PosixTier(Tier):
             # entries is one directory, and relpath was most of the listing's time.
             rel_dir = os.path.relpath(directory, self.base).replace(os.sep, "/")
             prefix = "" if rel_dir == "." else f"{rel_dir}/"
+            beat()  # a directory: a long walk is progress to whoever bounds it
             for name in files:
                 if is_temporary(name):
                     continue
@@ -385,6 +387,7 @@ class PosixTier(Tier):
         """Temp files of interrupted writes not written to for ``idle_for`` seconds."""
         found: list[IncompleteWrite] = []
         for directory, _dirs, files in os.walk(self.base):
+            beat()
             for name in files:
                 if is_temporary(name):
                     full = os.path.join(directory, name)

@@ -13,6 +13,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from tierstore._platform.bounded import beat
 from tierstore.errors import TierUnavailableError
 from tierstore.tiers.base import Capabilities, FileInfo, IncompleteWrite, RetryHook, Tier, WriteStream
 from tierstore.tiers.s3.client import S3Client, as_builtin
@@ -263,6 +264,7 @@ class S3Tier(Tier):
                 for item in page.get("Contents", [])
                 if not str(item["Key"]).endswith("/")
             ]
+            beat()  # a page: a long listing is progress to whoever bounds it
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(found, key=lambda f: f.path)
