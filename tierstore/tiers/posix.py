@@ -358,14 +358,14 @@ class PosixTier(Tier):
             prefix = "" if rel_dir == "." else f"{rel_dir}/"
             beat()  # a directory: a long walk is progress to whoever bounds it
             for name in files:
-                if is_temporary(name):
-                    continue
+                if is_temporary(name) or (after is not None and prefix + name <= after):
+                    continue  # not stat'ed: a log listed above a number skips the entries below it
                 try:
                     result = os.stat(os.path.join(directory, name))
                 except FileNotFoundError:
                     continue  # deleted while we walked
                 found.append(FileInfo(prefix + name, result.st_size, result.st_mtime))
-        return sorted((f for f in found if after is None or f.path > after), key=lambda f: f.path)
+        return sorted(found, key=lambda f: f.path)
 
     def find_in_children(self, name: str) -> dict[str, FileInfo]:
         """One ``scandir`` of the root, one ``stat`` per child: no walk of the data files."""
