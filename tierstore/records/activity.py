@@ -13,6 +13,7 @@ next one retries.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from tierstore._platform.runtime import ProcessLocal, Ticker
 from tierstore.ids import ACTIVITY_DIR, activity_path, parse_activity_path
 from tierstore.records.clock import tier_now
-from tierstore.tiers import Tier
+from tierstore.tiers import Tier, is_host_memory
 
 logger = logging.getLogger(__name__)
 ACTIVITY_TTL = 60.0
@@ -204,11 +205,16 @@ def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | N
 
 class Heartbeat:
     """Refreshes every held record of this process, on one beat (a
-    :class:`~tierstore._platform.runtime.Ticker`)."""
+    :class:`~tierstore._platform.runtime.Ticker`). Each tier's due records are refreshed on a
+    thread of their own, and a tier whose last refresh has not answered is passed over: a tier
+    that stops answering holds its own records only, never the other tiers' (their records would
+    expire, and cleanup take their generations for abandoned)."""
 
     def __init__(self, tick: float) -> None:
         self._held: set[Activity] = set()
         self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        """Tiers whose refresh is on its way."""
         self._ticker = Ticker("tierstore-heartbeat", tick, self._beat)
 
     def keep(self, activity: Activity) -> None:
@@ -228,15 +234,31 @@ class Heartbeat:
             return list(self._held)
 
     def _beat(self) -> None:
+        due: dict[str, list[Activity]] = {}
         for activity in self.holding():
-            if activity.released or time.monotonic() < activity.due:
-                continue
-            try:
-                activity.refresh()
-            except Exception as exc:  # noqa: BLE001 - retried at the next beat
-                logger.warning(
-                    "could not refresh activity record %s in %s: %s", activity.path, activity.tier.name, exc
-                )
+            if not activity.released and time.monotonic() >= activity.due:
+                due.setdefault(activity.tier.name, []).append(activity)
+        for name, records in due.items():
+            with self._lock:
+                if name in self._busy:
+                    continue
+                self._busy.add(name)
+            if is_host_memory(records[0].tier):  # cannot hang: no thread
+                self._refresh(name, records)
+            else:
+                refresh = functools.partial(self._refresh, name, records)
+                threading.Thread(target=refresh, name=f"tierstore-heartbeat-{name}", daemon=True).start()
+
+    def _refresh(self, name: str, records: list[Activity]) -> None:
+        try:
+            for activity in records:
+                try:
+                    activity.refresh()
+                except Exception as exc:  # noqa: BLE001 - retried at the next beat
+                    logger.warning("could not refresh activity record %s in %s: %s", activity.path, name, exc)
+        finally:
+            with self._lock:
+                self._busy.discard(name)
 
 
 HEARTBEAT = ProcessLocal(lambda: Heartbeat(0.25))
