@@ -4,7 +4,7 @@ It proves that a tier type is one module plus one registration: nothing in ``tie
 the contract suite and a DCP round trip run against it. It has no capabilities beyond the verbs.
 
 It also carries the faults the protocol's model (``tests/records/test_model.py``) injects, outside
-the code under test: :data:`FAULTS` can take a store *down* (every verb raises
+the code under test: :data:`FAULTS` can make a store *slow*, take it *down* (every verb raises
 :class:`~tierstore.errors.TierUnavailableError`, an outage) or *crash* the caller after a number of
 verbs (:class:`SimulatedCrash`, and every later verb too until :meth:`Faults.revive`: a process killed
 between two store operations does nothing more).
@@ -40,6 +40,8 @@ class Faults:
         self.crash_after: int | None = None
         """Verbs left before the crash (None: no crash armed)."""
         self.crashed = False
+        self.slow: dict[str, float] = {}
+        """Seconds every verb of a store takes (a throttled bucket, a loaded filesystem)."""
 
     def arm(self, verbs: int) -> None:
         """Crash the caller at its ``verbs``-th next verb (0: at the next)."""
@@ -61,6 +63,7 @@ class Faults:
             self.crash_after -= 1
         if store in self.down:
             raise TierUnavailableError(f"tier store {store} is down (simulated outage)")
+        time.sleep(self.slow.get(store, 0.0))
 
 
 FAULTS = Faults()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tierstore._platform.bounded import beats_here
+from tierstore._platform.bounded import beat, beats_here
 from tierstore._platform.runtime import map_on_daemons
 from tierstore.ids import (
     generation_dir,
@@ -347,6 +347,7 @@ def _with_conflicts(found: dict[str, SeenCopy], records: Iterable[Conflict]) -> 
 def _discover(tier: Tier, cache: MarkerCache) -> dict[str, SeenCopy]:
     sources: dict[str, SeenCopy] = {}
     committed = marker_times(tier)
+    beat()  # the listing answered: progress of a bounded look
     sources.update(cache.from_seeds(tier, committed))
     unread = {i: mtime for i, mtime in committed.items() if i not in sources}
     for checkpoint_id, manifest in cache.read_all(tier, unread).items():

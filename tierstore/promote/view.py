@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tierstore._platform.bounded import beat
 from tierstore.errors import TierMisconfiguredError, TierstoreError
 from tierstore.promote.context import Context
 from tierstore.promote.discovery import SeenCopy, discover, foreign_parts, index_of, indexed
@@ -178,15 +179,19 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
             if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full, keys=keys)):
                 return from_keeper
             _seed(ctx, tier)
+            beat()  # each step answered is progress: only a tier that answers nothing is hung
             known = None if refresh else prior.conflicts.get(tier.name)
             records = read_conflicts(tier) if known is None else list(known)
+            beat()
             top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
+            beat()
             seen = discover(tier, ctx.cache, records)
             mine = foreign_parts(tier, ctx.cache) if tier.node_local else {}
             return TierView(token, started, seen, top, tuple(records), mine), False
 
         try:
-            listed, was_kept = ctx.prober.ask(tier, listing, what="list its checkpoints")
+            # a deadline on progress: a first listing reads every marker (minutes at 10,000 retained)
+            listed, was_kept = ctx.bounded(tier, lambda _progress: listing(), what="list its checkpoints")
         except (TierstoreError, OSError) as exc:
             views.forget(tier.name)
             ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
