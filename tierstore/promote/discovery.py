@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from tierstore._platform.bounded import beat, beats_here
 from tierstore._platform.runtime import map_on_daemons
+from tierstore.errors import TierUnavailableError
 from tierstore.ids import (
     generation_dir,
     is_checkpoint_id,
@@ -191,11 +192,14 @@ class MarkerCache:
 
         def one(checkpoint_id: str) -> Manifest | Exception:
             try:
-                return self.read(tier, checkpoint_id, mtimes[checkpoint_id])
+                manifest = self.read(tier, checkpoint_id, mtimes[checkpoint_id])
+            except TierUnavailableError:  # the tier, not the copy: the look fails
+                raise
             except Exception as exc:  # noqa: BLE001 - that copy is not usable; the caller says so
+                progress(1)  # the tier answered (a damaged marker, one gone since the listing)
                 return exc
-            finally:
-                progress(1)
+            progress(1)
+            return manifest
 
         unread = [i for i in mtimes if not self.trusted(tier, i, mtimes[i])]
         if tier.local is not None or len(unread) < 2:

@@ -1,8 +1,8 @@
-"""Review: a bounded look counts each marker read that *failed* as progress (``MarkerCache.read_all``
-beats in ``finally``). An S3 endpoint that stops answering after the listing, with a client
-``read_timeout`` shorter than ``probe_timeout``, fails every read by timeout and never answers: yet
-each timeout is a beat, so the look is never given up on; it runs for a read timeout per 16
-markers (minutes at 10,000 retained) and ends with the tier reachable and every copy gone from it."""
+"""A bounded look counts marker reads that *answered* as progress, never those that failed: an S3
+endpoint that stops answering after the listing, with a client ``read_timeout`` shorter than
+``probe_timeout``, fails every read by timeout; counted as progress, the look was never given up on
+(a read timeout per 16 markers: minutes at 10,000 retained) and ended with the tier reachable and
+every copy gone from it (found by review)."""
 
 from __future__ import annotations
 
