@@ -35,6 +35,7 @@ from tests.http_faults import FAULTS, Fault, HttpFaultProxy
 from tests.s3server import SeaweedServer
 from tests.seeds import fault_seeds
 from tierstore import TieredReader, TieredWriter, latest_committed
+from tierstore._platform import health
 from tierstore.config import Config, config_from_dict
 from tierstore.promote.sidecar import Promoter
 from tierstore.records.catalog import Catalog
@@ -192,7 +193,7 @@ def only_writes_of(checkpoint_id: str) -> Callable[[str, str], bool]:
 
 
 def test_a_store_that_always_fails_fails_bounded_and_keeps_the_last_durable_copy(
-    tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str]
+    tmp_path: Path, flaky_s3: tuple[HttpFaultProxy, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy, bucket = flaky_s3
     job, restart = configs(tmp_path, proxy, bucket, attempts=FAIL_ATTEMPTS)
@@ -203,6 +204,10 @@ def test_a_store_that_always_fails_fails_bounded_and_keeps_the_last_durable_copy
     save(job, 2)
     orphans: dict[str, int] = {}
     for fault in FAIL_FAULTS:
+        # Each fault meets a promoter on a node of its own: the previous fault's outage opened S3's
+        # breaker for this process and this node (the health view), which skips it for a period
+        monkeypatch.setenv("TIERSTORE_HEALTH_DIR", str(tmp_path / f"verdicts-{fault}"))
+        health.view()._forget()
         proxy.configure(rate=1.0, faults=[fault], only=only_writes_of("step_0002"))
         started = time.monotonic()
         report = Promoter(job).run_once()
@@ -223,7 +228,10 @@ def test_a_store_that_always_fails_fails_bounded_and_keeps_the_last_durable_copy
         left = len(s3.incomplete_writes(idle_for=0, now=time.time() + 5)) - sum(orphans.values())
         assert left == 0 or fault in ("reset", "slow"), f"{fault}: {left} uploads left"
         orphans[fault] = left
-    # The previous durable checkpoint is still the latest and exact; nothing partial is listed.
+    # The previous durable checkpoint is still the latest and exact; nothing partial is listed (the
+    # restart is a process on a node of its own, as above).
+    monkeypatch.setenv("TIERSTORE_HEALTH_DIR", str(tmp_path / "verdicts-restart"))
+    health.view()._forget()
     assert committed_in_s3(job) == ["step_0001"]
     assert latest_committed(restart, collective=False) == "step_0001"
     assert [e.checkpoint_id for e in Catalog(restart).listings()] == ["step_0001"]

@@ -13,9 +13,10 @@ background probe finds it back. A hung tier never accumulates threads.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, wait
 from typing import TypeVar
 
@@ -76,11 +77,19 @@ class Prober:
         doing = f" to {what}" if what else ""
         raise _unanswered(tier, view, f"no answer{doing} within {self.timeout:g}s") from None
 
-    def watch(self, tier: Probed, work: Callable[[Callable[[int], None]], T], *, what: str) -> T:
+    def watch(
+        self,
+        tier: Probed,
+        work: Callable[[Callable[[int], None]], T],
+        *,
+        what: str,
+        blame: Blame | None = None,
+    ) -> T:
         """``work(progress)`` on a daemon thread for as long as it makes progress: it calls
         ``progress(n)`` as it goes, and ``timeout`` seconds without a call (or before the first)
-        is a hung tier: :class:`TierUnavailableError`, and the health view's verdict. For work whose
-        length has no deadline of its own (a verification reading a large copy)."""
+        is a hung tier: :class:`TierUnavailableError`, and the health view's verdict, for ``tier``
+        or for the one ``blame`` names. For work whose length has no deadline of its own (a
+        verification reading a large copy)."""
         view = health.view()
         view.check(tier, self.timeout)
         beat = [time.monotonic()]
@@ -95,8 +104,35 @@ class Prober:
         future = _on_a_thread(watched, f"tierstore-watch-{tier.name}")
         while not wait([future], timeout=max(0.0, beat[0] + self.timeout - time.monotonic())).done:
             if time.monotonic() - beat[0] >= self.timeout and not future.done():  # done just now: use it
-                raise _unanswered(tier, view, f"no progress to {what} for {self.timeout:g}s")
+                culprit = tier if blame is None else blame.culprit(tier)
+                raise _unanswered(culprit, view, f"no progress to {what} for {self.timeout:g}s")
         return _outcome(future, tier)
+
+
+class Blame:
+    """Which tier watched work that stopped was waiting on: ``other`` while a call into it is under
+    way on some thread of the work (:meth:`into_other`: a promotion's read of its source), else the
+    tier it is watched on (its target)."""
+
+    def __init__(self, other: Probed) -> None:
+        self.other = other
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def into_other(self) -> Iterator[None]:
+        """Around a call into :attr:`other`."""
+        with self._lock:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    def culprit(self, watched: Probed) -> Probed:
+        """The tier to hold unreachable now."""
+        return self.other if self._calls else watched
 
 
 _watched = threading.local()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from tierstore._platform.bounded import Prober
+from tierstore._platform.bounded import Blame, Prober
 from tierstore.config import Config
 from tierstore.promote.discovery import MarkerCache
 from tierstore.promote.health import PromoterHealth, stall_bound
@@ -107,6 +107,8 @@ class Context:
         metrics.watch(self.health, config.metrics.directory_for(node), stale_after=config.metrics.stale_after)
         self.stopping, self.cancel = threading.Event(), threading.Event()
         self.prober = Prober(config.probe_timeout)
+        self.hanging: set[tuple[str, ...]] = set()
+        """Promotions given up on whose copy still waits on a tier (not tried again until it ends)."""
         self.cache = MarkerCache(self.trust)
         self.availability = Availability(metrics, self.health)
         self.failing: dict[tuple[str, str, str, str], str] = {}
@@ -123,7 +125,9 @@ class Context:
             metrics.keeper.labels(name).set_function(keeper.keeps)
         metrics.start_at_zero(t.name for t in self.tiers)
 
-    def bounded(self, tier: Tier, work: Callable[[Progress], T], *, what: str) -> T:
+    def bounded(
+        self, tier: Tier, work: Callable[[Progress], T], *, what: str, blame: Blame | None = None
+    ) -> T:
         """``work(progress)`` on ``tier`` with a deadline on its progress (:meth:`Prober.watch
         <tierstore._platform.bounded.Prober.watch>`): ``probe_timeout`` without a ``progress``
         call, or before the first (a short question calls none: its answer is due within it), is a
@@ -133,11 +137,11 @@ class Context:
         was asked. Host memory cannot hang: asked on this thread, with no deadline."""
         if is_host_memory(tier):
             return work(_unwatched)
-        return self.prober.watch(tier, work, what=what)
+        return self.prober.watch(tier, work, what=what, blame=blame)
 
     def ask(self, tier: Tier, question: Callable[[], T], *, what: str) -> T:
-        """:meth:`bounded` for a question that makes no progress on the way: its answer is due
-        within ``probe_timeout``."""
+        """:meth:`bounded` for a question that makes no progress of its own on the way (a listing
+        inside it tells its pages and directories: :func:`~tierstore._platform.bounded.beat`)."""
         return self.bounded(tier, lambda _count: question(), what=what)
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tierstore._platform.bounded import Blame
 from tierstore._platform.killpoints import kill_point
 from tierstore._platform.progress import ByteProgress
 from tierstore.errors import IntegrityError, TierstoreError
@@ -147,8 +148,11 @@ class PromotionJob:
         activity_ttl: float = ACTIVITY_TTL,
         progress: Callable[[int], None] = lambda _count: None,
         fence: Callable[[], bool] | None = None,
+        blame: Blame | None = None,
     ) -> None:
         self.source, self.target, self.found = source, target, found
+        self.blame = blame
+        """Told of every read of the source (see :class:`~tierstore._platform.bounded.Blame`)."""
         self.progress = progress
         """Called with the bytes of every chunk copied (0: a chunk read back, a step done): a long
         copy is progress, not a hung promoter nor a hung tier."""
@@ -218,6 +222,7 @@ class PromotionJob:
                     stopping=self.stopping,
                     cancel=self.cancel,
                     progress=copied_chunk,
+                    blame=self.blame,
                 )
         except IntegrityError:
             self._damaged = True

@@ -9,9 +9,11 @@ upload is aborted) and raises
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
+from tierstore._platform.bounded import Blame
 from tierstore._platform.killpoints import kill_point
 from tierstore._platform.runtime import map_on_daemons
 from tierstore.checksum import Digest
@@ -61,8 +63,10 @@ def copy_file(
     *,
     cancel: threading.Event | None = None,
     progress: Callable[[int], None] = lambda _count: None,
+    blame: Blame | None = None,
 ) -> int:
     """Copy ``path`` (tier-relative) from ``source`` to ``target``, verified against ``entry``.
+    ``blame`` is told of each read of the source (a hung one is the source's fault).
 
     Returns the bytes copied (0 when a verified copy was already there). Raises
     :class:`IntegrityError` when the source does not match ``entry`` and :class:`Cancelled` when
@@ -73,8 +77,14 @@ def copy_file(
         return 0
     chunk = target.capabilities.transfer_chunk
     size, digest = 0, Digest(sha256=entry.sha256 is not None)
+    reading = blame.into_other if blame is not None else contextlib.nullcontext
+    chunks = _chunks(source, path, chunk)
     with target.open_write(path) as stream:
-        for data in _chunks(source, path, chunk):
+        while True:
+            with reading():
+                data = next(chunks, None)
+            if data is None:
+                break
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"copy of {path} to {target.name} cancelled")
             size += len(data)
@@ -102,6 +112,7 @@ def copy_files(
     stopping: threading.Event,
     cancel: threading.Event,
     progress: Callable[[int], None] = lambda _count: None,
+    blame: Blame | None = None,
 ) -> int:
     """Copy several files of one checkpoint in parallel; return the bytes copied.
 
@@ -119,6 +130,7 @@ def copy_files(
             entry,
             cancel=cancel,
             progress=progress,
+            blame=blame,
         )
 
     # Daemons: a copy left hanging in a tier that stopped answering (its promotion given up on,

@@ -15,6 +15,7 @@ import threading
 import time
 
 from tierstore._platform import health
+from tierstore._platform.bounded import Blame
 from tierstore._platform.killpoints import kill_point
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
 from tierstore.promote.context import Progress
@@ -90,13 +91,23 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
         if manifest.generation != seen.copy.generation:  # replaced since the index: look again
             return Outcome(forget=frozenset({source.name}))
         seen = dataclasses.replace(seen, manifest=manifest)
+    if what in ctx.hanging:  # an earlier try still waits on a tier: another would wait beside it
+        return Outcome()
     given_up = threading.Event()  # a job whose deadline passed may go on: it publishes nothing then
+    blame = Blame(source)  # a hung read of the source is the source's fault, not the target's
 
     def copy(progress: Progress) -> JobOutcome:
         def beat(count: int) -> None:
             ctx.health.beat()
             progress(count)
 
+        ctx.hanging.add(what)
+        try:
+            return job(beat)
+        finally:
+            ctx.hanging.discard(what)
+
+    def job(beat: Progress) -> JobOutcome:
         return PromotionJob(
             source,
             target,
@@ -110,11 +121,14 @@ def run(promotion: Promotion, view: View, ctx: Context) -> Outcome:
             activity_ttl=ctx.config.promote.activity_ttl,
             progress=beat,
             fence=lambda: not given_up.is_set() and (fence is None or fence()),
+            blame=blame,
         ).run()
 
     started = time.monotonic()
     try:  # watched on the target, which takes what the source gives as it comes
-        result = ctx.bounded(target, copy, what=f"promote {promotion.checkpoint_id} from {source.name}")
+        result = ctx.bounded(
+            target, copy, what=f"promote {promotion.checkpoint_id} from {source.name}", blame=blame
+        )
     except Cancelled:
         event("promotion_abandoned", checkpoint=promotion.checkpoint_id, target=target.name)
         return Outcome()
