@@ -16,9 +16,10 @@ from tierstore.errors import TierUnavailableError
 from tierstore.tiers import Tier
 
 DEADLINE = 0.2
-WALK_DEADLINE = 0.15
-COUNT = 15_000
-"""Checkpoint directories walked: about 0.5 s here, 30 us each."""
+WALK_DEADLINE = 0.5
+"""Longer than any gap a loaded machine puts between two directories (0.15 s was not, once)."""
+COUNT = 5_000
+"""Checkpoint directories walked: 30 us each."""
 
 
 def _tier(root: Path, name: str) -> Tier:
@@ -48,18 +49,21 @@ def test_work_that_beats_outlasts_the_deadline_and_silent_work_does_not(tmp_path
         Prober(DEADLINE).watch(silent, lambda _progress: time.sleep(3 * DEADLINE), what="list")
 
 
-@pytest.mark.slow  # 15,000 directories made: 3 s
+@pytest.mark.slow  # 5,000 directories made, walked for 3 deadlines: 4 s
 def test_a_directory_walk_longer_than_the_deadline_is_progress(tmp_path: Path) -> None:
-    """A shared tier's whole listing (cleanup's look) over many directories, each quick: longer in
-    all than the deadline, never silent for it."""
+    """Shared tiers' whole listings (cleanup's look) over many directories, each quick, walked again
+    and again for three deadlines in one watched piece of work: never silent for one deadline."""
     root = tmp_path / "many"
     for i in range(COUNT):
         (root / f"c{i:05d}" / "g").mkdir(parents=True)
         (root / f"c{i:05d}" / "g" / "f").write_bytes(b"x")
     tier = _tier(root, "walked")
-    started = time.monotonic()
-    found = Prober(WALK_DEADLINE).watch(tier, lambda _progress: tier.find(""), what="list")
-    took = time.monotonic() - started
-    assert len(found) == COUNT
-    if took <= WALK_DEADLINE:
-        pytest.skip(f"the walk took {took:.2f} s, within the deadline: nothing shown")
+
+    def walks(_progress: object) -> int:
+        started, count = time.monotonic(), 0
+        while time.monotonic() - started < 3 * WALK_DEADLINE:
+            assert len(tier.find("")) == COUNT
+            count += 1
+        return count
+
+    assert Prober(WALK_DEADLINE).watch(tier, walks, what="list") >= 1
