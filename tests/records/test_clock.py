@@ -18,13 +18,15 @@ from tierstore.ids import (
     checkpoint_file,
     clock_probe_path,
     generation_dir,
+    marker_path,
     rank_part_path,
     sighting_path,
 )
 from tierstore.promote import discovery
 from tierstore.promote.cleanup import find_leftovers
-from tierstore.promote.discovery import SETTLE, MarkerCache, discover
+from tierstore.promote.discovery import SETTLE, SETTLED_AGE, MarkerCache, discover
 from tierstore.records.activity import held, live
+from tierstore.records.catalog import marker_times
 from tierstore.records.clock import tier_now
 from tierstore.records.marker import FileEntry
 from tierstore.records.parts import PartRecord
@@ -118,3 +120,40 @@ def test_a_marker_is_trusted_from_the_cache_only_once_read_well_after_it_was_lis
     monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + SETTLE + 1)
     assert cache.read(tier, "x", mtime) == "read 3"
     assert cache.read(tier, "x", mtime) == "read 3", "read long after it was listed: settled"
+
+
+def _old_marker(tier: Tier, index: int, age: float) -> float:
+    """Commit a copy in ``tier`` whose marker the tier stamped ``age`` s ago; its mtime."""
+    from tests.simulated_job import layout, manifest_for
+
+    manifest = manifest_for(index, 1, "ns")
+    for path, data in layout(manifest):
+        tier.write_bytes(path, data)
+    marker = tier.local_path(marker_path(manifest.checkpoint_id))  # type: ignore[attr-defined]
+    stamped = tier_now(tier) - age
+    os.utime(marker, (stamped, stamped))
+    return marker_times(tier)[manifest.checkpoint_id]
+
+
+def test_an_old_marker_is_settled_by_its_first_read_on_the_tier_clock(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new promoter's first pass over a long-retained checkpoint counts its read: the tier's clock,
+    probed before the read, is :data:`SETTLED_AGE` past the marker's mtime. A marker the tier
+    stamped just now is not settled by one read, even when this host's clock is two hours ahead
+    (it must not stand in for the tier's)."""
+    tier = memory_tier(make_config)
+    old = _old_marker(tier, 1, SETTLED_AGE + 5)
+    young = _old_marker(tier, 2, 0.0)
+    ids = {"step_00000100": old, "step_00000200": young}
+    cache = MarkerCache(MarkerTrust())
+    cache.read_all(tier, ids)
+    assert cache.trusted(tier, "step_00000100", old), "old enough on the tier's clock: settled at once"
+    assert not cache.trusted(tier, "step_00000200", young), "stamped now: maybe replaced in the second"
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 2 * 3600)
+    ahead = MarkerCache(MarkerTrust())
+    ahead.read_all(tier, ids)
+    assert not ahead.trusted(tier, "step_00000200", young), "this host's clock says old; the tier's says not"
+    assert ahead.trusted(tier, "step_00000100", old)
+    assert tier.find(CLOCK_DIR) == [], "the probe is gone"

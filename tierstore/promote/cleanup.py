@@ -81,13 +81,12 @@ def find_leftovers(
     Markers come from ``cache`` (the promoter's, :class:`~tierstore.promote.discovery.MarkerCache`;
     without one, every marker is read) only where it trusts them at the mtime this look's own
     marker listing shows, made after the file listing; every other marker is read. A trusted
-    entry (read at least :data:`~tierstore.promote.discovery.SETTLE` s after a listing showed that
-    mtime, by this promoter or by the previous keeper whose index seeded it) is the content the
-    marker has for as long as it shows that mtime: a marker replaced after that read has a later
-    mtime. So a marker listed at that mtime after the file listing holds, at the time of the
-    listing, the manifest taken from the cache, as a marker read then would. The same holds of
-    a node-local tier's part records, taken from the cache only while the directories they were
-    read from, looked at now, keep their settled mtimes.
+    entry (settled by that cache's rules, read by this promoter or by the previous keeper whose
+    index seeded it) is the content the marker has for as long as it shows that mtime: a marker
+    replaced after that read has a later mtime. So a marker listed at that mtime after the file
+    listing holds, at the time of the listing, the manifest taken from the cache, as a marker read
+    then would. The same holds of a node-local tier's part records, taken from the cache only
+    while the directories they were read from, looked at now, keep their settled mtimes.
 
     Every age is taken on the tier's clock (``now`` defaults to
     :func:`~tierstore.records.clock.tier_now`, read before the listing): this host's clock, however

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from tierstore._platform.bounded import beat, beats_here
 from tierstore._platform.runtime import map_on_daemons
-from tierstore.errors import TierUnavailableError
+from tierstore.errors import TierstoreError, TierUnavailableError
 from tierstore.ids import (
     generation_dir,
     is_checkpoint_id,
@@ -35,7 +35,7 @@ from tierstore.ids import (
 )
 from tierstore.promote.policy import Copy
 from tierstore.records.catalog import marker_times
-from tierstore.records.clock import clock_offset
+from tierstore.records.clock import clock_offset, tier_now
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.index import Index, IndexedCopy
 from tierstore.records.marker import Manifest, read_manifest
@@ -83,8 +83,8 @@ class _Cached:
     manifest: Manifest
     listed: float
     """When (this process's monotonic clock) a listing first showed the marker at ``mtime``."""
-    read_at: float
-    """When (the same clock) ``manifest`` was read."""
+    settled: bool
+    """``manifest`` is the marker's content for as long as it shows ``mtime`` (the class docstring)."""
 
 
 _DirTimes = tuple[float | None, tuple[tuple[str, float | None, float | None], ...]]
@@ -106,9 +106,13 @@ class MarkerCache:
 
     Stores with a coarse clock (S3 and some filesystems: 1 s) give a marker replaced within the same
     second the same mtime, so a marker is trusted from the cache only once it was read at least
-    :data:`SETTLE` seconds after a listing already showed that mtime: a replacement after that read
-    has a later mtime. Both times are this process's monotonic clock, never compared with the
-    tier's: a promoter whose clock is off trusts nothing sooner.
+    :data:`SETTLE` seconds after a listing already showed that mtime (both times this process's
+    monotonic clock), or read when the tier's own clock (:func:`~tierstore.records.clock.tier_now`,
+    probed before the read) was :data:`SETTLED_AGE` past that mtime: either way a replacement after
+    that read has a later mtime. Neither compares this host's clock with the tier's: a promoter
+    whose clock is off trusts nothing sooner. The second rule is what lets a new promoter's first
+    pass count its reads of old markers (its second pass then reads none, and a keeper's index
+    holds them settled for the next keeper).
     """
 
     trust: MarkerTrust
@@ -145,16 +149,21 @@ class MarkerCache:
             for key in [k for k in list(cached) if k[0] == tier_name and k[1] not in present]:
                 cached.pop(key, None)
 
-    def read(self, tier: Tier, checkpoint_id: str, mtime: float) -> Manifest:
-        """The marker's manifest, from the cache when it cannot have changed since."""
+    def read(
+        self, tier: Tier, checkpoint_id: str, mtime: float, *, tier_time: float | None = None
+    ) -> Manifest:
+        """The marker's manifest, from the cache when it cannot have changed since. ``tier_time``:
+        the tier's clock taken before this read, if known (the second rule of the class docstring)."""
         key = (tier.name, checkpoint_id)
         cached = self.entries.get(key)
-        same = cached is not None and cached.mtime == mtime
         if cached is not None and self.trusted(tier, checkpoint_id, mtime):
             return cached.manifest
+        same = cached is not None and cached.mtime == mtime
         listed = cached.listed if cached is not None and same else time.monotonic()
+        aged = tier_time is not None and tier_time - mtime >= SETTLED_AGE
+        settled = aged or time.monotonic() - listed >= SETTLE  # taken before the read starts
         manifest = read_manifest(tier, checkpoint_id, trust=self.trust)
-        self.entries[key] = _Cached(mtime, manifest, listed, time.monotonic())
+        self.entries[key] = _Cached(mtime, manifest, listed, settled)
         self.seeds.pop(key, None)
         return manifest
 
@@ -189,10 +198,12 @@ class MarkerCache:
         over a thousand S3 markers waits a round trip per 16 markers, not per marker."""
 
         progress = beats_here()  # each marker read is progress of the pass's bounded look
+        unread = [i for i in mtimes if not self.trusted(tier, i, mtimes[i])]
+        tier_time = _clock_for(tier, [mtimes[i] for i in unread])
 
         def one(checkpoint_id: str) -> Manifest | Exception:
             try:
-                manifest = self.read(tier, checkpoint_id, mtimes[checkpoint_id])
+                manifest = self.read(tier, checkpoint_id, mtimes[checkpoint_id], tier_time=tier_time)
             except TierUnavailableError:  # the tier, not the copy: the look fails
                 raise
             except Exception as exc:  # noqa: BLE001 - that copy is not usable; the caller says so
@@ -201,7 +212,6 @@ class MarkerCache:
             progress(1)
             return manifest
 
-        unread = [i for i in mtimes if not self.trusted(tier, i, mtimes[i])]
         if tier.local is not None or len(unread) < 2:
             return {i: one(i) for i in mtimes}
         # Daemons, like the Prober's that bounds the pass: reads a hung store leaves pending after
@@ -213,7 +223,7 @@ class MarkerCache:
         """Whether the manifest cached of ``checkpoint_id`` is settled for its marker at ``mtime``
         (see the class docstring): served without a read."""
         cached = self.entries.get((tier.name, checkpoint_id))
-        return cached is not None and cached.mtime == mtime and cached.read_at - cached.listed >= SETTLE
+        return cached is not None and cached.mtime == mtime and cached.settled
 
     def parts(self, tier: Tier, checkpoint_id: str) -> dict[str, list[PartRecord]]:
         """:func:`~tierstore.records.parts.part_records`, from the cache while the checkpoint's
@@ -260,6 +270,29 @@ READ_AHEAD = 16
 SETTLE = 2.0
 """Seconds between first listing a marker's mtime and reading it before the read is trusted from the
 cache (mtimes may be whole seconds)."""
+
+SETTLED_AGE = 120.0
+"""How far past a marker's mtime the tier's clock must be when the marker is read for that first read
+to be trusted. A marker is stamped when its write starts (S3) or before its rename (POSIX), and on a
+filesystem whose clients stamp times the hosts' clocks may differ by up to ``activity_ttl / 2``
+(docs/operations.md, "Clocks"): a same-second replacement would have had to be in flight for longer
+than both."""
+
+
+def _clock_for(tier: Tier, unread: Sequence[float]) -> float | None:
+    """The tier's clock before reading markers listed at the ``unread`` mtimes: only when this host's
+    clock says one of them is old enough to count (a guess deciding nothing but whether the probe's
+    three requests may pay off). None: not probed, or the tier cannot be written (read-only
+    credentials): then only :data:`SETTLE` settles a read."""
+    if not unread or time.time() - min(unread) < SETTLED_AGE:
+        return None
+    try:
+        return tier_now(tier)
+    except TierUnavailableError:  # the tier, not the probe: the reads would fail too
+        raise
+    except (TierstoreError, OSError) as exc:
+        logger.debug("tier %s: cannot probe its clock (%s): markers settle by SETTLE alone", tier.name, exc)
+        return None
 
 
 def copy_of(manifest: Manifest) -> Copy:

@@ -62,10 +62,9 @@ class IndexedCopy:
     """When its save started (the marker's ``timings``), if it says."""
     marker_mtime: float | None = None
     """The mtime its marker was listed at, when the keeper that wrote this held the marker's content
-    settled for that mtime (:class:`~tierstore.promote.discovery.MarkerCache`: read :data:`SETTLE
-    <tierstore.promote.discovery.SETTLE>` s after a listing showed it): the next keeper that lists
-    the same mtime takes this row for the marker and does not read it. None: read it (not settled,
-    or an index written without it)."""
+    settled for that mtime (by the rules of :class:`~tierstore.promote.discovery.MarkerCache`): the
+    next keeper that lists the same mtime takes this row for the marker and does not read it.
+    None: read it (not settled, or an index written without it)."""
 
 
 @dataclass(frozen=True)
