@@ -179,7 +179,8 @@ def test_the_record_check_sees_each_mutating_call() -> None:
 def test_only_the_executor_performs_record_effects_in_records() -> None:
     """Inside ``records/``, the commit records (markers, log and void entries, part records, mirror
     markers, generation data) change only in ``protocol.py``, the executor; the record modules
-    write only their own records (activity, sightings, conflicts, status, clock, stamp, lease, index)."""
+    write only their own records (activity, sightings, conflicts, status, clock, stamp, lease, index,
+    sweep)."""
     own = {
         "activity",
         "sightings",
@@ -190,6 +191,7 @@ def test_only_the_executor_performs_record_effects_in_records() -> None:
         "changes",
         "lease",
         "index",
+        "sweeps",
     }
     offenders = []
     for path in sorted((PACKAGE / "records").glob("*.py")):

@@ -242,6 +242,9 @@ def clock_probe_path(token: str) -> str:
 CHANGES_PATH = f"{INTERNAL_DIR}/changes"
 """Tier-relative path of the tier's change stamp (see records/changes.py)."""
 
+SWEPT_PATH = f"{INTERNAL_DIR}/swept"
+"""Tier-relative path of the record of the tier's last complete cleanup (see records/sweeps.py)."""
+
 INDEX_PATH = f"{INTERNAL_DIR}/index.json"
 """Tier-relative path of a job-wide tier's index, written by its keeper (see records/index.py)."""
 

@@ -110,6 +110,9 @@ class Context:
         self.hanging: set[tuple[str, ...]] = set()
         """Promotions given up on whose copy still waits on a tier (not tried again until it ends)."""
         self.cache = MarkerCache(self.trust)
+        self.swept: dict[str, float] = {}
+        """When (monotonic) each tier's last complete cleanup ended, as far as this promoter knows
+        (:mod:`tierstore.promote.duties.collect`)."""
         self.availability = Availability(metrics, self.health)
         self.failing: dict[tuple[str, str, str, str], str] = {}
         """``{(id, generation, source, target): error class}``: promotions whose last try failed,

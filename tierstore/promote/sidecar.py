@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 from tierstore.config import Config
 from tierstore.errors import TierstoreError
@@ -48,7 +47,7 @@ class Promoter:
         self.view = first_view(ctx)
         """The pass's view: the last look, as the duties since changed it."""
         self._confirm, self._sightings, self._report = ConfirmNumbers(), Sightings(), Report()
-        self._last_gc, self._backlog = 0.0, 0
+        self._backlog = 0
         self.unreachable, self.unavailable = ctx.availability.unreachable, ctx.availability.unavailable
         """The tiers the last look could not list, and why; those that refuse writes (as the last
         promotion into each found): the availability's own, kept up to date by it."""
@@ -120,9 +119,8 @@ class Promoter:
         self._take(conflicts.run(self.view, ctx))  # before retention: it keeps what they hold
         if not self.stopping.is_set():
             self._take(self._retain(self.view)[1], report)  # the sightings must not name what went
-            if time.time() - self._last_gc >= min(self.config.promote.stale_after / 2, 600.0):
-                self._take(collect.run(self.view, ctx), report)
-                self._last_gc = time.time()
+            every = min(self.config.promote.stale_after / 2, 600.0)
+            self._take(collect.run(self.view, ctx, every=every), report)
         for duty in (self._sightings.run, self._report.run, mirrors.status):
             self._take(duty(self.view, ctx))
         self.metrics.last_pass.set_to_current_time()
