@@ -172,7 +172,7 @@ class Elsewhere:
             while len(self._failed) > 4 * OUTCOMES:  # a long job's replaced generations: the latest
                 del self._failed[next(iter(self._failed))]
 
-    def outcomes(self, tier_name: str, *, limit: int = OUTCOMES) -> list[tuple[str, str, int | None]]:
+    def outcomes(self, tier_name: str) -> list[tuple[str, str, int | None]]:
         """``(id, generation, seq)`` of this process's most recent commits into ``tier_name`` and
         ``(id, generation, None)`` of its saves there that failed or were replaced and dropped:
         what a coordinator tells the other nodes at its next save
@@ -181,7 +181,7 @@ class Elsewhere:
             own = [(i, h.generation, h.seq) for i, h in self._own.items() if h.tier == tier_name]
             failed = [(i, g, None) for (i, g), t in self._failed.items() if t == tier_name]
         own.sort(key=lambda o: o[2] or 0, reverse=True)
-        return [*own[:limit], *failed[-limit:]]
+        return [*own[:OUTCOMES], *failed[-OUTCOMES:]]
 
     def _current(self, held: Held | None, sightings: dict[str, Sighting]) -> Held | None:
         """``held`` unless a sighting of its tier was taken after it was learnt."""
