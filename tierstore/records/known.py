@@ -201,13 +201,6 @@ class Elsewhere:
             if (h := self._current(held, sightings)) is not None
         }
 
-    def own_commit(
-        self, checkpoint_id: str, sightings: dict[str, Sighting]
-    ) -> tuple[str, int | None, str] | None:
-        """``(tier, seq, generation)`` of this process's last commit of the id (see
-        :meth:`own_commits`), or None."""
-        return self.own_commits(sightings).get(checkpoint_id)
-
     def holder(self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]) -> str | None:
         """A tier other than ``besides`` known to hold ``checkpoint_id`` (this process's commits,
         the start-up look, sightings: per tier, the most recent of them), or None."""
