@@ -161,7 +161,7 @@ def test_retention_leaves_the_data_of_a_copy_a_restore_has_chosen(make_config: C
     chosen = read_manifest(local, "step_000001", trust=MarkerTrust())
     dcp.save(state_of(2.0), storage_writer=TieredWriter(config), checkpoint_id="step_000002")
     promoter = Promoter(config)
-    planned = promoter.planned_deletions(promoter.catalog())  # retention decides: keep 1 ...
+    planned = promoter.apply_retention(promoter.catalog(), dry_run=True)  # retention decides: keep 1 ...
     assert [d.checkpoint_id for d in planned] == ["step_000001"]
     with held(local, "read", "step_000001", chosen.generation):  # ... then a restore chooses it
         for deletion in planned:  # retention's routine

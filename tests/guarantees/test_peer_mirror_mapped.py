@@ -18,8 +18,9 @@ from tests.process_files import mapped_inodes
 from tests.workers import run_ranks
 from tierstore._platform.mapping import is_tmpfs
 from tierstore.checksum import crc32c
+from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
-from tierstore.dcp.mirror.transport import CHUNK, bytes_of, post_send, receive_file, wait_all
+from tierstore.dcp.mirror.transport import CHUNK, post_send, receive_file, wait_all
 from tierstore.errors import IntegrityError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers.landing import Landing
@@ -50,7 +51,7 @@ def receive_through_a_mapping(rank: int, world: int, root: Path, corrupt: bool) 
     """Rank 1 sends a file; rank 0 receives it into a spare reserved (and mapped) beforehand,
     counting the copies made into the landing (none: gloo wrote into the mapping)."""
     data = payload()
-    value = crc32c(bytes_of(data)) ^ (1 if corrupt else 0)
+    value = crc32c(memory_of(data)) ^ (1 if corrupt else 0)
     entry = FileEntry("0/__1_0.distcp", SIZE, value, rank=1, node=1)
     if rank == 1:
         wait_all(post_send(data, 0, dist.group.WORLD, 1), 60)
@@ -91,7 +92,7 @@ def receive_through_a_mapping(rank: int, world: int, root: Path, corrupt: bool) 
         assert not landed.exists(), "a file whose CRC32C is not the owner's got its name"
         return
     assert landed.stat().st_ino == spare_inode, "the file did not land in the mapped spare"
-    assert landed.read_bytes() == bytes(bytes_of(data))
+    assert landed.read_bytes() == bytes(memory_of(data))
 
 
 @pytest.mark.parametrize("corrupt", [False, True], ids=["intact", "corrupt"])

@@ -20,8 +20,9 @@ from tests.guarantees.test_peer_mirror_spares import spares_of
 from tests.mirror_jobs import memory_root
 from tests.workers import run_ranks
 from tierstore.checksum import crc32c
+from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
-from tierstore.dcp.mirror.transport import CHUNK, bytes_of, post_send, receive_file, wait_all
+from tierstore.dcp.mirror.transport import CHUNK, post_send, receive_file, wait_all
 from tierstore.records.marker import FileEntry
 from tierstore.tiers.memory import MemoryTier
 
@@ -33,7 +34,7 @@ def data_of(size: int, seed: int) -> torch.Tensor:
 
 
 def entry_of(index: int, data: torch.Tensor) -> FileEntry:
-    return FileEntry(f"0/__1_{index}.distcp", data.numel(), crc32c(bytes_of(data)), rank=1, node=1)
+    return FileEntry(f"0/__1_{index}.distcp", data.numel(), crc32c(memory_of(data)), rank=1, node=1)
 
 
 def tag_of(index: int) -> int:
@@ -78,7 +79,7 @@ def two_rounds_of_edge_sizes(rank: int, world: int, root: Path) -> None:
         assert len(set(inodes)) == len(inodes), "two files landed in one inode"
         assert {i for p, i in zip(landed, inodes, strict=True) if p.stat().st_size} == spare_inodes
         for path, data in zip(landed, datas, strict=True):
-            assert path.read_bytes() == bytes(bytes_of(data)), path
+            assert path.read_bytes() == bytes(memory_of(data)), path
         assert not set(inodes) & mapped_inodes(), "a committed file is mapped"
         spares.refill()  # the same sizes again: fresh spares, mapped, never the landed inodes
         assert not set(spares_of(root.parent.parent, 0)) & set(inodes)

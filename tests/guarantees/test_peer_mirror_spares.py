@@ -21,8 +21,9 @@ from tests.workers import run_ranks
 from tierstore import TieredWriter
 from tierstore.checksum import crc32c
 from tierstore.config import Config
+from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
-from tierstore.dcp.mirror.transport import bytes_of, post_send, receive_file, wait_all
+from tierstore.dcp.mirror.transport import post_send, receive_file, wait_all
 from tierstore.errors import TierUnavailableError
 from tierstore.records.marker import FileEntry
 from tierstore.tiers.memory import MemoryTier
@@ -164,7 +165,7 @@ def fail_a_receive_after_taking_a_spare(rank: int, world: int, root: Path) -> No
     the spare is opened as its landing (a real EMFILE): the spare must not stay behind, untracked,
     until the process ends."""
     data = torch.arange(MIB, dtype=torch.int32).to(torch.uint8)
-    entry = FileEntry("0/__1_0.distcp", MIB, crc32c(bytes_of(data)), rank=1, node=1)
+    entry = FileEntry("0/__1_0.distcp", MIB, crc32c(memory_of(data)), rank=1, node=1)
     if rank == 1:
         wait_all(post_send(data, 0, dist.group.WORLD, 1), 60)
         return

@@ -407,7 +407,7 @@ class World:
             if held is None or newest is None or newest.checkpoint_id == ckpt:
                 return "kept"  # never the tier's newest
             if self.busy(ckpt, None, TTL):
-                return "in use"  # a save, promotion or restore of the id is at work (planned_deletions)
+                return "in use"  # a save, promotion or restore of the id is at work (retain.planned)
             self.retiring.add((ckpt, held.generation))
             if self.acked.get(ckpt) == held.generation:
                 del self.acked[ckpt]  # retired, as retention decided

@@ -351,7 +351,7 @@ class MultiNodeProtocol(RuleBasedStateMachine):
                 commit = (manifest.seq or 0, manifest.generation)
                 passed[checkpoint_id] = max(passed.get(checkpoint_id, commit), commit)
         # Retention defers an id while a live activity record covers it (a promotion killed a moment
-        # ago leaves one until its ttl): planned_deletions' in_use.
+        # ago leaves one until its ttl): retain.planned's in_use.
         ttl = self.config.promote.activity_ttl
         in_use = {a.checkpoint_id for t in self.tiers[1] for a in activities(t) if a.age < ttl}
         for checkpoint_id, generations in foreign_parts(self.tiers[1][0]).items():

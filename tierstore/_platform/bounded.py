@@ -148,10 +148,10 @@ def beat(count: int = 1) -> None:
 def beats_here() -> Callable[[int], None]:
     """:func:`beat` of this thread, for the threads its work fans out to (marker reads)."""
     progress: Callable[[int], None] | None = getattr(_watched, "progress", None)
-    return _no_one if progress is None else progress
+    return unwatched if progress is None else progress
 
 
-def _no_one(_count: int) -> None:
+def unwatched(_count: int) -> None:
     """The progress of work nobody watches."""
 
 

@@ -72,11 +72,11 @@ class TierHealth:
                 if state is None:
                     return
             elif state.shared and not node_verdicts.present(key):  # another process found it back
-                self._close(tier, state, "a probe of another process of this node found it back")
+                self._close(tier, "a probe of another process of this node found it back")
                 return
             if state.probe is not None and state.probe.done():
                 if state.probe.exception() is None:
-                    self._close(tier, state, "")
+                    self._close(tier, "")
                     return
                 state.probe = None
             now = time.monotonic()
@@ -103,7 +103,7 @@ class TierHealth:
                 if self._open.get(key) is not state:  # another question closed it meanwhile
                     return
                 if started.done() and started.exception() is None:
-                    self._close(tier, state, "")
+                    self._close(tier, "")
                     return
                 if state.shared:  # the node waits a period before it probes again
                     node_verdicts.write(key, state.reason)
@@ -131,7 +131,7 @@ class TierHealth:
         )
         return state
 
-    def _close(self, tier: Probed, state: _Open, how: str) -> None:
+    def _close(self, tier: Probed, how: str) -> None:
         """``tier`` answers again: every question of this process (and, with the verdict removed,
         of this node) reaches it (lock held)."""
         del self._open[tier.health_key]

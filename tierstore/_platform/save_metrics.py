@@ -321,12 +321,12 @@ def _rank_of_file(name: str) -> str | None:
     return None
 
 
-def read_directory(directory: str, *, stale_after: float = 0.0, now: float | None = None) -> list[Metric]:
+def read_directory(directory: str, *, stale_after: float = 0.0) -> list[Metric]:
     """Every metric family in the ``*.prom`` files of ``directory``, the series of all files merged
     per family (what the promoter serves). Files not rewritten for ``stale_after`` seconds (0: no
     limit) are left out: ranks of an earlier job, or of a smaller world. A file that cannot be read
     or parsed, or a family whose type differs from another file's, is skipped with a log line."""
-    now = time.time() if now is None else now
+    now = time.time()
     merged: dict[str, Metric] = {}
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     try:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from tierstore._platform.bounded import Blame, Prober
+from tierstore._platform.bounded import Blame, Prober, unwatched
 from tierstore.config import Config
 from tierstore.promote.discovery import MarkerCache
 from tierstore.promote.health import PromoterHealth, stall_bound
@@ -139,17 +139,13 @@ class Context:
         hangs mid-pass costs the pass one deadline, and the other tiers go on. ``what`` says what
         was asked. Host memory cannot hang: asked on this thread, with no deadline."""
         if is_host_memory(tier):
-            return work(_unwatched)
+            return work(unwatched)
         return self.prober.watch(tier, work, what=what, blame=blame)
 
     def ask(self, tier: Tier, question: Callable[[], T], *, what: str) -> T:
         """:meth:`bounded` for a question that makes no progress of its own on the way (a listing
         inside it tells its pages and directories: :func:`~tierstore._platform.bounded.beat`)."""
         return self.bounded(tier, lambda _count: question(), what=what)
-
-
-def _unwatched(_count: int) -> None:
-    """The progress of work nobody watches."""
 
 
 def _keeper_event(name: str, tier: str, epoch: int, why: str) -> None:

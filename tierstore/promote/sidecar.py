@@ -166,11 +166,6 @@ class Promoter:
         copies of a new :meth:`look`, to edit at will."""
         return {name: dict(seen) for name, seen in self.look(refresh=refresh, full=full).found.items()}
 
-    def planned_deletions(self, found: dict[str, dict[str, SeenCopy]]) -> list[Deletion]:
-        """What retention would delete now on this node (work in progress and node ownership
-        respected: an id named by a live activity record is in use)."""
-        return retain.planned(dataclasses.replace(self.view, found=found), self.context)
-
     def apply_retention(
         self, found: dict[str, dict[str, SeenCopy]], *, dry_run: bool = False
     ) -> list[Deletion]:

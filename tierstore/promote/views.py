@@ -21,7 +21,7 @@ Nothing destructive trusts a reused listing: retention deletes only by a listing
 pass (a pass with deletions to make looks at every tier again first, ``full``: it lists each, or
 reads the stamp of a job-wide tier another node keeps and then its keeper's index made under that
 very stamp, which is as fresh as a listing made after that read and so no reused listing); the
-protocol's drop, publish and withdraw read the marker they act on again; cleanup lists afresh
+protocol's drop and publish read the marker they act on again; cleanup lists afresh
 and takes a marker from the cache only at the mtime it lists
 (:func:`~tierstore.promote.cleanup.find_leftovers`); a promotion reads the target's marker before
 copying and publishes create-only, and one that fails forgets the listings of its two tiers.

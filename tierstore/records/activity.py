@@ -186,9 +186,9 @@ def activities(tier: Tier, *, now: float | None = None) -> list[ActivityInfo]:
     return found
 
 
-def live(tier: Tier, *, ttl: float = ACTIVITY_TTL, now: float | None = None) -> list[ActivityInfo]:
+def live(tier: Tier, *, ttl: float = ACTIVITY_TTL) -> list[ActivityInfo]:
     """The records of holders still at work (refreshed within ``ttl`` seconds, by the tier's clock)."""
-    return [a for a in activities(tier, now=now) if a.age < ttl]
+    return [a for a in activities(tier) if a.age < ttl]
 
 
 def is_busy(records: list[ActivityInfo], checkpoint_id: str, generation: str | None) -> bool:

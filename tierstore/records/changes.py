@@ -10,9 +10,8 @@ token it read *before* its previous listing of the tier, it reuses that listing
 
 **Who stamps.** Every operation of the commit protocol that changes what is listed stamps the tier
 after its change, whether it completed or raised part-way: :func:`~tierstore.records.protocol.claim`,
-:func:`~tierstore.records.protocol.publish`, :func:`~tierstore.records.protocol.withdraw`,
-:func:`~tierstore.records.protocol.drop` (retention, cleanup, ``tierstore drop``, a failed save),
-:func:`~tierstore.records.protocol.forget_entry`, part records
+:func:`~tierstore.records.protocol.publish`, :func:`~tierstore.records.protocol.drop` (retention,
+cleanup, ``tierstore drop``, a failed save), :func:`~tierstore.records.protocol.forget_entry`, part records
 (:func:`~tierstore.records.parts.confirm_part`, a promotion's per-rank records), conflict records,
 and cleanup's removals. Records a promoter does not list from its view (activity records, sightings,
 promoter state, peer mirrors, clock probes) do not stamp: they are read afresh every pass.

@@ -172,7 +172,7 @@ class Elsewhere:
             while len(self._failed) > 4 * OUTCOMES:  # a long job's replaced generations: the latest
                 del self._failed[next(iter(self._failed))]
 
-    def outcomes(self, tier_name: str, *, limit: int = OUTCOMES) -> list[tuple[str, str, int | None]]:
+    def outcomes(self, tier_name: str) -> list[tuple[str, str, int | None]]:
         """``(id, generation, seq)`` of this process's most recent commits into ``tier_name`` and
         ``(id, generation, None)`` of its saves there that failed or were replaced and dropped:
         what a coordinator tells the other nodes at its next save
@@ -181,7 +181,7 @@ class Elsewhere:
             own = [(i, h.generation, h.seq) for i, h in self._own.items() if h.tier == tier_name]
             failed = [(i, g, None) for (i, g), t in self._failed.items() if t == tier_name]
         own.sort(key=lambda o: o[2] or 0, reverse=True)
-        return [*own[:limit], *failed[-limit:]]
+        return [*own[:OUTCOMES], *failed[-OUTCOMES:]]
 
     def _current(self, held: Held | None, sightings: dict[str, Sighting]) -> Held | None:
         """``held`` unless a sighting of its tier was taken after it was learnt."""
@@ -200,13 +200,6 @@ class Elsewhere:
             for i, held in own
             if (h := self._current(held, sightings)) is not None
         }
-
-    def own_commit(
-        self, checkpoint_id: str, sightings: dict[str, Sighting]
-    ) -> tuple[str, int | None, str] | None:
-        """``(tier, seq, generation)`` of this process's last commit of the id (see
-        :meth:`own_commits`), or None."""
-        return self.own_commits(sightings).get(checkpoint_id)
 
     def holder(self, checkpoint_id: str, *, besides: str, sightings: dict[str, Sighting]) -> str | None:
         """A tier other than ``besides`` known to hold ``checkpoint_id`` (this process's commits,

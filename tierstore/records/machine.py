@@ -95,16 +95,6 @@ class Publish:
 
 
 @dataclass(frozen=True)
-class Withdraw:
-    """Delete the id's marker if it names ``generation`` (not atomic with the check: only for
-    generations nobody else publishes)."""
-
-    checkpoint_id: str
-    generation: str
-    stamp: ClassVar[Stamp] = Stamp.ALWAYS
-
-
-@dataclass(frozen=True)
 class Drop:
     """Drop one generation; ``committed=False`` only an uncommitted one (a marker naming it, or one
     that cannot be read, keeps everything)."""
@@ -224,7 +214,6 @@ Op = (  # every operation the executor runs
     Claim
     | Renumber
     | Publish
-    | Withdraw
     | Drop
     | Forget
     | Confirm
@@ -850,17 +839,6 @@ def _dropping(
     return [DeleteData(ckpt, gen), Done(gone)]
 
 
-def _withdraw(view: View, event: Event) -> list[Effect]:
-    op = view.op
-    assert isinstance(op, Withdraw)
-    if isinstance(event, Start):
-        return [ReadMarker(op.checkpoint_id, "withdraw")]
-    assert isinstance(event, MarkerRead)
-    if event.marker.generation != op.generation:
-        return [Done(False)]
-    return [DeleteMarker(op.checkpoint_id), Done(True)]
-
-
 def _forget(view: View, event: Event) -> list[Effect]:
     op = view.op
     assert isinstance(op, Forget)
@@ -951,7 +929,6 @@ _DECIDERS: dict[type, Callable[[View, Event], list[Effect]]] = {
     Claim: _claim,
     Renumber: _claim,
     Publish: _publish,
-    Withdraw: _withdraw,
     Drop: _drop,
     Forget: _forget,
     Confirm: _confirm,

@@ -11,7 +11,7 @@ lists, the tier's change stamp is rewritten once, also when it raised part-way
 (:mod:`tierstore.records.changes`).
 
 * :func:`claim`, :func:`renumber` — a commit number, create-only.
-* :func:`publish` — the one order for publishing a marker; :func:`withdraw`.
+* :func:`publish` — the one order for publishing a marker.
 * :func:`drop` — the one order for dropping a generation; :func:`forget_entry`.
 * :func:`confirm_part`, :func:`record_parts`, :func:`settle_parts` — part records of multi-node saves.
 * :func:`discard`, :func:`sweep` — what a failed actor wrote, and cleanup's leftovers.
@@ -321,12 +321,6 @@ def publish(
     return standing
 
 
-def withdraw(tier: Tier, checkpoint_id: str, generation: str, *, trust: MarkerTrust) -> bool:
-    """Delete the id's marker if it names ``generation`` (read with ``trust``); True if it did."""
-    done: bool = run(tier, m.Withdraw(checkpoint_id, generation), trust=trust)
-    return done
-
-
 def drop(
     tier: Tier,
     checkpoint_id: str,
@@ -469,5 +463,4 @@ __all__ = [
     "run",
     "settle_parts",
     "sweep",
-    "withdraw",
 ]

@@ -4,7 +4,6 @@ from tierstore.dcp.mirror.groups import job_groups
 from tierstore.dcp.mirror.inventory import OWN, stored_path
 from tierstore.dcp.mirror.peer_read import fetch_missing
 from tierstore.dcp.mirror.rounds import ExchangeWaits, Round, SavedShare, worker_for
-from tierstore.dcp.mirror.transport import bytes_of
 
 __all__ = ["ExchangeWaits", "Round", "SavedShare", "job_groups", "worker_for"]  # the writer's
-__all__ += ["OWN", "bytes_of", "fetch_missing", "stored_path"]  # the restore's and export's
+__all__ += ["OWN", "fetch_missing", "stored_path"]  # the restore's and export's

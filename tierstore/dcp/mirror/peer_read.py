@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import all_gather_object
+from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.inventory import Holdings, stored_path
-from tierstore.dcp.mirror.transport import bytes_of, chunks, map_file, post_recv, post_send, wait_all
+from tierstore.dcp.mirror.transport import chunks, map_file, post_recv, post_send, wait_all
 from tierstore.errors import IntegrityError
 from tierstore.records.marker import Manifest
 from tierstore.tiers import Tier
@@ -91,7 +92,7 @@ def fetch_missing(
     entries = {f.path: f for f in manifest.files}
     for fetch in fetches:
         if fetch.receiver == me:
-            view = bytes_of(received[fetch.path])
+            view = memory_of(received[fetch.path])
             got = crc32c(view)
             if got != fetch.crc:
                 raise IntegrityError(

@@ -40,11 +40,6 @@ def chunks(size: int) -> int:
     return -(-size // CHUNK)
 
 
-def bytes_of(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU uint8 tensor, without a copy."""
-    return memory_of(tensor)
-
-
 def map_file(tier: Tier, path: str, size: int) -> torch.Tensor:
     """The first ``size`` bytes of the file ``path`` of ``tier`` as a uint8 tensor, mapped
     (:meth:`~tierstore.tiers.LocalFace.map_file`: nothing is copied, and nothing written to the tensor
@@ -287,7 +282,7 @@ class _Chunks:
             except Exception:
                 self.broken = True  # the peer or the group failed: nothing left to drain
                 raise
-            yield index * CHUNK, bytes_of(into)
+            yield index * CHUNK, memory_of(into)
             self.posted.popleft()  # its buffer is free only now: the caller is done with it
             self._post()
 

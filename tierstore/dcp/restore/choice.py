@@ -190,7 +190,7 @@ def _newest_known(tiers: list[Tier], checkpoint_id: str, prober: Prober, trust: 
     for name, sighting in sightings.items():
         if checkpoint_id in sighting.ids:
             (commits if name in fresh else evidence)[name] = sighting.ids[checkpoint_id]
-    own = elsewhere_for(tiers).own_commit(checkpoint_id, fresh)
+    own = elsewhere_for(tiers).own_commits(fresh).get(checkpoint_id)
     if own is not None:
         commits[own[0]] = (own[1], own[2])
     return Known(commits, frozenset(fresh), evidence, evidence_below=not sightings)

@@ -21,7 +21,8 @@ from torch.futures import Future
 
 from tierstore.checksum import crc32c, sha256_hex
 from tierstore.dcp.collectives import rank_and_world
-from tierstore.dcp.mirror import bytes_of, fetch_missing, job_groups
+from tierstore.dcp.layout import memory_of
+from tierstore.dcp.mirror import fetch_missing, job_groups
 from tierstore.dcp.restore.items import Request, balanced, deliver, read_items
 from tierstore.dcp.restore.objects import read_object
 from tierstore.dcp.restore.session import RestoreSession, logger
@@ -144,7 +145,7 @@ def _serve_from_peers(
     )
     for item, location in requests:
         if location.path in received:
-            whole = bytes_of(received[location.path])
+            whole = memory_of(received[location.path])
             part = whole[location.offset : location.offset + location.length]
             deliver(tier.name, item, location, part, planner)
     return [r for r in requests if r[1].path not in received]

@@ -139,8 +139,6 @@ def _seq_at_commit(session: SaveSession, gen: str, known: int) -> int:
     save too: the other nodes' part records keep the number claimed at planning until it is
     confirmed (its mirror exchange, this coordinator's next plan, or the promoter reading the
     job-wide tier: design.md, rule 2)."""
-    # ``known`` never holds this save's own claim: a number there equal to it is another
-    # commit's (a save into another tier that took the same number meanwhile).
     session.seq = renumber(session.tier, session.checkpoint_id, gen, claimed=session.seq, known=known)
     return session.seq
 
