@@ -104,8 +104,9 @@ class Promoter:
         for round_ in range(len(self.tiers)):  # each round moves checkpoints one tier further
             self.look(refresh=round_ == 0)
             self.health.beat()
-            planned = [p for p in promote.plan(self.view, ctx.rules) if p not in attempted]
-            self._backlog = promote.backlog(self.view, ctx)
+            due = promote.owed(self.view, ctx.rules)  # once per view: it walks every copy
+            planned = [p for p in promote.plan(self.view, ctx.rules, due) if p not in attempted]
+            self._backlog = promote.backlog(due, ctx)
             if not planned or self.stopping.is_set():
                 break
             for promotion in planned:
@@ -113,9 +114,9 @@ class Promoter:
                     break
                 attempted.add(promotion)
                 self._take(promote.run(promotion, self.view, ctx), report)
-        if attempted:  # else the first round's look is this one: nothing was done since
+        if attempted:  # else the last round's look is this one, its backlog told: nothing was done since
             self.look()
-        self._backlog = promote.backlog(self.view, ctx)
+            self._backlog = promote.backlog(promote.owed(self.view, ctx.rules), ctx)
         self._take(conflicts.run(self.view, ctx))  # before retention: it keeps what they hold
         if not self.stopping.is_set():
             self._take(self._retain(self.view)[1], report)  # the sightings must not name what went

@@ -36,14 +36,24 @@ KEPT = {
 """Why a promotion published nothing, by the protocol's verdict on the target's marker."""
 
 
-def plan(view: View, rules: Rules) -> list[Promotion]:
-    """What this node promotes now: the policy's promotions around the tiers away, out of its
-    node-local tiers and into the job-wide tiers it keeps (:func:`is_mine`), and none into or out of
-    a tier it cannot list (retried once the tier answers again)."""
+def owed(view: View, rules: Rules) -> list[Promotion]:
+    """Every promotion this node owes now: the policy's promotions around the tiers away, out of its
+    node-local tiers and into the job-wide tiers it keeps (:func:`is_mine`), none out of a tier it
+    cannot list. A tier away still has copies waiting for it: every copy due there that the
+    reachable tiers hold (what it already holds is unknown while it cannot be listed)."""
     return [
         p
         for p in promotions(rules, view.copies(), view.away())
-        if p.source not in view.unreachable and p.target not in view.unreachable and is_mine(p, view, rules)
+        if p.source not in view.unreachable and is_mine(p, view, rules)
+    ]
+
+
+def plan(view: View, rules: Rules, owed_now: list[Promotion] | None = None) -> list[Promotion]:
+    """What this node promotes now: what it owes (:func:`owed`, unless given as ``owed_now``: the
+    policy walks every copy of every tier), none into a tier it cannot list (retried once the
+    tier answers again)."""
+    return [
+        p for p in (owed(view, rules) if owed_now is None else owed_now) if p.target not in view.unreachable
     ]
 
 
@@ -54,15 +64,9 @@ def is_mine(promotion: Promotion, view: View, rules: Rules) -> bool:
     return view.owns(promotion.source if promotion.source in local else promotion.target)
 
 
-def backlog(view: View, ctx: Context) -> int:
-    """Export how many promotions wait, per target tier; return how many in all. A tier away still
-    has copies waiting for it: every copy due there that the reachable tiers hold counts (what it
-    already holds is unknown while it cannot be listed)."""
-    due = [
-        p
-        for p in promotions(ctx.rules, view.copies(), view.away())
-        if p.source not in view.unreachable and is_mine(p, view, ctx.rules)
-    ]
+def backlog(due: list[Promotion], ctx: Context) -> int:
+    """Export how many promotions wait (``due``: :func:`owed`), per target tier; return how many
+    in all."""
     for tier in ctx.tiers[1:]:
         ctx.metrics.backlog.labels(tier.name).set(sum(p.target == tier.name for p in due))
     return len(due)
