@@ -59,27 +59,34 @@ stopped_status() {
   echo 75
 }
 
-# wait_for PID: the exit status of the child PID, however many trapped signals interrupt the wait.
+# wait_for PID: the exit status of the child PID, once it has ended; a trapped signal meanwhile
+# runs its trap and the wait goes on. It never calls `wait` on a child still running: when a trapped
+# signal reaches bash (5.2 here) just as its `wait` builtin reaps a child, with waitpid(-1), so any
+# child, bash leaves for the trap before it records that child's status, and every later `wait` for
+# it blocks until some other child changes state: beside a promoter that runs until it is told to
+# stop, for ever. A child that bash reaps anywhere else keeps its status, and `wait` returns it at
+# once; asked again if a trap cut that short.
 wait_for() {
   local status again
-  while true; do
-    wait "$1"
-    status=$?
-    [ "${status}" -gt 128 ] || return "${status}"
-    if ! kill -0 "$1" 2>/dev/null; then  # gone: killed by a signal, or it exited as a trap ran
-      wait "$1"  # the child's own status where the shell kept it (bash 5), else 127
-      again=$?
-      [ "${again}" = 127 ] && return "${status}"
-      return "${again}"
-    fi
+  while kill -0 "$1" 2>/dev/null; do  # a zombie too, until bash reaps it during the pause
+    pause 0.2
   done
+  wait "$1"
+  status=$?
+  if [ "${status}" -gt 128 ]; then
+    wait "$1" 2>/dev/null
+    again=$?
+    [ "${again}" = 127 ] || status=${again}  # 127: bash no longer knows the pid
+  fi
+  return "${status}"
 }
 
-# pause SECONDS: sleep, but let a trapped signal end it at once (a foreground sleep would delay
-# the trap until it finished). The sleep holds no output open, so nothing waits for it.
+# pause SECONDS: sleep. A stop signal sent to this script's process group, as Slurm signals every
+# process of a step, ends the sleep at once and its trap runs; one sent to this shell alone runs its
+# trap when the sleep ends. The sleep runs in a command substitution, not in the background under
+# `wait`, which can lose another child's status (wait_for), and holds no output of this script open.
 pause() {
-  sleep "$1" >/dev/null 2>&1 &
-  wait "$!"
+  : "$(sleep "$1" 2>/dev/null)"
 }
 
 # launch_unless STOPPED CMD...: CMD in the background, its PID in LAUNCHED, unless the command

@@ -282,6 +282,52 @@ def test_a_crash_on_one_node_is_not_requeued_when_the_others_are_stopped_later(
     assert "node 1 exited with status 1, not stopped by the signal: not requeued" in err
 
 
+def test_wait_for_keeps_each_status_when_trapped_signals_come_as_children_exit() -> None:
+    """bash's ``wait`` can reap a child and jump to a trap before it records the child's status;
+    a later ``wait`` for it then blocks until another child changes state, and beside a promoter
+    that runs until told to stop, that is for ever (a node's script hung after its drain this way).
+    Here children signal the shell with a trapped SIGUSR1 as they exit, in bursts, beside a child
+    that runs on: ``wait_for`` must return each one's own status. The ``wait_for`` that called
+    ``wait`` on a running child lost a status in 9 of 12 bursts of 150 here, and hung."""
+    script = f"""
+        source {DEPLOY / "slurm" / "lib.sh"}
+        stops=0
+        trap 'stops=$((stops + 1))' USR1
+        sleep 600 >/dev/null 2>&1 &
+        promoter=$!
+        for ((burst = 0; burst < 8; burst++)); do
+          children=()
+          for ((i = 0; i < 150; i++)); do
+            bash -c 'kill -USR1 "$PPID"; exit "$1"' child $((i % 100)) &
+            children+=($!)
+          done
+          for ((i = 0; i < 150; i++)); do
+            wait_for "${{children[i]}}"
+            got=$?
+            [ "${{got}}" = $((i % 100)) ] || echo "burst ${{burst}} child ${{i}}: status ${{got}}"
+          done
+        done
+        kill "${{promoter}}"
+        echo "stops ${{stops}}"
+    """
+    shell = subprocess.Popen(
+        ["bash", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = shell.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)
+        out, err = shell.communicate()
+        err += "\nwait_for still waited after 60 s, beside a child that runs on"
+    lines = out.splitlines()
+    assert lines and lines[:-1] == [] and re.fullmatch(r"stops \d+", lines[-1]), out + err
+    assert int(lines[-1].split()[1]) > 0, "no signal reached the shell: the race was not tried"
+
+
 def run_launch_unless(tmp_path: Path, stopped_body: str) -> tuple[int, str]:
     """Runs lib.sh's ``launch_unless`` in a shell of its own session that traps SIGUSR1 as node.sh
     does, with ``stopped`` defined by ``stopped_body``; the command would write ``ran``. Returns
