@@ -37,12 +37,23 @@ forward() {
 }
 trap forward TERM INT
 
-status=0
-while true; do
-  wait "${trainer}"
-  status=$?
-  kill -0 "${trainer}" 2>/dev/null || break  # wait was interrupted by the trap: wait again
+# Never `wait` on torchrun while it may run: a `wait` that the trapped SIGTERM cuts short returns 143,
+# and when torchrun exits at that moment its own status is lost (bash 5.2 can even reap it and run the
+# trap before it records the status), so a torchrun that exited 0 after its save would fail the pod
+# with 143. So poll (kill -0 sees a zombie too, until bash reaps it and keeps its status), then `wait`
+# once to collect it. The sleep runs in a command substitution, not in the background under `wait`,
+# which has the same race; a SIGTERM to this shell alone runs its trap when the sleep ends, 0.1 s at
+# most later. (deploy/slurm/lib.sh's wait_for, which this script, mounted alone, cannot source.)
+while kill -0 "${trainer}" 2>/dev/null; do
+  : "$(sleep 0.1 2>/dev/null)"
 done
+wait "${trainer}"
+status=$?
+if [ "${status}" -gt 128 ]; then  # perhaps a trap cut even this wait short: ask again
+  wait "${trainer}" 2>/dev/null
+  again=$?
+  [ "${again}" = 127 ] || status=${again}  # 127: bash no longer knows the pid
+fi
 
 # Promote what the last save left in host memory and on the NVMe before the pod (and its memory-backed
 # emptyDir) is gone. The sidecar may be promoting the same checkpoint: promotion is idempotent and two
