@@ -168,6 +168,19 @@ def test_find_in_children_lists_each_childs_named_file(tier: Tier) -> None:
     assert found["ck3"].size == 3 and found["ck3"].path == "ck3/commit.json"
 
 
+def test_find_in_children_passes_over_the_child_it_is_told_to(tier: Tier) -> None:
+    """The children whose keys sort before and after the one passed over (``.tierstore``, the
+    commit log's, which S3 skips with one jump) are all found; it is not, though it holds ``name``."""
+    children = ["-a", ".a", ".tierstore-b", ".tierstore0", "ck1"]
+    for child in children:
+        tier.write_bytes(f"{child}/commit.json", b"{}")
+    for n in range(5):
+        tier.write_bytes(f".tierstore/commits/{n:04d}", b"")
+    tier.write_bytes(".tierstore/commit.json", b"{}")
+    assert sorted(tier.find_in_children("commit.json", besides=".tierstore")) == sorted(children)
+    assert ".tierstore" in tier.find_in_children("commit.json")
+
+
 def test_incomplete_writes_are_listed_and_discarded(tier: Tier) -> None:
     writing = tier.open_write("inc/object")
     stream = writing.__enter__()

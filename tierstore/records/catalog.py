@@ -24,7 +24,7 @@ from tierstore._platform.bounded import Prober
 from tierstore._platform.health import said_once
 from tierstore.config import Config, as_config
 from tierstore.errors import TierMisconfiguredError, TierstoreError, TierUnavailableError
-from tierstore.ids import MARKER_NAME, is_checkpoint_id, newest_first
+from tierstore.ids import INTERNAL_DIR, MARKER_NAME, is_checkpoint_id, newest_first
 from tierstore.records.known import elsewhere_for
 from tierstore.records.log import LogEntry, read_head, read_log, read_log_and_voids
 from tierstore.records.marker import Manifest, read_manifest
@@ -46,7 +46,7 @@ def marker_times(tier: Tier) -> dict[str, float]:
     """``{checkpoint id: marker mtime}`` for every id committed in ``tier`` (one listing)."""
     return {
         child: info.mtime
-        for child, info in tier.find_in_children(MARKER_NAME).items()
+        for child, info in tier.find_in_children(MARKER_NAME, besides=INTERNAL_DIR).items()
         if is_checkpoint_id(child)
     }
 

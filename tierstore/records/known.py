@@ -32,7 +32,7 @@ from tierstore._platform.bounded import Prober
 from tierstore._platform.health import said_once
 from tierstore._platform.runtime import ProcessLocal
 from tierstore.errors import IntegrityError
-from tierstore.ids import MARKER_NAME, is_checkpoint_id
+from tierstore.ids import INTERNAL_DIR, MARKER_NAME, is_checkpoint_id
 from tierstore.records.log import highest_in, read_head, read_log_and_voids
 from tierstore.records.marker import read_manifest
 from tierstore.records.sightings import Sighting
@@ -75,7 +75,7 @@ def list_commits(tier: Tier, trust: MarkerTrust) -> tuple[int, set[str]]:
     save (after its first tier was wiped) would take that number again and not rank newest. Where
     the head record says every marker was logged, only the log above it is listed and no marker
     is read: such a marker's number is then known from the tier it was promoted from."""
-    committed = {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
+    committed = {c for c in tier.find_in_children(MARKER_NAME, besides=INTERNAL_DIR) if is_checkpoint_id(c)}
     head = read_head(tier)
     if head is not None and head.logged:
         return highest_in(tier, above=head.seq), committed

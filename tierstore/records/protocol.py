@@ -30,6 +30,7 @@ from tierstore._platform.killpoints import kill_point
 from tierstore.errors import IntegrityError, TierstoreError, TierUnavailableError
 from tierstore.ids import (
     HEAD_PATH,
+    INTERNAL_DIR,
     MARKER_NAME,
     MIRROR_MARKER_PREFIX,
     checkpoint_file,
@@ -202,7 +203,9 @@ def _raise_head(tier: Tier, seq: int) -> None:
         if head is None:
             entries, voids = read_log_and_voids(tier)
             named = {e.checkpoint_id for e in entries}
-            marked = {c for c in tier.find_in_children(MARKER_NAME) if is_checkpoint_id(c)}
+            marked = {
+                c for c in tier.find_in_children(MARKER_NAME, besides=INTERNAL_DIR) if is_checkpoint_id(c)
+            }
             head = Head(max([seq, *voids, *(e.seq for e in entries)]), marked <= named)
         tier.publish(HEAD_PATH, dataclasses.replace(head, seq=max(head.seq, seq)).encode(), create_only=False)
     except (TierstoreError, OSError) as exc:

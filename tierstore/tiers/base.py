@@ -282,15 +282,17 @@ class Tier(abc.ABC):
         files are hidden. ``after``: only those whose tier-relative path sorts after it (stores
         that list in key order start there: S3's ``StartAfter``)."""
 
-    def find_in_children(self, name: str) -> dict[str, FileInfo]:
-        """``{child: info}`` for every direct child directory of the root holding a file ``name``.
+    def find_in_children(self, name: str, *, besides: str | None = None) -> dict[str, FileInfo]:
+        """``{child: info}`` for every direct child directory of the root holding a file ``name``,
+        but ``besides`` (a child holding many files and no ``name``, which a store that lists
+        keys need not page through).
 
         One listing pass (the catalog's marker scan); adapters override it with a cheaper one.
         """
         found: dict[str, FileInfo] = {}
         for info in self.find(""):
             parts = info.path.split("/")
-            if len(parts) == 2 and parts[1] == name:
+            if len(parts) == 2 and parts[1] == name and parts[0] != besides:
                 found[parts[0]] = info
         return found
 

@@ -367,7 +367,7 @@ class PosixTier(Tier):
                 found.append(FileInfo(prefix + name, result.st_size, result.st_mtime))
         return sorted(found, key=lambda f: f.path)
 
-    def find_in_children(self, name: str) -> dict[str, FileInfo]:
+    def find_in_children(self, name: str, *, besides: str | None = None) -> dict[str, FileInfo]:
         """One ``scandir`` of the root, one ``stat`` per child: no walk of the data files."""
         found: dict[str, FileInfo] = {}
         try:
@@ -375,7 +375,7 @@ class PosixTier(Tier):
         except FileNotFoundError:
             return {}
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False) and entry.name != besides:
                 try:
                     result = os.stat(os.path.join(entry.path, name))
                 except (FileNotFoundError, NotADirectoryError):

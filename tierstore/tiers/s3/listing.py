@@ -7,6 +7,10 @@ at a *delimiter*, and the delimiter may be any string: with ``/g`` (every genera
 name starts with ``g``: :func:`tierstore.ids.new_generation`), a checkpoint's data comes back as
 one common prefix ``<id>/g``, and the scan costs a request per ~300 checkpoints, however many ranks.
 
+A child named ``besides`` (tierstore's own ``.tierstore/``: the commit log, a key per commit) is
+not paged through either: the listing stops at its first key and goes on after its last
+(``StartAfter``), a page at most instead of one per thousand commits.
+
 A store that rolls up only at ``/`` (or not at all) answers with the keys themselves: they are
 filtered here, so the answer is the same, only not cheaper.
 """
@@ -27,6 +31,8 @@ def named_in_children(
     prefix: str,
     name: str,
     mtime: Callable[[dict[str, Any]], float],
+    *,
+    besides: str | None = None,
 ) -> dict[str, FileInfo]:
     """``{child: info}`` for each ``<prefix><child>/<name>``, by paginated ``ListObjectsV2`` calls.
 
@@ -36,21 +42,41 @@ def named_in_children(
     be rolled up with the data): the caller lists plainly then.
     """
     found: dict[str, FileInfo] = {}
-    for item in _objects(list_page, prefix):
+    skip = None if besides is None else f"{prefix}{besides}/"
+    for item in _objects(list_page, prefix, skip):
         parts = str(item["Key"])[len(prefix) :].split("/")
         if len(parts) == 2 and parts[1] == name:
             found[parts[0]] = FileInfo(f"{parts[0]}/{name}", int(item["Size"]), mtime(item))
     return found
 
 
-def _objects(list_page: Callable[[dict[str, Any]], dict[str, Any]], prefix: str) -> Iterator[dict[str, Any]]:
+def _objects(
+    list_page: Callable[[dict[str, Any]], dict[str, Any]], prefix: str, skip: str | None
+) -> Iterator[dict[str, Any]]:
+    """Every key under ``prefix`` in key order, but those under ``skip`` (a prefix ending in ``/``).
+    Met on a page with more to come, they are jumped over: the listing starts again after them
+    (``StartAfter``: ``skip`` with its ``/`` raised to ``0``, the next character, which passes every
+    key under ``skip`` and nothing else but a key of exactly that name, a file in the tier's root,
+    no child's); on the last page they are only left out."""
     token: str | None = None
+    after: str | None = None
     while True:
         kwargs: dict[str, Any] = {"Prefix": prefix, "Delimiter": ROLL_UP}
         if token:
             kwargs["ContinuationToken"] = token
+        elif after:
+            kwargs["StartAfter"] = after
         page = list_page(kwargs)
-        yield from page.get("Contents", [])
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token:
+        token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        jump = False
+        for item in page.get("Contents", []):
+            if skip is not None and str(item["Key"]).startswith(skip):
+                jump = token is not None and after is None
+                if jump:
+                    break
+                continue
+            yield item
+        if jump and skip is not None:
+            after, token = f"{skip[:-1]}0", None
+        elif token is None:
             return

@@ -270,18 +270,19 @@ class S3Tier(Tier):
                 return sorted(found, key=lambda f: f.path)
             kwargs["ContinuationToken"] = token
 
-    def find_in_children(self, name: str) -> dict[str, FileInfo]:
+    def find_in_children(self, name: str, *, besides: str | None = None) -> dict[str, FileInfo]:
         """Each child's ``name`` without paging through the data between them: the generation
-        directories are rolled up by a delimiter (:mod:`tierstore.tiers.s3.listing`)."""
+        directories are rolled up by a delimiter, the keys of ``besides`` skipped by one jump
+        (:mod:`tierstore.tiers.s3.listing`)."""
         if name.startswith(ROLL_UP[1:]):
-            return super().find_in_children(name)
+            return super().find_in_children(name, besides=besides)
         prefix = f"{self.prefix}/" if self.prefix else ""
 
         def list_page(kwargs: dict[str, Any]) -> dict[str, Any]:
             answer: dict[str, Any] = self.s3.call("list_objects_v2", f"list {name} of each child", **kwargs)
             return answer
 
-        return named_in_children(list_page, prefix, name, _mtime)
+        return named_in_children(list_page, prefix, name, _mtime, besides=besides)
 
     def delete(self, path: str) -> None:
         """DELETE one object (absent is fine). Through the botocore client, not s3fs: a save's
