@@ -162,6 +162,19 @@ def small_tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
 
 
 @pytest.fixture
+def disk_dir() -> Iterator[Path]:
+    """A directory of its own off any tmpfs (``make quick`` puts ``tmp_path`` on one, where an
+    fsync costs nothing), removed after; a skip where the system's temp directory is a tmpfs."""
+    from tierstore._platform.mapping import is_tmpfs
+
+    if is_tmpfs(tempfile.gettempdir()):
+        pytest.skip("the system's temporary directory is a tmpfs here")
+    where = Path(tempfile.mkdtemp(prefix="tierstore-disk-"))
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
 def shm() -> Iterator[Path]:
     """A directory of its own on the tmpfs at ``/dev/shm`` (where a mirror's spares are mapped),
     removed after; a skip where ``/dev/shm`` is no tmpfs."""

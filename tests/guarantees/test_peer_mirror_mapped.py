@@ -16,7 +16,6 @@ from tests.guarantees.test_peer_mirror_spares import fail_a_receive_after_taking
 from tests.mirror_jobs import memory_root
 from tests.process_files import mapped_inodes
 from tests.workers import run_ranks
-from tierstore._platform.mapping import is_tmpfs
 from tierstore.checksum import crc32c
 from tierstore.dcp.layout import memory_of
 from tierstore.dcp.mirror.spares import Spares
@@ -159,12 +158,10 @@ def test_a_recycled_file_is_mapped_after_the_round_that_recycles_it(shm: Path) -
         mapped.close()
 
 
-def test_spares_off_a_tmpfs_are_not_mapped(tmp_path: Path) -> None:
+def test_spares_off_a_tmpfs_are_not_mapped(disk_dir: Path) -> None:
     """Only a tmpfs's reserved pages can be written through a mapping without allocating (a disk
     filesystem may need blocks at the first write: a SIGBUS when it has none)."""
-    if is_tmpfs(str(tmp_path)):
-        pytest.skip("the temporary directory is a tmpfs here")
-    spares = Spares(MemoryTier("memory", str(tmp_path)))
+    spares = Spares(MemoryTier("memory", str(disk_dir)))
     spares.take(MIB)
     spares.refill()
     (spare,) = (spares.take(MIB),)

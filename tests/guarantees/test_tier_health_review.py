@@ -43,7 +43,7 @@ def test_a_restore_once_s3_is_back_reads_s3(tmp_path: Path, s3_endpoint: str, s3
         s3 = config.make_tier("s3", node=0)
         assert health.view().is_open(s3)
         proxy.set_mode("pass")
-        time.sleep(PROBE_TIMEOUT + 0.5)  # a probe is due
+        time.sleep(max(PROBE_TIMEOUT, health.RETRY_AFTER) + 0.1)  # a probe is due (a period since it opened)
         target = {"w": torch.zeros(8)}
         reader = TieredReader(config)
         dcp.load(target, storage_reader=reader, checkpoint_id="x")

@@ -81,7 +81,7 @@ def test_a_watcher_lists_without_an_index_and_keeps_its_listing_while_the_index_
     with no index at all it lists the tier as before (a keeper of an older release writes none);
     with an index made under an older stamp it keeps its listing, and sees the change once the
     index holds the stamp it reads."""
-    lease_s = 1.0
+    lease_s = 0.5  # every read of the lease finds it renewed (the test renews first): never stale
     config = make_config("local", "shared", promote={"keeper_lease": f"{lease_s}s", "interval": "1h"})
     shared = config.make_tiers(node=0)[1]
     elsewhere = Holder(0, "another-host", "pidns", 1, "their-token", time.time())

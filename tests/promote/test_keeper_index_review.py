@@ -79,7 +79,7 @@ def test_a_watcher_sees_a_stamped_change_within_a_full_scan_while_the_keepers_pa
         newest = _commit(shared, 2)  # stamped; the keeper's loop is busy from here on
         deadline = time.monotonic() + 3 * (LEASE + FULL_SCAN) + 2 * LEASE
         while newest not in watcher.view.found.get("shared", {}) and time.monotonic() < deadline:
-            time.sleep(LEASE / 3)
+            time.sleep(0.1)
             watcher.run_once()
         assert newest in watcher.view.found["shared"], "the watcher never saw the stamped change"
     finally:
@@ -117,7 +117,7 @@ def test_a_keeper_seeded_from_a_paused_predecessors_late_index_reads_the_marker_
     _commit(shared, 1)
     a = _promoter(config, 0, monkeypatch)
     a.run_once()
-    time.sleep(SETTLE + FULL_SCAN)
+    time.sleep(SETTLE + 0.1)  # its second pass reads the marker SETTLE s after the first listing showed it
     a.run_once()  # listed again (its first pass restamped): every marker read settled, and indexed
     late = read_index(shared)
     assert late is not None and [c.marker_mtime is not None for c in late.copies] == [True]

@@ -103,7 +103,7 @@ def test_a_watcher_refuses_an_unsigned_index_when_the_job_signs(
     """A node whose shared tier another node keeps takes the keeper's index made under the stamp it
     reads only when the index is signed by the job's key; an unsigned one (forged: it names a copy
     the tier does not hold) is no index: the tier is listed."""
-    lease_s = 1.0
+    lease_s = 0.5  # every read of the lease finds it renewed (the test renews first): never stale
     config = make_config("local", "shared", promote={"keeper_lease": f"{lease_s}s", "interval": "1h"})
     shared = config.make_tiers(node=0)[1]
     trust = MarkerTrust(keys=keys)
