@@ -287,6 +287,31 @@ def test_latest_committed_and_the_start_up_look_list_the_log_only_above_the_head
     assert skipping[0] <= plain[0] and skipping[1] <= plain[1], (skipping, plain)
 
 
+def test_a_promoters_listing_reads_the_highest_number_above_the_head(
+    counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
+) -> None:
+    """A promoter's listing of a tier takes its highest number from the log above the head record
+    (one page), not from the whole log (a page per thousand commits): the same number, in two S3
+    requests at any retained count; without a head record, the whole log."""
+    from tierstore.ids import HEAD_PATH
+    from tierstore.records.log import highest_in, highest_taken
+
+    job = _job(counted_s3, file_ops, tmp_path, 1_200, 1)
+    s3 = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
+    whole = job.measure(lambda: highest_in(s3))
+    above = job.measure(lambda: highest_taken(s3))
+    assert highest_taken(s3) == highest_in(s3) == 1_200
+    assert whole["s3_ops"] == {"GET list": 2}, whole
+    assert above["s3_ops"] == {"GET object": 1, "GET list": 1}, above  # the head, one page
+    s3.delete(HEAD_PATH)
+    assert highest_taken(s3) == 1_200
+    s3.delete(
+        f".tierstore/commits/{1_200:012d}~{manifest_for(1_200, 1, job.namespace).checkpoint_id}~"
+        f"{manifest_for(1_200, 1, job.namespace).generation}"
+    )
+    assert highest_taken(s3) == 1_199, "no head record: the log, whole"
+
+
 def test_a_node_that_does_not_keep_a_job_wide_tier_asks_it_nothing_between_lease_reads(
     counted_s3: CountingS3, file_ops: FileOps, tmp_path: Path
 ) -> None:

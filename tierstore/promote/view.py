@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierstore._platform.bounded import beat
+from tierstore._platform.runtime import map_on_daemons
 from tierstore.errors import TierMisconfiguredError, TierstoreError
 from tierstore.promote.context import Context
 from tierstore.promote.discovery import SeenCopy, discover, foreign_parts, index_of, indexed
@@ -38,7 +39,7 @@ from tierstore.promote.views import TierView, TierViews
 from tierstore.records.changes import read_stamp
 from tierstore.records.conflicts import Conflict, read_conflicts
 from tierstore.records.index import read_index, write_index
-from tierstore.records.log import highest_in
+from tierstore.records.log import highest_taken
 from tierstore.records.parts import PartRecord
 from tierstore.signing import SigningKeys
 from tierstore.tiers import Tier
@@ -162,52 +163,64 @@ def look(ctx: Context, views: TierViews, prior: View, *, refresh: bool = True, f
     parts: dict[str, Parts] = {}
     reused: set[str] = set()
     kept_elsewhere = ctx.keepers.watched()
-    for tier in ctx.tiers:
 
-        def listing(tier: Tier = tier) -> tuple[TierView, bool]:
-            started = time.monotonic()
-            watched = tier.name in kept_elsewhere
-            # Read before anything it covers is listed (records/changes.py); of a tier another
-            # promoter keeps, the lease read anyway names it (its keeper's newest index's token, see
-            # Keeper.indexed), except for a full look: the index it takes must be as fresh as a
-            # listing made now.
-            token = kept_elsewhere[tier.name] if watched and not full else read_stamp(tier)
-            kept = None if full else views.reusable(tier.name, token)
-            if kept is not None:
-                return kept, True
-            keys = ctx.trust.keys
-            if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full, keys=keys)):
-                return from_keeper
-            _seed(ctx, tier)
-            beat()  # each step answered is progress: only a tier that answers nothing is hung
-            known = None if refresh else prior.conflicts.get(tier.name)
-            records = read_conflicts(tier) if known is None else list(known)
-            beat()
-            top = highest_in(tier) if refresh else prior.highest.get(tier.name, 0)
-            beat()
-            seen = discover(tier, ctx.cache, records)
-            mine = foreign_parts(tier, ctx.cache) if tier.node_local else {}
-            return TierView(token, started, seen, top, tuple(records), mine), False
+    def listing(tier: Tier) -> tuple[TierView, bool]:
+        started = time.monotonic()
+        watched = tier.name in kept_elsewhere
+        # Read before anything it covers is listed (records/changes.py); of a tier another
+        # promoter keeps, the lease read anyway names it (its keeper's newest index's token, see
+        # Keeper.indexed), except for a full look: the index it takes must be as fresh as a
+        # listing made now.
+        token = kept_elsewhere[tier.name] if watched and not full else read_stamp(tier)
+        kept = None if full else views.reusable(tier.name, token)
+        if kept is not None:
+            return kept, True
+        keys = ctx.trust.keys
+        if watched and (from_keeper := _from_keeper(tier, token, views, started, full=full, keys=keys)):
+            return from_keeper
+        _seed(ctx, tier)
+        beat()  # each step answered is progress: only a tier that answers nothing is hung
+        known = None if refresh else prior.conflicts.get(tier.name)
+        records = read_conflicts(tier) if known is None else list(known)
+        beat()
+        top = highest_taken(tier) if refresh else prior.highest.get(tier.name, 0)
+        beat()
+        seen = discover(tier, ctx.cache, records)
+        mine = foreign_parts(tier, ctx.cache) if tier.node_local else {}
+        return TierView(token, started, seen, top, tuple(records), mine), False
 
+    def listed(index: int) -> tuple[TierView, bool] | TierstoreError | OSError:
+        tier = ctx.tiers[index]
         try:
             # a deadline on progress: a first listing reads every marker (minutes at 10,000 retained)
-            listed, was_kept = ctx.bounded(tier, lambda _progress: listing(), what="list its checkpoints")
+            return ctx.bounded(tier, lambda _progress: listing(tier), what="list its checkpoints")
         except (TierstoreError, OSError) as exc:
+            return exc
+
+    # Each tier on a thread of its own (the tiers stand alone): the look takes its slowest tier's
+    # time, not the sum (an S3 listing's pages wait on the store while a disk's markers are read).
+    outcomes = map_on_daemons(
+        list(range(len(ctx.tiers))), listed, width=len(ctx.tiers), name="tierstore-look"
+    )
+    for index, tier in enumerate(ctx.tiers):
+        outcome = outcomes[index]
+        if isinstance(outcome, (TierstoreError, OSError)):
             views.forget(tier.name)
-            ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {exc}")
-            refused = isinstance(exc, TierMisconfiguredError)
-            ctx.availability.set_misconfigured(tier.name, "list", str(exc) if refused else None)
+            ctx.availability.set_unreachable(tier.name, f"cannot list tier {tier.describe()}: {outcome}")
+            refused = isinstance(outcome, TierMisconfiguredError)
+            ctx.availability.set_misconfigured(tier.name, "list", str(outcome) if refused else None)
             continue
+        listed_now, was_kept = outcome
         if was_kept:
             reused.add(tier.name)
         elif refresh:
-            views.keep(tier.name, listed)
+            views.keep(tier.name, listed_now)
             if tier.name in ctx.keepers.kept():  # its watchers read this instead of listing
-                _publish_index(ctx, tier, listed)
+                _publish_index(ctx, tier, listed_now)
         else:  # made with the pass's first log and conflict records: not a listing to keep
             views.forget(tier.name)
-        found[tier.name], highest[tier.name] = listed.found, listed.highest
-        conflicts[tier.name], parts[tier.name] = listed.conflicts, listed.parts
+        found[tier.name], highest[tier.name] = listed_now.found, listed_now.highest
+        conflicts[tier.name], parts[tier.name] = listed_now.conflicts, listed_now.parts
         ctx.availability.set_unreachable(tier.name, None)
         ctx.availability.set_misconfigured(tier.name, "list", None)
     away = ctx.availability  # every tier was just set reachable or not

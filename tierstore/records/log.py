@@ -70,6 +70,14 @@ def read_log_and_voids(tier: Tier, *, above: int = 0) -> tuple[list[LogEntry], l
     return sorted(entries, key=lambda e: e.seq), sorted(voids)
 
 
+def highest_taken(tier: Tier) -> int:
+    """:func:`highest_in` ``tier``, listing its log only above its head record's number (a number
+    taken there, so never above the answer): one page at any retained count, not one per thousand
+    commits. Without a head record (or a damaged one), the whole log."""
+    head = read_head(tier)
+    return highest_in(tier, above=0 if head is None else head.seq)
+
+
 def highest_in(tier: Tier, *, above: int = 0) -> int:
     """The highest commit number taken in ``tier``, by a commit or a void entry, or ``above`` when
     none is higher (0 when none). ``above`` is a number the caller knows: only the log after it is
