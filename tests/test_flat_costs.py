@@ -296,7 +296,8 @@ def test_a_promoters_listing_reads_the_highest_number_above_the_head(
     from tierstore.ids import HEAD_PATH
     from tierstore.records.log import highest_in, highest_taken
 
-    job = _job(counted_s3, file_ops, tmp_path, 1_200, 1)
+    job = Job(counted_s3, file_ops, tmp_path, "head1200")  # a namespace no other test saves into
+    job.populate(1_200, 1)
     s3 = make_tier(job.config.tier("s3"), namespace=job.namespace, node=0)
     whole = job.measure(lambda: highest_in(s3))
     above = job.measure(lambda: highest_taken(s3))

@@ -250,6 +250,11 @@ class MirrorWorker:
             round_.sender = self._sender
         self._worker.post(lambda: self._run(round_))
 
+    @property
+    def submitted(self) -> int:
+        """How many rounds this process has run or queued (a forked child starts again at 0)."""
+        return self._submitted
+
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued round has ended; False when ``timeout_s`` passed first."""
         with self._idle:
