@@ -282,15 +282,13 @@ than both."""
 def _clock_for(tier: Tier, unread: Sequence[float]) -> float | None:
     """The tier's clock before reading markers listed at the ``unread`` mtimes: only when this host's
     clock says one of them is old enough to count (a guess deciding nothing but whether the probe's
-    three requests may pay off). None: not probed, or the tier cannot be written (read-only
-    credentials): then only :data:`SETTLE` settles a read."""
+    three requests may pay off). None: not probed, or the probe failed (a tier that refuses writes:
+    read-only, full, credentials that may only read): then only :data:`SETTLE` settles a read."""
     if not unread or time.time() - min(unread) < SETTLED_AGE:
         return None
     try:
         return tier_now(tier)
-    except TierUnavailableError:  # the tier, not the probe: the reads would fail too
-        raise
-    except (TierstoreError, OSError) as exc:
+    except (TierstoreError, OSError) as exc:  # refused (read-only, full), or away: the reads will tell
         logger.debug("tier %s: cannot probe its clock (%s): markers settle by SETTLE alone", tier.name, exc)
         return None
 

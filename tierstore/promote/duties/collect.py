@@ -51,6 +51,7 @@ def run(
         leftovers = find_leftovers(
             tier, trust=ctx.trust, stale_after=stale, activity_ttl=ttl, cache=ctx.cache, progress=progress
         )
+        failed = False
         for cleanup in leftovers:
             if not dry_run:
                 if not ctx.keepers.fence(tier.name):  # taken over while cleaning: stop here
@@ -59,6 +60,7 @@ def run(
                     remove(tier, cleanup, trust=ctx.trust, activity_ttl=ttl)
                 except (TierstoreError, OSError) as exc:
                     logger.warning("gc of %s in %s failed: %s", cleanup.path, tier.name, exc)
+                    failed = True
                     continue
                 if cleanup.reason == VOID_BELOW_TOP:  # bookkeeping of the log, every commit
                     logger.debug("cleaned %s in %s: %s", cleanup.path, tier.name, cleanup.reason)
@@ -68,8 +70,8 @@ def run(
                 progress(1)
             cleanups.append(cleanup)
         if not dry_run:
-            ctx.swept[tier.name] = time.monotonic()
-            if ctx.keepers.fence(tier.name):
+            ctx.swept[tier.name] = time.monotonic()  # this process tries a failed removal next time
+            if not failed and ctx.keepers.fence(tier.name):  # a restart tries it at once
                 record_sweep(tier)
 
     for tier in ctx.tiers:
@@ -87,6 +89,6 @@ def _due(tier: Tier, ctx: Context, every: float) -> bool:
     sweep record tells of (read once; on the tier's clock, so this host's clock cannot make a sweep
     look older than it is)."""
     if tier.name not in ctx.swept:
-        since = since_sweep(tier)
-        ctx.swept[tier.name] = -math.inf if since is None else time.monotonic() - since
+        since = since_sweep(tier)  # negative: stamped ahead of the tier's clock (stepped back): no record
+        ctx.swept[tier.name] = -math.inf if since is None or since < 0 else time.monotonic() - since
     return time.monotonic() - ctx.swept[tier.name] >= every

@@ -53,11 +53,12 @@ def named_in_children(
 def _objects(
     list_page: Callable[[dict[str, Any]], dict[str, Any]], prefix: str, skip: str | None
 ) -> Iterator[dict[str, Any]]:
-    """Every key under ``prefix`` in key order, but those under ``skip`` (a prefix ending in ``/``).
-    Met on a page with more to come, they are jumped over: the listing starts again after them
-    (``StartAfter``: ``skip`` with its ``/`` raised to ``0``, the next character, which passes every
-    key under ``skip`` and nothing else but a key of exactly that name, a file in the tier's root,
-    no child's); on the last page they are only left out."""
+    """Every key under ``prefix``, but those under ``skip`` (a prefix ending in ``/``). Met on a
+    page with more to come, they are jumped over: the listing starts again after them, ``StartAfter``
+    ``skip + "~"``. That is past every key under ``skip`` whose next character is below ``~`` (every
+    name tierstore writes there) in S3's key order, where the children sorting before ``skip`` were
+    listed already; and in a store that lists by walking directories (SeaweedFS), where they come
+    after ``skip``'s keys, it goes on with the next child. On the last page they are only left out."""
     token: str | None = None
     after: str | None = None
     while True:
@@ -77,6 +78,6 @@ def _objects(
                 continue
             yield item
         if jump and skip is not None:
-            after, token = f"{skip[:-1]}0", None
+            after, token = f"{skip}~", None
         elif token is None:
             return
