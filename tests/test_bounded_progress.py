@@ -16,8 +16,10 @@ from tierstore.errors import TierUnavailableError
 from tierstore.tiers import Tier
 
 DEADLINE = 0.2
-WALK_DEADLINE = 0.5
-"""Longer than any gap a loaded machine puts between two directories (0.15 s was not, once)."""
+WALK_DEADLINE = 1.0
+"""Longer than any gap a loaded machine puts between two directories (0.15 s was not, once; 0.5 s
+was not, once in a full run's second worker beside multi-process tests: a descheduled thread or a
+full collection of that worker's heap)."""
 COUNT = 5_000
 """Checkpoint directories walked: 30 us each."""
 
@@ -49,7 +51,7 @@ def test_work_that_beats_outlasts_the_deadline_and_silent_work_does_not(tmp_path
         Prober(DEADLINE).watch(silent, lambda _progress: time.sleep(3 * DEADLINE), what="list")
 
 
-@pytest.mark.slow  # 5,000 directories made, walked for 3 deadlines: 4 s
+@pytest.mark.slow  # 5,000 directories made, walked for 3 deadlines: 5 s
 def test_a_directory_walk_longer_than_the_deadline_is_progress(tmp_path: Path) -> None:
     """Shared tiers' whole listings (cleanup's look) over many directories, each quick, walked again
     and again for three deadlines in one watched piece of work: never silent for one deadline."""
